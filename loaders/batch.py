@@ -1,0 +1,46 @@
+"""The batch type handed from the loader to the trainer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TokenBatch:
+    """A micro-batch of packed token rows.
+
+    All tensors are ``int64`` of shape ``[B, T]`` (B rows, T = ``seq_len``) except ``cu_seqlens``.
+
+    Attributes:
+        input_ids: token ids; padding positions hold 0.
+        labels: next-token targets; ``-100`` where no loss is taken (padding, the last
+            token of each document, so no prediction crosses a document boundary).
+        position_ids: position within the document, restarting at 0 for each document.
+        document_ids: per-token document index within the row (0, 1, ...), ``-1`` for padding;
+            attention is allowed only where query and key share a document (block-diagonal causal).
+        cu_seqlens: ``int32`` ``[n_docs + 1]`` cumulative document lengths over the flattened
+            batch (FlashAttention varlen convention), padding counted as its own segment.
+        keys: sample keys of the documents that contributed tokens, for logging anomalies.
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor
+    document_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    keys: list[str]
+
+    @property
+    def num_real_tokens(self) -> int:
+        """Count of positions that carry a loss (labels != -100)."""
+        return int((self.labels != -100).sum())
+
+    def to(self, device, non_blocking: bool = False) -> "TokenBatch":
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return TokenBatch(move(self.input_ids), move(self.labels), move(self.position_ids),
+                          move(self.document_ids), move(self.cu_seqlens), self.keys)
+
+    def pin_memory(self) -> "TokenBatch":
+        return TokenBatch(self.input_ids.pin_memory(), self.labels.pin_memory(), self.position_ids.pin_memory(),
+                          self.document_ids.pin_memory(), self.cu_seqlens.pin_memory(), self.keys)

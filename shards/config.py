@@ -1,0 +1,80 @@
+"""YAML → dataclass configuration shared by every stage, with ``key=value`` overrides.
+
+Each component owns one dataclass with defaults that work on a laptop; a YAML file
+fills some fields and command-line overrides such as ``optim.lr=3e-4`` fill others.
+Values of overrides are parsed as YAML scalars (``true``, ``1e-3``, ``[1, 2]``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or override names an unknown key or holds a value of the wrong type."""
+
+
+def from_dict(cls: type[T], data: dict | None, where: str = "") -> T:
+    """Build dataclass ``cls`` from a nested dict, recursing into dataclass-typed fields.
+
+    Raises:
+        ConfigError: unknown key (the message lists the valid ones).
+    """
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(f"unknown config key {where + key!r}; valid keys: {', '.join(sorted(fields))}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            value = from_dict(hint, value, f"{where}{key}.")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def to_dict(obj) -> dict:
+    """Plain nested dict of a config dataclass (for saving beside runs and checkpoints)."""
+    return dataclasses.asdict(obj)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Set ``a.b.c=value`` overrides into a nested dict (in place); returns it.
+
+    Raises:
+        ConfigError: an override is not of the form ``key=value``.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (example: optim.lr=3e-4)")
+        dotted, raw = item.split("=", 1)
+        node = data
+        *parents, last = dotted.strip().split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is not a section")
+        node[last] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(cls: type[T], path: str | None = None, overrides: list[str] | None = None) -> T:
+    """Load dataclass ``cls`` from a YAML file (optional) plus overrides.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ConfigError: unknown keys or malformed overrides.
+    """
+    data: dict = {}
+    if path:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    return from_dict(cls, apply_overrides(data, overrides or []))

@@ -1,0 +1,117 @@
+"""The manifest: the dataset-level contract between preprocessing and training.
+
+``manifest.json`` sits beside the shards and lists, per shard, its name, sample count,
+token count, byte size and sha256, plus the tokenizer used. Readers on other nodes
+load it by URL (fsspec) and hand the sha256/bytes to the cache for verification.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+import fsspec
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard as listed in the manifest.
+
+    Attributes:
+        name: file name relative to the manifest's folder, e.g. ``shard-000000.tar``.
+        samples: number of samples (keys) in the shard.
+        tokens: number of tokens over all samples (0 for non-text shards).
+        bytes: exact file size in bytes.
+        sha256: hex digest of the whole file.
+    """
+
+    name: str
+    samples: int
+    tokens: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    """Dataset manifest (``manifest.json``).
+
+    Attributes:
+        shards: shards in dataset order.
+        tokenizer: sentencepiece model path relative to the manifest's folder, or ``None``.
+        vocab_size: tokenizer vocabulary size (0 when there is no tokenizer).
+        token_dtype: numpy dtype name of token arrays, ``uint16`` or ``uint32``.
+        format_version: integer format version, bumped on incompatible change.
+    """
+
+    shards: list[ShardInfo] = field(default_factory=list)
+    tokenizer: str | None = None
+    vocab_size: int = 0
+    token_dtype: str = "uint16"
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def total_samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(s.tokens for s in self.shards)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["total_samples"], d["total_tokens"], d["total_bytes"] = (
+            self.total_samples, self.total_tokens, self.total_bytes)
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+    def save(self, directory: str) -> str:
+        """Write ``manifest.json`` into ``directory`` atomically; returns its path."""
+        path = os.path.join(directory, "manifest.json")
+        tmp = path + f".tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Manifest":
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(f"manifest format_version {version!r} is not supported (expected {FORMAT_VERSION})")
+        return cls(
+            shards=[ShardInfo(**{k: s[k] for k in ("name", "samples", "tokens", "bytes", "sha256")})
+                    for s in d["shards"]],
+            tokenizer=d.get("tokenizer"),
+            vocab_size=int(d.get("vocab_size", 0)),
+            token_dtype=d.get("token_dtype", "uint16"),
+            format_version=version,
+        )
+
+    @classmethod
+    def load(cls, url: str) -> "Manifest":
+        """Load a manifest from a local path, a folder holding ``manifest.json``, or any fsspec URL.
+
+        Raises:
+            FileNotFoundError: no manifest at ``url``.
+            ValueError: the file is not a manifest of a supported version.
+        """
+        if "://" not in url and os.path.isdir(url):
+            url = os.path.join(url, "manifest.json")
+        with fsspec.open(url, "r", encoding="utf-8") as f:
+            try:
+                d = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{url}: not a JSON manifest ({e})") from e
+        return cls.from_dict(d)
+
+
+def shard_url(manifest_url: str, shard_name: str) -> str:
+    """URL of a shard given the manifest's URL (or its folder) and the shard's name."""
+    base = manifest_url[: -len("manifest.json")] if manifest_url.endswith("manifest.json") else manifest_url
+    return base.rstrip("/") + "/" + shard_name

@@ -1,0 +1,171 @@
+"""Writing shards: plain tar (GNU format), deterministic headers, atomic commit.
+
+Every header carries a fixed mtime, owner and mode so the same samples always give
+byte-identical shards. A shard is written under a temporary name and renamed into
+place when closed, so no reader ever sees a partial shard.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+from typing import BinaryIO
+
+from .manifest import ShardInfo
+
+FIXED_MTIME = 0
+FIXED_MODE = 0o444
+TMP_SUFFIX = ".partial"
+
+
+class _HashingFile:
+    """File wrapper that hashes and counts every byte written (tarfile writes sequentially)."""
+
+    def __init__(self, f: BinaryIO):
+        self._f = f
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, b: bytes) -> int:
+        self.sha256.update(b)
+        self.size += len(b)
+        return self._f.write(b)
+
+    def tell(self) -> int:
+        return self.size
+
+
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode = size, FIXED_MTIME, FIXED_MODE
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    ti.type = tarfile.REGTYPE
+    return ti
+
+
+class TarShardWriter:
+    """Write one shard file.
+
+    Usage::
+
+        with TarShardWriter("out/shard-000000.tar") as w:
+            w.write("doc1", {"tokens.npy.zst": b"...", "json": b"{}"})
+        info = w.info  # ShardInfo with sha256 and byte size
+
+    ``tokens`` passed to :meth:`write` is added to the shard's token count.
+    Raises ``ValueError`` on an empty key, a key with a dot or slash, or a duplicate key.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.tmp_path = path + TMP_SUFFIX
+        self._raw = open(self.tmp_path, "wb")
+        self._out = _HashingFile(self._raw)
+        self._tar = tarfile.open(fileobj=self._out, mode="w", format=tarfile.GNU_FORMAT)
+        self._keys: set[str] = set()
+        self.samples = 0
+        self.tokens = 0
+        self.info: ShardInfo | None = None
+
+    @property
+    def bytes_written(self) -> int:
+        """Real tar bytes so far (headers and padding included, end-of-archive blocks not yet)."""
+        return self._out.size
+
+    def write(self, key: str, fields: dict[str, bytes], tokens: int = 0) -> None:
+        if not key or "." in key or "/" in key:
+            raise ValueError(f"{self.path}: invalid sample key {key!r} (must be non-empty, no '.' or '/')")
+        if key in self._keys:
+            raise ValueError(f"{self.path}: duplicate sample key {key!r}")
+        self._keys.add(key)
+        for suffix in sorted(fields):  # members of a sample adjacent and sorted
+            data = fields[suffix]
+            self._tar.addfile(_tarinfo(f"{key}.{suffix}", len(data)), io.BytesIO(data))
+        self.samples += 1
+        self.tokens += tokens
+
+    def close(self) -> ShardInfo:
+        """Finish the archive, fsync, rename into place; returns the shard's :class:`ShardInfo`.
+
+        Raises ``ValueError`` when no sample was written (an empty shard is never left behind).
+        """
+        self._tar.close()
+        self._raw.flush()
+        os.fsync(self._raw.fileno())
+        self._raw.close()
+        if self.samples == 0:
+            os.unlink(self.tmp_path)
+            raise ValueError(f"{self.path}: refusing to write an empty shard")
+        os.replace(self.tmp_path, self.path)
+        self.info = ShardInfo(os.path.basename(self.path), self.samples, self.tokens,
+                              self._out.size, self._out.sha256.hexdigest())
+        return self.info
+
+    def abort(self) -> None:
+        """Drop the partial file."""
+        self._tar.close()
+        self._raw.close()
+        if os.path.exists(self.tmp_path):
+            os.unlink(self.tmp_path)
+
+    def __enter__(self) -> "TarShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def _final_size(n: int) -> int:
+    """Tar size after closing: two zero blocks, then padding to tarfile's 10240-byte record."""
+    return -(-(n + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+
+
+def shard_name(prefix: str, index: int) -> str:
+    """Canonical shard file name ``{prefix}-{index:06d}.tar``."""
+    return f"{prefix}-{index:06d}.tar"
+
+
+class ShardSequenceWriter:
+    """Roll samples over a sequence of shards bounded by ``max_samples`` and/or ``max_bytes``.
+
+    ``max_bytes`` counts real tar bytes (headers and padding); a shard is closed before the
+    sample that would push it over the limit, except that a shard always holds at least one
+    sample. Shards are named ``{prefix}-{start_index + i:06d}.tar``; :attr:`shards` lists
+    the :class:`ShardInfo` of every committed shard.
+    """
+
+    def __init__(self, directory: str, prefix: str = "shard", max_samples: int | None = None,
+                 max_bytes: int | None = None, start_index: int = 0):
+        if max_samples is None and max_bytes is None:
+            raise ValueError("give max_samples or max_bytes")
+        os.makedirs(directory, exist_ok=True)
+        self.directory, self.prefix = directory, prefix
+        self.max_samples, self.max_bytes = max_samples, max_bytes
+        self.next_index = start_index
+        self.shards: list[ShardInfo] = []
+        self._w: TarShardWriter | None = None
+
+    def write(self, key: str, fields: dict[str, bytes], tokens: int = 0) -> None:
+        size = sum(512 + -(-len(v) // 512) * 512 for v in fields.values())  # header + padded data
+        w = self._w
+        if w is not None and (
+            (self.max_samples is not None and w.samples >= self.max_samples)
+            or (self.max_bytes is not None and _final_size(w.bytes_written + size) > self.max_bytes)
+        ):
+            self.shards.append(w.close())
+            w = None
+        if w is None:
+            w = self._w = TarShardWriter(os.path.join(self.directory, shard_name(self.prefix, self.next_index)))
+            self.next_index += 1
+        w.write(key, fields, tokens)
+
+    def close(self) -> list[ShardInfo]:
+        if self._w is not None:
+            self.shards.append(self._w.close())
+            self._w = None
+        return self.shards
