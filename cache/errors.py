@@ -1,0 +1,27 @@
+"""Errors raised by the shard cache; each message names the shard and says what to do next."""
+from __future__ import annotations
+
+
+class CacheError(RuntimeError):
+    """Base class of shard cache errors."""
+
+
+class ShardFetchError(CacheError):
+    """A shard could not be downloaded after all retries (or is missing at its source).
+
+    Attributes:
+        url: the shard's source URL.
+        attempts: download attempts made.
+    """
+
+    def __init__(self, message: str, url: str, attempts: int = 0):
+        super().__init__(message)
+        self.url, self.attempts = url, attempts
+
+
+class ShardVerifyError(ShardFetchError):
+    """Downloaded bytes did not match the manifest's size or sha256 (after all retries)."""
+
+
+class CacheFullError(CacheError):
+    """The cache cannot make room for a shard within ``max_bytes`` / ``min_free_bytes``."""
