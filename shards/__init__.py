@@ -2,14 +2,17 @@
 
 See ``docs/shard-format.md`` for the specification.
 """
+from .index import SampleEntry, ShardIndex, build_shard_index, read_sample
 from .keys import escape_key, unescape_key
 from .manifest import Manifest, ShardInfo, shard_url
-from .reader import ShardError, iter_raw, iter_samples
-from .sample import encode_text_sample
+from .reader import ReadStats, ShardError, iter_raw, iter_samples
+from .sample import encode_image_sample, encode_text_sample
+from .validate import VerifyConfig, verify_shard
 from .writer import ShardSequenceWriter, TarShardWriter, shard_name
 
 __all__ = [
-    "Manifest", "ShardInfo", "ShardError", "ShardSequenceWriter", "TarShardWriter",
-    "encode_text_sample", "escape_key", "unescape_key", "iter_raw", "iter_samples",
-    "shard_name", "shard_url",
+    "Manifest", "ReadStats", "SampleEntry", "ShardIndex", "ShardInfo", "ShardError", "ShardSequenceWriter",
+    "TarShardWriter", "VerifyConfig", "build_shard_index", "encode_image_sample", "encode_text_sample",
+    "escape_key", "iter_raw", "iter_samples", "read_sample", "shard_name", "shard_url", "unescape_key",
+    "verify_shard",
 ]

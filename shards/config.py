@@ -19,11 +19,38 @@ class ConfigError(ValueError):
     """A config file or override names an unknown key or holds a value of the wrong type."""
 
 
+def _coerce(value: Any, hint: Any, name: str) -> Any:
+    """Check/convert a scalar for a field typed exactly ``int``, ``float``, ``bool`` or ``str``.
+
+    YAML 1.1 (PyYAML) reads ``3e-4`` as a string, so numeric strings are converted;
+    ``1.0`` is accepted for an int field, ``1`` for a float field. Other types pass unchanged.
+    """
+    if hint not in (int, float, bool, str):
+        return value
+    if hint is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    if hint is bool and isinstance(value, bool):
+        return value
+    if hint in (int, float) and not isinstance(value, bool) and isinstance(value, (int, float, str)):
+        try:
+            number = float(value) if isinstance(value, str) else value
+        except ValueError:
+            number = None
+        if hint is float and number is not None:
+            return float(number)
+        if hint is int and number is not None and float(number).is_integer():
+            return int(number)
+    raise ConfigError(f"config key {name!r} needs a {hint.__name__}, got {value!r}")
+
+
 def from_dict(cls: type[T], data: dict | None, where: str = "") -> T:
     """Build dataclass ``cls`` from a nested dict, recursing into dataclass-typed fields.
 
+    Fields typed exactly ``int``/``float``/``bool``/``str`` are checked and converted
+    (``"3e-4"`` → ``0.0003`` for a float field, since YAML 1.1 reads it as a string).
+
     Raises:
-        ConfigError: unknown key (the message lists the valid ones).
+        ConfigError: unknown key (the message lists the valid ones), or a value of the wrong type.
     """
     data = data or {}
     if not isinstance(data, dict):
@@ -37,6 +64,8 @@ def from_dict(cls: type[T], data: dict | None, where: str = "") -> T:
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             value = from_dict(hint, value, f"{where}{key}.")
+        else:
+            value = _coerce(value, hint, where + key)
         kwargs[key] = value
     return cls(**kwargs)
 

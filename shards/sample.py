@@ -1,13 +1,18 @@
 """The sample schema: how one training sample maps to tar members and back.
 
-A text sample with key ``K`` is stored as two adjacent members:
+A text sample with key ``K`` is stored as adjacent members, sorted by name:
 
+* ``K.json`` — UTF-8 JSON metadata (``id``, ``source``, ``n_tokens``, ...);
 * ``K.tokens.npy.zst`` — a 1-D ``uint16``/``uint32`` numpy array (``.npy`` format),
   compressed with zstandard on its own;
-* ``K.json`` — UTF-8 JSON metadata (``id``, ``source``, ``n_tokens``, ...).
+* ``K.txt.zst`` (optional) — the UTF-8 text the tokens came from, zstd-compressed.
 
-Decoded, a sample is a dict ``{"__key__": str, "tokens": np.ndarray, "json": dict}``.
-Field names are the member name after the key, with ``.zst`` and the type suffix removed.
+An image sample is ``K.jpg`` or ``K.png`` (stored as is: already compressed) with a
+class label ``K.cls`` (ASCII integer) and/or a caption ``K.txt`` (UTF-8), plus optional
+``K.json`` metadata.
+
+Decoded, a sample is a dict ``{"__key__": str, field: value}`` where ``field`` is the
+member suffix up to its first dot (``tokens``, ``json``, ``txt``, ``jpg``, ``cls``).
 """
 from __future__ import annotations
 
@@ -19,6 +24,14 @@ import zstandard
 
 ZSTD_LEVEL = 3
 
+# Required fields per schema: each entry is a set of alternatives, one of which must be present.
+SCHEMAS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "text": (("tokens",), ("json",)),
+    "image": (("jpg", "png"), ("cls", "txt")),
+    "any": (),
+}
+_IMAGE_MAGIC = {"jpg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n"}
+
 
 def encode_npy(array: np.ndarray) -> bytes:
     """Serialise an array as ``.npy`` bytes (no pickle)."""
@@ -28,29 +41,100 @@ def encode_npy(array: np.ndarray) -> bytes:
 
 
 def zstd_compress(data: bytes) -> bytes:
+    """Compress one member's bytes as a single zstd frame (content size in the frame header)."""
     # content size is written into the frame so readers can size their buffer once
     return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(data)
 
 
 def zstd_decompress(data: bytes) -> bytes:
+    """Inverse of :func:`zstd_compress`; raises ``zstandard.ZstdError`` on corrupt input."""
     return zstandard.ZstdDecompressor().decompressobj().decompress(data)
 
 
-def encode_text_sample(tokens: np.ndarray, meta: dict) -> dict[str, bytes]:
+def encode_text_sample(tokens: np.ndarray, meta: dict, text: str | None = None) -> dict[str, bytes]:
     """Encode a tokenised document as member suffix → bytes.
 
     Args:
         tokens: 1-D ``uint16`` or ``uint32`` token ids.
         meta: JSON-serialisable metadata.
+        text: optional source text, stored zstd-compressed as ``txt.zst``.
     Raises:
         ValueError: ``tokens`` is not a 1-D unsigned integer array.
     """
     if tokens.ndim != 1 or tokens.dtype not in (np.uint16, np.uint32):
         raise ValueError(f"tokens must be 1-D uint16/uint32, got shape {tokens.shape} dtype {tokens.dtype}")
-    return {
+    fields = {
         "tokens.npy.zst": zstd_compress(encode_npy(tokens)),
         "json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"),
     }
+    if text is not None:
+        fields["txt.zst"] = zstd_compress(text.encode("utf-8"))
+    return fields
+
+
+def encode_image_sample(image_bytes: bytes, ext: str, cls: int | None = None, caption: str | None = None,
+                        meta: dict | None = None) -> dict[str, bytes]:
+    """Encode an already-compressed image with its label and/or caption as member suffix → bytes.
+
+    Args:
+        image_bytes: the JPEG or PNG file's bytes (stored unchanged, not re-compressed).
+        ext: ``"jpg"`` (``"jpeg"`` is accepted and stored as ``jpg``) or ``"png"``.
+        cls: integer class label, stored as ASCII decimal in ``cls``.
+        caption: UTF-8 caption, stored in ``txt``.
+        meta: JSON-serialisable metadata, stored in ``json``.
+    Raises:
+        ValueError: unknown ``ext``, bytes that do not start with that format's signature,
+            or neither ``cls`` nor ``caption`` given.
+    """
+    ext = "jpg" if ext.lower() == "jpeg" else ext.lower()
+    if ext not in _IMAGE_MAGIC:
+        raise ValueError(f"image ext must be 'jpg' or 'png', got {ext!r}")
+    if not image_bytes.startswith(_IMAGE_MAGIC[ext]):
+        raise ValueError(f"image bytes do not start with the {ext.upper()} signature; pass the encoded file")
+    if cls is None and caption is None:
+        raise ValueError("an image sample needs a class label (cls) or a caption")
+    fields = {ext: bytes(image_bytes)}
+    if cls is not None:
+        fields["cls"] = str(int(cls)).encode("ascii")
+    if caption is not None:
+        fields["txt"] = caption.encode("utf-8")
+    if meta is not None:
+        fields["json"] = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
+    return fields
+
+
+def field_name(suffix: str) -> str:
+    """Decoded field name of a member suffix: up to its first dot (``tokens.npy.zst`` → ``tokens``)."""
+    return suffix.split(".", 1)[0]
+
+
+def missing_fields(suffixes, schema: str) -> list[str]:
+    """Required fields of ``schema`` (``text``, ``image``, ``any``) not among ``suffixes``.
+
+    Returns a list like ``["tokens"]`` or ``["jpg|png"]``; empty when the sample is complete.
+    Raises:
+        ValueError: unknown schema.
+    """
+    if schema not in SCHEMAS:
+        raise ValueError(f"unknown sample schema {schema!r}; choose one of {', '.join(SCHEMAS)}")
+    present = {field_name(s) for s in suffixes}
+    return ["|".join(alts) for alts in SCHEMAS[schema] if not present.intersection(alts)]
+
+
+def count_tokens(suffix: str, data: bytes) -> int:
+    """Number of tokens in a ``tokens.npy[.zst]`` member, read from the ``.npy`` header only.
+
+    Raises ``zstandard.ZstdError`` or ``ValueError`` on a corrupt member.
+    """
+    stream = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)) if suffix.endswith(".zst") \
+        else io.BytesIO(data)
+    version = np.lib.format.read_magic(stream)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read_header is None:
+        raise ValueError(f"unsupported .npy format version {version}")
+    shape, _, _ = read_header(stream)
+    return int(np.prod(shape))
 
 
 def decode_member(suffix: str, data: bytes):
@@ -60,7 +144,7 @@ def decode_member(suffix: str, data: bytes):
     Raises whatever the decoder raises (``zstandard.ZstdError``, ``ValueError``, ...);
     callers add the shard and member name.
     """
-    field = suffix.split(".", 1)[0]
+    field = field_name(suffix)
     if suffix.endswith(".zst"):
         data = zstd_decompress(data)
         suffix = suffix[:-4]

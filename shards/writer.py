@@ -12,11 +12,15 @@ import os
 import tarfile
 from typing import BinaryIO
 
+from .keys import member_name
 from .manifest import ShardInfo
 
 FIXED_MTIME = 0
 FIXED_MODE = 0o444
 TMP_SUFFIX = ".partial"
+# Shards stop at 4 GiB (the writer refuses to grow past it): bounded downloads, retries and
+# cache slots, and no member ever needs GNU base-256 size fields, which wids cannot parse.
+MAX_SHARD_BYTES = 4 << 30
 
 
 class _HashingFile:
@@ -34,6 +38,11 @@ class _HashingFile:
 
     def tell(self) -> int:
         return self.size
+
+
+def sample_tar_bytes(fields: dict[str, bytes]) -> int:
+    """Tar bytes one sample adds: a 512-byte header per member plus data padded to 512 bytes."""
+    return sum(tarfile.BLOCKSIZE + -(-len(v) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE for v in fields.values())
 
 
 def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
@@ -54,12 +63,18 @@ class TarShardWriter:
             w.write("doc1", {"tokens.npy.zst": b"...", "json": b"{}"})
         info = w.info  # ShardInfo with sha256 and byte size
 
-    ``tokens`` passed to :meth:`write` is added to the shard's token count.
-    Raises ``ValueError`` on an empty key, a key with a dot or slash, or a duplicate key.
+    ``tokens`` passed to :meth:`write` is added to the shard's token count. Members are
+    written in GNU tar format with one 512-byte header each: names that would need a
+    GNU longname or PAX header are refused (see :func:`shards.keys.member_name`).
+
+    Args:
+        path: final shard path; bytes go to ``path + ".partial"`` until :meth:`close`.
+        limit_bytes: hard cap on the finished file's size in bytes (default 4 GiB).
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, limit_bytes: int = MAX_SHARD_BYTES):
         self.path = path
+        self.limit_bytes = limit_bytes
         self.tmp_path = path + TMP_SUFFIX
         self._raw = open(self.tmp_path, "wb")
         self._out = _HashingFile(self._raw)
@@ -75,14 +90,28 @@ class TarShardWriter:
         return self._out.size
 
     def write(self, key: str, fields: dict[str, bytes], tokens: int = 0) -> None:
-        if not key or "." in key or "/" in key:
-            raise ValueError(f"{self.path}: invalid sample key {key!r} (must be non-empty, no '.' or '/')")
+        """Append one sample: ``fields`` maps suffix (``json``, ``tokens.npy.zst``) to bytes.
+
+        Raises:
+            ValueError: no fields, a bad key or suffix (see :func:`shards.keys.member_name`),
+                a duplicate key, or a sample that would grow the shard past ``limit_bytes``
+                (nothing is written then; close this shard and start another).
+        """
+        if not fields:
+            raise ValueError(f"{self.path}: sample {key!r} has no fields")
+        try:
+            names = {suffix: member_name(key, suffix) for suffix in fields}
+        except ValueError as e:
+            raise ValueError(f"{self.path}: {e}") from None
         if key in self._keys:
             raise ValueError(f"{self.path}: duplicate sample key {key!r}")
+        if final_size(self.bytes_written + sample_tar_bytes(fields)) > self.limit_bytes:
+            raise ValueError(f"{self.path}: sample {key!r} would grow the shard past {self.limit_bytes} bytes;"
+                             " use ShardSequenceWriter(max_bytes=...) to roll over to a new shard")
         self._keys.add(key)
         for suffix in sorted(fields):  # members of a sample adjacent and sorted
             data = fields[suffix]
-            self._tar.addfile(_tarinfo(f"{key}.{suffix}", len(data)), io.BytesIO(data))
+            self._tar.addfile(_tarinfo(names[suffix], len(data)), io.BytesIO(data))
         self.samples += 1
         self.tokens += tokens
 
@@ -120,7 +149,7 @@ class TarShardWriter:
             self.abort()
 
 
-def _final_size(n: int) -> int:
+def final_size(n: int) -> int:
     """Tar size after closing: two zero blocks, then padding to tarfile's 10240-byte record."""
     return -(-(n + 2 * tarfile.BLOCKSIZE) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
 
@@ -137,12 +166,17 @@ class ShardSequenceWriter:
     sample that would push it over the limit, except that a shard always holds at least one
     sample. Shards are named ``{prefix}-{start_index + i:06d}.tar``; :attr:`shards` lists
     the :class:`ShardInfo` of every committed shard.
+
+    Raises:
+        ValueError: neither limit given, or ``max_bytes`` over :data:`MAX_SHARD_BYTES`.
     """
 
     def __init__(self, directory: str, prefix: str = "shard", max_samples: int | None = None,
                  max_bytes: int | None = None, start_index: int = 0):
         if max_samples is None and max_bytes is None:
             raise ValueError("give max_samples or max_bytes")
+        if max_bytes is not None and max_bytes > MAX_SHARD_BYTES:
+            raise ValueError(f"max_bytes {max_bytes} is over the {MAX_SHARD_BYTES}-byte shard limit")
         os.makedirs(directory, exist_ok=True)
         self.directory, self.prefix = directory, prefix
         self.max_samples, self.max_bytes = max_samples, max_bytes
@@ -151,11 +185,15 @@ class ShardSequenceWriter:
         self._w: TarShardWriter | None = None
 
     def write(self, key: str, fields: dict[str, bytes], tokens: int = 0) -> None:
-        size = sum(512 + -(-len(v) // 512) * 512 for v in fields.values())  # header + padded data
+        """Append one sample to the current shard, first closing it if a limit would be crossed.
+
+        Raises ``ValueError`` as :meth:`TarShardWriter.write` does.
+        """
+        size = sample_tar_bytes(fields)
         w = self._w
         if w is not None and (
             (self.max_samples is not None and w.samples >= self.max_samples)
-            or (self.max_bytes is not None and _final_size(w.bytes_written + size) > self.max_bytes)
+            or (self.max_bytes is not None and final_size(w.bytes_written + size) > self.max_bytes)
         ):
             self.shards.append(w.close())
             w = None
@@ -165,7 +203,17 @@ class ShardSequenceWriter:
         w.write(key, fields, tokens)
 
     def close(self) -> list[ShardInfo]:
+        """Commit the last shard (if it holds samples); returns :attr:`shards`."""
         if self._w is not None:
-            self.shards.append(self._w.close())
+            if self._w.samples:
+                self.shards.append(self._w.close())
+            else:  # its only sample was refused: leave no empty shard behind
+                self._w.abort()
             self._w = None
         return self.shards
+
+    def abort(self) -> None:
+        """Drop the shard in progress (committed shards stay)."""
+        if self._w is not None:
+            self._w.abort()
+            self._w = None

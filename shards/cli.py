@@ -1,0 +1,233 @@
+"""``python -m shards``: list, inspect, verify, index, reshard and extract shards.
+
+PATH arguments are shard files (``.tar``), dataset folders holding ``manifest.json``, or
+manifest files; a folder stands for all shards its manifest lists. Run
+``python -m shards COMMAND -h`` for each command's options.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tarfile
+from collections import Counter
+
+from .index import WIDS_FILE, build_shard_index, dali_index_path, read_sample, write_dali_index, write_wids_index
+from .reader import ReadStats, ShardError, iter_raw, iter_samples
+from .reshard import reshard
+from .sample import count_tokens, zstd_decompress
+from .validate import VerifyConfig, resolve, verify_paths
+
+_UNITS = {"k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+
+
+def _size(text: str) -> int:
+    """``"64M"`` → 64_000_000, ``"1Gi"`` → 2**30, ``"5000"`` → 5000 (bytes)."""
+    t = text.strip().lower().removesuffix("b")
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if t.endswith(unit):
+            return int(float(t[: -len(unit)]) * _UNITS[unit])
+    return int(float(t))
+
+
+def _tokenizer(arg: str | None, path: str):
+    """A sentencepiece processor from ``--tokenizer`` or the manifest beside ``path``, else None."""
+    if arg is None:
+        [(_, _, manifest)] = resolve([path])
+        if manifest is None or not manifest.tokenizer:
+            return None
+        base = path if os.path.isdir(path) else os.path.dirname(path)
+        arg = os.path.join(base, manifest.tokenizer)
+    import sentencepiece  # only needed for detokenising
+
+    return sentencepiece.SentencePieceProcessor(model_file=arg)
+
+
+def _show(sample: dict, sp, out) -> None:
+    print(f"== {sample['__key__']}", file=out)
+    for name, value in sample.items():
+        if name == "__key__":
+            continue
+        if hasattr(value, "dtype"):
+            head = " ".join(str(int(x)) for x in value[:16])
+            print(f"  {name}: {value.dtype}[{value.size}] {head}{' ...' if value.size > 16 else ''}", file=out)
+            if sp is not None and name == "tokens":
+                print(f"  {name} (detokenised): {sp.decode(value.tolist())[:500]!r}", file=out)
+        elif isinstance(value, bytes):
+            print(f"  {name}: {len(value)} bytes", file=out)
+        elif isinstance(value, str):
+            print(f"  {name}: {value[:500]!r}", file=out)
+        else:
+            print(f"  {name}: {json.dumps(value, ensure_ascii=False)[:500]}", file=out)
+
+
+def cmd_ls(args) -> int:
+    for path in args.paths:
+        if path.endswith(".tar"):
+            with tarfile.open(path, "r:") as tar:
+                for ti in tar:
+                    print(f"{ti.offset_data:>12} {ti.size:>10} {ti.name}")
+            continue
+        items = resolve([path])
+        for shard, entry, _ in items:
+            print(f"{entry.name}  samples={entry.samples} tokens={entry.tokens} bytes={entry.bytes}")
+        print(f"{len(items)} shards, {sum(e.samples for _, e, _ in items)} samples, "
+              f"{sum(e.tokens for _, e, _ in items)} tokens, {sum(e.bytes for _, e, _ in items)} bytes")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    sp = _tokenizer(args.tokenizer, args.shard)
+    if args.at is not None:
+        _show(read_sample(args.shard, args.at), sp, sys.stdout)
+        return 0
+    shown = 0
+    for sample in iter_samples(args.shard):
+        if args.key and sample["__key__"] != args.key:
+            continue
+        _show(sample, sp, sys.stdout)
+        shown += 1
+        if shown >= args.limit:
+            break
+    return 0
+
+
+def cmd_verify(args) -> int:
+    logging.getLogger("shards").setLevel(logging.ERROR)  # faults are printed below, per shard
+    cfg = VerifyConfig(strict=not args.lenient, schema=args.schema, checksums=not args.no_checksums)
+    reports = verify_paths(args.paths, cfg, progress=not args.quiet)
+    faults: Counter = Counter()
+    for rep in reports:
+        faults.update(rep.stats.counts)
+        if rep.stats.messages:
+            print(f"{'FAIL' if not rep.ok else 'WARN'} {rep.path}", file=sys.stderr)
+            for msg in rep.stats.messages[:20]:
+                print(f"  {msg}", file=sys.stderr)
+    bad = [r for r in reports if not r.ok]
+    print(f"verified {len(reports)} shards ({'strict' if cfg.strict else 'lenient'}): {len(reports) - len(bad)} ok, "
+          f"{len(bad)} failed; {sum(r.samples for r in reports)} samples, {sum(r.tokens for r in reports)} tokens"
+          + (f"; faults: {dict(faults)}" if faults else ""))
+    if bad:
+        print("next: re-download or regenerate the failed shards, or read them with lenient mode", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def cmd_stats(args) -> int:
+    stats, n_shards, tok = ReadStats(), 0, []
+    field_bytes: Counter = Counter()
+    for path, _, _ in resolve(args.paths):
+        n_shards += 1
+        for key, fields in iter_raw(path, stats=stats):
+            stats.samples += 1
+            for suffix, data in fields.items():
+                field_bytes[suffix] += len(data)
+                if suffix.startswith("tokens.npy"):
+                    tok.append(count_tokens(suffix, data))
+    print(f"shards: {n_shards}  samples: {stats.samples}  member bytes: {sum(field_bytes.values())}")
+    for suffix, b in sorted(field_bytes.items()):
+        print(f"  {suffix}: {b} bytes ({b / max(stats.samples, 1):.1f} per sample)")
+    if tok:
+        print(f"tokens: {sum(tok)}  per sample min/mean/max: {min(tok)}/{sum(tok) / len(tok):.1f}/{max(tok)}")
+    if stats.faults:
+        print(f"faults (samples skipped): {dict(stats.counts)}")
+    return 0
+
+
+def cmd_index(args) -> int:
+    items = resolve(args.paths)
+    out = args.out or os.path.join(os.path.dirname(items[0][0]) or ".", WIDS_FILE)
+    base = os.path.dirname(os.path.abspath(out))
+    indexes = []
+    for path, _, _ in items:
+        ix = build_shard_index(path, url=os.path.relpath(os.path.abspath(path), base))
+        write_dali_index(ix, dali_index_path(path))
+        indexes.append(ix)
+    write_wids_index(indexes, out, args.name)
+    print(f"indexed {len(indexes)} shards, {sum(i.nsamples for i in indexes)} samples: {out} and "
+          f"{len(indexes)} DALI .idx files beside the shards")
+    return 0
+
+
+def cmd_reshard(args) -> int:
+    m = reshard(args.paths, args.out, max_samples=args.max_samples,
+                max_bytes=_size(args.max_bytes) if args.max_bytes else None, prefix=args.prefix,
+                progress=not args.quiet)
+    print(f"wrote {len(m.shards)} shards, {m.total_samples} samples, {m.total_tokens} tokens to {args.out}")
+    return 0
+
+
+def cmd_cat(args) -> int:
+    want = set(args.members)
+    out = sys.stdout.buffer
+    for key, fields in iter_raw(args.shard):
+        for suffix, data in fields.items():
+            name = f"{key}.{suffix}"
+            if want and name not in want and key not in want:
+                continue
+            if args.decompress and suffix.endswith(".zst"):
+                data = zstd_decompress(data)
+            out.write(data)
+    out.flush()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m shards", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("ls", help="list shards of a dataset, or members (data offset, size, name) of a .tar")
+    s.add_argument("paths", nargs="+")
+    s.set_defaults(fn=cmd_ls)
+    s = sub.add_parser("inspect", help="print decoded samples of a shard")
+    s.add_argument("shard")
+    s.add_argument("-n", "--limit", type=int, default=5, help="samples to print (default 5)")
+    s.add_argument("--key", help="print only the sample with this key")
+    s.add_argument("--at", type=int, help="random access: print sample number AT (uses the .idx beside the shard)")
+    s.add_argument("--tokenizer", help="sentencepiece model (default: the manifest's tokenizer)")
+    s.set_defaults(fn=cmd_inspect)
+    s = sub.add_parser("verify", help="check structure and sha256 against the manifest; exit 0 only if all pass")
+    s.add_argument("paths", nargs="+")
+    s.add_argument("--lenient", action="store_true", help="skip and count faulty samples instead of failing")
+    s.add_argument("--schema", default="auto", choices=["auto", "text", "image", "any"])
+    s.add_argument("--no-checksums", action="store_true", help="skip size/sha256 comparison")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_verify)
+    s = sub.add_parser("stats", help="sample, byte and token statistics")
+    s.add_argument("paths", nargs="+")
+    s.set_defaults(fn=cmd_stats)
+    s = sub.add_parser("index", help="write DALI .idx files beside the shards and a wids shardindex.json")
+    s.add_argument("paths", nargs="+")
+    s.add_argument("--out", help=f"wids index path (default: {WIDS_FILE} beside the first shard)")
+    s.add_argument("--name", help="dataset name recorded in the wids index")
+    s.set_defaults(fn=cmd_index)
+    s = sub.add_parser("reshard", help="copy samples into shards of a new size, with a new manifest")
+    s.add_argument("paths", nargs="+")
+    s.add_argument("--out", required=True, help="output folder")
+    s.add_argument("--max-samples", type=int)
+    s.add_argument("--max-bytes", help="e.g. 256M, 1Gi, 5000000")
+    s.add_argument("--prefix", default="shard")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_reshard)
+    s = sub.add_parser("cat", help="write member bytes to stdout (all, or the named KEY / KEY.SUFFIX)")
+    s.add_argument("shard")
+    s.add_argument("members", nargs="*")
+    s.add_argument("-d", "--decompress", action="store_true", help="zstd-decompress .zst members")
+    s.set_defaults(fn=cmd_cat)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (1 on a malformed shard, 2 on a missing file)."""
+    args = build_parser().parse_args(argv)
+    if args.cmd == "reshard" and not (args.max_samples or args.max_bytes):
+        print("reshard: give --max-samples and/or --max-bytes", file=sys.stderr)
+        return 2
+    try:
+        return args.fn(args)
+    except (ShardError, tarfile.TarError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,98 @@
+"""`python -m shards` commands: ls, inspect (with a sentencepiece tokenizer), stats, index, reshard, cat."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from shards import Manifest, ShardSequenceWriter, encode_text_sample, escape_key, iter_samples
+from shards.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINES = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
+         "all that glitters is not gold", "to be or not to be that is the question"] * 20
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """Six documents tokenised with a tiny sentencepiece model named in the manifest."""
+    import sentencepiece as spm
+
+    d = tmp_path_factory.mktemp("ds")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(LINES), model_writer=model, vocab_size=60,
+                                   model_type="bpe", minloglevel=2)
+    (d / "tok.model").write_bytes(model.getvalue())
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    w = ShardSequenceWriter(str(d), max_samples=4)
+    for i, line in enumerate(LINES[:6]):
+        ids = np.array(sp.encode(line), dtype=np.uint16)
+        w.write(escape_key(f"doc.{i}"), encode_text_sample(ids, {"id": f"doc.{i}"}, text=line), len(ids))
+    Manifest(shards=w.close(), tokenizer="tok.model", vocab_size=60).save(str(d))
+    return d
+
+
+def run(capsys, *args) -> tuple[int, str]:
+    rc = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def test_ls(dataset, capsys):
+    rc, out = run(capsys, "ls", dataset)
+    assert rc == 0 and "shard-000000.tar  samples=4" in out and "2 shards, 6 samples" in out
+    rc, out = run(capsys, "ls", dataset / "shard-000001.tar")
+    assert rc == 0 and "doc%2E4.json" in out and "doc%2E5.txt.zst" in out
+
+
+def test_inspect_detokenises_with_the_manifest_tokenizer(dataset, capsys):
+    rc, out = run(capsys, "inspect", dataset / "shard-000000.tar", "-n", "2")
+    assert rc == 0 and out.count("== doc%2E") == 2
+    assert f"tokens (detokenised): {LINES[1]!r}" in out and '"id": "doc.1"' in out
+    rc, out = run(capsys, "inspect", dataset / "shard-000001.tar", "--at", "1", "--tokenizer", dataset / "tok.model")
+    assert rc == 0 and "== doc%2E5" in out and LINES[5] in out
+
+
+def test_stats(dataset, capsys):
+    total = Manifest.load(str(dataset)).total_tokens
+    rc, out = run(capsys, "stats", dataset)
+    assert rc == 0 and "shards: 2  samples: 6" in out and f"tokens: {total} " in out
+
+
+def test_reshard_keeps_samples_and_verifies(dataset, tmp_path, capsys):
+    out_dir = tmp_path / "re"
+    rc, out = run(capsys, "reshard", dataset, "--out", out_dir, "--max-samples", "1", "-q")
+    assert rc == 0 and "wrote 6 shards, 6 samples" in out
+    m = Manifest.load(str(out_dir))
+    assert (out_dir / m.tokenizer).resolve() == (dataset / "tok.model").resolve()
+    assert m.total_tokens == Manifest.load(str(dataset)).total_tokens
+    before = [s["__key__"] for p in sorted(dataset.glob("*.tar")) for s in iter_samples(str(p))]
+    after = [s["__key__"] for p in sorted(out_dir.glob("*.tar")) for s in iter_samples(str(p))]
+    assert before == after
+    assert run(capsys, "verify", "-q", out_dir)[0] == 0
+    rc, out = run(capsys, "reshard", dataset, "--out", tmp_path / "x")
+    assert rc == 2 and "--max-samples" in out
+
+
+def test_index_writes_wids_and_dali_files(dataset, tmp_path, capsys):
+    out = tmp_path / "idx.json"
+    rc, _ = run(capsys, "index", dataset, "--out", out)
+    assert rc == 0
+    entry = json.loads(out.read_text())["shardlist"][0]
+    assert entry["nsamples"] == 4 and (tmp_path / entry["url"]).resolve() == (dataset / "shard-000000.tar").resolve()
+    assert (dataset / "shard-000000.idx").read_text().startswith("v1.2 4\n")
+
+
+def test_cat_as_a_subprocess(dataset):
+    shard = str(dataset / "shard-000000.tar")
+    raw = subprocess.run([sys.executable, "-m", "shards", "cat", shard, "doc%2E2.txt.zst", "-d"],
+                         capture_output=True, check=True, cwd=ROOT).stdout
+    assert raw.decode() == LINES[2]
+    bad = subprocess.run([sys.executable, "-m", "shards", "verify", "-q", str(dataset / "nope.tar")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 1 and "nope.tar: shard file is missing" in bad.stderr
