@@ -1,7 +1,7 @@
 """The batch type handed from the loader to the trainer."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,9 @@ class TokenBatch:
         cu_seqlens: ``int32`` ``[n_docs + 1]`` cumulative document lengths over the flattened
             batch (FlashAttention varlen convention), padding counted as its own segment.
         keys: sample keys of the documents that contributed tokens, for logging anomalies.
+        consumed: ``(global position, chunk index, chunks in the document)`` per chunk delivered
+            (chunk ``-1``/``-2`` with 0 chunks: an empty/unreadable document); the loader turns
+            these into its exact resume state (see :mod:`loaders.progress`).
     """
 
     input_ids: torch.Tensor
@@ -30,17 +33,25 @@ class TokenBatch:
     document_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     keys: list[str]
+    consumed: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_real_tokens(self) -> int:
         """Count of positions that carry a loss (labels != -100)."""
         return int((self.labels != -100).sum())
 
+    @property
+    def num_doc_tokens(self) -> int:
+        """Count of positions holding document tokens (``document_ids >= 0``), padding excluded."""
+        return int((self.document_ids >= 0).sum())
+
     def to(self, device, non_blocking: bool = False) -> "TokenBatch":
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return TokenBatch(move(self.input_ids), move(self.labels), move(self.position_ids),
-                          move(self.document_ids), move(self.cu_seqlens), self.keys)
+                          move(self.document_ids), move(self.cu_seqlens), self.keys,
+                          self.consumed)
 
     def pin_memory(self) -> "TokenBatch":
         return TokenBatch(self.input_ids.pin_memory(), self.labels.pin_memory(), self.position_ids.pin_memory(),
-                          self.document_ids.pin_memory(), self.cu_seqlens.pin_memory(), self.keys)
+                          self.document_ids.pin_memory(), self.cu_seqlens.pin_memory(), self.keys,
+                          self.consumed)

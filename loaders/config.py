@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+BATCHING_MODES = ("packed", "token_budget")
+REMAINDER_POLICIES = ("uneven", "drop", "pad")
+
 
 @dataclass
 class DataConfig:
@@ -10,10 +13,30 @@ class DataConfig:
 
     Attributes:
         manifest: URL or path of ``manifest.json`` (or its folder): local, ``http(s)://``, fsspec.
-        seq_len: tokens per packed row (T).
-        micro_batch_size: rows per micro-batch (B).
-        num_workers: DataLoader worker processes per rank (0 = load in the main process).
+        seq_len: tokens per packed row (T); documents longer than this are split into chunks.
+        micro_batch_size: rows per micro-batch (B) in ``packed`` mode.
+        num_workers: DataLoader worker processes per rank (0 = load in the main process,
+            with a background thread prefetching batches).
         seed: base seed of the deterministic sample order.
+        shuffle: shuffle shard order and samples; ``False`` reads the manifest order.
+        shuffle_block: samples per block of the block shuffle (the bound on how far a sample
+            moves; larger = more random, more shards open per consumer at once).
+        remainder: what to do when the samples left in an epoch do not divide by the number of
+            consumers (ranks x workers): ``uneven`` (default: every sample exactly once, consumers
+            differ by at most one sample), ``drop`` (drop the last ones, reported) or ``pad``
+            (repeat the first ones, reported).
+        batching: ``packed`` (B rows of ``seq_len``, best-fit-decreasing packing) or
+            ``token_budget`` (one chunk per row, rows padded to the longest in the batch,
+            rows x padded length <= ``max_tokens``).
+        pack_window: chunks buffered per consumer for packing; larger = fewer padding tokens.
+        max_tokens: token budget per micro-batch in ``token_budget`` mode (>= ``seq_len``).
+        prefetch_batches: batches prefetched ahead of the trainer (per worker, or by the
+            background thread when ``num_workers`` is 0).
+        pin_memory: pin batches in page-locked memory when CUDA is present.
+        worker_start: how DataLoader workers start: ``forkserver`` (default: workers inherit no
+            threads, locks or pooled HTTP connections of the trainer process), ``spawn`` or
+            ``fork`` (fastest start; unsafe once the process runs threads such as the cache's
+            prefetcher or fsspec's event loop).
     """
 
     manifest: str = "runs/demo/shards"
@@ -21,3 +44,30 @@ class DataConfig:
     micro_batch_size: int = 8
     num_workers: int = 1
     seed: int = 0
+    shuffle: bool = True
+    shuffle_block: int = 4096
+    remainder: str = "uneven"
+    batching: str = "packed"
+    pack_window: int = 256
+    max_tokens: int = 2048
+    prefetch_batches: int = 2
+    pin_memory: bool = True
+    worker_start: str = "forkserver"
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad field and its valid range."""
+        if self.seq_len < 2:
+            raise ValueError(f"data.seq_len={self.seq_len}: must be >= 2")
+        if self.micro_batch_size < 1 or self.num_workers < 0 or self.shuffle_block < 1:
+            raise ValueError("data.micro_batch_size and data.shuffle_block must be >= 1, data.num_workers >= 0")
+        if self.remainder not in REMAINDER_POLICIES:
+            raise ValueError(f"data.remainder={self.remainder!r}: use one of {REMAINDER_POLICIES}")
+        if self.batching not in BATCHING_MODES:
+            raise ValueError(f"data.batching={self.batching!r}: use one of {BATCHING_MODES}")
+        if self.worker_start not in ("forkserver", "spawn", "fork"):
+            raise ValueError(f"data.worker_start={self.worker_start!r}: use forkserver, spawn or fork")
+        if self.pack_window < 1 or self.prefetch_batches < 1:
+            raise ValueError("data.pack_window and data.prefetch_batches must be >= 1")
+        if self.batching == "token_budget" and self.max_tokens < self.seq_len:
+            raise ValueError(f"data.max_tokens={self.max_tokens} is below data.seq_len={self.seq_len}:"
+                             " a chunk of seq_len tokens would not fit in a batch")

@@ -1,0 +1,109 @@
+"""``python -m loaders keys``: which sample keys each rank (and worker) reads, in order.
+
+    python -m loaders keys --shards DIR_OR_MANIFEST --world-size N --workers W [--epoch E]
+        [--resume-at STEP] [--config run.yaml] [data.seed=3 data.seq_len=512 ...]
+
+One line per sample: ``rank=R worker=W pos=P [partial=CHUNKS] SHARD/KEY`` (``pos`` = global
+position in the epoch's order; ``partial`` = chunks delivered before the resume point).
+``--resume-at STEP`` runs every rank's loader (in this process) for STEP steps, merges their
+states as a checkpoint would, and lists what is left of the epoch. ``--config`` reads the
+``data:`` section of a YAML run config; ``data.*`` overrides apply on top.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from shards import Manifest
+from shards.config import apply_overrides, from_dict
+
+from .config import DataConfig
+from .dataset import TextLoader
+from .progress import merge_states
+from .shard_access import LocalShards, ShardReader
+
+
+def _data_config(path: str | None, overrides: list[str], manifest: str) -> DataConfig:
+    data: dict = {}
+    if path:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    data = apply_overrides({"data": data.get("data", {})}, overrides)
+    cfg = from_dict(DataConfig, data["data"], "data.")
+    cfg.manifest = manifest
+    return cfg
+
+
+def _loaders(cfg: DataConfig, manifest: Manifest, cache, world: int) -> list[TextLoader]:
+    return [TextLoader(cfg, manifest, cfg.manifest, cache, r, world, in_process=True) for r in range(world)]
+
+
+def keys_command(args) -> int:
+    cfg = _data_config(args.config, args.overrides, args.shards)
+    cfg.num_workers = args.workers
+    manifest = Manifest.load(cfg.manifest)
+    cache = LocalShards()
+    if args.cache_dir:
+        from cache import CacheConfig, ShardCache
+        cache = ShardCache(CacheConfig(dir=args.cache_dir))
+    loaders = _loaders(cfg, manifest, cache, args.world_size)
+    for ld in loaders:
+        ld.set_epoch(args.epoch)
+    if args.resume_at:
+        its = [iter(ld) for ld in loaders]
+        for _ in range(args.resume_at):
+            for it in its:
+                next(it, None)
+        state = merge_states([ld.state_dict() for ld in loaders])
+        loaders = _loaders(cfg, manifest, cache, args.world_size)
+        for ld in loaders:
+            ld.load_state_dict(state)
+    progress = loaders[0].progress
+    split = loaders[0].split()
+    print(f"# epoch {progress.epoch}: {progress.num_samples} samples, {progress.consumed} consumed before; "
+          f"world size {args.world_size} x {max(args.workers, 1)} workers; remainder={cfg.remainder}: "
+          f"{split.assigned} assigned, {split.dropped} dropped, {split.padded} repeated")
+    reader = ShardReader(manifest, cfg.manifest, cache)
+    try:
+        for ld in loaders:
+            ld.dataset.start(ld.progress)
+            for w in range(max(args.workers, 1)):
+                for pos, shard, local in ld.dataset.consumer_positions(w, max(args.workers, 1)):
+                    done = ld.progress.partial.get(pos, (0, set()))[1]
+                    mark = f" partial={','.join(map(str, sorted(done)))}" if done else ""
+                    print(f"rank={ld.rank} worker={w} pos={pos}{mark} "
+                          f"{manifest.shards[shard].name}/{reader.key(shard, local)}")
+    finally:
+        reader.close()
+        if hasattr(cache, "close"):
+            cache.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m loaders", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    k = sub.add_parser("keys", help="list the sample keys each rank reads, in order")
+    k.add_argument("--shards", required=True, help="shard folder, manifest.json path or URL")
+    k.add_argument("--world-size", type=int, default=1)
+    k.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank (0 = main process)")
+    k.add_argument("--epoch", type=int, default=0)
+    k.add_argument("--resume-at", type=int, default=0, metavar="STEP", help="list what is left after STEP steps")
+    k.add_argument("--config", help="YAML run config (its data: section is used)")
+    k.add_argument("--cache-dir", help="read remote shards through a cache.ShardCache in this folder")
+    k.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides")
+    args = ap.parse_args(argv)
+    if args.world_size < 1 or args.workers < 0:
+        ap.error("--world-size must be >= 1 and --workers >= 0")
+    try:
+        return keys_command(args)
+    except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
+        print(f"python -m loaders keys: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""The text loader: a torch ``IterableDataset`` of packed batches and its resumable ``DataLoader``.
+
+Each rank builds ``build_text_loader(cfg, cache, rank, world_size)``. DataLoader worker ``w`` of
+rank ``r`` is consumer ``r * W + w`` of ``C = world_size * W`` (see :mod:`loaders.order`); it
+reads its samples, packs them (:mod:`loaders.packing`) and yields :class:`TokenBatch` es. The
+DataLoader hands batches to the main process in worker round-robin order, so the stream is a
+deterministic function of (seed, epoch, world size, workers, resume state). The main process
+records each batch's ``consumed`` list on delivery (:mod:`loaders.progress`), so the resume
+state is exact even though workers read ahead.
+
+Ranks deliver different numbers of batches (documents differ in length): a DDP trainer must
+stop an epoch when any rank runs out (e.g. all-reduce a "has batch" flag); the samples other
+ranks did not deliver stay unconsumed in the merged state.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from hashlib import sha256
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from shards import Manifest, ShardError
+
+from .batch import TokenBatch
+from .config import DataConfig
+from .order import SampleOrder, consumer_items, plan_split
+from .packing import BestFitPacker, TokenBudgetBatcher, split_document
+from .progress import BAD, EMPTY, Progress, merge_states
+from .shard_access import LocalShards, ShardReader
+
+log = logging.getLogger(__name__)
+
+
+def dataset_fingerprint(manifest: Manifest) -> str:
+    """sha256 over the shards' names, sample counts and digests (a state loads only into the same data)."""
+    h = sha256()
+    for s in manifest.shards:
+        h.update(f"{s.name}\0{s.samples}\0{s.sha256}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _worker_cache(cache):
+    """A cache object safe to use in this process: a ``ShardCache`` (threads, locks) is re-opened
+    from its config in each worker process, since forked thread pools do not run."""
+    spec = isinstance(cache, _CacheSpec)
+    cls, cfg = (cache.cls, cache.config) if spec else (type(cache), getattr(cache, "config", None))
+    if cfg is None or (get_worker_info() is None and not spec):
+        return cache, False
+    try:
+        return cls(cfg, resolve=False), True
+    except TypeError:
+        return cls(cfg), True
+
+
+class TextStream(IterableDataset):
+    """Batches of one rank for the epoch and resume point set by :meth:`start`.
+
+    Args:
+        cfg: loader settings.
+        manifest, manifest_url: the dataset and where it lives.
+        cache: shard source (``cache.ShardCache``, :class:`LocalShards`, or any object with
+            ``pinned(url, sha256, size)``).
+        rank, world_size: this process's place in the job.
+    """
+
+    def __init__(self, cfg: DataConfig, manifest: Manifest, manifest_url: str, cache, rank: int, world_size: int):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} out of range for world size {world_size}")
+        self.cfg, self.manifest, self.manifest_url, self.cache = cfg, manifest, manifest_url, cache
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.prefix = 0, 0
+        self.skip = np.empty(0, np.int64)
+        self.partial: dict[int, set[int]] = {}
+
+    def start(self, progress: Progress) -> None:
+        """Read epoch ``progress.epoch`` from its resume point on (positions already consumed skipped)."""
+        self.epoch, self.prefix = progress.epoch, progress.prefix
+        self.skip = np.array(sorted(progress.done), dtype=np.int64)
+        self.partial = {p: set(c) for p, (_, c) in progress.partial.items()}
+
+    def order(self) -> SampleOrder:
+        return SampleOrder([s.samples for s in self.manifest.shards], self.cfg.seed, self.epoch,
+                           self.cfg.shuffle, self.cfg.shuffle_block)
+
+    def consumer_positions(self, worker: int, num_workers: int) -> Iterator[tuple[int, int, int]]:
+        """``(position, shard, local index)`` read by worker ``worker`` of ``num_workers`` on this rank."""
+        return consumer_items(self.order(), self.rank * num_workers + worker, self.world_size * num_workers,
+                              self.prefix, self.skip, self.cfg.remainder)
+
+    def _packer(self):
+        if self.cfg.batching == "token_budget":
+            return TokenBudgetBatcher(self.cfg.max_tokens, self.cfg.pack_window)
+        return BestFitPacker(self.cfg.seq_len, self.cfg.micro_batch_size, self.cfg.pack_window)
+
+    def consumer_batches(self, worker: int, num_workers: int) -> Iterator[TokenBatch]:
+        """Batches of one consumer (what DataLoader worker ``worker`` yields)."""
+        order = self.order()
+        cache, owned = _worker_cache(self.cache)
+        reader = ShardReader(self.manifest, self.manifest_url, cache)
+        packer, seq_len = self._packer(), self.cfg.seq_len
+        block = -1
+        try:
+            reader.prefetch(order.shards_from(self.prefix))
+            for pos, shard, local in self.consumer_positions(worker, num_workers):
+                if pos // order.block != block:
+                    block = pos // order.block
+                    reader.retain(set(np.unique(order.block_items(block)[1]).tolist()))
+                doc = self._read(reader, shard, local, pos, packer)
+                if doc is None:
+                    continue
+                for chunk in split_document(pos, *doc, seq_len, self.partial.get(pos, frozenset())):
+                    packer.add(chunk)
+                while packer.ready():
+                    yield packer.pop()
+            yield from packer.flush()
+        finally:
+            reader.close()
+            if owned and hasattr(cache, "close"):
+                cache.close()
+
+    def _read(self, reader: ShardReader, shard: int, local: int, pos: int, packer) -> tuple[str, np.ndarray] | None:
+        """``(key, tokens)``, or ``None`` for an empty/unreadable document (recorded, logged)."""
+        name = self.manifest.shards[shard].name
+        try:
+            sample = reader.read(shard, local, ("tokens",))
+        except ShardError as e:
+            if not reader.failed(shard):  # a whole unreadable shard was logged once by the reader
+                log.warning("sample %d of shard %s skipped (counted as bad): %s", local, name, e)
+            packer.pending.append((pos, BAD, 0))
+            return None
+        tokens = sample.get("tokens")
+        if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            log.warning("sample %s of shard %s has no 1-D integer 'tokens' member; skipped (counted as bad)",
+                        sample["__key__"], name)
+            packer.pending.append((pos, BAD, 0))
+            return None
+        if len(tokens) == 0:
+            packer.pending.append((pos, EMPTY, 0))
+            return None
+        return sample["__key__"], tokens.astype(np.int64)
+
+    def rank_batches(self, num_workers: int) -> Iterator[TokenBatch]:
+        """This rank's batches in the DataLoader's order, without processes: worker round-robin,
+        exhausted workers skipped (used by the CLI and tests; ``num_workers`` 0 means 1)."""
+        num_workers = max(num_workers, 1)
+        streams = [self.consumer_batches(w, num_workers) for w in range(num_workers)]
+        while streams:
+            for it in list(streams):
+                try:
+                    yield next(it)
+                except StopIteration:
+                    streams.remove(it)
+
+    def __iter__(self) -> Iterator[TokenBatch]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.consumer_batches(worker, num_workers)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if getattr(self.cache, "config", None) is not None:  # threads and locks do not pickle
+            state["cache"] = _CacheSpec(type(self.cache), self.cache.config)
+        return state
+
+
+class _CacheSpec:
+    """A cache to re-open in a spawned worker: its class and config."""
+
+    def __init__(self, cls, config):
+        self.cls, self.config = cls, config
+
+
+def _pass_through(batch):
+    return batch
+
+
+class TextLoader:
+    """Resumable loader of one rank: iterate it for one epoch of :class:`TokenBatch` es.
+
+    Attributes:
+        data_wait_seconds: seconds the last ``next()`` waited for its batch (trainer step metric).
+        progress: the resume state (see :mod:`loaders.progress`).
+    """
+
+    def __init__(self, cfg: DataConfig, manifest: Manifest, manifest_url: str, cache, rank: int = 0,
+                 world_size: int = 1, in_process: bool = False):
+        cfg.validate()
+        self.in_process = in_process  # worker streams interleaved in this process (same order, no DataLoader)
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.dataset = TextStream(cfg, manifest, manifest_url, cache, rank, world_size)
+        self.cache = cache
+        self.order_key = {"seed": cfg.seed, "shuffle": cfg.shuffle, "shuffle_block": cfg.shuffle_block,
+                          "seq_len": cfg.seq_len, "dataset": dataset_fingerprint(manifest)}
+        self.progress = Progress(0, self.order_key, manifest.total_samples, world_size)
+        self.data_wait_seconds = 0.0
+        self.last_split = None  # loaders.order.Split of the current epoch (drop/pad counts)
+        self.totals = {"batches": 0, "doc_tokens": 0, "slots": 0, "data_wait_seconds": 0.0}
+
+    # -- epochs and state -------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self.progress.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its beginning, unless the state already points into it."""
+        if epoch != self.progress.epoch:
+            self.progress = Progress(epoch, self.order_key, self.progress.num_samples, self.world_size)
+
+    def state_dict(self) -> dict:
+        """This rank's state (JSON-able). With several ranks, merge all ranks' states
+        (:func:`loaders.progress.merge_states` or :meth:`global_state_dict`) before saving."""
+        return self.progress.state_dict()
+
+    def global_state_dict(self) -> dict:
+        """All ranks' states merged (a collective: every rank must call it when
+        ``torch.distributed`` is initialised; otherwise this rank's state)."""
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self.state_dict()
+        states: list = [None] * dist.get_world_size()
+        dist.all_gather_object(states, self.state_dict())
+        return merge_states(states)
+
+    def load_state_dict(self, state: dict | list[dict]) -> None:
+        """Continue from a (merged) state, or a list of all ranks' states; any world size and workers.
+
+        Raises:
+            ValueError: the state comes from another dataset, seed, shuffle or ``seq_len``.
+        """
+        if isinstance(state, list):
+            state = merge_states(state)
+        p = Progress.from_state(state)
+        if p.order_key != self.order_key:
+            raise ValueError(f"loader state was written for {p.order_key}, this loader has {self.order_key};"
+                             " resume with the same data and data.seed/shuffle/shuffle_block/seq_len")
+        p.world_size = self.world_size
+        self.progress = p.next_epoch() if len(p.complete_ranks) >= int(state["world_size"]) else p
+        self.progress.complete_ranks = set()
+
+    def split(self):
+        """How the rest of the epoch is shared (:class:`loaders.order.Split`) — drop/pad are reported here."""
+        workers = max(self.cfg.num_workers, 1)
+        remaining = self.progress.num_samples - self.progress.consumed
+        return plan_split(remaining, self.world_size * workers, self.cfg.remainder)
+
+    def metrics(self) -> dict:
+        """Counters: batches, doc_tokens, slots (B x T), padding_efficiency, data_wait_seconds (s),
+        consumed/bad/empty samples, dropped/padded samples of this epoch's split (this rank's
+        view of the whole split), plus the cache's metrics when it has any."""
+        m = dict(self.totals)
+        m["padding_efficiency"] = m["doc_tokens"] / m["slots"] if m["slots"] else 0.0
+        m.update(epoch=self.epoch, consumed=self.progress.consumed, bad=self.progress.bad, empty=self.progress.empty,
+                 dropped=self.last_split.dropped if self.last_split else 0,
+                 padded=self.last_split.padded if self.last_split else 0)
+        if hasattr(self.cache, "metrics"):
+            m["cache"] = self.cache.metrics()
+        return m
+
+    # -- iteration --------------------------------------------------------------------
+    def _batches(self) -> Iterator[TokenBatch]:
+        cfg = self.cfg
+        if self.in_process:
+            return self.dataset.rank_batches(cfg.num_workers)
+        if cfg.num_workers > 0:
+            return iter(DataLoader(self.dataset, batch_size=None, num_workers=cfg.num_workers,
+                                   collate_fn=_pass_through, prefetch_factor=cfg.prefetch_batches,
+                                   multiprocessing_context=cfg.worker_start,
+                                   pin_memory=cfg.pin_memory and torch.cuda.is_available()))
+        return _thread_prefetch(iter(self.dataset), cfg.prefetch_batches,
+                                cfg.pin_memory and torch.cuda.is_available())
+
+    def __iter__(self) -> Iterator[TokenBatch]:
+        if self.rank in self.progress.complete_ranks:  # this rank finished the epoch: go on with the next
+            self.progress = self.progress.next_epoch()
+        split = self.last_split = self.split()
+        if split.dropped or split.padded:
+            log.info("epoch %d: %d samples dropped, %d repeated (data.remainder=%s)",
+                         self.epoch, split.dropped, split.padded, self.cfg.remainder)
+        self.dataset.start(self.progress)
+        t0 = time.perf_counter()
+        for batch in self._batches():
+            self.data_wait_seconds = time.perf_counter() - t0
+            for pos, chunk, n in batch.consumed:
+                self.progress.record(pos, chunk, n)
+            self.totals["batches"] += 1
+            self.totals["doc_tokens"] += batch.num_doc_tokens
+            self.totals["slots"] += batch.input_ids.numel()
+            self.totals["data_wait_seconds"] += self.data_wait_seconds
+            yield batch
+            t0 = time.perf_counter()
+        self.progress.complete_ranks.add(self.rank)
+
+
+def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool) -> Iterator[TokenBatch]:
+    """Run ``it`` in a background thread, ``depth`` batches ahead; stops when the consumer stops."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def run():
+        try:
+            for b in it:
+                b = b.pin_memory() if pin else b
+                while not stop.is_set():
+                    try:
+                        q.put(b, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(end)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer thread
+            q.put(e)
+
+    thread = threading.Thread(target=run, name="colaflow-batch-prefetch", daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not end:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def build_text_loader(cfg: DataConfig, cache=None, rank: int = 0, world_size: int = 1,
+                      in_process: bool = False) -> TextLoader:
+    """The resumable text loader of ``rank`` of ``world_size``.
+
+    Args:
+        cfg: ``data:`` settings (``cfg.manifest``: path, folder or URL of ``manifest.json``).
+        cache: ``cache.ShardCache`` for remote shards; ``None`` reads local shards in place.
+        in_process: run the worker streams in this process (same batches, no DataLoader).
+    Raises:
+        FileNotFoundError / ValueError: no manifest, or an invalid config (message names the field).
+    """
+    manifest = Manifest.load(cfg.manifest)
+    return TextLoader(cfg, manifest, cfg.manifest, cache if cache is not None else LocalShards(), rank,
+                      world_size, in_process)

@@ -1,0 +1,146 @@
+"""Resume state of an epoch, in global positions (independent of world size and workers).
+
+Every batch carries ``consumed`` records ``(position, chunk, n_chunks)``: the document at
+global ``position`` delivered chunk ``chunk`` of its ``n_chunks``. ``n_chunks == 0`` means the
+document is finished without tokens (``chunk == EMPTY``: no tokens; ``chunk == BAD``: unreadable,
+logged and counted). A document is consumed once all its chunks were delivered.
+
+The state is ``epoch`` + ``prefix`` (every position below it is consumed) + ``done`` (the
+consumed positions above the prefix) + ``partial`` (documents with some chunks delivered), so
+``consumed = prefix + len(done)`` is the global count of consumed samples. It is exact at chunk
+level: on resume, consumed documents are skipped and partial ones deliver only their missing
+chunks, whatever the new world size and worker count. Each rank tracks its own batches; merge the
+ranks' states with :func:`merge_states` (or ``TextLoader.global_state_dict``) before saving.
+
+Empty/unreadable documents are reported with the consumer's next batch; those after a consumer's
+last batch are not reported, so they are read (and logged) again after a resume in that epoch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STATE_VERSION = 1
+EMPTY, BAD = -1, -2
+
+
+@dataclass
+class Progress:
+    """Consumed samples of one epoch.
+
+    Attributes:
+        epoch: epoch number.
+        order_key: what fixes the order (seed, shuffle, block, seq_len, dataset fingerprint);
+            a state only loads into a loader with the same key.
+        num_samples: samples in the epoch (S).
+        world_size: ranks of the run that wrote the state.
+        prefix: all positions ``< prefix`` are consumed.
+        done: consumed positions ``>= prefix``.
+        partial: position -> (n_chunks, delivered chunk indices) for documents in flight.
+        complete_ranks: ranks whose share of the epoch was fully delivered.
+        bad, empty: unreadable / empty documents seen (counted, never silently dropped).
+    """
+
+    epoch: int
+    order_key: dict
+    num_samples: int
+    world_size: int = 1
+    prefix: int = 0
+    done: set[int] = field(default_factory=set)
+    partial: dict[int, tuple[int, set[int]]] = field(default_factory=dict)
+    complete_ranks: set[int] = field(default_factory=set)
+    bad: int = 0
+    empty: int = 0
+
+    @property
+    def consumed(self) -> int:
+        """Global count of consumed samples."""
+        return self.prefix + len(self.done)
+
+    @property
+    def complete(self) -> bool:
+        """Every rank delivered its share (the epoch is over)."""
+        return len(self.complete_ranks) >= self.world_size
+
+    def _finish(self, pos: int) -> None:
+        self.partial.pop(pos, None)
+        if pos < self.prefix:
+            return
+        self.done.add(pos)
+        while self.prefix in self.done:
+            self.done.discard(self.prefix)
+            self.prefix += 1
+
+    def is_consumed(self, pos: int) -> bool:
+        return pos < self.prefix or pos in self.done
+
+    def record(self, pos: int, chunk: int, n_chunks: int) -> None:
+        """Note one delivered chunk (or an empty/bad document); repeats are ignored."""
+        if self.is_consumed(pos):
+            return
+        if n_chunks <= 0:
+            self.bad += chunk == BAD
+            self.empty += chunk == EMPTY
+            self._finish(pos)
+            return
+        n, chunks = self.partial.setdefault(pos, (n_chunks, set()))
+        chunks.add(chunk)
+        if len(chunks) >= n:
+            self._finish(pos)
+
+    def next_epoch(self) -> "Progress":
+        return Progress(self.epoch + 1, self.order_key, self.num_samples, self.world_size)
+
+    def state_dict(self) -> dict:
+        """Plain JSON-able dict (ints and lists only)."""
+        return {
+            "version": STATE_VERSION, "epoch": self.epoch, "order_key": dict(self.order_key),
+            "num_samples": self.num_samples, "world_size": self.world_size, "consumed": self.consumed,
+            "prefix": self.prefix, "done": sorted(self.done),
+            "partial": [[p, n, sorted(c)] for p, (n, c) in sorted(self.partial.items())],
+            "complete_ranks": sorted(self.complete_ranks), "bad": self.bad, "empty": self.empty,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Progress":
+        """Inverse of :meth:`state_dict`. Raises ``ValueError`` on another version."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+        p = cls(int(state["epoch"]), dict(state["order_key"]), int(state["num_samples"]),
+                int(state["world_size"]), bad=int(state.get("bad", 0)), empty=int(state.get("empty", 0)))
+        p.complete_ranks = set(state.get("complete_ranks", []))
+        p.prefix = int(state["prefix"])
+        for pos in state["done"]:
+            p._finish(int(pos))
+        for pos, n, chunks in state["partial"]:
+            for c in chunks:
+                p.record(int(pos), int(c), int(n))
+        return p
+
+
+def merge_states(states: list[dict]) -> dict:
+    """Union of the per-rank states of one run (all ranks, any order) into one global state.
+
+    Raises:
+        ValueError: the states come from different epochs, orders or datasets.
+    """
+    if not states:
+        raise ValueError("merge_states: no states given")
+    ps = [Progress.from_state(s) for s in states]
+    first = ps[0]
+    for p in ps[1:]:
+        if (p.epoch, p.order_key, p.num_samples) != (first.epoch, first.order_key, first.num_samples):
+            raise ValueError(f"merge_states: epoch/order differ ({p.epoch}, {p.order_key}) vs "
+                             f"({first.epoch}, {first.order_key}): states come from different runs or steps")
+    merged = Progress(first.epoch, first.order_key, first.num_samples, max(p.world_size for p in ps))
+    merged.prefix = min(p.prefix for p in ps)
+    for p in ps:
+        for pos in list(range(merged.prefix, p.prefix)) + sorted(p.done):
+            merged._finish(pos)
+        merged.complete_ranks |= p.complete_ranks
+        merged.bad += p.bad
+        merged.empty += p.empty
+    for p in ps:
+        for pos, (n, chunks) in p.partial.items():
+            for c in chunks:
+                merged.record(pos, c, n)
+    return merged.state_dict()

@@ -1,0 +1,114 @@
+"""Packing invariants: no token lost or duplicated, boundaries kept, positions restart, labels stay
+inside documents; packing efficiency of best-fit-decreasing with a reasonable window."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loaders.packing import BestFitPacker, TokenBudgetBatcher, make_batch, split_document
+
+
+def _run(packer, docs, seq_len):
+    batches = []
+    for pos, toks in enumerate(docs):
+        for ch in split_document(pos, f"k{pos}", toks, seq_len):
+            packer.add(ch)
+        while packer.ready():
+            batches.append(packer.pop())
+    return batches + packer.flush()
+
+
+def _check_batch(b):
+    """Row-level invariants; returns ``[(position, chunk, tokens)]`` in row order."""
+    ids, lab, pos, doc = (t.numpy() for t in (b.input_ids, b.labels, b.position_ids, b.document_ids))
+    assert ids.dtype == lab.dtype == pos.dtype == doc.dtype == np.int64
+    consumed = [c for c in b.consumed if c[2] > 0]
+    out, cu = [], [0]
+    rows, width = ids.shape
+    for r in range(rows):
+        d = doc[r]
+        real = d >= 0
+        assert real[:real.sum()].all()  # padding only at the row end
+        n_docs = int(d.max()) + 1 if real.any() else 0
+        for k in range(n_docs):
+            idx = np.flatnonzero(d == k)
+            assert len(idx) and (np.diff(idx) == 1).all()  # one contiguous segment per document
+            seg = ids[r, idx]
+            assert pos[r, idx].tolist() == list(range(len(idx)))  # positions restart
+            assert lab[r, idx[:-1]].tolist() == seg[1:].tolist()  # next token inside the document
+            assert lab[r, idx[-1]] == -100  # never across a boundary
+            out.append(seg)
+            cu.append(r * width + idx[-1] + 1)
+        pad = ~real
+        assert (lab[r, pad] == -100).all() and (ids[r, pad] == 0).all()
+        if pad.any():
+            cu.append((r + 1) * width)
+    assert b.cu_seqlens.tolist() == cu and b.cu_seqlens.dtype == torch.int32
+    assert len(out) == len(consumed)
+    return [(p, c, seg) for (p, c, _), seg in zip(consumed, out)]
+
+
+def _check_all(batches, docs, seq_len):
+    pieces = {}
+    for b in batches:
+        for p, c, seg in _check_batch(b):
+            assert (p, c) not in pieces, "chunk delivered twice"
+            pieces[(p, c)] = seg
+    for p, toks in enumerate(docs):
+        n = -(-len(toks) // seq_len)
+        got = [pieces.pop((p, c)) for c in range(n)]
+        assert all(len(g) <= seq_len for g in got)
+        assert np.concatenate(got).tolist() == toks.tolist()
+    assert not pieces
+
+
+doc_lengths = st.lists(st.one_of(st.integers(1, 20), st.integers(1, 400)), min_size=1, max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=doc_lengths, seq_len=st.integers(2, 64), rows=st.integers(1, 6), window=st.integers(1, 40))
+def test_packed_invariants(lengths, seq_len, rows, window):
+    rng = np.random.default_rng(len(lengths))
+    docs = [rng.integers(1, 50000, n) for n in lengths]
+    batches = _run(BestFitPacker(seq_len, rows, window), docs, seq_len)
+    assert all(tuple(b.input_ids.shape) == (rows, seq_len) for b in batches)
+    _check_all(batches, docs, seq_len)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=doc_lengths, seq_len=st.integers(2, 64), extra=st.integers(0, 200), window=st.integers(1, 40))
+def test_token_budget_invariants(lengths, seq_len, extra, window):
+    rng = np.random.default_rng(len(lengths))
+    docs = [rng.integers(1, 50000, n) for n in lengths]
+    max_tokens = seq_len + extra
+    batches = _run(TokenBudgetBatcher(max_tokens, window), docs, seq_len)
+    for b in batches:
+        assert b.input_ids.numel() <= max_tokens
+        assert (b.document_ids <= 0).all()  # one chunk per row
+    _check_all(batches, docs, seq_len)
+
+
+def test_long_document_chunks_restart_positions():
+    toks = np.arange(10, 35)
+    b = make_batch([[c] for c in split_document(0, "k", toks, 10)], 10)
+    assert b.position_ids[:, 0].tolist() == [0, 0, 0]
+    assert b.labels[0, 9] == -100 and b.labels[1, 0] == 21  # cut: no label across chunks
+    assert b.document_ids[2].tolist() == [0] * 5 + [-1] * 5
+
+
+@pytest.mark.parametrize("window", [256])
+def test_packing_efficiency_with_reasonable_window(window):
+    """Best-fit-decreasing over 256 buffered chunks keeps >= 99.5% real tokens (vs ~40% for one
+    document per row) on a long-tailed length distribution."""
+    rng = np.random.default_rng(0)
+    seq_len, rows = 512, 8
+    lengths = np.minimum(rng.lognormal(5.0, 1.2, 4000).astype(int) + 1, 3000)
+    docs = [rng.integers(0, 1000, n) for n in lengths]
+    batches = _run(BestFitPacker(seq_len, rows, window), docs, seq_len)
+    real = sum(b.num_doc_tokens for b in batches)
+    slots = sum(b.input_ids.numel() for b in batches)
+    assert real == int(lengths.sum())
+    assert real / slots >= 0.995
