@@ -1,0 +1,5 @@
+"""Beam preprocessing: raw JSONL/text → cleaned, deduplicated, tokenised WebDataset shards.
+
+Entry points: ``python beam_runner.py`` (command line), :func:`pipelines.job.run` (in-process),
+``python -m pipelines.corpus`` (the Shakespeare + KJV demo corpus). See ``docs/cluster.md``.
+"""

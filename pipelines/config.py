@@ -1,0 +1,172 @@
+"""Configuration of the preprocessing pipeline (``configs/pipeline.yaml``).
+
+Loaded with :func:`shards.config.load_config`; every default works on a laptop and
+on the demo corpus. Override from the command line, e.g. ``tokenizer.vocab_size=8192``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class InputConfig:
+    """How input files are read.
+
+    Attributes:
+        format: ``auto`` (by extension: ``.jsonl``/``.json`` → jsonl, anything else → text),
+            ``jsonl`` or ``text``. ``.gz``/``.bz2``/``.zst`` files are decompressed by extension.
+        text_field: JSON field holding the document text.
+        id_field: JSON field holding the document id; a missing id becomes ``{file stem}/{line:08d}``.
+        source_field: JSON field naming the source; missing → the file stem.
+    """
+
+    format: str = "auto"
+    text_field: str = "text"
+    id_field: str = "id"
+    source_field: str = "source"
+
+
+@dataclass
+class CleanConfig:
+    """Text normalisation.
+
+    Attributes:
+        normalization: Unicode normal form (``NFC``, ``NFKC``, ...; UAX #15).
+        strip_control: remove ANSI escape sequences, C0/C1 control characters (``\\n``/``\\t``
+            kept), NUL and the BOM.
+        min_chars: documents shorter than this after cleaning are filtered as ``empty``/``too_short``.
+        max_chars: documents longer than this are filtered as ``too_long``.
+    """
+
+    normalization: str = "NFC"
+    strip_control: bool = True
+    min_chars: int = 1
+    max_chars: int = 5_000_000
+
+
+@dataclass
+class QualityConfig:
+    """Heuristic quality filters after Gopher (Rae et al. 2021, "Scaling Language Models",
+    appendix A.1.1) and C4 (Raffel et al. 2020, section 2.2). Off by default: the demo corpus
+    is short verse, which the web-text thresholds would mostly remove.
+
+    Attributes:
+        enabled: apply the filters below.
+        min_words / max_words: word-count range (Gopher: 50..100000).
+        min_mean_word_len / max_mean_word_len: mean word length in characters (Gopher: 3..10).
+        max_symbol_ratio: (``#`` + ``...`` + ``…``) per word (Gopher: 0.1).
+        max_bullet_lines: fraction of lines starting with a bullet (Gopher: 0.9).
+        max_ellipsis_lines: fraction of lines ending with an ellipsis (Gopher: 0.3).
+        min_alpha_words: fraction of words holding a letter (Gopher: 0.8).
+        min_stop_words: distinct English stop words required (Gopher: 2 of the, be, to, of, and,
+            that, have, with).
+        max_dup_line_fraction: fraction of lines that repeat an earlier line (Gopher: 0.3).
+        c4_badwords: C4-style rejects: "lorem ipsum", curly braces, "javascript" notices.
+    """
+
+    enabled: bool = False
+    min_words: int = 50
+    max_words: int = 100_000
+    min_mean_word_len: float = 3.0
+    max_mean_word_len: float = 10.0
+    max_symbol_ratio: float = 0.1
+    max_bullet_lines: float = 0.9
+    max_ellipsis_lines: float = 0.3
+    min_alpha_words: float = 0.8
+    min_stop_words: int = 2
+    max_dup_line_fraction: float = 0.3
+    c4_badwords: bool = True
+
+
+@dataclass
+class PIIConfig:
+    """PII redaction: matches are replaced by placeholders and counted per kind.
+
+    Attributes:
+        enabled: redact at all.
+        email / ip / phone: which kinds to redact (placeholders ``<EMAIL>``, ``<IP>``, ``<PHONE>``).
+    """
+
+    enabled: bool = True
+    email: bool = True
+    ip: bool = True
+    phone: bool = True
+
+
+@dataclass
+class DedupConfig:
+    """Deduplication.
+
+    Attributes:
+        exact: drop documents whose normalised text (casefolded, whitespace collapsed) hashes equal;
+            the keeper is the smallest id.
+        near: MinHash-LSH near-duplicate removal (Broder 1997; Leskovec et al., "Mining of
+            Massive Datasets", ch. 3.4).
+        ngram: word shingle size for MinHash.
+        num_perm: MinHash permutations (= bands * rows).
+        bands: LSH bands; rows per band = num_perm / bands.
+        threshold: estimated Jaccard similarity at or above which a candidate is a near-duplicate.
+    """
+
+    exact: bool = True
+    near: bool = False
+    ngram: int = 5
+    num_perm: int = 112
+    bands: int = 14
+    threshold: float = 0.8
+
+
+@dataclass
+class TokenizerConfig:
+    """Tokenizer (sentencepiece, Kudo & Richardson 2018).
+
+    Attributes:
+        path: existing ``.model`` file to use instead of training (``--tokenizer`` sets it).
+        vocab_size: target vocabulary size; the trainer may stop lower on tiny corpora.
+        model_type: ``bpe`` or ``unigram``.
+        sample_fraction: a document joins the training sample when its content hash falls
+            below this fraction of the hash space (deterministic sampling).
+        sample_max_bytes: cap on the sample (UTF-8 bytes), filled in content-hash order.
+        character_coverage: sentencepiece ``character_coverage``.
+        byte_fallback: unknown characters become byte tokens instead of ``<unk>``.
+    """
+
+    path: str | None = None
+    vocab_size: int = 4096
+    model_type: str = "bpe"
+    sample_fraction: float = 0.5
+    sample_max_bytes: int = 3_000_000
+    character_coverage: float = 0.9995
+    byte_fallback: bool = True
+
+
+@dataclass
+class ShardsConfig:
+    """Shard layout.
+
+    Attributes:
+        prefix: shard file name prefix (``{prefix}-{index:06d}.tar``).
+        target_bytes: approximate shard size; the shard count is derived from the total.
+        num_shards: fixed shard count (0 = derive from ``target_bytes``).
+        store_text: also store the cleaned text as ``K.txt.zst`` (see ``docs/shard-format.md``).
+        write_index: write a DALI ``.idx`` per shard and the wids ``shardindex.json``.
+    """
+
+    prefix: str = "shard"
+    target_bytes: int = 8_000_000
+    num_shards: int = 0
+    store_text: bool = False
+    write_index: bool = True
+
+
+@dataclass
+class PipelineConfig:
+    """Whole preprocessing pipeline configuration (sections as above)."""
+
+    input: InputConfig = field(default_factory=InputConfig)
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    quality: QualityConfig = field(default_factory=QualityConfig)
+    pii: PIIConfig = field(default_factory=PIIConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    shards: ShardsConfig = field(default_factory=ShardsConfig)

@@ -1,0 +1,174 @@
+"""Writing shards deterministically, then the manifest, tokenizer and ``stats.json``.
+
+Assignment: a sample goes to bucket ``sha256(key) mod N`` where ``N`` derives from the
+total encoded size (a singleton side input); each bucket is grouped, sorted by key and
+written as one tar under a temporary name by a DoFn. A final single-element step renames
+the non-empty buckets, in bucket order, to ``{prefix}-000000.tar``... and writes the
+manifest. Nothing depends on runner, worker count or arrival order, so every runner
+writes byte-identical shards.
+
+Output may be a local folder or any fsspec URL (``gs://``, ``s3://``, ...): tars are built
+in a local temporary folder and uploaded when the output is remote.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+
+import apache_beam as beam
+import fsspec
+import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+
+from shards import Manifest, ShardInfo, TarShardWriter, encode_text_sample, escape_key, shard_name
+from shards.index import WIDS_FILE, build_shard_index, dali_index_path, wids_index, write_dali_index
+
+from .cleaning import stable_bucket
+from .config import ShardsConfig
+from .records import Doc
+from .stats import EVENTS, aggregate, event
+
+TMP_DIR = "_tmp_buckets"
+TOKENIZER_FILE = "tokenizer.model"
+HEADER_BYTES = 1536  # two tar headers plus average padding per sample
+
+
+def encode_sample(item: tuple[Doc, np.ndarray], store_text: bool = False) -> tuple[str, dict[str, bytes], int, str, int]:
+    """``(doc, tokens)`` → ``(key, member bytes, n_tokens, source, text UTF-8 bytes)``.
+
+    The key is :func:`shards.escape_key` of the id (a hashed key for over-long ids; the id is in
+    the ``json`` member either way); ``store_text`` adds the cleaned text as ``txt.zst``.
+    """
+    doc, tokens = item
+    text_bytes = len(doc.text.encode("utf-8"))
+    meta = {"id": doc.id, "source": doc.source, "n_tokens": int(tokens.size), "n_bytes": text_bytes}
+    fields = encode_text_sample(tokens, meta, doc.text if store_text else None)
+    return escape_key(doc.id), fields, int(tokens.size), doc.source, text_bytes
+
+
+def encoded_size(sample) -> int:
+    """Approximate tar bytes of an encoded sample."""
+    return sum(len(v) for v in sample[1].values()) + HEADER_BYTES
+
+
+def num_buckets(total_bytes: int, cfg: ShardsConfig) -> int:
+    """Shard count: ``cfg.num_shards`` when set, else ``ceil(total_bytes / cfg.target_bytes)`` (at least 1)."""
+    if cfg.num_shards > 0:
+        return cfg.num_shards
+    return max(1, math.ceil(total_bytes / cfg.target_bytes))
+
+
+def assign_bucket(sample, total_bytes: int, cfg: ShardsConfig):
+    return stable_bucket(sample[0], num_buckets(total_bytes, cfg)), sample
+
+
+def _fs(url: str):
+    return fsspec.core.url_to_fs(url)
+
+
+class WriteBucketFn(beam.DoFn):
+    """``(bucket, samples)`` → ``(bucket, ShardInfo, ShardIndex | None)`` of a tar under ``OUT/_tmp_buckets/``.
+
+    Samples are written sorted by key; a key seen twice (two documents with the same id but
+    different text) keeps the first in sort order and emits ``filtered:duplicate_id`` for the
+    other. Emits ``kept``, ``tokens`` and ``text_bytes`` events per source. With ``write_index``
+    the DALI ``.idx`` is built here, in parallel, from the file just written.
+    """
+
+    def __init__(self, output_dir: str, write_index: bool):
+        self.output_dir, self.write_index = output_dir, write_index
+
+    def process(self, item):
+        bucket, samples = item
+        samples = sorted(samples, key=lambda s: (s[0], s[1]["json"]))
+        fs, root = _fs(self.output_dir)
+        name = f"bucket-{bucket:06d}.tar"
+        local = isinstance(fs, LocalFileSystem)
+        tmp_local = os.path.join(root, TMP_DIR) if local else tempfile.mkdtemp(prefix="colaflow-")
+        os.makedirs(tmp_local, exist_ok=True)
+        path = os.path.join(tmp_local, name)
+        last_key = None
+        counts: dict[tuple[str, str], int] = {}  # summed per bucket: one event per (source, name)
+        with TarShardWriter(path) as writer:
+            for key, fields, n_tokens, source, text_bytes in samples:
+                if key == last_key:
+                    counts[source, "filtered:duplicate_id"] = counts.get((source, "filtered:duplicate_id"), 0) + 1
+                    continue
+                last_key = key
+                writer.write(key, fields, tokens=n_tokens)
+                for name, n in (("kept", 1), ("tokens", n_tokens), ("text_bytes", text_bytes)):
+                    counts[source, name] = counts.get((source, name), 0) + n
+        for (source, name), n in sorted(counts.items()):
+            yield event(source, name, n)
+        index = None
+        if self.write_index:
+            index = build_shard_index(path, url=name, schema="text")
+            write_dali_index(index, dali_index_path(path))
+            index = dataclasses.replace(index, samples=[])  # offsets live in the .idx; keep the side input small
+        if not local:
+            fs.makedirs(f"{root}/{TMP_DIR}", exist_ok=True)
+            for local_file in [path] + ([dali_index_path(path)] if index else []):
+                fs.put_file(local_file, f"{root}/{TMP_DIR}/{os.path.basename(local_file)}")
+                os.unlink(local_file)
+            os.rmdir(tmp_local)
+        yield bucket, writer.info, index
+
+
+def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, model: bytes) -> dict:
+    """Commit the run: rename bucket tars (and their ``.idx``) to ``{prefix}-NNNNNN`` in bucket order,
+    remove stale shards of an earlier run, write ``tokenizer.model``, the wids ``shardindex.json``
+    (with ``cfg.write_index``), ``manifest.json`` and ``stats.json``; returns the stats.
+    """
+    from .tokenizer import load_processor, token_dtype
+
+    vocab_size = load_processor(model).get_piece_size()
+    fs, root = _fs(output_dir)
+    infos, indexes = [], []
+    for n, (bucket, info, index) in enumerate(sorted(shards, key=lambda s: s[0])):
+        final = shard_name(cfg.prefix, n)
+        src = f"{root}/{TMP_DIR}/bucket-{bucket:06d}.tar"
+        for a, b in [(src, f"{root}/{final}"), (dali_index_path(src), dali_index_path(f"{root}/{final}"))]:
+            if fs.exists(a):
+                fs.mv(a, b)
+        infos.append(ShardInfo(final, info.samples, info.tokens, info.bytes, info.sha256))
+        if index is not None:
+            indexes.append(dataclasses.replace(index, url=final))
+    keep = {i.name for i in infos}
+    for stale in fs.glob(f"{root}/{cfg.prefix}-*.tar") + fs.glob(f"{root}/{cfg.prefix}-*.idx"):
+        if stale.rsplit("/", 1)[-1].replace(".idx", ".tar") not in keep:
+            fs.rm(stale)
+    if fs.exists(f"{root}/{TMP_DIR}"):
+        fs.rm(f"{root}/{TMP_DIR}", recursive=True)
+    dtype = token_dtype(vocab_size).name
+    fs.pipe_file(f"{root}/{TOKENIZER_FILE}", model)
+    if indexes:
+        fs.pipe_file(f"{root}/{WIDS_FILE}", (json.dumps(wids_index(indexes), indent=1) + "\n").encode("utf-8"))
+    manifest = Manifest(shards=infos, tokenizer=TOKENIZER_FILE, vocab_size=vocab_size, token_dtype=dtype)
+    fs.pipe_file(f"{root}/manifest.json", manifest.to_json().encode("utf-8"))
+    stats = aggregate(events)
+    stats.update(shards=len(infos), vocab_size=vocab_size, token_dtype=dtype,
+                 shard_bytes=manifest.total_bytes)
+    fs.pipe_file(f"{root}/stats.json", (json.dumps(stats, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    print(f"committed {len(infos)} shards, manifest.json and stats.json to {output_dir}", file=sys.stderr, flush=True)
+    return stats
+
+
+class WriteShards(beam.PTransform):
+    """``PCollection[(Doc, tokens)]`` → ``(bucket, ShardInfo, ShardIndex | None)`` per bucket (tag ``events``)."""
+
+    def __init__(self, output_dir: str, cfg: ShardsConfig):
+        super().__init__()
+        self.output_dir, self.cfg = output_dir, cfg
+
+    def expand(self, tokenized):
+        samples = tokenized | "Encode" >> beam.Map(encode_sample, self.cfg.store_text)
+        total = (samples | "Size" >> beam.Map(encoded_size)
+                 | "TotalSize" >> beam.CombineGlobally(sum))
+        return (samples
+                | "Assign" >> beam.Map(assign_bucket, beam.pvalue.AsSingleton(total), self.cfg)
+                | "GroupBucket" >> beam.GroupByKey()
+                | "WriteBucket" >> beam.ParDo(WriteBucketFn(self.output_dir, self.cfg.write_index)).with_outputs(EVENTS, main="shards"))

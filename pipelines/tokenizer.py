@@ -1,0 +1,145 @@
+"""Tokenizer stage: a deterministic training sample, sentencepiece training, tokenisation.
+
+The sample is chosen by content hash, not by arrival order, so every runner and worker
+count picks the same documents: a document joins when its hash falls under
+``sample_fraction`` of the hash space, and the sample is filled in hash order up to
+``sample_max_bytes``. Training runs single-threaded because sentencepiece's multi-threaded
+trainer gives different models for different thread counts.
+"""
+from __future__ import annotations
+
+import io
+import sys
+
+import apache_beam as beam
+import numpy as np
+import sentencepiece as spm
+from tqdm import tqdm
+
+from .cleaning import content_hash
+from .config import TokenizerConfig
+from .records import Doc
+
+
+class SmallestHashSample(beam.CombineFn):
+    """Combine ``(hash, text)`` pairs into the hash-ordered prefix of at most ``max_bytes`` UTF-8 bytes.
+
+    The prefix stops at the first text that does not fit (the cutoff). A partial accumulator's
+    cutoff also lies outside the global prefix (its partial running total already exceeds the
+    budget), so every partial trim keeps the global prefix and records the smallest cutoff seen:
+    the result is the same whatever the partitioning. Output: list of distinct texts in hash order.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+
+    def create_accumulator(self):
+        return [0, [], None]  # [bytes held, [(hash, text, bytes), ...], cutoff (hash, text) or None]
+
+    def _trim(self, items, cutoff):
+        out, total = [], 0
+        for item in sorted(items):
+            if cutoff is not None and item[:2] >= cutoff:
+                break
+            if out and item == out[-1]:  # the same text twice counts once
+                continue
+            if total + item[2] > self.max_bytes:
+                cutoff = item[:2]
+                break
+            out.append(item)
+            total += item[2]
+        return [total, out, cutoff]
+
+    def add_input(self, acc, element):
+        h, text = element
+        if acc[2] is not None and (h, text) >= acc[2]:
+            return acc
+        size = len(text.encode("utf-8"))
+        acc[1].append((h, text, size))
+        acc[0] += size
+        # trimming only past twice the budget keeps adds amortised O(log n)
+        return self._trim(acc[1], acc[2]) if acc[0] > 2 * self.max_bytes else acc
+
+    def merge_accumulators(self, accumulators):
+        cutoffs = [a[2] for a in accumulators if a[2] is not None]
+        return self._trim([x for a in accumulators for x in a[1]], min(cutoffs) if cutoffs else None)
+
+    def extract_output(self, acc):
+        return [text for _, text, _ in self._trim(acc[1], acc[2])[1]]
+
+
+def train_sentencepiece(texts: list[str], cfg: TokenizerConfig) -> bytes:
+    """Train a sentencepiece model on ``texts`` (each line is one training sentence); returns model bytes.
+
+    Raises:
+        ValueError: the sample is empty (no document survived cleaning and dedup).
+        RuntimeError: sentencepiece rejects the sample (message includes its error).
+    """
+    lines = [line for text in texts for line in text.split("\n") if line.strip()]
+    if not lines:
+        raise ValueError("tokenizer sample is empty: no document survived cleaning/dedup "
+                         "(check the input glob, or pass --tokenizer PATH)")
+    print(f"training sentencepiece ({cfg.model_type}, vocab {cfg.vocab_size}) on {len(texts):,} documents, "
+          f"{sum(len(t.encode('utf-8')) for t in texts) / 1e6:.1f} MB", file=sys.stderr, flush=True)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines), model_writer=model, vocab_size=cfg.vocab_size,
+            model_type=cfg.model_type, character_coverage=cfg.character_coverage,
+            byte_fallback=cfg.byte_fallback, hard_vocab_limit=False, num_threads=1,
+            input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2)
+    except RuntimeError as e:
+        raise RuntimeError(f"sentencepiece training on {len(lines)} lines failed: {e}") from e
+    return model.getvalue()
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id fits (vocab ≤ 65536), else ``uint32``."""
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def load_processor(model_bytes: bytes) -> spm.SentencePieceProcessor:
+    """A sentencepiece processor from serialized model bytes."""
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(model_bytes)
+    return sp
+
+
+def build_model(docs, cfg: TokenizerConfig, label: str = "Tokenizer"):
+    """Singleton PCollection of model bytes: the file at ``cfg.path``, or trained on ``docs`` (PCollection[Doc])."""
+    if cfg.path:
+        with open(cfg.path, "rb") as f:
+            model = f.read()
+        load_processor(model)  # fail at construction time on a bad model file
+        return docs.pipeline | f"{label}/Load" >> beam.Create([model])
+    return (docs
+            | f"{label}/Hash" >> beam.Map(lambda d: (content_hash(d.text), d.text))
+            | f"{label}/Sample" >> beam.Filter(lambda ht, f: int(ht[0][:16], 16) < f * 2**64, cfg.sample_fraction)
+            | f"{label}/Cap" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes))
+            | f"{label}/Train" >> beam.Map(train_sentencepiece, cfg))
+
+
+class TokenizeFn(beam.DoFn):
+    """``Doc`` → ``(doc, tokens)`` with ``tokens`` a 1-D uint16/uint32 array.
+
+    The model arrives as a singleton side input; the processor is built once per DoFn
+    instance (side inputs are not readable in ``setup``) and reused for every bundle.
+    """
+
+    def setup(self):
+        self._model_key = None
+        self._sp = None
+        self._bar = tqdm(desc="tokenize", unit=" doc", mininterval=2.0, delay=2.0, leave=False,
+                         disable=None)  # no bar when stderr is not a terminal
+
+    def teardown(self):
+        self._bar.close()
+
+    def process(self, doc: Doc, model_bytes: bytes):
+        if self._model_key != len(model_bytes) or self._sp is None:
+            self._sp = load_processor(model_bytes)
+            self._model_key = len(model_bytes)
+            self._dtype = token_dtype(self._sp.get_piece_size())
+        ids = self._sp.encode(doc.text)
+        self._bar.update()
+        yield doc, np.asarray(ids, dtype=self._dtype)

@@ -1,0 +1,123 @@
+"""Hostile and varied inputs through the real pipeline: every bad record is counted and dead-lettered."""
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import os
+
+import pytest
+import sentencepiece as spm
+import zstandard
+
+import beam_runner
+from pipelines.config import PipelineConfig
+from pipelines.job import run
+from shards import Manifest, iter_samples
+
+GOOD_LINES = [
+    b'{"id": "g1", "text": "The first good document about the sea and the sky.", "source": "web"}',
+    b'{"id": "g2", "text": "\\u001b[1mBold\\u001b[0m text with a NUL\\u0000 inside and the rest.", "source": "web"}',
+    b'{"id": "g3", "text": "   \\n\\t  ", "source": "web"}',
+    b'{"id": "g4", "text": "the first GOOD document   about the sea and the sky.", "source": "web"}',
+    b'{"id": "g5", "text": "Write to jane.doe@example.com or 10.0.0.1 today.", "source": "web"}',
+    b'{"text": "A record without an id but with the text field.", "source": "web"}',
+    b"[1, 2, 3]",
+    b'{"id": "g8", "body": "wrong field"}',
+    b"",
+    b"\x00\x01\xff\xfe binary junk",
+    b'{"id": "g11", "text": "truncated',
+]
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hostile")
+    (d / "good.jsonl").write_bytes(b"\n".join(GOOD_LINES))  # no final newline: truncated last line
+    (d / "latin1.jsonl").write_bytes('{"id": "l1", "text": "café"}\n{"id": "l2", "text": "naïve"}\n'
+                                     '{"id": "l3", "text": "plain ascii text"}\n'.encode("latin-1"))
+    with gzip.open(d / "notes.txt.gz", "wb") as f:
+        f.write(b"First paragraph line one.\nline two.\n\nSecond paragraph.\n")
+    (d / "zst.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
+        b'{"id": "z1", "text": "zstd compressed record"}\n{"id": "z2", "text": "another one"}\n'))
+    (d / "bz.txt.bz2").write_bytes(bz2.compress(b"A bzip2 paragraph.\n"))
+    cut = gzip.compress(b"".join(b'{"id": "t%d", "text": "line %d of a file cut short"}\n' % (i, i) for i in range(2000)))
+    (d / "cut.jsonl.gz").write_bytes(cut[: len(cut) // 2])  # truncated download
+    out = tmp_path_factory.mktemp("out")
+    rc = beam_runner.main(["--input", f"{d}/*", "--output", str(out), "tokenizer.vocab_size=300",
+                           "shards.num_shards=2", "shards.store_text=true"])
+    assert rc == 0
+    with open(out / "stats.json", encoding="utf-8") as f:
+        return d, out, json.load(f)
+
+
+def test_every_record_is_accounted_for(hostile):
+    _, _, stats = hostile
+    src = stats["sources"]
+    assert src["web"] == {**src["web"], "input_records": 6, "kept": 4, "duplicates": 1,
+                          "filtered": {"empty": 1}, "dead_letter": 0, "redactions": {"email": 1, "ip": 1}}
+    assert src["good"]["input_records"] == 5 and src["good"]["dead_letter_reasons"] == {
+        "bad_json": 1, "blank_line": 1, "missing_text": 1, "not_object": 1, "not_utf8": 1}
+    assert src["latin1"]["dead_letter_reasons"] == {"not_utf8": 2} and src["latin1"]["kept"] == 1
+    assert src["notes"]["kept"] == 2 and src["notes"]["input_records"] == 2
+    assert src["zst"]["kept"] == 2 and src["bz"]["kept"] == 1
+    cut = src["cut"]
+    assert cut["dead_letter_reasons"] == {"unreadable_file": 1} and 0 < cut["kept"] < 2000
+    assert cut["input_records"] == cut["kept"] + 1
+    assert stats["total"]["input_records"] == 19 + cut["input_records"] and stats["total"]["dead_letter"] == 8
+    assert all(e["balanced"] for e in [stats["total"], *src.values()])
+
+
+def test_dead_letters_name_file_and_line(hostile):
+    d, out, _ = hostile
+    files = os.listdir(out / "dead_letter")
+    records = [json.loads(line) for name in files for line in open(out / "dead_letter" / name, encoding="utf-8")]
+    where = sorted((os.path.basename(r["file"]), r["line"], r["reason"]) for r in records)
+    assert where[0][0] == "cut.jsonl.gz" and where[0][2] == "unreadable_file"
+    assert "EOFError" in next(r["error"] for r in records if r["reason"] == "unreadable_file")
+    assert where[1:] == [("good.jsonl", 7, "not_object"), ("good.jsonl", 8, "missing_text"),
+                     ("good.jsonl", 9, "blank_line"), ("good.jsonl", 10, "not_utf8"),
+                     ("good.jsonl", 11, "bad_json"), ("latin1.jsonl", 1, "not_utf8"),
+                     ("latin1.jsonl", 2, "not_utf8")]
+    junk = next(r for r in records if r["line"] == 10)
+    assert junk["raw"].startswith("\x00\x01\\xff\\xfe binary junk")
+
+
+def test_cleaned_and_redacted_text_reaches_shards(hostile):
+    _, out, _ = hostile
+    m = Manifest.load(str(out))
+    sp = spm.SentencePieceProcessor(model_file=str(out / m.tokenizer))
+    docs = {s["json"]["id"]: sp.decode(s["tokens"].tolist())
+            for info in m.shards for s in iter_samples(str(out / info.name))}
+    assert sorted(d for d in docs if not d.startswith("t")) == [
+        "bz/00000001", "g1", "g2", "g5", "good/00000006", "l3", "notes/00000001", "notes/00000004", "z1", "z2"]
+    assert docs["g2"] == "Bold text with a NUL inside and the rest."
+    assert docs["g5"] == "Write to <EMAIL> or <IP> today."
+    assert docs["notes/00000001"] == "First paragraph line one. line two."  # sentencepiece folds newlines
+    texts = {s["json"]["id"]: s["txt"] for info in m.shards for s in iter_samples(str(out / info.name))}
+    assert texts["notes/00000001"] == "First paragraph line one.\nline two."  # shards.store_text keeps the text
+
+
+def test_text_field_quality_and_near_dup(hostile, tmp_path):
+    _, first, _ = hostile
+    words = ("the river ran past old stone walls and into a quiet valley where farmers grew wheat and barley "
+             "with care").split()
+    long_doc = " ".join(words[i % len(words)] + ("" if i % 7 else ".") for i in range(140))
+    near = long_doc.replace("barley", "oats", 1)
+    lines = [{"key": "a", "body": long_doc}, {"key": "b", "body": near}, {"key": "c", "body": "Too short."},
+             {"key": "d", "text": "no body field"}]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    cfg = PipelineConfig()
+    cfg.input.text_field, cfg.input.id_field = "body", "key"
+    cfg.quality.enabled, cfg.quality.min_words = True, 5
+    cfg.dedup.near = True
+    cfg.tokenizer.path = str(first / "tokenizer.model")
+    stats = run(str(path), str(tmp_path / "out"), cfg)
+    t = stats["total"]
+    assert t["filtered"] == {"near_duplicate": 1, "quality_min_words": 1}
+    assert t["dead_letter_reasons"] == {"missing_text": 1}
+    assert t["kept"] == 1 and t["balanced"]
+    kept = [s["json"]["id"] for info in Manifest.load(str(tmp_path / "out")).shards
+            for s in iter_samples(str(tmp_path / "out" / info.name))]
+    assert kept == ["a"]  # the smaller id keeps its place
