@@ -12,7 +12,8 @@ Text::
     loader.load_state_dict(state)        # any world size / worker count
 
 See ``loaders.order`` (sample order and split), ``loaders.packing``, ``loaders.progress``
-(resume state) and ``python -m loaders keys --help``.
+(resume state), ``loaders.steps`` (equal step counts across ranks: ``data.step_policy``),
+``loaders.member_index`` (per-node shard member offsets) and ``python -m loaders keys --help``.
 """
 from .batch import TokenBatch
 from .config import DataConfig

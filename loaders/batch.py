@@ -3,7 +3,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+
+_FIELDS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
+
+
+def _rebuild(arrays: tuple, keys: list[str], consumed: list) -> "TokenBatch":
+    return TokenBatch(*(torch.from_numpy(a) for a in arrays), keys, consumed)
 
 
 @dataclass
@@ -38,12 +45,25 @@ class TokenBatch:
     @property
     def num_real_tokens(self) -> int:
         """Count of positions that carry a loss (labels != -100)."""
+        if self.labels.device.type == "cpu":
+            return int(np.count_nonzero(self.labels.numpy() != -100))
         return int((self.labels != -100).sum())
 
     @property
     def num_doc_tokens(self) -> int:
         """Count of positions holding document tokens (``document_ids >= 0``), padding excluded."""
+        if self.document_ids.device.type == "cpu":
+            return int(np.count_nonzero(self.document_ids.numpy() >= 0))
         return int((self.document_ids >= 0).sum())
+
+    def __reduce__(self):
+        # CPU batches travel (DataLoader worker -> trainer) as plain arrays in the pickle: one
+        # pipe write instead of one shared-memory file and descriptor hand-over per tensor,
+        # which costs more than copying a few hundred KiB.
+        tensors = [getattr(self, f) for f in _FIELDS]
+        if all(t.device.type == "cpu" and not t.requires_grad for t in tensors):
+            return _rebuild, (tuple(t.numpy() for t in tensors), self.keys, self.consumed)
+        return TokenBatch, (*tensors, self.keys, self.consumed)
 
     def to(self, device, non_blocking: bool = False) -> "TokenBatch":
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731

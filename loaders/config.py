@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 BATCHING_MODES = ("packed", "token_budget")
 REMAINDER_POLICIES = ("uneven", "drop", "pad")
+STEP_POLICIES = ("pad", "drop", "uneven")
 
 
 @dataclass
@@ -25,6 +26,12 @@ class DataConfig:
             consumers (ranks x workers): ``uneven`` (default: every sample exactly once, consumers
             differ by at most one sample), ``drop`` (drop the last ones, reported) or ``pad``
             (repeat the first ones, reported).
+        step_policy: how ranks end an epoch after the same number of steps (packing gives them
+            different batch counts; see :mod:`loaders.steps`): ``pad`` (default: ranks that ran out
+            yield fully masked batches until all have; every sample read once), ``drop`` (all
+            stop when one runs out; the others' rest is counted as dropped) or ``uneven``. Needs
+            ``torch.distributed`` initialised when world size > 1 (one all-reduce per step);
+            without it the loader warns and behaves as ``uneven``.
         batching: ``packed`` (B rows of ``seq_len``, best-fit-decreasing packing) or
             ``token_budget`` (one chunk per row, rows padded to the longest in the batch,
             rows x padded length <= ``max_tokens``).
@@ -47,12 +54,14 @@ class DataConfig:
     shuffle: bool = True
     shuffle_block: int = 4096
     remainder: str = "uneven"
+    step_policy: str = "pad"
     batching: str = "packed"
     pack_window: int = 256
     max_tokens: int = 2048
     prefetch_batches: int = 2
     pin_memory: bool = True
     worker_start: str = "forkserver"
+    index_dir: str = ""
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad field and its valid range."""
@@ -62,6 +71,8 @@ class DataConfig:
             raise ValueError("data.micro_batch_size and data.shuffle_block must be >= 1, data.num_workers >= 0")
         if self.remainder not in REMAINDER_POLICIES:
             raise ValueError(f"data.remainder={self.remainder!r}: use one of {REMAINDER_POLICIES}")
+        if self.step_policy not in STEP_POLICIES:
+            raise ValueError(f"data.step_policy={self.step_policy!r}: use one of {STEP_POLICIES}")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"data.batching={self.batching!r}: use one of {BATCHING_MODES}")
         if self.worker_start not in ("forkserver", "spawn", "fork"):

@@ -8,9 +8,9 @@ deterministic function of (seed, epoch, world size, workers, resume state). The 
 records each batch's ``consumed`` list on delivery (:mod:`loaders.progress`), so the resume
 state is exact even though workers read ahead.
 
-Ranks deliver different numbers of batches (documents differ in length): a DDP trainer must
-stop an epoch when any rank runs out (e.g. all-reduce a "has batch" flag); the samples other
-ranks did not deliver stay unconsumed in the merged state.
+Ranks would deliver different numbers of batches (documents differ in length); ``data.step_policy``
+(:mod:`loaders.steps`) makes every rank take the same number of steps (pad or drop, reported in
+``metrics()``) with one all-reduce per step when ``torch.distributed`` is initialised.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from .order import SampleOrder, consumer_items, plan_split
 from .packing import BestFitPacker, TokenBudgetBatcher, split_document
 from .progress import BAD, EMPTY, Progress, merge_states
 from .shard_access import LocalShards, ShardReader
+from .steps import StepCounts, StepSync, equal_steps, padding_batch, torch_step_sync
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class TextStream(IterableDataset):
         """Batches of one consumer (what DataLoader worker ``worker`` yields)."""
         order = self.order()
         cache, owned = _worker_cache(self.cache)
-        reader = ShardReader(self.manifest, self.manifest_url, cache)
+        reader = ShardReader(self.manifest, self.manifest_url, cache, self.cfg.index_dir or None)
         packer, seq_len = self._packer(), self.cfg.seq_len
         block = -1
         try:
@@ -110,7 +111,7 @@ class TextStream(IterableDataset):
             for pos, shard, local in self.consumer_positions(worker, num_workers):
                 if pos // order.block != block:
                     block = pos // order.block
-                    reader.retain(set(np.unique(order.block_items(block)[1]).tolist()))
+                    reader.retain(set(order.block_items(block)[1].tolist()))
                 doc = self._read(reader, shard, local, pos, packer)
                 if doc is None:
                     continue
@@ -128,22 +129,21 @@ class TextStream(IterableDataset):
         """``(key, tokens)``, or ``None`` for an empty/unreadable document (recorded, logged)."""
         name = self.manifest.shards[shard].name
         try:
-            sample = reader.read(shard, local, ("tokens",))
+            key, tokens = reader.tokens(shard, local)
         except ShardError as e:
             if not reader.failed(shard):  # a whole unreadable shard was logged once by the reader
                 log.warning("sample %d of shard %s skipped (counted as bad): %s", local, name, e)
             packer.pending.append((pos, BAD, 0))
             return None
-        tokens = sample.get("tokens")
-        if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
             log.warning("sample %s of shard %s has no 1-D integer 'tokens' member; skipped (counted as bad)",
-                        sample["__key__"], name)
+                        key, name)
             packer.pending.append((pos, BAD, 0))
             return None
         if len(tokens) == 0:
             packer.pending.append((pos, EMPTY, 0))
             return None
-        return sample["__key__"], tokens.astype(np.int64)
+        return key, tokens
 
     def rank_batches(self, num_workers: int) -> Iterator[TokenBatch]:
         """This rank's batches in the DataLoader's order, without processes: worker round-robin,
@@ -189,8 +189,11 @@ class TextLoader:
     """
 
     def __init__(self, cfg: DataConfig, manifest: Manifest, manifest_url: str, cache, rank: int = 0,
-                 world_size: int = 1, in_process: bool = False):
+                 world_size: int = 1, in_process: bool = False, step_sync: StepSync | None = None):
         cfg.validate()
+        self.step_sync = step_sync  # None: torch.distributed all-reduce when initialised
+        self.steps = StepCounts()
+        self.step_sync_used = "none"
         self.in_process = in_process  # worker streams interleaved in this process (same order, no DataLoader)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.dataset = TextStream(cfg, manifest, manifest_url, cache, rank, world_size)
@@ -252,12 +255,17 @@ class TextLoader:
     def metrics(self) -> dict:
         """Counters: batches, doc_tokens, slots (B x T), padding_efficiency, data_wait_seconds (s),
         consumed/bad/empty samples, dropped/padded samples of this epoch's split (this rank's
-        view of the whole split), plus the cache's metrics when it has any."""
+        view of the whole split), the step policy's padded/dropped batches and dropped
+        samples/tokens of this rank (cumulative; see :mod:`loaders.steps`), plus the cache's
+        metrics when it has any."""
         m = dict(self.totals)
         m["padding_efficiency"] = m["doc_tokens"] / m["slots"] if m["slots"] else 0.0
         m.update(epoch=self.epoch, consumed=self.progress.consumed, bad=self.progress.bad, empty=self.progress.empty,
                  dropped=self.last_split.dropped if self.last_split else 0,
                  padded=self.last_split.padded if self.last_split else 0)
+        m.update(step_policy=self.cfg.step_policy, step_sync=self.step_sync_used,
+                 padded_batches=self.steps.padded_batches, dropped_batches=self.steps.dropped_batches,
+                 dropped_samples=self.steps.dropped_samples, dropped_tokens=self.steps.dropped_tokens)
         if hasattr(self.cache, "metrics"):
             m["cache"] = self.cache.metrics()
         return m
@@ -268,6 +276,8 @@ class TextLoader:
         if self.in_process:
             return self.dataset.rank_batches(cfg.num_workers)
         if cfg.num_workers > 0:
+            if cfg.worker_start == "forkserver":
+                _preload_forkserver()
             return iter(DataLoader(self.dataset, batch_size=None, num_workers=cfg.num_workers,
                                    collate_fn=_pass_through, prefetch_factor=cfg.prefetch_batches,
                                    multiprocessing_context=cfg.worker_start,
@@ -284,7 +294,8 @@ class TextLoader:
                          self.epoch, split.dropped, split.padded, self.cfg.remainder)
         self.dataset.start(self.progress)
         t0 = time.perf_counter()
-        for batch in self._batches():
+        for batch in equal_steps(self._batches(), self.cfg.step_policy, self._sync(), self.world_size,
+                                 self._padding_batch, self.steps):
             self.data_wait_seconds = time.perf_counter() - t0
             for pos, chunk, n in batch.consumed:
                 self.progress.record(pos, chunk, n)
@@ -295,6 +306,33 @@ class TextLoader:
             yield batch
             t0 = time.perf_counter()
         self.progress.complete_ranks.add(self.rank)
+
+
+    def _sync(self) -> StepSync | None:
+        """The step agreement of this epoch (``None``: none needed or none possible, warned)."""
+        if self.world_size == 1 or self.cfg.step_policy == "uneven":
+            self.step_sync_used = "none"
+            return None
+        sync = self.step_sync or torch_step_sync(self.world_size)
+        self.step_sync_used = "custom" if self.step_sync else "all_reduce" if sync else "none"
+        if sync is None:
+            log.warning("data.step_policy=%s needs torch.distributed initialised with world size %d; ranks may "
+                        "end the epoch after different step counts (init the process group before iterating)",
+                        self.cfg.step_policy, self.world_size)
+        return sync
+
+    def _padding_batch(self) -> TokenBatch:
+        cfg = self.cfg
+        rows = cfg.micro_batch_size if cfg.batching == "packed" else max(1, cfg.max_tokens // cfg.seq_len)
+        return padding_batch(rows, cfg.seq_len)
+
+
+def _preload_forkserver() -> None:
+    """Have the forkserver import torch and this loader once, so each epoch's DataLoader workers
+    fork with them loaded instead of importing them (seconds per worker). Only takes effect if
+    the forkserver has not started yet; ``__main__`` stays preloaded (the default)."""
+    import multiprocessing.forkserver as fs
+    fs.set_forkserver_preload(["__main__", "torch", __name__])
 
 
 def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool) -> Iterator[TokenBatch]:
@@ -332,16 +370,18 @@ def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool) -> Iterato
 
 
 def build_text_loader(cfg: DataConfig, cache=None, rank: int = 0, world_size: int = 1,
-                      in_process: bool = False) -> TextLoader:
+                      in_process: bool = False, step_sync: StepSync | None = None) -> TextLoader:
     """The resumable text loader of ``rank`` of ``world_size``.
 
     Args:
         cfg: ``data:`` settings (``cfg.manifest``: path, folder or URL of ``manifest.json``).
         cache: ``cache.ShardCache`` for remote shards; ``None`` reads local shards in place.
         in_process: run the worker streams in this process (same batches, no DataLoader).
+        step_sync: step agreement across ranks (default: ``torch.distributed`` all-reduce when
+            initialised; see :mod:`loaders.steps`).
     Raises:
         FileNotFoundError / ValueError: no manifest, or an invalid config (message names the field).
     """
     manifest = Manifest.load(cfg.manifest)
     return TextLoader(cfg, manifest, cfg.manifest, cache if cache is not None else LocalShards(), rank,
-                      world_size, in_process)
+                      world_size, in_process, step_sync)

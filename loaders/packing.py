@@ -67,21 +67,29 @@ def make_batch(rows: list[list[Chunk]], row_len: int, n_rows: int | None = None,
     cu = [0]
     keys: list[str] = []
     consumed = list(extra_consumed or [])
-    for r in range(n_rows):
-        o = 0
-        for d, ch in enumerate(rows[r] if r < len(rows) else []):
-            n = len(ch.tokens)
-            ids[r, o:o + n] = ch.tokens
-            labels[r, o:o + n - 1] = ch.tokens[1:]
-            pos[r, o:o + n] = np.arange(n)
-            docs[r, o:o + n] = d
-            o += n
-            cu.append(r * row_len + o)
+    for r, row in enumerate(rows[:n_rows]):
+        if not row:
+            cu.append((r + 1) * row_len)
+            continue
+        # one numpy pass per row (not per chunk): concatenated tokens, chunk ends, per-token chunk index
+        lens = np.array([ch.length for ch in row], np.int64)
+        ends = np.cumsum(lens)
+        fill = int(ends[-1])
+        toks = np.concatenate([ch.tokens for ch in row]) if len(row) > 1 else row[0].tokens
+        ids[r, :fill] = toks
+        labels[r, :fill - 1] = toks[1:]
+        labels[r, ends - 1] = -100
+        doc = np.repeat(np.arange(len(row)), lens)
+        docs[r, :fill] = doc
+        pos[r, :fill] = np.arange(fill) - (ends - lens)[doc]
+        cu.extend((r * row_len + ends).tolist())
+        if fill < row_len:
+            cu.append((r + 1) * row_len)
+        for ch in row:
             consumed.append((ch.position, ch.index, ch.n_chunks))
             if not keys or keys[-1] != ch.key:
                 keys.append(ch.key)
-        if o < row_len:
-            cu.append((r + 1) * row_len)
+    cu.extend((r + 1) * row_len for r in range(len(rows), n_rows))
     return TokenBatch(torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(pos),
                       torch.from_numpy(docs), torch.tensor(cu, dtype=torch.int32), keys, consumed)
 

@@ -1,18 +1,24 @@
 """Random access to samples inside shards, through the node cache.
 
-A consumer reads only its own samples: it opens a shard (a local file from the cache), lists
-the tar headers once with :mod:`tarfile` (seeking over the data), and then reads the members of
-a sample by offset. The shard stays pinned in the cache while open.
+A consumer reads only its own samples: it opens a shard (a local file from the cache), takes
+its member offsets from the node's index (:mod:`loaders.member_index`: listed once per node with
+:mod:`tarfile`), and reads the members of a sample by offset. The shard stays pinned in the
+cache while open.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import tarfile
+
+import numpy as np
 
 from shards import Manifest, ShardError, shard_url
 from shards.reader import decode_sample
+from shards.sample import field_name
+
+from .member_index import default_index_dir, member_table
+from .token_decode import TokenDecoder
 
 log = logging.getLogger(__name__)
 
@@ -36,58 +42,76 @@ class LocalShards:
 
 
 class IndexedShard:
-    """One open shard: keys in file order and each member's data offset and size.
+    """One open shard: its member table (keys in file order, each member's data offset and size in bytes).
 
+    The member offsets come from :func:`loaders.member_index.member_table` (computed once per
+    node, keyed by the manifest's sha256); members are read with ``os.pread`` (one system call).
+
+    Args:
+        path: the local shard file.
+        expected_samples, sha256, size: the manifest's sample count, digest and byte size.
+        index_dir: the node's index store (``None``: listings are not stored).
+        token_dtype: the manifest's token dtype (fast decoding path).
     Raises:
         ShardError: unreadable tar, members of a key not adjacent, or a sample count that
             differs from the manifest's ``expected_samples``.
     """
 
-    def __init__(self, path: str, expected_samples: int | None = None):
+    def __init__(self, path: str, expected_samples: int | None = None, sha256: str | None = None,
+                 size: int | None = None, index_dir: str | None = None, token_dtype: str = "uint16"):
         self.path = path
-        self.keys: list[str] = []
-        self.members: list[dict[str, tuple[int, int]]] = []
-        try:
-            with tarfile.open(path, mode="r:") as tar:
-                for ti in tar:
-                    if not ti.isfile():
-                        continue
-                    key, _, suffix = ti.name.partition(".")
-                    if not suffix:
-                        raise ShardError(f"{path}: member {ti.name!r} has no field suffix")
-                    if not self.keys or self.keys[-1] != key:
-                        self.keys.append(key)
-                        self.members.append({})
-                    self.members[-1][suffix] = (ti.offset_data, ti.size)
-        except (tarfile.TarError, EOFError, OSError) as e:
-            raise ShardError(f"{path}: unreadable tar: {e}") from e
-        if len(set(self.keys)) != len(self.keys):
-            raise ShardError(f"{path}: a key appears in two places (members of a sample must be adjacent)")
-        if expected_samples is not None and len(self.keys) != expected_samples:
-            raise ShardError(f"{path}: {len(self.keys)} samples but the manifest says {expected_samples};"
-                             " the shard or the manifest is stale — rebuild the manifest")
         self._f = open(path, "rb")
+        try:
+            self.table = member_table(path, self._f, sha256, size, index_dir, expected_samples)
+        except BaseException:
+            self._f.close()
+            raise
+        self._tokens = self.table.field_rows("tokens")
+        self._decoder = TokenDecoder(token_dtype)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def key(self, index: int) -> str:
+        """Key of sample ``index`` (file order)."""
+        return str(self.table.keys[index])
+
+    def _member(self, key: str, suffix: str, offset: int, size: int) -> bytes:
+        data = os.pread(self._f.fileno(), size, offset)
+        if len(data) != size:
+            raise ShardError(f"{self.path}: member {key}.{suffix} truncated ({len(data)} of {size} bytes)",
+                             "truncated")
+        return data
 
     def read(self, index: int, fields: tuple[str, ...] | None = None) -> dict:
         """Decoded sample ``index`` (file order): ``{"__key__", "tokens", "json", ...}``.
 
         Args:
-            fields: read only these fields (e.g. ``("tokens",)``); ``None`` reads all.
+            fields: read only these fields (e.g. ``("json",)``); ``None`` reads all.
         Raises:
             ShardError: a member cannot be read or decoded (names shard and member).
         """
-        key = self.keys[index]
-        wanted = self.members[index].items()
-        if fields is not None:
-            wanted = [(s, m) for s, m in wanted if s.split(".", 1)[0] in fields]
-        out = {}
-        for suffix, (offset, size) in wanted:
-            self._f.seek(offset)
-            data = self._f.read(size)
-            if len(data) != size:
-                raise ShardError(f"{self.path}: member {key}.{suffix} truncated ({len(data)} of {size} bytes)")
-            out[suffix] = data
-        return decode_sample(self.path, key, out)
+        entry = self.table.entry(index)
+        wanted = [m for m in entry.members if fields is None or field_name(m[0]) in fields]
+        return decode_sample(self.path, entry.key, {s: self._member(entry.key, s, o, n) for s, o, n in wanted})
+
+    def tokens(self, index: int) -> tuple[str, np.ndarray]:
+        """``(key, tokens)`` of sample ``index``: the 1-D token array (read-only, the dataset's dtype).
+
+        Raises:
+            ShardError: no tokens member, or it cannot be read or decoded (names shard and member).
+        """
+        key, row = str(self.table.keys[index]), int(self._tokens[index])
+        if row < 0:
+            raise ShardError(f"{self.path}: sample {key!r} has no tokens member", "missing_field")
+        t = self.table
+        suffix = str(t.suffixes[t.code[row]])
+        data = self._member(key, suffix, int(t.offset[row]), int(t.size[row]))
+        try:
+            return key, self._decoder.tokens(suffix, data)
+        except Exception as e:  # noqa: BLE001 - any decoder failure is reported with its location
+            raise ShardError(f"{self.path}: cannot decode member {key}.{suffix}: {type(e).__name__}: {e}",
+                             "undecodable") from e
 
     def close(self) -> None:
         self._f.close()
@@ -102,10 +126,12 @@ class ShardReader:
         cache: an object with ``pinned(url, sha256, size)`` (context manager giving a local path)
             — ``cache.ShardCache`` or :class:`LocalShards`; ``prefetch([(url, sha256, size)])``
             is used when present.
+        index_dir: the node's member-index store (default: :func:`loaders.member_index.default_index_dir`).
     """
 
-    def __init__(self, manifest: Manifest, manifest_url: str, cache):
+    def __init__(self, manifest: Manifest, manifest_url: str, cache, index_dir: str | None = None):
         self.manifest, self.manifest_url, self.cache = manifest, manifest_url, cache
+        self.index_dir = index_dir or default_index_dir(cache)
         self._open: dict[int, tuple[IndexedShard, contextlib.ExitStack]] = {}
         self._failed: dict[int, str] = {}
 
@@ -126,7 +152,10 @@ class ShardReader:
             stack = contextlib.ExitStack()
             try:
                 path = stack.enter_context(self.cache.pinned(*self.shard_ref(shard)))
-                self._open[shard] = (IndexedShard(path, self.manifest.shards[shard].samples), stack)
+                info = self.manifest.shards[shard]
+                handle = IndexedShard(path, info.samples, info.sha256, info.bytes, self.index_dir,
+                                      self.manifest.token_dtype)
+                self._open[shard] = (handle, stack)
             except Exception as e:  # noqa: BLE001 - any fetch/verify failure: skip the shard's samples, counted
                 stack.close()
                 url = self.shard_ref(shard)[0]
@@ -140,12 +169,16 @@ class ShardReader:
         return shard in self._failed
 
     def key(self, shard: int, index: int) -> str:
-        """Sample key of ``(shard, index)`` (reads the shard's tar headers only)."""
-        return self._shard(shard).keys[index]
+        """Sample key of ``(shard, index)`` (from the shard's member index)."""
+        return self._shard(shard).key(index)
 
     def read(self, shard: int, index: int, fields: tuple[str, ...] | None = None) -> dict:
         """Decoded sample (only ``fields`` when given). Raises :class:`ShardError` (shard or member unreadable)."""
         return self._shard(shard).read(index, fields)
+
+    def tokens(self, shard: int, index: int) -> tuple[str, np.ndarray]:
+        """``(key, 1-D tokens)`` of a sample. Raises :class:`ShardError` (shard or member unreadable)."""
+        return self._shard(shard).tokens(index)
 
     def retain(self, shards: set[int]) -> None:
         """Close (unpin) every open shard not in ``shards``."""
