@@ -1,0 +1,180 @@
+"""GPT-style decoder over packed rows: RoPE from ``position_ids``, attention within one document.
+
+Architecture (pre-norm, as in GPT-2/LLaMA): token embedding → N × [norm → causal self-attention →
+residual, norm → SwiGLU MLP → residual] → final norm → (tied) output projection. Several documents
+share a row; ``document_ids`` makes attention block-diagonal causal so no token sees another
+document, and ``position_ids`` restarts RoPE at 0 per document. The loss is the SUM of token cross
+entropies over real tokens (labels != -100); the trainer divides by the global token count.
+
+References: Vaswani et al. 2017 (attention); Su et al. 2021 (RoPE, arXiv:2104.09864);
+Shazeer 2020 (SwiGLU, arXiv:2002.05202); Zhang & Sennrich 2019 (RMSNorm).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from trainer import ops
+from trainer.config import ModelConfig
+
+
+class Norm(nn.Module):
+    """RMSNorm (through ``trainer.ops.rms_norm``) or LayerNorm over the last dim [..., D]."""
+
+    def __init__(self, dim: int, kind: str = "rmsnorm", eps: float = 1e-5):
+        super().__init__()
+        self.kind, self.eps = kind, eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if kind == "layernorm" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "rmsnorm":
+            return ops.rms_norm(x, self.weight, self.eps)
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE tables for per-token positions: ``position_ids`` [B, T] → cos, sin [B, 1, T, head_dim] fp32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim)
+    angles = position_ids.float()[..., None] * inv_freq  # [B, T, head_dim/2]
+    angles = torch.cat([angles, angles], dim=-1)[:, None]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [B, H, T, hd] by the RoPE angles (rotate-half convention); keeps ``x.dtype``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+def document_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean attention mask [B, 1, T, T]: True where query i may attend key j.
+
+    Allowed iff ``j <= i`` and both tokens belong to the same document. Padding (id -1) forms its
+    own "document", so every row attends at least to itself and SDPA never sees an all-False row
+    (which would give NaN).
+    """
+    t = document_ids.shape[1]
+    same = document_ids[:, :, None] == document_ids[:, None, :]
+    causal = torch.ones(t, t, dtype=torch.bool, device=document_ids.device).tril()
+    return (same & causal)[:, None]
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with RoPE through ``F.scaled_dot_product_attention``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.d_model // cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one matrix."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = 8 * math.ceil(cfg.ffn_mult * cfg.d_model / 8)
+        self.gate_up = nn.Linear(cfg.d_model, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; ``checkpoint_activations`` recomputes it in backward."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm1 = Norm(cfg.d_model, cfg.norm, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.norm2 = Norm(cfg.d_model, cfg.norm, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+        self.checkpoint_activations = False
+
+    def _forward(self, x, cos, sin, mask):
+        x = x + self.attn(self.norm1(x), cos, sin, mask)
+        return x + self.mlp(self.norm2(x))
+
+    def forward(self, x, cos, sin, mask):
+        # checkpoint inside the module so FSDP's hooks on this block wrap the recomputation too
+        if self.checkpoint_activations and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, cos, sin, mask, use_reentrant=False)
+        return self._forward(x, cos, sin, mask)
+
+
+class GPT(nn.Module):
+    """Decoder-only language model.
+
+    ``forward(input_ids, position_ids, document_ids, labels)`` with int64 tensors [B, T] returns the
+    fp32 scalar SUM of cross entropy over tokens whose label != -100 (units: nats).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.vocab_size < 1:
+            raise ValueError("ModelConfig.vocab_size must be set (0 means: fill it from the manifest first)")
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = Norm(cfg.d_model, cfg.norm, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * n_layers)."""
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("proj.weight", "down.weight")) else 0.02
+                nn.init.normal_(p, std=std)
+
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        for block in self.blocks:
+            block.checkpoint_activations = enabled
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        return self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
+
+    def hidden_states(self, input_ids, position_ids, document_ids) -> torch.Tensor:
+        """Final-norm hidden states [B, T, d_model] (compute dtype)."""
+        cos, sin = rope_cos_sin(position_ids, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta)
+        mask = document_causal_mask(document_ids)
+        x = self.tok_emb(input_ids)
+        for block in self.blocks:
+            x = block(x, cos, sin, mask)
+        return self.norm(x)
+
+    def logits(self, input_ids, position_ids, document_ids) -> torch.Tensor:
+        """Output logits [B, T, vocab] (for evaluation and tests; training uses the fused loss)."""
+        h = self.hidden_states(input_ids, position_ids, document_ids)
+        return h @ self.output_weight.to(h.dtype).t()
+
+    def forward(self, input_ids, position_ids, document_ids, labels) -> torch.Tensor:
+        h = self.hidden_states(input_ids, position_ids, document_ids)
+        kind = h.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
+        # the loss op gets inputs of one dtype and runs outside autocast (it keeps its own fp32 math)
+        with torch.autocast(kind, enabled=False):
+            return ops.linear_cross_entropy(h.to(dtype).flatten(0, 1), self.output_weight.to(dtype),
+                                            labels.flatten(), ignore_index=-100, reduction="sum")
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())

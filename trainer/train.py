@@ -1,0 +1,194 @@
+"""The training loop, top to bottom: data → model → ZeRO wrapper → optimizer → steps → checkpoint.
+
+One optimizer step takes ``optim.grad_accum_steps`` micro-batches. The loss of a step is the mean
+cross entropy over every real token (labels != -100) of all its micro-batches on all ranks: the
+step's token count is all-reduced first, then each micro-batch backpropagates
+``loss_sum * world_size / global_tokens`` (DDP and FSDP average gradients over ranks, hence the
+``world_size``). This weights every token equally however documents fall into rows, micro-batches
+and ranks. The loop never syncs the host with the device except every ``log_every`` steps (and at
+step 1): metrics accumulate in device tensors.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from loaders.batch import TokenBatch
+from trainer import checkpoint as ckpt
+from trainer import parallel
+from trainer.config import TrainConfig
+from trainer.metrics import MetricsLogger
+from trainer.model import GPT, count_parameters
+from trainer.optim import clip_grad_norm, lr_at, set_lr
+from shards.config import to_dict
+
+
+def build_data(cfg: TrainConfig, info: parallel.DistInfo):
+    """Per-rank shard cache and text loader (imported here so the trainer imports without them)."""
+    from cache import ShardCache
+    from loaders import build_text_loader
+    cache = ShardCache(cfg.cache)
+    return cache, build_text_loader(cfg.data, cache, info.rank, info.world_size)
+
+
+def resolve_vocab_size(cfg: TrainConfig) -> None:
+    """Fill ``model.vocab_size`` from the manifest when it is 0."""
+    if cfg.model.vocab_size == 0:
+        from shards.manifest import Manifest
+        vocab = Manifest.load(cfg.data.manifest).vocab_size
+        if vocab < 1:
+            raise ValueError(f"{cfg.data.manifest}: manifest has no vocab_size; set model.vocab_size")
+        cfg.model.vocab_size = vocab
+
+
+def loader_state(loader, epoch: int) -> dict:
+    """All ranks' loader state merged (a collective when the loader offers ``global_state_dict``)."""
+    state = loader.global_state_dict() if hasattr(loader, "global_state_dict") else loader.state_dict()
+    return {"epoch": epoch, "loader": state}
+
+
+def micro_batches(loader, epoch: int):
+    """Endless stream of ``(epoch, TokenBatch)``, calling ``loader.set_epoch`` at each new epoch
+    (a loader restored mid-epoch continues where its state points)."""
+    while True:
+        loader.set_epoch(epoch)
+        empty = True
+        for batch in loader:
+            empty = False
+            yield epoch, batch
+        if empty:
+            raise RuntimeError("the loader yielded no batch in a whole epoch; check data.manifest and seq_len")
+        epoch += 1
+
+
+def forward_backward(model, batches: list[TokenBatch], info: parallel.DistInfo, cfg: TrainConfig):
+    """Accumulate gradients of the mean loss over every real token of ``batches`` on all ranks.
+
+    Returns device tensors ``(loss_sum, local_tokens)``: this rank's summed loss (nats) and its
+    real-token count. One all-reduce of the token count; no host sync.
+    """
+    local_tokens = sum((b.labels != -100).sum() for b in batches).to(info.device)
+    global_tokens = local_tokens.clone()
+    dist.all_reduce(global_tokens)
+    scale = info.world_size / global_tokens.clamp(min=1).float()
+    loss_sum = torch.zeros((), device=info.device)
+    for i, b in enumerate(batches):
+        with parallel.set_grad_sync(model, i == len(batches) - 1):
+            with parallel.autocast(info.device, cfg.precision, cfg.zero.stage):
+                loss = model(b.input_ids, b.position_ids, b.document_ids, b.labels)
+            (loss * scale).backward()
+        loss_sum += loss.detach().float()
+    return loss_sum, local_tokens
+
+
+def train_step(model, optimizer, batches: list[TokenBatch], info: parallel.DistInfo, cfg: TrainConfig):
+    """:func:`forward_backward`, clip, optimizer step. Returns device tensors
+    ``(loss_sum, local_tokens, grad_norm)`` (pre-clip global gradient norm). No host sync."""
+    loss_sum, local_tokens = forward_backward(model, batches, info, cfg)
+    grad_norm = clip_grad_norm(list(model.parameters()), cfg.optim.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, local_tokens, grad_norm
+
+
+def build_model(cfg: TrainConfig, info: parallel.DistInfo):
+    """Model on the device (same seed on every rank, so FSDP shards one identical init), wrapped for
+    ``zero.stage``, plus its optimizer."""
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model).to(info.device)
+    model.set_activation_checkpointing(cfg.activation_checkpointing)
+    if cfg.compile:
+        for block in model.blocks:
+            block.compile()
+    wrapped = parallel.wrap_model(model, cfg.zero, info, cfg.precision)
+    optimizer = parallel.build_optimizer(wrapped, cfg.zero.stage, cfg.optim.lr, cfg.optim.betas,
+                                         cfg.optim.weight_decay)
+    return model, wrapped, optimizer
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run ``cfg.steps`` optimizer steps; returns the summary also written to ``run_dir/train_summary.json``.
+
+    Summary keys: ``train_steps``, ``world_size``, ``loss_first``/``loss_last`` (nats per real token,
+    first and last logged interval), ``tokens_per_second`` (real tokens, all ranks, per wall second
+    of the loop), ``tokens_seen`` (real tokens, all ranks), ``checkpoint`` (folder or ``None``),
+    ``parameters``, ``cache`` and ``loader`` (their ``metrics()`` on this rank, when they have one).
+    """
+    cfg.validate()
+    info = parallel.init_distributed(cfg.device)
+    resolve_vocab_size(cfg)
+    cache, loader = build_data(cfg, info)
+    model, wrapped, optimizer = build_model(cfg, info)
+    ckpt_root = os.path.join(cfg.run_dir, cfg.checkpoint.dir)
+    step, epoch = 0, 0
+    resume = ckpt.latest_checkpoint(ckpt_root) if cfg.checkpoint.resume == "latest" else cfg.checkpoint.resume
+    if resume:
+        step, saved_state = ckpt.load_checkpoint(resume, wrapped, optimizer)
+        if saved_state is not None:
+            loader.load_state_dict(saved_state["loader"])
+            epoch = getattr(loader, "epoch", saved_state["epoch"])
+    if info.is_main:
+        os.makedirs(cfg.run_dir, exist_ok=True)
+        with open(os.path.join(cfg.run_dir, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(to_dict(cfg), f, indent=2)
+    log = MetricsLogger(cfg.run_dir, cfg.metrics.jsonl, cfg.steps, info.is_main, cfg.metrics.progress, step)
+
+    stream = micro_batches(loader, epoch)
+    acc_loss = torch.zeros((), device=info.device)
+    acc_tokens = torch.zeros((), dtype=torch.long, device=info.device)
+    tokens_seen, loss_first, loss_last, data_wait, saved = 0, None, None, 0.0, None
+    start = t_log = time.perf_counter()
+    first_step = step
+    while step < cfg.steps:
+        t0 = time.perf_counter()
+        batches = []
+        for _ in range(cfg.optim.grad_accum_steps):
+            epoch, b = next(stream)
+            batches.append(b.to(info.device, non_blocking=True) if info.device.type == "cuda" else b)
+        data_wait += time.perf_counter() - t0
+        lr = lr_at(step, cfg.optim, cfg.steps)
+        set_lr(optimizer, lr)
+        loss_sum, tokens, grad_norm = train_step(wrapped, optimizer, batches, info, cfg)
+        acc_loss += loss_sum
+        acc_tokens += tokens
+        step += 1
+        log.step()
+        if step % cfg.log_every == 0 or step == cfg.steps or step == first_step + 1:
+            totals = torch.stack([acc_loss, acc_tokens.float()])
+            dist.all_reduce(totals)  # the host sync of this interval
+            loss_val, n_tok = (totals[0] / totals[1].clamp(min=1)).item(), int(totals[1].item())
+            now = time.perf_counter()
+            tokens_seen += n_tok
+            loss_first = loss_val if loss_first is None else loss_first
+            loss_last = loss_val
+            log.log({"step": step, "loss": loss_val, "tokens": n_tok, "tokens_per_second": n_tok / (now - t_log),
+                     "lr": lr, "grad_norm": float(grad_norm), "data_wait_s": data_wait, "epoch": epoch})
+            acc_loss.zero_()
+            acc_tokens.zero_()
+            data_wait, t_log = 0.0, now
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps:
+            saved = ckpt.save_checkpoint(ckpt_root, wrapped, optimizer, step, loader_state(loader, epoch))
+    elapsed = time.perf_counter() - start
+    if cfg.checkpoint.save_at_end and step > first_step:
+        saved = ckpt.save_checkpoint(ckpt_root, wrapped, optimizer, step, loader_state(loader, epoch))
+    log.close()
+    summary = {"train_steps": step - first_step, "final_step": step, "world_size": info.world_size,
+               "loss_first": loss_first, "loss_last": loss_last, "tokens_seen": tokens_seen,
+               "tokens_per_second": tokens_seen / elapsed if elapsed > 0 else 0.0,
+               "checkpoint": saved, "parameters": count_parameters(model),
+               "cache": cache.metrics() if hasattr(cache, "metrics") else None,
+               "loader": loader.metrics() if hasattr(loader, "metrics") else None}
+    if info.is_main:
+        with open(os.path.join(cfg.run_dir, "train_summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2, default=str)
+        if loss_first is None:
+            print(f"nothing to train: the run is already at step {step} of steps={cfg.steps}")
+        else:
+            print(f"trained {summary['train_steps']} steps on {info.world_size} rank(s): loss "
+                  f"{loss_first:.3f} -> {loss_last:.3f}, {summary['tokens_per_second']:.0f} tokens/s, "
+                  f"checkpoint {saved}")
+    return summary
