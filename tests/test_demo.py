@@ -33,6 +33,7 @@ def test_demo_on_real_slice(tmp_path, monkeypatch):
     assert summary["world_size"] == 2 and summary["train_steps"] == 30
     assert summary["loss_last"] < summary["loss_first"] - 1.0
     assert summary["tokens_per_second"] > 0
+    assert os.path.exists(summary["report"])
     assert os.path.isdir(summary["checkpoint"]) or os.path.isdir(os.path.join(str(run_dir / "train"), summary["checkpoint"]))
     # the cache fetched the shards from the HTTP remote
     assert any(name.endswith(".tar") for _, _, files in os.walk(run_dir / "cache") for name in files)

@@ -4,7 +4,8 @@
 2. Preprocess it with the Beam job (``beam_runner.py``): clean, dedup, train a tokenizer, write shards.
 3. Serve the shard folder over HTTP on 127.0.0.1, as a remote the cache fetches from.
 4. Train with ``torchrun`` (gloo, ZeRO) through the cache and the loader.
-5. Write ``runs/demo/summary.json`` and print a short summary.
+5. Render the HTML run report (``python -m trainer.report``).
+6. Write ``runs/demo/summary.json`` and print a short summary.
 """
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         server.shutdown()
 
+    _run("run report", [sys.executable, "-m", "trainer.report", train])
+
     with open(os.path.join(shards, "stats.json"), encoding="utf-8") as f:
         stats = json.load(f)
     with open(os.path.join(shards, "manifest.json"), encoding="utf-8") as f:
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
         "loss_last": trained["loss_last"],
         "tokens_per_second": trained["tokens_per_second"],
         "checkpoint": trained["checkpoint"],
+        "report": os.path.join(train, "report", "index.html"),
         "wall_seconds": round(time.time() - t_start, 1),
     }
     path = os.path.join(run_dir, "summary.json")
@@ -90,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}, "
           f"{summary['tokens_per_second']:,.0f} tokens/s")
     print(f"  checkpoint  {summary['checkpoint']}")
+    print(f"  report      {summary['report']} (open it in a browser)")
     print(f"  written     {path} ({summary['wall_seconds']:.0f} s in all)")
     return summary
 

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import sys
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from tqdm import tqdm
@@ -102,7 +103,9 @@ class MetricsLogger:
         self.path = os.path.join(run_dir, jsonl)
         self._file = open(self.path, "a", encoding="utf-8")
         if progress:
-            self._bar = tqdm(total=total_steps, initial=initial, desc="train", unit="step", dynamic_ncols=True)
+            # redrawn in place on a terminal; in a log file each redraw is a new chunk, so draw rarely
+            self._bar = tqdm(total=total_steps, initial=initial, desc="train", unit="step", dynamic_ncols=True,
+                             mininterval=0.1 if sys.stderr.isatty() else 30.0)
         if tensorboard_dir:
             try:
                 from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for
