@@ -1,7 +1,15 @@
 """Shared pytest fixtures (keep small: several test files use these)."""
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+# Triton fixes interpreter-or-compiled when a kernel module is first imported; any test may import
+# trainer.kernels first, so a CPU-only session runs every Triton kernel through the interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from cache.http_server import serve_directory
 

@@ -91,7 +91,11 @@ def _check_ce(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, 
                          f"{tuple(labels.shape)}")
     vocab = weight.shape[0]
     bad = ((labels < 0) | (labels >= vocab)) & (labels != ignore_index)
-    if bool(bad.any()):  # one host sync; an out-of-range label would read out of bounds
+    if labels.device.type != "cpu":
+        # an out-of-range label would read out of bounds; checked on the device so the training
+        # step never waits for the host (the error surfaces at the next synchronisation)
+        torch._assert_async(~bad.any(), f"labels outside [0, {vocab}) and != ignore_index={ignore_index}")
+    elif bool(bad.any()):  # free on the CPU: no device to wait for
         rows = bad.nonzero().flatten()
         raise ValueError(f"{rows.numel()} labels outside [0, {vocab}) and != ignore_index="
                          f"{ignore_index}; first at row {int(rows[0])}: {int(labels[rows[0]])}")

@@ -152,9 +152,9 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                        grad_out.to(acc_dtype(hidden.dtype)), gh, gw)
             return gh, None if gw is None else gw.to(weight.dtype), None, None, None, None, None
         gh, gw = ctx.grads  # kept intact, so retain_graph=True / gradcheck work
-        unit = bool(grad_out == 1)  # one host sync; skips two big multiplies in loss.backward()
-        if gh is not None and not unit:
+        # always scale: testing grad_out == 1 to skip it would cost a host sync every step
+        if gh is not None:
             gh = gh * grad_out
         if gw is not None:
-            gw = (gw if unit else gw * grad_out).to(ctx.weight_dtype)
+            gw = (gw * grad_out).to(ctx.weight_dtype)
         return gh, gw, None, None, None, None, None

@@ -1,0 +1,151 @@
+"""The step loop reads device values on the host only at log steps.
+
+``trainer.train.train`` runs in this process (world size 1, gloo, CPU) with every Python-level way
+of reading a tensor on the host counted: ``Tensor.item``, ``tolist``, ``cpu``, ``numpy`` and the
+conversions ``bool()``/``float()``/``int()`` of a tensor. On CUDA each of these waits for the device
+(a host sync); on CPU they are cheap, but they run in the same places, so counting them on CPU
+finds the syncs a GPU run would pay for.
+
+Each read is attributed to the innermost frame inside this repository. Reads made by the data
+path (``loaders/``, ``cache/``, ``shards/``) are left out: they touch host tensors that are built
+on the CPU before the batch is moved to the device, so they never wait for the GPU. Reads inside
+:meth:`trainer.meter.IntervalMeter.collect` are the log step's sync; reads before the first step
+are start-up. Everything else in the loop is a per-step sync and must not exist.
+"""
+import os
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from shards import Manifest, ShardSequenceWriter, encode_text_sample
+from trainer import meter as meter_mod
+from trainer import train as train_mod
+from trainer.config import TrainConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV = os.path.join(ROOT, ".venv") + os.sep
+DATA_DIRS = tuple(os.path.join(ROOT, d) + os.sep for d in ("loaders", "cache", "shards"))
+READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+VOCAB = 64
+STEPS, ACCUM, LOG_EVERY = 12, 2, 4
+# the label range check reads on the host only for CPU tensors (free there); on CUDA it is
+# torch._assert_async, which never waits for the device
+KNOWN_KERNEL_SYNCS = {("trainer/kernels/__init__.py::_check_ce", "__bool__")}
+
+
+def _shards(directory: str) -> None:
+    rng = np.random.default_rng(0)
+    w = ShardSequenceWriter(directory, max_samples=50)
+    for i in range(100):
+        n = int(rng.integers(8, 40))
+        toks = ((int(rng.integers(0, VOCAB)) + np.arange(n)) % VOCAB).astype(np.uint16)
+        w.write(f"doc{i:04d}", encode_text_sample(toks, {"id": i}), tokens=n)
+    Manifest(shards=w.close(), vocab_size=VOCAB).save(directory)
+
+
+def _repo_site() -> str | None:
+    """``path::function`` of the innermost caller inside the repository (not this test or the venv),
+    or None for a read that never waits for a device."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path, func = frame.f_code.co_filename, frame.f_code.co_name
+        if path.endswith(os.path.join("torch", "optim", "optimizer.py")) and func == "_get_value":
+            return None  # AdamW's step counter lives on the host unless capturable: no device wait
+        if path.startswith(ROOT + os.sep) and not path.startswith(VENV) and not path.endswith("test_host_sync.py"):
+            return f"{os.path.relpath(path, ROOT)}::{func}"
+        frame = frame.f_back
+    return None
+
+
+class SyncRecorder:
+    """Counts host reads by phase: ``startup`` (before step 1), ``log`` (inside the meter's collect),
+    ``step`` (anything else while the loop runs) and ``end`` (after the last step)."""
+
+    def __init__(self):
+        self.phase, self.step = "startup", 0
+        self.reads: Counter = Counter()  # (phase, site, name) -> count
+        self.steps_with_reads: set[int] = set()
+
+    def record(self, name: str) -> None:
+        site = _repo_site()
+        if site is None or os.path.join(ROOT, site.split("::")[0]).startswith(DATA_DIRS):
+            return
+        self.reads[(self.phase, site, name)] += 1
+        if self.phase == "step":
+            self.steps_with_reads.add(self.step)
+
+    def per_step(self) -> dict:
+        return {(site, name): n for (phase, site, name), n in self.reads.items() if phase == "step"}
+
+
+def _instrument(monkeypatch, rec: SyncRecorder) -> None:
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            rec.record(_name)
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    step_fn, collect_fn = train_mod.train_step, meter_mod.IntervalMeter.collect
+
+    def train_step(*args, **kwargs):
+        rec.phase, rec.step = "step", rec.step + 1
+        return step_fn(*args, **kwargs)
+
+    def collect(self, *args, **kwargs):
+        previous, rec.phase = rec.phase, "log"
+        try:
+            return collect_fn(self, *args, **kwargs)
+        finally:
+            rec.phase = previous
+    monkeypatch.setattr(train_mod, "train_step", train_step)
+    monkeypatch.setattr(meter_mod.IntervalMeter, "collect", collect)
+
+
+def _run(tmp_path, monkeypatch, stage: int, anomaly: bool) -> SyncRecorder:
+    shards = str(tmp_path / "shards")
+    _shards(shards)
+    cfg = TrainConfig()
+    cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads = 32, 1, 2
+    cfg.data.manifest, cfg.data.seq_len, cfg.data.micro_batch_size, cfg.data.num_workers = shards, 32, 2, 0
+    cfg.cache.dir, cfg.run_dir = str(tmp_path / "cache"), str(tmp_path / "run")
+    cfg.zero.stage, cfg.device, cfg.precision = stage, "cpu", "fp32"
+    cfg.steps, cfg.log_every, cfg.optim.grad_accum_steps = STEPS, LOG_EVERY, ACCUM
+    cfg.metrics.progress, cfg.metrics.tensorboard_dir = False, ""
+    cfg.checkpoint.save_at_end, cfg.anomaly.enabled = False, anomaly
+    rec = SyncRecorder()
+    _instrument(monkeypatch, rec)
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(var, "")  # records the original, so init_distributed's values are undone
+        monkeypatch.delenv(var)
+    try:
+        train_mod.train(cfg)
+    finally:
+        rec.phase = "end"
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    return rec
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_step_loop_adds_no_sync_beyond_known_kernel_checks(tmp_path, monkeypatch, stage):
+    """The loop itself (train.py, parallel, optim, meter, model, kernels) reads nothing between log
+    steps; the only per-step read is the kernels' CPU-only label check, once per micro-batch."""
+    rec = _run(tmp_path, monkeypatch, stage, anomaly=False)
+    assert rec.step == STEPS
+    assert any(phase == "log" for phase, _, _ in rec.reads)  # the counter sees the log step's sync
+    assert rec.per_step() == {site: STEPS * ACCUM for site in KNOWN_KERNEL_SYNCS}, rec.per_step()
+
+
+def test_anomaly_guard_is_the_one_sync_per_step(tmp_path, monkeypatch):
+    """With ``anomaly.enabled`` (the default) the guard reads 4 values once per step, by design
+    (it decides on the host whether ``optimizer.step()`` runs); the loop adds nothing else."""
+    rec = _run(tmp_path, monkeypatch, 0, anomaly=True)
+    per_step = {k: n for k, n in rec.per_step().items() if k not in KNOWN_KERNEL_SYNCS}
+    assert rec.steps_with_reads == set(range(1, STEPS + 1))
+    assert {site.split("::")[0] for site, _ in per_step} == {"trainer/anomaly.py"}, per_step
+    assert per_step[("trainer/anomaly.py::_check", "tolist")] == STEPS
