@@ -2,8 +2,10 @@
 
 Usage::
 
-    python beam_runner.py --input 'data/corpus/*.jsonl' --output data/shards \\
+    python beam_runner.py --input 'data/corpus/*.jsonl' --output data/shards [--overwrite] \\
         [--tokenizer PATH] [--config configs/pipeline.yaml] [section.key=value ...] [Beam options]
+
+An output folder that holds an earlier run is refused unless ``--overwrite`` is given.
 
 Anything that is neither one of our flags nor ``key=value`` is passed to Beam, e.g.
 ``--direct_running_mode=multi_processing --direct_num_workers=2`` or
@@ -18,17 +20,20 @@ import sys
 from pipelines.config import PipelineConfig
 from pipelines.corpus import CorpusNotInstalled
 from pipelines.job import run
-from pipelines.stats import summary
+from pipelines.output import OutputExistsError
+from pipelines.report import REPORT_PNG, REPORT_TXT, report_text
 from shards.config import ConfigError, load_config
 
 
 def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
     """Split ``argv`` into our flags, ``key=value`` config overrides and Beam pipeline options."""
-    ap = argparse.ArgumentParser(description="Preprocess JSONL/text into tokenised WebDataset shards.")
+    ap = argparse.ArgumentParser(description="Preprocess JSONL/text/Parquet into tokenised WebDataset shards.")
     ap.add_argument("--input", required=True, help="input file glob (local, gs://, s3://, hdfs://)")
     ap.add_argument("--output", required=True, help="output folder or fsspec URL")
     ap.add_argument("--tokenizer", default=None, help="existing sentencepiece .model (skip training)")
     ap.add_argument("--config", default=None, help="YAML config (pipelines.config.PipelineConfig)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an earlier run in --output (default: refuse to touch it)")
     args, rest = ap.parse_known_args(argv)
     overrides = [a for a in rest if not a.startswith("-") and "=" in a]
     beam_args = [a for a in rest if a not in overrides]
@@ -48,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"preprocessing {args.input} -> {args.output} (beam options: {' '.join(beam_args) or 'DirectRunner'})",
           file=sys.stderr)
     try:
-        stats = run(args.input, args.output, cfg, beam_args)
-    except CorpusNotInstalled as e:
+        stats = run(args.input, args.output, cfg, beam_args, overwrite=args.overwrite)
+    except (CorpusNotInstalled, OutputExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
@@ -58,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(summary(stats))
-    print(f"done in {stats['seconds']:.1f} s; manifest: {args.output.rstrip('/')}/manifest.json")
+    out = args.output.rstrip("/")
+    print(report_text(stats), end="")
+    print(f"done in {stats['seconds']:.1f} s; manifest: {out}/manifest.json; report: {out}/{REPORT_TXT}, "
+          f"{out}/{REPORT_PNG}")
     return 0
 
 

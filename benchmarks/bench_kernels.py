@@ -122,7 +122,6 @@ def run_cuda(args) -> None:
     res = {b: cuda_measure(lambda b=b: ce_step(b, hidden, weight, labels, args.gpu_chunk),
                            args.iters) for b in ("triton", "reference")}
     _report(f"linear_ce chunk={args.gpu_chunk}", res["triton"], res["reference"])
-    del hidden, weight
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(n, d, generator=gen).to("cuda", dtype).requires_grad_()
     w = torch.ones(d, device="cuda", dtype=dtype, requires_grad=True)

@@ -4,7 +4,13 @@ Both sides parse, clean, redact, exact-dedup (smallest id wins), train the token
 same hash-ordered sample, tokenise and write the same bucketed shards, so their manifests
 must match; the script checks that and prints input MB/s for each and the ratio.
 
-    python benchmarks/bench_preprocess.py [--input 'data/corpus/*.jsonl'] [--workers 2]
+    python benchmarks/bench_preprocess.py [--input 'data/corpus/*.jsonl'] [--workers 2] [--near]
+        [--no-multi] [--datatrove]
+
+``--near`` turns MinHash-LSH near-dedup on for both sides; ``--datatrove`` also runs the
+same cleaning, filters and MinHash with datatrove (``benchmarks/datatrove_baseline.py``)
+and prints its time against ours. Wall time and process CPU time are both printed: other
+work on the machine slows wall time, CPU time much less.
 
 The demo corpus is written to ``data/corpus`` first when the default input is missing.
 """
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -21,42 +28,73 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import datatrove_baseline  # noqa: E402
 
 from pipelines.cleaning import clean_text, content_hash, length_reason, stable_bucket  # noqa: E402
 from pipelines.config import PipelineConfig  # noqa: E402
 from pipelines.corpus import write_corpus  # noqa: E402
 from pipelines.job import run  # noqa: E402
+from pipelines.language import LanguageFilter  # noqa: E402
+from pipelines.neardup import band_keys, minhash_batch, similarity  # noqa: E402
 from pipelines.pii import redact  # noqa: E402
 from pipelines.quality import quality_reason  # noqa: E402
-from pipelines.records import Doc, file_format, iter_units, parse_unit  # noqa: E402
+from pipelines.reading import iter_units  # noqa: E402
+from pipelines.records import Doc, file_format, parse_unit  # noqa: E402
 from pipelines.sharding import encode_sample, encoded_size, num_buckets  # noqa: E402
 from pipelines.tokenizer import SmallestHashSample, load_processor, token_dtype, train_sentencepiece  # noqa: E402
 from shards import Manifest, ShardInfo, TarShardWriter, shard_name  # noqa: E402
 
 
+def near_dedup(keepers: dict[str, Doc], cfg) -> dict[str, Doc]:
+    """MinHash-LSH as in :class:`pipelines.neardup.NearDedup`: drop a document when the smallest id of
+    one of its band buckets is a different document with estimated Jaccard similarity >= threshold."""
+    docs = list(keepers.items())
+    sigs = {}
+    for i in range(0, len(docs), 512):
+        batch = [d for _, d in docs[i:i + 512]]
+        sigs.update(zip((d.id for d in batch), minhash_batch([d.text for d in batch], cfg)))
+    bucket_keeper: dict = {}
+    bands = {doc_id: band_keys(sig, cfg.bands) for doc_id, sig in sigs.items()}
+    for doc_id, keys in bands.items():
+        for key in keys:
+            if key not in bucket_keeper or doc_id < bucket_keeper[key]:
+                bucket_keeper[key] = doc_id
+    losers = set()
+    for doc_id, keys in bands.items():
+        for keeper in {bucket_keeper[k] for k in keys} - {doc_id}:
+            if similarity(sigs[doc_id], sigs[keeper]) >= cfg.threshold:
+                losers.add(doc_id)
+                break
+    return {h: d for h, d in docs if d.id not in losers}
+
+
 def plain_loop(paths: list[str], out: str, cfg: PipelineConfig) -> Manifest:
     """The same transforms as :func:`pipelines.job.build`, as one sequential Python loop."""
     keepers: dict[str, Doc] = {}
+    lang = LanguageFilter(cfg.language)
+    sampler = SmallestHashSample(cfg.tokenizer.sample_max_bytes)
+    acc = sampler.create_accumulator()
     for path in paths:
         fmt = file_format(path, cfg.input)
         with open(path, "rb") as f:
-            for line, raw in iter_units(f, fmt):
-                doc = parse_unit(path, line, raw, fmt, cfg.input)
-                if not isinstance(doc, Doc):
+            for _, line, offset, raw, unit_fmt, size in iter_units(f, path, fmt, cfg.input):
+                doc = parse_unit(path, line, raw, unit_fmt, cfg.input, offset, size)
+                if not isinstance(doc, Doc) or len(doc.text) > cfg.clean.max_chars:
                     continue
                 text = clean_text(doc.text, cfg.clean)
-                if length_reason(text, cfg.clean) or quality_reason(text, cfg.quality):
+                if length_reason(text, cfg.clean) or lang.reason(text) or quality_reason(text, cfg.quality):
                     continue
                 doc = Doc(doc.id, redact(text, cfg.pii)[0], doc.source)
                 h = content_hash(doc.text)
+                if int(h[:16], 16) < cfg.tokenizer.sample_fraction * 2**64:  # sample before dedup
+                    acc = sampler.add_input(acc, (h, doc.text))
                 best = keepers.get(h)
                 if best is None or (doc.id, doc.text) < (best.id, best.text):
                     keepers[h] = doc
-    sampler = SmallestHashSample(cfg.tokenizer.sample_max_bytes)
-    acc = sampler.create_accumulator()
-    for h, doc in keepers.items():
-        if int(h[:16], 16) < cfg.tokenizer.sample_fraction * 2**64:
-            acc = sampler.add_input(acc, (h, doc.text))
+    if cfg.dedup.near:
+        keepers = near_dedup(keepers, cfg.dedup)
     model = train_sentencepiece(sampler.extract_output(acc), cfg.tokenizer)
     sp = load_processor(model)
     dtype = token_dtype(sp.get_piece_size())
@@ -78,10 +116,19 @@ def plain_loop(paths: list[str], out: str, cfg: PipelineConfig) -> Manifest:
                             for i in infos], vocab_size=sp.get_piece_size(), token_dtype=dtype.name)
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process and its finished children (user + system)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--input", default="data/corpus/*.jsonl")
     ap.add_argument("--workers", type=int, default=2, help="DirectRunner multi_processing workers")
+    ap.add_argument("--near", action="store_true", help="MinHash-LSH near-dedup on (dedup.near=true)")
+    ap.add_argument("--no-multi", action="store_true", help="skip the multi_processing run")
+    ap.add_argument("--datatrove", action="store_true", help="also run the datatrove baseline (implies --near)")
     args = ap.parse_args()
     if args.input == "data/corpus/*.jsonl" and not glob.glob(args.input):
         write_corpus("data/corpus")
@@ -89,28 +136,51 @@ def main() -> int:
     mb = sum(os.path.getsize(p) for p in paths) / 1e6
     cfg = PipelineConfig()
     cfg.shards.write_index = False  # the loop writes no .idx files; compare the same work
-    results = {}
+    args.near = args.near or args.datatrove
+    cfg.dedup.near = args.near
+    cfg.dedup.write_duplicates = False  # the loop does not list duplicates
+    results, cpu = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), cpu_seconds()
         os.makedirs(os.path.join(tmp, "loop"))
         loop_manifest = plain_loop(paths, os.path.join(tmp, "loop"), cfg)
-        results["plain Python loop"] = time.perf_counter() - t
-        runs = {"Beam DirectRunner (in-memory)": [],
-                f"Beam DirectRunner (multi_processing, {args.workers} workers)": [
-                    "--direct_running_mode=multi_processing", f"--direct_num_workers={args.workers}"]}
+        results["plain Python loop"], cpu["plain Python loop"] = time.perf_counter() - t, cpu_seconds() - c
+        runs = {"Beam DirectRunner (in-memory)": []}
+        if not args.no_multi:
+            runs[f"Beam DirectRunner (multi_processing, {args.workers} workers)"] = [
+                "--direct_running_mode=multi_processing", f"--direct_num_workers={args.workers}"]
         same = True
         for name, beam_args in runs.items():
             out = os.path.join(tmp, name.split()[2].strip("(,"))
-            t = time.perf_counter()
-            run(args.input, out, cfg, beam_args)
-            results[name] = time.perf_counter() - t
+            t, c = time.perf_counter(), cpu_seconds()
+            run(args.input, out, cfg, beam_args, report=False)  # the loop writes no report either
+            results[name], cpu[name] = time.perf_counter() - t, cpu_seconds() - c
             beam_manifest = Manifest.load(out)
             same &= [s.sha256 for s in beam_manifest.shards] == [s.sha256 for s in loop_manifest.shards]
-    print(f"\ninput: {len(paths)} files, {mb:.1f} MB ({args.input})")
-    base = results["plain Python loop"]
+        datatrove_note = None
+        if args.datatrove:
+            datatrove_note = datatrove_baseline.available()
+            if datatrove_note is None:
+                c = cpu_seconds()
+                seconds, kept = datatrove_baseline.run_datatrove(
+                    os.path.dirname(paths[0]), os.path.basename(args.input), os.path.join(tmp, "datatrove"))
+                results["datatrove 0.10 (1 task, 1 worker)"] = seconds
+                cpu["datatrove 0.10 (1 task, 1 worker)"] = cpu_seconds() - c
+                datatrove_note = (f"datatrove kept {kept:,} documents (no exact dedup, no tokenizer/shards); "
+                                  f"colaflow kept {beam_manifest.total_samples:,}")
+    print(f"\ninput: {len(paths)} files, {mb:.1f} MB ({args.input}); near-dedup {'on' if args.near else 'off'}")
+    base, base_cpu = results["plain Python loop"], cpu["plain Python loop"]
+    print(f"{'':<50} {'wall':>7}    {'MB/s':>6}       {'cpu':>7}    {'MB/cpu-s':>8}  loop/this (wall, cpu)")
     for name, seconds in results.items():
-        print(f"{name:<50} {seconds:7.1f} s  {mb / seconds:6.2f} MB/s  ratio vs loop {base / seconds:5.2f}x")
-    print(f"byte-identical shards across all three: {'yes' if same else 'NO'}")
+        print(f"{name:<50} {seconds:7.1f} s  {mb / seconds:6.2f} MB/s  {cpu[name]:7.1f} s  {mb / cpu[name]:8.2f}"
+              f"  {base / seconds:5.2f}x {base_cpu / cpu[name]:5.2f}x")
+    if datatrove_note:
+        print(datatrove_note)
+    if "datatrove 0.10 (1 task, 1 worker)" in results:
+        dt = "datatrove 0.10 (1 task, 1 worker)"
+        print(f"datatrove time / colaflow Beam in-memory time: {results[dt] / results['Beam DirectRunner (in-memory)']:.2f}x "
+              f"wall, {cpu[dt] / cpu['Beam DirectRunner (in-memory)']:.2f}x cpu")
+    print(f"byte-identical shards across all runs: {'yes' if same else 'NO'}")
     return 0 if same else 1
 
 

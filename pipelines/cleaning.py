@@ -9,28 +9,68 @@ import hashlib
 import re
 import unicodedata
 
+import ftfy
+
 from .config import CleanConfig
 
 # ECMA-48 escape sequences: CSI (ESC [ ... final), OSC (ESC ] ... BEL/ST) and two-byte ESC forms
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?")
 # C0 and C1 controls except tab and newline, DEL, and the byte-order mark
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff]")
-_TRAILING_SPACE = re.compile(r"[ \t]+\n")
+# The look-behinds make every pattern linear: a match can only start where a run starts, so a
+# long run of spaces without a newline is scanned once, not once per position.
+_TRAILING_SPACE = re.compile(r"(?<![ \t])[ \t]+\n")
+_SPACE_RUN = re.compile(r"(?<![^\S\n])[^\S\n]+")  # any whitespace except newline
+_BLANK_LINES = re.compile(r"\n{3,}")
+WHITESPACE_MODES = ("trim", "collapse", "keep")
+# ftfy limited to repairing broken Unicode: no quote uncurling, width folding (would change CJK
+# full-width forms), HTML unescaping, ligature or line-break changes; we normalise ourselves.
+_FTFY = ftfy.TextFixerConfig(unescape_html=False, remove_terminal_escapes=False, fix_latin_ligatures=False,
+                             fix_character_width=False, uncurl_quotes=False, fix_line_breaks=False,
+                             remove_control_chars=False, normalization=None, explain=False)
+
+
+def repair_unicode(text: str) -> str:
+    """Undo mojibake (UTF-8 read as Latin-1/cp1252 and similar), with ``ftfy.fix_text``
+    (Speer 2019, ftfy, https://ftfy.readthedocs.io). ASCII text is returned unchanged at once."""
+    return text if text.isascii() else ftfy.fix_text(text, _FTFY)
+
+
+def _strip_control(text: str) -> str:
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return _CONTROL.sub("", text)
 
 
 def clean_text(text: str, cfg: CleanConfig) -> str:
     """Normalise one document.
 
-    Steps: Unicode normal form ``cfg.normalization`` (UAX #15); CRLF/CR → LF; when
-    ``cfg.strip_control``, ANSI escape sequences and control characters (NUL included; tab
-    and newline kept) are removed; trailing spaces of lines and surrounding whitespace are
-    stripped. Returns the cleaned text (possibly empty).
+    Steps: CRLF/CR → LF; ANSI escape sequences and control characters removed (NUL included;
+    tab and newline kept; ``cfg.strip_control``), before Unicode repair (``cfg.fix_unicode``,
+    :func:`repair_unicode`) so removing them later cannot create new mojibake; Unicode normal
+    form ``cfg.normalization`` (UAX #15); whitespace by ``cfg.whitespace`` (``trim``: trailing spaces of
+    lines; ``collapse``: also runs of any whitespace but newline → one space, 3+ newlines → 2;
+    ``keep``: nothing) and the text stripped. Every step is linear in the text length.
+    Returns the cleaned text (possibly empty).
+
+    Raises:
+        ValueError: ``cfg.whitespace`` is not one of ``trim``, ``collapse``, ``keep``.
     """
-    text = unicodedata.normalize(cfg.normalization, text)
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     if cfg.strip_control:
-        text = _CONTROL.sub("", _ANSI.sub("", text))
-    return _TRAILING_SPACE.sub("\n", text).strip()
+        text = _strip_control(text)
+    if cfg.fix_unicode:
+        text = repair_unicode(text)
+    text = unicodedata.normalize(cfg.normalization, text)
+    if cfg.strip_control and cfg.fix_unicode:  # a repaired text may decode to a control character
+        text = _strip_control(text)
+    if cfg.whitespace == "collapse":
+        text = _BLANK_LINES.sub("\n\n", _SPACE_RUN.sub(" ", text))
+    if cfg.whitespace in ("trim", "collapse"):
+        text = _TRAILING_SPACE.sub("\n", text)
+    elif cfg.whitespace != "keep":
+        raise ValueError(f"clean.whitespace={cfg.whitespace!r}; expected one of {', '.join(WHITESPACE_MODES)}")
+    return text.strip()
 
 
 def length_reason(text: str, cfg: CleanConfig) -> str | None:

@@ -13,17 +13,30 @@ class InputConfig:
     """How input files are read.
 
     Attributes:
-        format: ``auto`` (by extension: ``.jsonl``/``.json`` → jsonl, anything else → text),
-            ``jsonl`` or ``text``. ``.gz``/``.bz2``/``.zst`` files are decompressed by extension.
-        text_field: JSON field holding the document text.
-        id_field: JSON field holding the document id; a missing id becomes ``{file stem}/{line:08d}``.
-        source_field: JSON field naming the source; missing → the file stem.
+        format: ``auto`` (by extension: ``.jsonl``/``.json``/``.ndjson`` → jsonl, ``.parquet`` →
+            parquet, anything else → text), ``jsonl``, ``text`` or ``parquet``. ``.gz``/``.bz2``/``.zst``
+            files are decompressed by extension.
+        text_field: JSON field / Parquet column holding the document text.
+        id_field: JSON field / Parquet column holding the document id; a missing id becomes
+            ``{file stem}/{line:08d}`` (line or Parquet row, 1-based), or ``{file stem}/@{byte offset}``
+            for records of a split that does not start the file (line unknown there).
+        source_field: JSON field / Parquet column naming the source; missing → the file stem.
+        split_bytes: uncompressed JSONL files are read in byte ranges of this size (and Parquet in
+            row groups up to this size) by different workers; compressed and text files in one piece,
+            streamed.
+        max_record_bytes: a line or paragraph longer than this (bytes) is skipped while reading,
+            in 1 MiB steps (never held whole), and dead-lettered as ``too_large``.
+        separator: text format only: a line equal to this ends a unit (e.g. ``%`` for fortune
+            files); empty = units are paragraphs ended by blank lines.
     """
 
     format: str = "auto"
     text_field: str = "text"
     id_field: str = "id"
     source_field: str = "source"
+    split_bytes: int = 16_000_000
+    max_record_bytes: int = 16_000_000
+    separator: str = ""
 
 
 @dataclass
@@ -31,17 +44,43 @@ class CleanConfig:
     """Text normalisation.
 
     Attributes:
+        fix_unicode: repair mojibake and other broken Unicode with ``ftfy.fix_text`` before
+            normalising (Speer 2019, ftfy); ANSI escapes are removed first so ftfy never sees them.
         normalization: Unicode normal form (``NFC``, ``NFKC``, ...; UAX #15).
         strip_control: remove ANSI escape sequences, C0/C1 control characters (``\\n``/``\\t``
             kept), NUL and the BOM.
+        whitespace: ``trim`` (trailing spaces of lines and surrounding whitespace removed),
+            ``collapse`` (also: runs of spaces/tabs and Unicode spaces → one space, 3+ newlines → 2)
+            or ``keep`` (only surrounding whitespace removed).
         min_chars: documents shorter than this after cleaning are filtered as ``empty``/``too_short``.
-        max_chars: documents longer than this are filtered as ``too_long``.
+        max_chars: documents longer than this are filtered as ``too_long``; checked on the raw text
+            too, before any cleaning work, so huge documents cost no more than their reading.
     """
 
+    fix_unicode: bool = True
     normalization: str = "NFC"
     strip_control: bool = True
+    whitespace: str = "trim"
     min_chars: int = 1
     max_chars: int = 5_000_000
+
+
+@dataclass
+class LanguageConfig:
+    """Language identification with ``py3langid`` (Lui & Baldwin 2012, langid.py; the model ships
+    inside the wheel, nothing is downloaded). Off by default.
+
+    Attributes:
+        enabled: identify and filter.
+        allowed: ISO 639-1 codes to keep (e.g. ``[en, zh]``); empty = keep every language.
+        threshold: minimum normalised probability of the top language; below it → ``filtered:lang_unsure``.
+        max_chars: only the first this many characters are classified (bounded cost per document).
+    """
+
+    enabled: bool = False
+    allowed: list = field(default_factory=lambda: ["en"])
+    threshold: float = 0.5
+    max_chars: int = 2000
 
 
 @dataclass
@@ -100,6 +139,8 @@ class DedupConfig:
     Attributes:
         exact: drop documents whose normalised text (casefolded, whitespace collapsed) hashes equal;
             the keeper is the smallest id.
+        write_duplicates: list every dropped duplicate with the id it duplicates in
+            ``OUT/duplicates/*.jsonl`` (``{"id", "source", "duplicate_of", "kind"}``).
         near: MinHash-LSH near-duplicate removal (Broder 1997; Leskovec et al., "Mining of
             Massive Datasets", ch. 3.4).
         ngram: word shingle size for MinHash.
@@ -109,6 +150,7 @@ class DedupConfig:
     """
 
     exact: bool = True
+    write_duplicates: bool = True
     near: bool = False
     ngram: int = 5
     num_perm: int = 112
@@ -127,8 +169,14 @@ class TokenizerConfig:
         sample_fraction: a document joins the training sample when its content hash falls
             below this fraction of the hash space (deterministic sampling).
         sample_max_bytes: cap on the sample (UTF-8 bytes), filled in content-hash order.
-        character_coverage: sentencepiece ``character_coverage``.
+        character_coverage: sentencepiece ``character_coverage``: the fraction of character
+            occurrences the vocabulary must cover with its own pieces (0.9995 suits CJK, whose
+            thousands of rare characters then fall back to bytes; 1.0 for small alphabets). The
+            vocabulary must be larger than the characters this requires.
         byte_fallback: unknown characters become byte tokens instead of ``<unk>``.
+        normalization_rule: sentencepiece normaliser: ``nmt_nfkc`` (folds full-width forms and
+            CJK punctuation, newlines become spaces) or ``identity`` (tokens decode to the text).
+        remove_extra_whitespaces: sentencepiece collapses runs of spaces and strips the ends.
     """
 
     path: str | None = None
@@ -138,6 +186,8 @@ class TokenizerConfig:
     sample_max_bytes: int = 3_000_000
     character_coverage: float = 0.9995
     byte_fallback: bool = True
+    normalization_rule: str = "nmt_nfkc"
+    remove_extra_whitespaces: bool = True
 
 
 @dataclass
@@ -165,6 +215,7 @@ class PipelineConfig:
 
     input: InputConfig = field(default_factory=InputConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
+    language: LanguageConfig = field(default_factory=LanguageConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
     pii: PIIConfig = field(default_factory=PIIConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)

@@ -3,57 +3,161 @@
 MinHash (Broder 1997, "On the resemblance and containment of documents") estimates the
 Jaccard similarity of word-shingle sets; LSH banding (Leskovec, Rajaraman & Ullman, "Mining
 of Massive Datasets", section 3.4) makes documents that agree on all rows of some band
-candidates. Per band bucket, ``CombinePerKey(min)`` reduces the members' ids to the
-smallest (the keeper) without holding the bucket; members are then compared with their
-bucket's keeper only, so a document is dropped when some keeper with a smaller id has an
+candidates. Per band bucket, a combiner reduces the members' ids to the smallest (the
+keeper) without holding the bucket; members are then compared with their bucket's keeper
+only, so a document is dropped when some keeper with a smaller id has an
 estimated Jaccard similarity ≥ ``threshold``. The outcome is the same on every runner.
+
+Signatures are computed with numpy for a batch of documents at once: each word is hashed
+once (CRC-32), shingle hashes are rolled from word hashes, and the ``num_perm`` hash
+functions are multiply-shift hashes ``(a*x + b) mod 2^64 >> 32`` (Dietzfelbinger et al. 1997,
+"A reliable randomized algorithm for the closest-pair problem"), evaluated by numpy
+broadcasting over chunks of at most ``CHUNK_ROWS`` shingles (bounded memory).
 """
 from __future__ import annotations
 
 import functools
-import hashlib
+import zlib
 
 import apache_beam as beam
 import numpy as np
 
 from .config import DedupConfig
-from .records import Doc
+from .records import DUPLICATES, Doc, duplicate_record
 from .stats import EVENTS, event
 
-_MERSENNE = np.uint64((1 << 61) - 1)
+LIST_MAX = 64  # bucket members listed by the combiner before a bucket counts as hot
+PARTITION_DOCS = 50_000  # documents whose band buckets share one BucketTable accumulator
+CHUNK_ROWS = 8192  # shingles per broadcast: 8192 x num_perm x 8 bytes (7 MB at 112)
 _SEED = 1234
+_ROLL = np.uint64(0x100000001B3)  # FNV-1 64-bit prime, multiplier of the rolling shingle hash
+_MIX = np.uint64(0xFF51AFD7ED558CCD)  # MurmurHash3 fmix64 constant
 
 
 @functools.lru_cache(maxsize=4)
 def _permutations(num_perm: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.RandomState(_SEED)
-    a = rng.randint(1, 2**31 - 1, size=num_perm, dtype=np.int64).astype(np.uint64)
-    b = rng.randint(0, 2**31 - 1, size=num_perm, dtype=np.int64).astype(np.uint64)
+    a = rng.randint(0, 2**63 - 1, size=num_perm, dtype=np.int64).astype(np.uint64) * np.uint64(2) + np.uint64(1)
+    b = rng.randint(0, 2**63 - 1, size=num_perm, dtype=np.int64).astype(np.uint64)
     return a, b
 
 
-def shingles(text: str, n: int) -> set[str]:
-    """Set of lower-cased word ``n``-grams (the whole text as one shingle when it has fewer than ``n`` words)."""
+def shingle_hashes(text: str, n: int) -> np.ndarray:
+    """32-bit hashes (held in uint64) of the lower-cased word ``n``-grams of ``text``, one per position.
+
+    A text with fewer than ``n`` words has one shingle (all its words; no words → hash of nothing).
+    Repeated shingles give repeated values; MinHash ignores repeats.
+    """
     words = text.lower().split()
-    if len(words) < n:
-        return {" ".join(words)}
-    return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
+    w = np.fromiter((zlib.crc32(x.encode("utf-8")) for x in words), dtype=np.uint64, count=len(words))
+    k = max(len(w) - n + 1, 1)
+    h = np.zeros(k, dtype=np.uint64)
+    for j in range(min(n, len(w))):
+        h = h * _ROLL + w[j:j + k]  # wraps mod 2^64
+    h ^= h >> np.uint64(33)
+    h *= _MIX
+    h ^= h >> np.uint64(33)
+    return h >> np.uint64(32)
+
+
+def _hashed(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (x[:, None] * a[None, :] + b[None, :]) >> np.uint64(32)
+
+
+def minhash_batch(texts: list[str], cfg: DedupConfig) -> np.ndarray:
+    """MinHash signatures of ``texts``: array ``(len(texts), cfg.num_perm)`` of uint32.
+
+    Each row is independent of the others in the batch (batching only saves overhead).
+    """
+    a, b = _permutations(cfg.num_perm)
+    out = np.empty((len(texts), cfg.num_perm), dtype=np.uint32)
+    group, rows = [], 0
+
+    def flush():
+        x = np.concatenate([h for _, h in group])
+        starts = np.cumsum([0] + [len(h) for _, h in group[:-1]])
+        out[[i for i, _ in group]] = np.minimum.reduceat(_hashed(x, a, b), starts, axis=0)
+
+    for i, text in enumerate(texts):
+        h = shingle_hashes(text, cfg.ngram)
+        if len(h) > CHUNK_ROWS:  # a long document alone, in chunks
+            sig = np.full(cfg.num_perm, np.iinfo(np.uint64).max, dtype=np.uint64)
+            for s in range(0, len(h), CHUNK_ROWS):
+                sig = np.minimum(sig, _hashed(h[s:s + CHUNK_ROWS], a, b).min(axis=0))
+            out[i] = sig
+            continue
+        if rows + len(h) > CHUNK_ROWS:
+            flush()
+            group, rows = [], 0
+        group.append((i, h))
+        rows += len(h)
+    if group:
+        flush()
+    return out
 
 
 def minhash(text: str, cfg: DedupConfig) -> np.ndarray:
-    """MinHash signature of ``text``: ``cfg.num_perm`` uint32 values (``(a*x + b) mod (2^61-1)``, low 32 bits)."""
-    a, b = _permutations(cfg.num_perm)
-    x = np.array([int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=4).digest(), "little")
-                  for s in sorted(shingles(text, cfg.ngram))], dtype=np.uint64)
-    values = ((x[:, None] * a[None, :] + b[None, :]) % _MERSENNE) & np.uint64(0xFFFFFFFF)
-    return values.min(axis=0).astype(np.uint32)
+    """MinHash signature of one text: ``cfg.num_perm`` uint32 values (see :func:`minhash_batch`)."""
+    return minhash_batch([text], cfg)[0]
 
 
-def band_keys(signature: np.ndarray, bands: int) -> list[str]:
-    """LSH bucket ids ``band:digest`` of a signature split into ``bands`` equal bands."""
-    rows = len(signature) // bands
-    return [f"{i}:{hashlib.blake2b(signature[i * rows:(i + 1) * rows].tobytes(), digest_size=8).hexdigest()}"
-            for i in range(bands)]
+def band_keys(signature: np.ndarray | bytes, bands: int) -> list[bytes]:
+    """LSH buckets of a signature split into ``bands`` equal bands: the band number (one byte)
+    followed by the band's raw uint32 rows, so equal buckets mean exactly equal bands."""
+    raw = signature if isinstance(signature, bytes) else np.ascontiguousarray(signature, dtype=np.uint32).tobytes()
+    width = len(raw) // bands
+    return [bytes((i,)) + raw[i * width:(i + 1) * width] for i in range(bands)]
+
+
+def partitions(num_docs: int) -> int:
+    """Partitions per band: about ``PARTITION_DOCS`` documents' buckets each (at least 1)."""
+    return max(1, -(-num_docs // PARTITION_DOCS))
+
+
+class BucketTable(beam.CombineFn):
+    """Combine the ``(bucket, id)`` memberships of one band partition into a table
+    ``{bucket: id}`` (one member) or ``{bucket: [count, ids or None, smallest id]}``.
+
+    Ids are listed while a bucket has at most ``list_max`` members (else ``None``: a hot
+    bucket), so an entry is bounded, and a partition holds about ``PARTITION_DOCS`` buckets
+    (:func:`partitions`), so the accumulator is bounded too. Keying by partition instead of by
+    bucket lets the runner pre-combine memberships where they are made: a shuffle moves one
+    table per partition, not one element per (document, band).
+    """
+
+    def __init__(self, list_max: int):
+        self.list_max = list_max
+
+    def create_accumulator(self):
+        return {}
+
+    def _add(self, table: dict, bucket: bytes, entry) -> None:
+        old = table.get(bucket)
+        if old is None:
+            table[bucket] = entry
+            return
+        if isinstance(old, str):
+            old = [1, [old], old]
+        if isinstance(entry, str):
+            entry = [1, [entry], entry]
+        ids = None if old[1] is None or entry[1] is None or len(old[1]) + len(entry[1]) > self.list_max \
+            else old[1] + entry[1]
+        table[bucket] = [old[0] + entry[0], ids, min(old[2], entry[2])]
+
+    def add_input(self, acc, member):
+        self._add(acc, member[0], member[1])
+        return acc
+
+    def merge_accumulators(self, accumulators):
+        accumulators = iter(accumulators)
+        out = next(accumulators)
+        for acc in accumulators:
+            for bucket, entry in acc.items():
+                self._add(out, bucket, entry)
+        return out
+
+    def extract_output(self, acc):
+        return acc
 
 
 def similarity(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
@@ -61,49 +165,67 @@ def similarity(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
     return float(np.mean(sig_a == sig_b))
 
 
-def _signature(doc: Doc, cfg: DedupConfig) -> tuple[str, bytes]:
-    return doc.id, minhash(doc.text, cfg).tobytes()
+def _signatures(batch: list[Doc], cfg: DedupConfig):
+    sigs = minhash_batch([d.text for d in batch], cfg)
+    for doc, sig in zip(batch, sigs):
+        yield doc.id, sig.tobytes()
 
 
-def _memberships(item: tuple[str, bytes], bands: int):
+def _memberships(item: tuple[str, bytes], bands: int, num_docs: int):
     doc_id, sig = item
-    for key in band_keys(np.frombuffer(sig, dtype=np.uint32), bands):
-        yield key, doc_id
+    parts = partitions(num_docs)
+    for key in band_keys(sig, bands):
+        yield key[0] * parts + int.from_bytes(key[1:5], "little") % parts, (key, doc_id)
 
 
-def _candidates(item):
-    _, grouped = item
-    keepers = grouped["keeper"]
-    if not keepers:
+def _bucket_pairs(item):
+    _, table = item
+    for bucket, entry in table.items():  # order is irrelevant: pairs are made distinct downstream
+        if isinstance(entry, str):
+            continue
+        _, ids, keeper = entry
+        if ids is None:  # a hot bucket: its pairs come from the side-input pass
+            yield beam.pvalue.TaggedOutput("hot", (bucket, keeper))
+            continue
+        for doc_id in sorted(set(ids)):
+            if doc_id != keeper:
+                yield keeper, doc_id
+
+
+def _hot_pairs(item: tuple[str, bytes], bands: int, hot: dict):
+    if not hot:  # the usual case: no bucket over LIST_MAX members
         return
-    keeper = keepers[0]
-    for doc_id in grouped["members"]:  # streamed; never materialised as a list
-        if doc_id != keeper:
+    doc_id, sig = item
+    for key in band_keys(sig, bands):
+        keeper = hot.get(key)
+        if keeper is not None and keeper != doc_id:
             yield keeper, doc_id
 
 
-def _attach_keeper_sig(item):
-    _, grouped = item
-    for sig in grouped["sig"]:
-        for member in grouped["member"]:
-            yield member, sig
-
-
-def _is_loser(item, threshold: float):
+def _sig_per_pair(item):
     doc_id, grouped = item
     for sig in grouped["sig"]:
-        mine = np.frombuffer(sig, dtype=np.uint32)
-        if any(similarity(mine, np.frombuffer(k, dtype=np.uint32)) >= threshold for k in grouped["keeper_sig"]):
-            yield doc_id, 1
-            return
+        for member in grouped["as_keeper"]:  # streamed; a hot keeper's members are never listed
+            yield (doc_id, member), (0, sig)
+        for keeper in grouped["as_member"]:
+            yield (keeper, doc_id), (1, sig)
+
+
+def _compare(item, threshold: float):
+    (keeper, member), sides = item
+    sigs = dict(sides)
+    if len(sigs) == 2 and similarity(np.frombuffer(sigs[0], dtype=np.uint32),
+                                     np.frombuffer(sigs[1], dtype=np.uint32)) >= threshold:
+        yield member, keeper
 
 
 def _drop_losers(item):
     _, grouped = item
-    near = bool(grouped["loser"])
+    keepers = sorted(grouped["loser"])
     for doc in grouped["doc"]:
-        if near:
+        if keepers:
             yield event(doc.source, "filtered:near_duplicate")
+            yield beam.pvalue.TaggedOutput(DUPLICATES, duplicate_record(doc.id, doc.source, keepers[0], "near"))
         else:
             yield doc
 
@@ -111,11 +233,16 @@ def _drop_losers(item):
 class NearDedup(beam.PTransform):
     """``PCollection[Doc]`` → documents that are not near-duplicates of a smaller-id document.
 
-    Shuffles carry ids only, except two joins that bring each candidate pair its signatures:
-    (1) ``(band bucket, id)`` per band; (2) ``CombinePerKey(min)`` → bucket keeper; (3) members
-    streamed past their keeper → candidate pairs; (4) keeper signature, then member signature,
-    joined by id; (5) documents joined with the losers by id. Emits ``filtered:near_duplicate``
-    events on tag ``events``.
+    Shuffles carry ids only, except one join that brings each candidate pair its two signatures:
+    (1) ``(band partition, (bucket, id))`` per band; (2) ``CombinePerKey(BucketTable)`` → per
+    bucket the smallest id (the keeper) and, for buckets of at most ``LIST_MAX`` members, all
+    members → candidate pairs ``(keeper, member)``; members of hot buckets are paired with their keeper
+    from a side input that holds the hot buckets only (at most one per ``LIST_MAX`` entries), so
+    no bucket is ever grouped; (3) signatures joined with the pairs by id (as keeper and as
+    member), then the two signatures of each pair grouped by the pair and compared;
+    (4) documents joined with the losers (and the smallest keeper they resemble) by id. Emits
+    ``filtered:near_duplicate`` events on tag ``events`` and ``duplicate_record`` lines (kind
+    ``near``) on tag ``duplicates``.
     """
 
     def __init__(self, cfg: DedupConfig):
@@ -125,19 +252,22 @@ class NearDedup(beam.PTransform):
         self.cfg = cfg
 
     def expand(self, docs):
-        sigs = docs | "Signature" >> beam.Map(_signature, self.cfg)
-        members = sigs | "Bands" >> beam.FlatMap(_memberships, self.cfg.bands)
-        keepers = members | "KeeperPerBucket" >> beam.CombinePerKey(min)
-        pairs = ({"members": members, "keeper": keepers}
-                 | "JoinBucket" >> beam.CoGroupByKey()
-                 | "Candidates" >> beam.FlatMap(_candidates)
-                 | "OncePerPair" >> beam.Distinct())
-        with_keeper = ({"sig": sigs, "member": pairs}
-                       | "JoinKeeperSig" >> beam.CoGroupByKey()
-                       | "KeeperSig" >> beam.FlatMap(_attach_keeper_sig))
-        losers = ({"sig": sigs, "keeper_sig": with_keeper}
-                  | "JoinMemberSig" >> beam.CoGroupByKey()
-                  | "Compare" >> beam.FlatMap(_is_loser, self.cfg.threshold))
+        sigs = (docs
+                | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=512)
+                | "Signature" >> beam.FlatMap(_signatures, self.cfg))
+        num_docs = docs | "Count" >> beam.combiners.Count.Globally()
+        buckets = (sigs
+                   | "Bands" >> beam.FlatMap(_memberships, self.cfg.bands, beam.pvalue.AsSingleton(num_docs))
+                   | "Buckets" >> beam.CombinePerKey(BucketTable(LIST_MAX))
+                   | "Pairs" >> beam.FlatMap(_bucket_pairs).with_outputs("hot", main="pairs"))
+        hot_pairs = sigs | "HotPairs" >> beam.FlatMap(_hot_pairs, self.cfg.bands, beam.pvalue.AsDict(buckets.hot))
+        pairs = (buckets.pairs, hot_pairs) | "AllPairs" >> beam.Flatten() | "OncePerPair" >> beam.Distinct()
+        losers = ({"sig": sigs, "as_keeper": pairs,
+                   "as_member": pairs | "ByMember" >> beam.Map(lambda kv: (kv[1], kv[0]))}
+                  | "JoinSig" >> beam.CoGroupByKey()
+                  | "SigPerPair" >> beam.FlatMap(_sig_per_pair)
+                  | "PerPair" >> beam.GroupByKey()
+                  | "Compare" >> beam.FlatMap(_compare, self.cfg.threshold))
         return ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d)), "loser": losers}
                 | "JoinDoc" >> beam.CoGroupByKey()
-                | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, main="docs"))
+                | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="docs"))

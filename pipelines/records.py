@@ -4,7 +4,9 @@ Small explicit types pass between the pipeline stages:
 
 * :class:`Doc` — one document (id, text, source) after parsing;
 * :class:`DeadLetter` — an input unit that could not become a document, with file, line,
-  reason and a short excerpt, written to ``OUT/dead_letter/``.
+  byte offset, reason and a short excerpt, written to ``OUT/dead_letter/``.
+
+Reading files into units lives in :mod:`pipelines.reading`.
 
 Parsing never raises on bad input: every unit becomes exactly one ``Doc`` or ``DeadLetter``.
 """
@@ -12,15 +14,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from typing import BinaryIO, Iterator, NamedTuple, Union
+from typing import NamedTuple, Union
 
 from .config import InputConfig
 
 RAW_EXCERPT_BYTES = 200
 UNREADABLE = "unreadable"  # unit format of a read error: the unit's bytes are the error message
+TOO_LARGE = "too_large"  # unit format of a skipped over-long record: the unit's bytes are its head
+PARQUET = "parquet"  # unit format of a Parquet row: the payload is (text, id, source) as read
+DUPLICATES = "duplicates"  # tag of the duplicate_record lines written to OUT/duplicates/
 _COMPRESSED = (".gz", ".bz2", ".zst")
-_BLANK_LINE = re.compile(rb"^[ \t\r]*$")
 
 
 class Doc(NamedTuple):
@@ -36,11 +39,13 @@ class DeadLetter(NamedTuple):
 
     Attributes:
         file: input path or URL.
-        line: 1-based line number of the unit's first line.
+        line: 1-based line number of the unit's first line (Parquet: row number); 0 when unknown
+            (a record of a byte-range split that does not start the file: see ``offset``).
         reason: short machine-readable reason (``not_utf8``, ``bad_json``, ``not_object``, ...).
         error: human-readable detail.
         source: file stem (the record's source is unknown when it cannot be parsed).
         raw: the first 200 bytes of the unit, undecodable bytes as ``\\xNN`` escapes.
+        offset: byte offset of the unit in the (decompressed) file; -1 for Parquet rows.
     """
 
     file: str
@@ -49,12 +54,20 @@ class DeadLetter(NamedTuple):
     error: str
     source: str
     raw: str
+    offset: int = -1
 
     def to_json(self) -> str:
         return json.dumps(self._asdict(), sort_keys=True, ensure_ascii=False)
 
 
 Parsed = Union[Doc, DeadLetter]
+
+
+def duplicate_record(doc_id: str, source: str, keeper: str, kind: str) -> str:
+    """One JSON line of ``OUT/duplicates/*.jsonl``: the dropped document's id and source, the kept
+    id it duplicates (``duplicate_of``) and ``kind`` (``exact`` or ``near``)."""
+    return json.dumps({"id": doc_id, "source": source, "duplicate_of": keeper, "kind": kind},
+                      sort_keys=True, ensure_ascii=False)
 
 
 def file_stem(path: str) -> str:
@@ -74,60 +87,54 @@ def file_format(path: str, cfg: InputConfig) -> str:
     for suffix in _COMPRESSED:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
+    if name.endswith(".parquet"):
+        return PARQUET
     return "jsonl" if name.endswith((".jsonl", ".json", ".ndjson")) else "text"
-
-
-def iter_units(stream: BinaryIO, fmt: str) -> Iterator[tuple[int, bytes]]:
-    """Split a binary stream into raw units: ``(first line number, bytes)``.
-
-    ``jsonl``: one unit per line (line ending removed). ``text``: one unit per paragraph
-    (lines up to a blank line, joined with ``\\n``). Works on bytes so undecodable input
-    is reported per unit instead of failing the file.
-    """
-    if fmt == "jsonl":
-        for i, line in enumerate(stream, 1):
-            yield i, line.rstrip(b"\r\n")
-        return
-    start, lines = 0, []
-    for i, line in enumerate(stream, 1):
-        line = line.rstrip(b"\r\n")
-        if _BLANK_LINE.match(line):
-            if lines:
-                yield start, b"\n".join(lines)
-            lines = []
-        else:
-            if not lines:
-                start = i
-            lines.append(line)
-    if lines:
-        yield start, b"\n".join(lines)
 
 
 def _excerpt(raw: bytes) -> str:
     return raw[:RAW_EXCERPT_BYTES].decode("utf-8", errors="backslashreplace")
 
 
-def parse_unit(path: str, line: int, raw: bytes, fmt: str, cfg: InputConfig) -> Parsed:
+def _parquet_row(path: str, line: int, row: tuple, cfg: InputConfig, dead) -> Parsed:
+    body, doc_id, source = row
+    stem = file_stem(path)
+    if body is None:
+        return dead("missing_text", f"column {cfg.text_field!r} is null or absent")
+    if not isinstance(body, str):
+        return dead("text_not_string", f"column {cfg.text_field!r} is {type(body).__name__}, expected a string")
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or doc_id == "":
+        doc_id = f"{stem}/{line:08d}"
+    return Doc(str(doc_id), body, source if isinstance(source, str) and source else stem)
+
+
+def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: int = -1, size: int = 0) -> Parsed:
     """Turn one raw unit into a :class:`Doc` or a :class:`DeadLetter` (never raises).
 
     JSONL units must be UTF-8 JSON objects with a string ``cfg.text_field``; ids that are
-    missing become ``{file stem}/{line:08d}``, a missing source becomes the file stem.
-    Text units (paragraphs) get the id ``{file stem}/{line:08d}``. A unit of format
-    ``unreadable`` (a read error, see :func:`pipelines.transforms.read_units`) becomes an
-    ``unreadable_file`` dead letter.
+    missing become ``{file stem}/{line:08d}`` (``{file stem}/@{offset}`` when ``line`` is 0,
+    i.e. unknown), a missing source becomes the file stem. Text units (paragraphs) get the
+    same fallback id. Parquet units carry ``(text, id, source)`` values (``raw`` is that tuple).
+    Units of format ``unreadable`` (a read error) and ``too_large`` (``size`` bytes, longer than
+    ``cfg.max_record_bytes``; ``raw`` is its head) become dead letters; see :mod:`pipelines.reading`.
     """
     stem = file_stem(path)
 
     def dead(reason: str, error: str) -> DeadLetter:
-        return DeadLetter(path, line, reason, error, stem, _excerpt(raw))
+        excerpt = _excerpt(raw) if isinstance(raw, bytes) else repr(raw)[:RAW_EXCERPT_BYTES]
+        return DeadLetter(path, line, reason, error, stem, excerpt, offset)
 
     if fmt == UNREADABLE:
-        return dead("unreadable_file", f"reading stopped after line {line - 1}: {raw.decode('utf-8', 'replace')}")
+        return dead("unreadable_file", f"reading stopped at byte {offset}: {raw.decode('utf-8', 'replace')}")
+    if fmt == TOO_LARGE:
+        return dead("too_large", f"record of {size} bytes exceeds input.max_record_bytes={cfg.max_record_bytes}")
+    if fmt == PARQUET:
+        return _parquet_row(path, line, raw, cfg, dead)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         return dead("not_utf8", f"invalid UTF-8 at byte {e.start}: {e.reason}")
-    fallback_id = f"{stem}/{line:08d}"
+    fallback_id = f"{stem}/{line:08d}" if line > 0 else f"{stem}/@{offset:012d}"
     if fmt == "text":
         return Doc(fallback_id, text, stem)
     if not text.strip():

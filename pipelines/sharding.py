@@ -2,9 +2,10 @@
 
 Assignment: a sample goes to bucket ``sha256(key) mod N`` where ``N`` derives from the
 total encoded size (a singleton side input); each bucket is grouped, sorted by key and
-written as one tar under a temporary name by a DoFn. A final single-element step renames
-the non-empty buckets, in bucket order, to ``{prefix}-000000.tar``... and writes the
-manifest. Nothing depends on runner, worker count or arrival order, so every runner
+written as one tar under a temporary name by a DoFn (``_tmp_buckets/bucket-NNNNNN``, no
+``.tar`` suffix, so a killed job leaves nothing that looks like a shard). A final
+single-element step renames the non-empty buckets, in bucket order, to
+``{prefix}-000000.tar``... and then writes the manifest. Nothing depends on runner, worker count or arrival order, so every runner
 writes byte-identical shards.
 
 Output may be a local folder or any fsspec URL (``gs://``, ``s3://``, ...): tars are built
@@ -66,6 +67,16 @@ def assign_bucket(sample, total_bytes: int, cfg: ShardsConfig):
     return stable_bucket(sample[0], num_buckets(total_bytes, cfg)), sample
 
 
+def bucket_name(bucket: int) -> str:
+    """Temporary file name of a bucket's tar before the commit renames it to a shard."""
+    return f"bucket-{bucket:06d}"
+
+
+def length_bin(n_tokens: int) -> int:
+    """Lower edge of a document's power-of-two length bin in tokens (0, 1, 2, 4, 8, ...)."""
+    return 1 << (n_tokens.bit_length() - 1) if n_tokens > 0 else 0
+
+
 def _fs(url: str):
     return fsspec.core.url_to_fs(url)
 
@@ -86,7 +97,7 @@ class WriteBucketFn(beam.DoFn):
         bucket, samples = item
         samples = sorted(samples, key=lambda s: (s[0], s[1]["json"]))
         fs, root = _fs(self.output_dir)
-        name = f"bucket-{bucket:06d}.tar"
+        name = bucket_name(bucket)
         local = isinstance(fs, LocalFileSystem)
         tmp_local = os.path.join(root, TMP_DIR) if local else tempfile.mkdtemp(prefix="colaflow-")
         os.makedirs(tmp_local, exist_ok=True)
@@ -100,7 +111,8 @@ class WriteBucketFn(beam.DoFn):
                     continue
                 last_key = key
                 writer.write(key, fields, tokens=n_tokens)
-                for name, n in (("kept", 1), ("tokens", n_tokens), ("text_bytes", text_bytes)):
+                for name, n in (("kept", 1), ("tokens", n_tokens), ("text_bytes", text_bytes),
+                                (f"length:{length_bin(n_tokens)}", 1)):
                     counts[source, name] = counts.get((source, name), 0) + n
         for (source, name), n in sorted(counts.items()):
             yield event(source, name, n)
@@ -130,7 +142,7 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
     infos, indexes = [], []
     for n, (bucket, info, index) in enumerate(sorted(shards, key=lambda s: s[0])):
         final = shard_name(cfg.prefix, n)
-        src = f"{root}/{TMP_DIR}/bucket-{bucket:06d}.tar"
+        src = f"{root}/{TMP_DIR}/{bucket_name(bucket)}"
         for a, b in [(src, f"{root}/{final}"), (dali_index_path(src), dali_index_path(f"{root}/{final}"))]:
             if fs.exists(a):
                 fs.mv(a, b)
@@ -157,18 +169,29 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
     return stats
 
 
+def _encode_batch(batch: list, store_text: bool) -> list:
+    return [encode_sample(item, store_text) for item in batch]
+
+
+def _assign_batch(batch: list, total_bytes: int, cfg: ShardsConfig):
+    for sample in batch:
+        yield assign_bucket(sample, total_bytes, cfg)
+
+
 class WriteShards(beam.PTransform):
-    """``PCollection[(Doc, tokens)]`` → ``(bucket, ShardInfo, ShardIndex | None)`` per bucket (tag ``events``)."""
+    """``PCollection[list[(Doc, tokens)]]`` (batches) → ``(bucket, ShardInfo, ShardIndex | None)`` per
+    bucket (tag ``events``). Samples travel in batches up to the bucket assignment, which needs the
+    total size as a side input, so the runner materialises a few large elements, not one per sample."""
 
     def __init__(self, output_dir: str, cfg: ShardsConfig):
         super().__init__()
         self.output_dir, self.cfg = output_dir, cfg
 
     def expand(self, tokenized):
-        samples = tokenized | "Encode" >> beam.Map(encode_sample, self.cfg.store_text)
-        total = (samples | "Size" >> beam.Map(encoded_size)
+        samples = tokenized | "Encode" >> beam.Map(_encode_batch, self.cfg.store_text)
+        total = (samples | "Size" >> beam.Map(lambda batch: sum(encoded_size(s) for s in batch))
                  | "TotalSize" >> beam.CombineGlobally(sum))
         return (samples
-                | "Assign" >> beam.Map(assign_bucket, beam.pvalue.AsSingleton(total), self.cfg)
+                | "Assign" >> beam.FlatMap(_assign_batch, beam.pvalue.AsSingleton(total), self.cfg)
                 | "GroupBucket" >> beam.GroupByKey()
                 | "WriteBucket" >> beam.ParDo(WriteBucketFn(self.output_dir, self.cfg.write_index)).with_outputs(EVENTS, main="shards"))

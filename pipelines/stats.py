@@ -2,7 +2,8 @@
 
 Each stage emits events ``((source, name), n)`` on a tagged output and bumps a Beam
 counter of the same name. Names: ``input``, ``kept``, ``duplicate``, ``filtered:<reason>``,
-``dead:<reason>``, ``redacted:<kind>``, ``tokens``, ``text_bytes``. The counts are summed
+``dead:<reason>``, ``redacted:<kind>``, ``tokens``, ``text_bytes``, ``length:<bin>`` (kept
+documents whose token count lies in the power-of-two bin starting at ``bin``). The counts are summed
 with ``CombinePerKey`` and folded into ``stats.json``, whose invariant per source and in
 total is::
 
@@ -14,6 +15,7 @@ from collections import defaultdict
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 EVENTS = "events"  # tag of the events output of every stage
 NAMESPACE = "colaflow"
@@ -31,9 +33,28 @@ def event(source: str, name: str, n: int = 1) -> beam.pvalue.TaggedOutput:
     return beam.pvalue.TaggedOutput(EVENTS, ((source, name), n))
 
 
+class EventTally:
+    """Events counted per bundle and emitted once per ``(source, name)`` from ``finish_bundle``:
+    one element per bundle instead of one per record (the per-record cost of the stages that see
+    every record). Use: ``add`` in ``process``, ``yield from tally.flush()`` in ``finish_bundle``."""
+
+    def __init__(self):
+        self.counts: dict[tuple[str, str], int] = defaultdict(int)
+
+    def add(self, source: str, name: str, n: int = 1) -> None:
+        self.counts[source, name] += n
+
+    def flush(self):
+        """Windowed ``events`` outputs of the tallied counts (global window); resets the tally."""
+        for (source, name), n in sorted(self.counts.items()):
+            tagged = event(source, name, n)
+            yield beam.pvalue.TaggedOutput(EVENTS, GlobalWindows.windowed_value(tagged.value))
+        self.counts.clear()
+
+
 def _empty() -> dict:
     return {"input_records": 0, "kept": 0, "filtered": {}, "duplicates": 0, "dead_letter": 0,
-            "dead_letter_reasons": {}, "redactions": {}, "tokens": 0, "text_bytes": 0}
+            "dead_letter_reasons": {}, "redactions": {}, "tokens": 0, "text_bytes": 0, "length_tokens": {}}
 
 
 def _add(entry: dict, name: str, n: int) -> None:
@@ -43,7 +64,8 @@ def _add(entry: dict, name: str, n: int) -> None:
         entry[simple[name]] += n
         return
     kind, _, reason = name.partition(":")
-    section = {"filtered": "filtered", "dead": "dead_letter_reasons", "redacted": "redactions"}.get(kind)
+    section = {"filtered": "filtered", "dead": "dead_letter_reasons", "redacted": "redactions",
+               "length": "length_tokens"}.get(kind)
     if section is None:
         raise ValueError(f"unknown event name {name!r}")
     entry[section][reason] = entry[section].get(reason, 0) + n
@@ -56,7 +78,8 @@ def aggregate(events: list[tuple[tuple[str, str], int]]) -> dict:
 
     Each entry: input_records, kept, filtered {reason: n}, duplicates, dead_letter,
     dead_letter_reasons {reason: n}, redactions {kind: n}, tokens, text_bytes (UTF-8 bytes of
-    kept documents) and balanced (bool: the invariant above holds).
+    kept documents), length_tokens {bin lower edge: kept documents} and balanced (bool: the
+    invariant above holds).
     """
     sources: dict[str, dict] = defaultdict(_empty)
     total = _empty()
@@ -67,6 +90,7 @@ def aggregate(events: list[tuple[tuple[str, str], int]]) -> dict:
     for entry in [total, *out["sources"].values()]:
         for section in ("filtered", "dead_letter_reasons", "redactions"):
             entry[section] = dict(sorted(entry[section].items()))
+        entry["length_tokens"] = dict(sorted(entry["length_tokens"].items(), key=lambda kv: int(kv[0])))
         entry["balanced"] = is_balanced(entry)
     return out
 
@@ -75,23 +99,3 @@ def is_balanced(entry: dict) -> bool:
     """Whether ``input_records == kept + sum(filtered) + duplicates + dead_letter``."""
     return entry["input_records"] == (entry["kept"] + sum(entry["filtered"].values())
                                       + entry["duplicates"] + entry["dead_letter"])
-
-
-def summary(stats: dict) -> str:
-    """A short human summary of ``stats.json`` plus shard facts."""
-    t = stats["total"]
-    filtered = ", ".join(f"{k} {v}" for k, v in t["filtered"].items()) or "none"
-    dead = ", ".join(f"{k} {v}" for k, v in t["dead_letter_reasons"].items()) or "none"
-    bpt = t["text_bytes"] / t["tokens"] if t["tokens"] else 0.0
-    lines = [
-        f"records in {t['input_records']:,}  kept {t['kept']:,}  duplicates {t['duplicates']:,}  "
-        f"dead-letter {t['dead_letter']:,} ({dead})",
-        f"filtered: {filtered}",
-        f"shards {stats.get('shards', 0)}  tokens {t['tokens']:,}  text bytes/token {bpt:.2f}  "
-        f"vocab {stats.get('vocab_size', 0)} ({stats.get('token_dtype', '?')})",
-    ]
-    if t["redactions"]:
-        lines.append("redacted: " + ", ".join(f"{k} {v}" for k, v in t["redactions"].items()))
-    if not t["balanced"]:
-        lines.append("WARNING: counts do not balance (input != kept + filtered + duplicates + dead-letter)")
-    return "\n".join(lines)

@@ -9,6 +9,7 @@ trainer gives different models for different thread counts.
 from __future__ import annotations
 
 import io
+import re
 import sys
 
 import apache_beam as beam
@@ -87,9 +88,14 @@ def train_sentencepiece(texts: list[str], cfg: TokenizerConfig) -> bytes:
             sentence_iterator=iter(lines), model_writer=model, vocab_size=cfg.vocab_size,
             model_type=cfg.model_type, character_coverage=cfg.character_coverage,
             byte_fallback=cfg.byte_fallback, hard_vocab_limit=False, num_threads=1,
-            input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2)
+            input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2,
+            normalization_rule_name=cfg.normalization_rule, remove_extra_whitespaces=cfg.remove_extra_whitespaces)
     except RuntimeError as e:
-        raise RuntimeError(f"sentencepiece training on {len(lines)} lines failed: {e}") from e
+        need = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(e))
+        hint = (f"; the sample needs tokenizer.vocab_size > {need.group(2)} at character_coverage="
+                f"{cfg.character_coverage}: raise tokenizer.vocab_size or lower tokenizer.character_coverage"
+                if need else "")
+        raise RuntimeError(f"sentencepiece training on {len(lines)} lines failed: {e}{hint}") from e
     return model.getvalue()
 
 
@@ -105,25 +111,28 @@ def load_processor(model_bytes: bytes) -> spm.SentencePieceProcessor:
     return sp
 
 
-def build_model(docs, cfg: TokenizerConfig, label: str = "Tokenizer"):
-    """Singleton PCollection of model bytes: the file at ``cfg.path``, or trained on ``docs`` (PCollection[Doc])."""
+def build_model(docs, cfg: TokenizerConfig, label: str = "Tokenizer", keyed: bool = False):
+    """Singleton PCollection of model bytes: the file at ``cfg.path``, or trained on ``docs``
+    (PCollection[Doc], or of ``(content hash, Doc)`` pairs when ``keyed``)."""
     if cfg.path:
         with open(cfg.path, "rb") as f:
             model = f.read()
         load_processor(model)  # fail at construction time on a bad model file
         return docs.pipeline | f"{label}/Load" >> beam.Create([model])
     return (docs
-            | f"{label}/Hash" >> beam.Map(lambda d: (content_hash(d.text), d.text))
+            | f"{label}/Hash" >> (beam.MapTuple(lambda h, d: (h, d.text)) if keyed
+                                  else beam.Map(lambda d: (content_hash(d.text), d.text)))
             | f"{label}/Sample" >> beam.Filter(lambda ht, f: int(ht[0][:16], 16) < f * 2**64, cfg.sample_fraction)
             | f"{label}/Cap" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes))
             | f"{label}/Train" >> beam.Map(train_sentencepiece, cfg))
 
 
 class TokenizeFn(beam.DoFn):
-    """``Doc`` → ``(doc, tokens)`` with ``tokens`` a 1-D uint16/uint32 array.
+    """A batch (list) of :class:`Doc` → one list of ``(doc, tokens)``, ``tokens`` a 1-D uint16/uint32 array.
 
-    The model arrives as a singleton side input; the processor is built once per DoFn
-    instance (side inputs are not readable in ``setup``) and reused for every bundle.
+    Batches (``beam.BatchElements`` upstream) amortise the per-element cost of the runner for
+    the big payloads that follow. The model arrives as a singleton side input; the processor is
+    built once per DoFn instance (side inputs are not readable in ``setup``) and reused.
     """
 
     def setup(self):
@@ -135,11 +144,11 @@ class TokenizeFn(beam.DoFn):
     def teardown(self):
         self._bar.close()
 
-    def process(self, doc: Doc, model_bytes: bytes):
+    def process(self, docs: list[Doc], model_bytes: bytes):
         if self._model_key != len(model_bytes) or self._sp is None:
             self._sp = load_processor(model_bytes)
             self._model_key = len(model_bytes)
             self._dtype = token_dtype(self._sp.get_piece_size())
-        ids = self._sp.encode(doc.text)
-        self._bar.update()
-        yield doc, np.asarray(ids, dtype=self._dtype)
+        ids = self._sp.encode([doc.text for doc in docs])
+        self._bar.update(len(docs))
+        yield [(doc, np.asarray(t, dtype=self._dtype)) for doc, t in zip(docs, ids)]

@@ -13,7 +13,8 @@ from pipelines.config import CleanConfig, DedupConfig, InputConfig, PIIConfig, Q
 from pipelines.neardup import band_keys, minhash, similarity
 from pipelines.pii import redact
 from pipelines.quality import quality_reason
-from pipelines.records import DeadLetter, Doc, file_format, file_stem, iter_units, parse_unit
+from pipelines.reading import iter_units
+from pipelines.records import DeadLetter, Doc, file_format, file_stem, parse_unit
 from pipelines.stats import aggregate
 from pipelines.tokenizer import SmallestHashSample, token_dtype
 from pipelines.transforms import KeepSmallestId
@@ -73,9 +74,11 @@ def _combine(fn, items, split):
 def test_keeper_is_smallest_id_whatever_the_partitioning():
     docs = [Doc("b/2", "Exit.", "s1"), Doc("a/9", "exit.", "s2"), Doc("c/1", "EXIT.", "s1")]
     for split in range(4):
-        keeper, counts = _combine(KeepSmallestId(), docs, split)
+        keeper, counts, members = _combine(KeepSmallestId(), docs, split)
         assert keeper == Doc("a/9", "exit.", "s2")
         assert counts == {"s1": 2, "s2": 1}
+        assert members == [("a/9", "s2"), ("b/2", "s1"), ("c/1", "s1")]
+        assert _combine(KeepSmallestId(list_max=2), docs, split)[2] is None  # a hot key lists nothing
 
 
 @settings(max_examples=50, deadline=None)
@@ -118,9 +121,13 @@ def test_parse_unit_hostile_inputs():
 
 
 def test_units_and_formats():
-    assert list(iter_units(io.BytesIO(b'{"a":1}\r\n{"b":2}\n{"c"'), "jsonl")) == [
-        (1, b'{"a":1}'), (2, b'{"b":2}'), (3, b'{"c"')]
-    assert list(iter_units(io.BytesIO(b"p1 l1\np1 l2\n\n \n\np2\n"), "text")) == [(1, b"p1 l1\np1 l2"), (6, b"p2")]
+    def units(data, fmt, cfg=INPUT):
+        return [(u[1], u[2], u[3], u[5]) for u in iter_units(io.BytesIO(data), "f", fmt, cfg)]
+
+    assert units(b'{"a":1}\r\n{"b":2}\n{"c"', "jsonl") == [
+        (1, 0, b'{"a":1}', 9), (2, 9, b'{"b":2}', 8), (3, 17, b'{"c"', 4)]
+    assert units(b"p1 l1\np1 l2\n\n \n\np2\n", "text") == [(1, 0, b"p1 l1\np1 l2", 12), (6, 16, b"p2", 3)]
+    assert units(b"a\nb\n%\nc\n%\n", "text", InputConfig(separator="%")) == [(1, 0, b"a\nb", 4), (4, 6, b"c", 2)]
     assert file_stem("/x/kjv.jsonl.gz") == "kjv" and file_stem("s3://b/a.txt") == "a"
     assert file_format("a.jsonl.zst", INPUT) == "jsonl" and file_format("a.txt.gz", INPUT) == "text"
     assert file_format("a.txt", InputConfig(format="jsonl")) == "jsonl"

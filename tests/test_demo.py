@@ -2,7 +2,6 @@
 on 127.0.0.1 → cache → loader → torchrun (2 gloo ranks, ZeRO) → runs/demo/summary.json."""
 import json
 import os
-import sys
 
 import pytest
 

@@ -43,8 +43,10 @@ def hostile(tmp_path_factory):
     (d / "bz.txt.bz2").write_bytes(bz2.compress(b"A bzip2 paragraph.\n"))
     cut = gzip.compress(b"".join(b'{"id": "t%d", "text": "line %d of a file cut short"}\n' % (i, i) for i in range(2000)))
     (d / "cut.jsonl.gz").write_bytes(cut[: len(cut) // 2])  # truncated download
+    with open(d / "huge.jsonl", "wb") as f:  # one 20 MB document on one line, over input.max_record_bytes
+        f.write(b'{"id": "h1", "text": "' + b"word " * 4_000_000 + b'"}\n{"id": "h2", "text": "after the huge one"}\n')
     out = tmp_path_factory.mktemp("out")
-    rc = beam_runner.main(["--input", f"{d}/*", "--output", str(out), "tokenizer.vocab_size=300",
+    rc = beam_runner.main(["--input", f"{d}/*", "--output", str(out), "tokenizer.vocab_size=400",
                            "shards.num_shards=2", "shards.store_text=true"])
     assert rc == 0
     with open(out / "stats.json", encoding="utf-8") as f:
@@ -64,7 +66,8 @@ def test_every_record_is_accounted_for(hostile):
     cut = src["cut"]
     assert cut["dead_letter_reasons"] == {"unreadable_file": 1} and 0 < cut["kept"] < 2000
     assert cut["input_records"] == cut["kept"] + 1
-    assert stats["total"]["input_records"] == 19 + cut["input_records"] and stats["total"]["dead_letter"] == 8
+    assert src["huge"]["dead_letter_reasons"] == {"too_large": 1} and src["huge"]["kept"] == 1
+    assert stats["total"]["input_records"] == 21 + cut["input_records"] and stats["total"]["dead_letter"] == 9
     assert all(e["balanced"] for e in [stats["total"], *src.values()])
 
 
@@ -77,8 +80,10 @@ def test_dead_letters_name_file_and_line(hostile):
     assert "EOFError" in next(r["error"] for r in records if r["reason"] == "unreadable_file")
     assert where[1:] == [("good.jsonl", 7, "not_object"), ("good.jsonl", 8, "missing_text"),
                      ("good.jsonl", 9, "blank_line"), ("good.jsonl", 10, "not_utf8"),
-                     ("good.jsonl", 11, "bad_json"), ("latin1.jsonl", 1, "not_utf8"),
-                     ("latin1.jsonl", 2, "not_utf8")]
+                     ("good.jsonl", 11, "bad_json"), ("huge.jsonl", 1, "too_large"),
+                     ("latin1.jsonl", 1, "not_utf8"), ("latin1.jsonl", 2, "not_utf8")]
+    huge = next(r for r in records if r["reason"] == "too_large")
+    assert huge["offset"] == 0 and huge["raw"].startswith('{"id": "h1", "text": "word word') and "20000025" in huge["error"]
     junk = next(r for r in records if r["line"] == 10)
     assert junk["raw"].startswith("\x00\x01\\xff\\xfe binary junk")
 
@@ -90,7 +95,7 @@ def test_cleaned_and_redacted_text_reaches_shards(hostile):
     docs = {s["json"]["id"]: sp.decode(s["tokens"].tolist())
             for info in m.shards for s in iter_samples(str(out / info.name))}
     assert sorted(d for d in docs if not d.startswith("t")) == [
-        "bz/00000001", "g1", "g2", "g5", "good/00000006", "l3", "notes/00000001", "notes/00000004", "z1", "z2"]
+        "bz/00000001", "g1", "g2", "g5", "good/00000006", "h2", "l3", "notes/00000001", "notes/00000004", "z1", "z2"]
     assert docs["g2"] == "Bold text with a NUL inside and the rest."
     assert docs["g5"] == "Write to <EMAIL> or <IP> today."
     assert docs["notes/00000001"] == "First paragraph line one. line two."  # sentencepiece folds newlines
@@ -121,3 +126,5 @@ def test_text_field_quality_and_near_dup(hostile, tmp_path):
     kept = [s["json"]["id"] for info in Manifest.load(str(tmp_path / "out")).shards
             for s in iter_samples(str(tmp_path / "out" / info.name))]
     assert kept == ["a"]  # the smaller id keeps its place
+    listed = [json.loads(line) for p in (tmp_path / "out" / "duplicates").iterdir() for line in open(p)]
+    assert listed == [{"duplicate_of": "a", "id": "b", "kind": "near", "source": "in"}]
