@@ -5,6 +5,7 @@ learning rate."""
 import json
 import os
 
+import pytest
 import torch
 
 from shards.config import load_config
@@ -12,6 +13,7 @@ from trainer import parallel
 from trainer.anomaly import AnomalyGuard
 from trainer.config import AnomalyConfig, ModelConfig, OptimConfig, TrainConfig, ZeroConfig
 from trainer.launch import run_local_workers
+from trainer.optim import lr_at
 from trainer.synthetic import synthetic_batch
 from trainer.train import build_model, train, train_step
 
@@ -84,5 +86,9 @@ def test_repeated_bad_steps_roll_back_with_lower_lr(tmp_path):
     rollbacks = sorted((e["rank"], e["step"], e["to_step"], e["lr_scale"]) for e in events if e["event"] == "rollback")
     assert rollbacks == [(0, 8, 5, 0.25), (1, 8, 5, 0.25)]
     assert rollbacks and all(e["checkpoint"].endswith("step_000005") for e in events if e["event"] == "rollback")
-    assert sorted((e["step"], e["rank"]) for e in events if e["event"] == "nonfinite") == [(7, 0), (7, 1), (8, 0), (8, 1)]
+    nonfinite = sorted((e["step"], e["rank"]) for e in events if e["event"] == "nonfinite")
+    assert nonfinite == [(7, 0), (7, 1), (8, 0), (8, 1)]
     assert (run / "checkpoints" / "step_000010" / "COMPLETE").exists()
+    with open(run / "metrics.jsonl") as f:
+        last = [r for r in map(json.loads, f) if r["step"] == 10][-1]
+    assert last["lr"] == pytest.approx(0.25 * lr_at(9, cfg.optim, 10))  # the lowered rate after the rollback

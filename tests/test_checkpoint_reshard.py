@@ -39,7 +39,8 @@ def _global_batch_part(rank: int, world: int) -> TokenBatch:
 
 
 def _full(model) -> dict:
-    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in model.named_parameters()}
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for n, p in model.named_parameters()}
 
 
 def _save_worker(tmp: str, shards: str):

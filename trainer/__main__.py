@@ -1,4 +1,12 @@
-"""``python -m trainer --config FILE [key=value ...]``, alone or under ``torchrun --nproc_per_node=N``."""
+"""Command line of the trainer.
+
+- ``python -m trainer --config FILE [key=value ...]``: train, alone or under ``torchrun``.
+- ``python -m trainer verify CKPT [--config FILE]``: verify a checkpoint offline in one process
+  (checksums of every tensor, a forward pass of the fixed batch); exit status 0 only if it passes.
+- ``python -m trainer export CKPT OUT.pt``: write a checkpoint as one consolidated ``torch.save``
+  file (``torch.load(OUT.pt)["model"]`` holds the unsharded weights).
+- ``python -m trainer report RUN_DIR``: HTML report with PNG plots of a run (``RUN_DIR/report/``).
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,23 +14,71 @@ import sys
 
 import torch.distributed as dist
 
-from shards.config import load_config
-from trainer.config import TrainConfig
-from trainer.train import train
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+def _train(argv: list[str]) -> int:
+    from shards.config import ConfigError, load_config
+    from trainer.config import TrainConfig
+    from trainer.train import train
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file with a TrainConfig (sections model, data, cache, zero, ...)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. zero.stage=2 optim.lr=1e-3")
     args = parser.parse_args(argv)
-    cfg = load_config(TrainConfig, args.config, args.overrides)
+    try:
+        cfg = load_config(TrainConfig, args.config, args.overrides)
+        cfg.validate()
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"error: config: {e}", file=sys.stderr)
+        return 2
     try:
         train(cfg)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def _verify(argv: list[str]) -> int:
+    from trainer.verify import verify_offline
+    parser = argparse.ArgumentParser(prog="python -m trainer verify", description="Verify a checkpoint offline.")
+    parser.add_argument("checkpoint", help="checkpoint folder (step_XXXXXX or weights_XXXXXX)")
+    parser.add_argument("--config", help="training config (default: the checkpoint's config.yaml)")
+    args = parser.parse_args(argv)
+    problems = verify_offline(args.checkpoint, args.config)
+    if problems:
+        print(f"FAILED: {args.checkpoint}", file=sys.stderr)
+        for p in problems:
+            print(p, file=sys.stderr)
+        print("Resume from an older checkpoint (checkpoint.resume=PATH) or re-export from a good copy.",
+              file=sys.stderr)
+        return 1
+    print(f"OK: {args.checkpoint} (every tensor matches its checksum; forward pass matches)")
+    return 0
+
+
+def _export(argv: list[str]) -> int:
+    from trainer.checkpoint import export_checkpoint
+    parser = argparse.ArgumentParser(prog="python -m trainer export",
+                                     description="Consolidate a DCP checkpoint into one torch.save file.")
+    parser.add_argument("checkpoint", help="checkpoint folder")
+    parser.add_argument("out", help="output file, e.g. model.pt")
+    args = parser.parse_args(argv)
+    export_checkpoint(args.checkpoint, args.out)
+    print(f"wrote {args.out} from {args.checkpoint}")
+    return 0
+
+
+def _report(argv: list[str]) -> int:
+    from trainer.report import main as report_main
+    return report_main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"verify": _verify, "export": _export, "report": _report}
+    if argv and argv[0] in commands:
+        return commands[argv[0]](argv[1:])
+    return _train(argv)
 
 
 if __name__ == "__main__":

@@ -1,75 +1,399 @@
-"""Save and restore a run with ``torch.distributed.checkpoint`` (DCP): model, optimizer, step, loader.
+"""Save and restore a run with ``torch.distributed.checkpoint`` (DCP), atomically and verified.
 
-Every rank writes its own shards in parallel into ``<dir>/step_XXXXXX``. Model and optimizer state
-go through ``torch.distributed.checkpoint.state_dict`` so DDP and FSDP2 (DTensor shards) both work;
-for ZeRO stage 1 each rank stores its own optimizer partition (resume needs the same world size).
-The loader state saved is the merged state of all ranks (identical everywhere, written once).
+Layout of ``<dir>/step_XXXXXX`` (full) and ``<dir>/weights_XXXXXX`` (weights only):
+
+- DCP files (``.metadata``, ``__R_0.distcp``): ``model`` (FQN → tensor), ``optim`` (the
+  ``get_optimizer_state_dict`` layout: ``state`` keyed by parameter FQN + ``param_groups``),
+  ``step``, ``loader`` (the merged loader state of all ranks), ``trainer`` (scheduler and anomaly
+  state) and ``rng_rank<R>`` (python, numpy, torch CPU/CUDA RNG states of rank R).
+- ``meta.json``: step, kind, world size, ZeRO stage, git commit, package versions, per-tensor
+  checksums and the fixed-batch reference loss; ``config.yaml``: the run's config; ``COMPLETE``.
+
+Every rank writes its own shards in parallel into a hidden ``.NAME.partial`` folder. After all
+ranks finished, the checkpoint is reloaded into a freshly built model of the same wrapping and
+verified (:mod:`trainer.verify`); only then rank 0 writes ``meta.json``, ``config.yaml`` and
+``COMPLETE`` and renames the folder to its final name, so a visible checkpoint is always whole.
+
+ZeRO stage 1 (``ZeroRedundancyOptimizer``) owns whole parameters per rank: each rank saves the
+optimizer state of the parameters it owns under their FQNs, so the union is the regular
+world-size-independent layout, and on load each rank reads the FQNs it owns under the new
+world size (any world size, and even another ZeRO stage, can resume).
 """
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import pickle
+import random
 import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
 
+import numpy as np
+import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-STEP_DIR = re.compile(r"^step_(\d{6,})$")
+from trainer import verify as V
+
+CKPT_DIR = re.compile(r"^(step|weights)_(\d{6,})$")
+COMPLETE = "COMPLETE"
 
 
-def step_dir(root: str, step: int) -> str:
-    return os.path.join(root, f"step_{step:06d}")
+def step_dir(root: str, step: int, kind: str = "full") -> str:
+    return os.path.join(root, f"{'step' if kind == 'full' else 'weights'}_{step:06d}")
+
+
+def list_checkpoints(root: str, kind: str = "full") -> list[str]:
+    """Finished (``COMPLETE``) checkpoint folders of ``kind`` under ``root``, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    want = "step" if kind == "full" else "weights"
+    done = [(int(m.group(2)), name) for name in os.listdir(root) if (m := CKPT_DIR.match(name))
+            and m.group(1) == want and os.path.exists(os.path.join(root, name, COMPLETE))]
+    return [os.path.join(root, name) for _, name in sorted(done)]
 
 
 def latest_checkpoint(root: str) -> str | None:
-    """Newest ``step_XXXXXX`` folder under ``root`` holding a finished checkpoint, or ``None``."""
-    if not os.path.isdir(root):
-        return None
-    done = [(int(m.group(1)), name) for name in os.listdir(root) if (m := STEP_DIR.match(name))
-            and os.path.exists(os.path.join(root, name, ".metadata"))]
-    return os.path.join(root, max(done)[1]) if done else None
+    """Newest finished full checkpoint under ``root``, or ``None``."""
+    found = list_checkpoints(root)
+    return found[-1] if found else None
 
 
-def _state(model, optimizer, step: int, loader_state: dict | None) -> dict:
-    rank = dist.get_rank()
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        state = {"model": get_model_state_dict(model), f"optim_rank{rank}": optimizer.optim.state_dict()}
-    else:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-    state["step"] = step
-    state["loader"] = pickle.dumps(loader_state)
+# -- state ---------------------------------------------------------------------------------
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def rng_state() -> dict:
+    """This process's python, numpy and torch (CPU and CUDA) RNG states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def save_checkpoint(root: str, model, optimizer, step: int, loader_state: dict | None = None) -> str:
-    """Write a checkpoint of optimizer step ``step``; collective (every rank calls it). Returns its folder.
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _unwrap(model):
+    return model.module if hasattr(model, "module") else model
+
+
+def _zero_owned_state(model, optimizer: ZeroRedundancyOptimizer, init: bool) -> dict:
+    """``{fqn: state}`` of the parameters this rank's ZeRO partition owns (the live state tensors,
+    so DCP loads into them in place). ``init`` creates missing Adam state first with a zero-gradient,
+    zero-learning-rate step (parameters unchanged)."""
+    inner = optimizer.optim
+    names = {id(p): n for n, p in _unwrap(model).named_parameters()}
+    owned = [p for g in inner.param_groups for p in g["params"]]
+    if init and any(not inner.state.get(p) for p in owned):
+        lrs = [g["lr"] for g in inner.param_groups]
+        made = [p for p in owned if p.grad is None]
+        for p in made:
+            p.grad = torch.zeros_like(p)
+        for g in inner.param_groups:
+            g["lr"] = 0.0
+        inner.step()
+        for g, lr in zip(inner.param_groups, lrs):
+            g["lr"] = lr
+        for p in made:
+            p.grad = None
+    return {names[id(p)]: inner.state[p] for p in owned if inner.state.get(p)}
+
+
+def _zero_param_groups(model, optimizer: ZeroRedundancyOptimizer) -> list[dict]:
+    names = {id(p): n for n, p in _unwrap(model).named_parameters()}
+    return [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
+            for g in optimizer.param_groups]
+
+
+def build_state(model, optimizer, step: int = 0, loader_state=None, trainer_state=None,
+                kind: str = "full", for_load: bool = False) -> dict:
+    """The state dict handed to DCP (see the module doc for keys). ``optimizer`` may be ``None``
+    for ``kind="weights"``. With ``for_load`` ZeRO-1 state is initialised so it can be loaded into."""
+    if kind == "weights":
+        return {"model": get_model_state_dict(model), "step": step}
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        state = {"model": get_model_state_dict(model),
+                 "optim": {"state": _zero_owned_state(model, optimizer, for_load)}}
+        if not for_load:
+            state["optim"]["param_groups"] = _zero_param_groups(model, optimizer)
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+    state.update(step=step, loader=pickle.dumps(loader_state), trainer=pickle.dumps(trainer_state))
+    state[f"rng_rank{_rank()}"] = pickle.dumps(None if for_load else rng_state())
+    return state
+
+
+def apply_state(state: dict, model, optimizer) -> None:
+    """Copy a loaded :func:`build_state` dict into ``model`` / ``optimizer`` (``None``: weights only)."""
+    if optimizer is None or isinstance(optimizer, ZeroRedundancyOptimizer):
+        set_model_state_dict(model, state["model"])  # ZeRO-1 optimizer state was loaded in place
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def _saved_keys(path: str) -> set[str]:
+    return set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+
+
+def load_into(path: str, model, optimizer, kind: str = "full") -> dict:
+    """DCP-load checkpoint ``path`` into a template of ``model``/``optimizer``; collective.
+    Returns the loaded (not yet applied) state dict; the RNG entry is present only when this rank
+    had one saved (same or smaller world size)."""
+    state = build_state(model, optimizer, kind=kind, for_load=True)
+    rng_key = f"rng_rank{_rank()}"
+    if rng_key in state and rng_key not in _saved_keys(path):
+        del state[rng_key]
+    dcp.load(state, checkpoint_id=path)
+    return state
+
+
+def load_full_state(path: str) -> dict:
+    """Every tensor and object of a checkpoint, unsharded, in one process (offline use)."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    state: dict = {}
+    _load_state_dict(state, storage_reader=dcp.FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
+                     no_dist=True)
+    return state
+
+
+def export_checkpoint(path: str, out: str) -> None:
+    """Write checkpoint ``path`` as one ``torch.save`` file (``torch.load(out)["model"]`` = weights),
+    via ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``; single process."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    dcp_to_torch_save(path, out)
+
+
+# -- metadata ------------------------------------------------------------------------------
+def git_commit() -> str:
+    """``git rev-parse HEAD`` of the source tree, or ``"unknown"``."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def package_versions() -> dict:
+    out = {"python": sys.version.split()[0]}
+    for name in ("torch", "numpy", "colaflow"):
+        try:
+            out[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            out[name] = "unknown"
+    return out
+
+
+# -- saving --------------------------------------------------------------------------------
+@dataclass
+class _Pending:
+    future: object
+    tmp: str
+    final: str
+    kind: str
+    step: int
+    checksums: dict
+    loss: float
+
+
+class Checkpointer:
+    """Atomic, verified DCP checkpoints of one run; every method is collective.
+
+    Args:
+        root: checkpoint folder.
+        build_fn: ``() -> (wrapped_model, optimizer)`` building a fresh model of the same
+            wrapping (used to verify each save).
+        device, precision, stage: how the model runs (for the verification forward pass).
+        vocab_size, seq_len: shape of the fixed verification batch.
+        config: the run's config as a plain dict (written as ``config.yaml``).
+        keep_last: finished checkpoints kept per kind (0 = all).
+        async_save: write with ``dcp.async_save`` on a dedicated gloo group.
+    """
+
+    def __init__(self, root: str, build_fn, device: torch.device, precision: str = "fp32", stage: int = 0,
+                 vocab_size: int = 2, seq_len: int = 16, config: dict | None = None, keep_last: int = 0,
+                 async_save: bool = False):
+        self.root, self.build_fn, self.device = root, build_fn, device
+        self.precision, self.stage, self.keep_last, self.config = precision, stage, keep_last, config or {}
+        self.seq_len = seq_len
+        self.batch = V.fixed_batch(vocab_size, seq_len)
+        self.pg = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        self.async_save = async_save
+        self.pending: _Pending | None = None
+        self.commit = git_commit() if _rank() == 0 else "unknown"
+        self.saved: list[str] = []
+        if _rank() == 0 and os.path.isdir(root):  # saves cut short by a crash or a killed worker
+            for name in os.listdir(root):
+                if name.startswith(".") and name.endswith(".partial"):
+                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+    def save(self, step: int, model, optimizer, loader_state=None, trainer_state=None, kind: str = "full") -> str:
+        """Write checkpoint ``kind`` (``full``/``weights``) of step ``step``; returns its final folder
+        (with ``async_save`` it appears after the next :meth:`wait`).
+
+        Raises:
+            trainer.verify.CheckpointVerifyError: the written checkpoint does not verify.
+        """
+        self.wait()
+        final = step_dir(self.root, step, kind)
+        tmp = os.path.join(self.root, f".{os.path.basename(final)}.partial")
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # left over by a crash during an earlier save
+            os.makedirs(self.root, exist_ok=True)
+        if dist.is_initialized():
+            dist.barrier()
+        state = build_state(model, optimizer, step, loader_state, trainer_state, kind)
+        checksums = V.state_checksums(state, self.device)
+        loss = V.reference_loss(model, self.batch, self.device, self.precision, self.stage)
+        if self.async_save:
+            future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.pg)
+            self.pending = _Pending(future, tmp, final, kind, step, checksums, loss)
+        else:
+            dcp.save(state, checkpoint_id=tmp)
+            self._commit(_Pending(None, tmp, final, kind, step, checksums, loss))
+        return final
+
+    def wait(self) -> None:
+        """Finish an async save in flight: wait for its writes, verify, commit."""
+        if self.pending is None:
+            return
+        pending, self.pending = self.pending, None
+        future = getattr(pending.future, "upload_completion", pending.future)
+        future.result()
+        self._commit(pending)
+
+    def verify(self, path: str) -> None:
+        """Verify a finished checkpoint against its ``meta.json`` with a fresh model of this run's
+        wrapping (what every save does before it commits); collective.
+
+        Raises:
+            trainer.verify.CheckpointVerifyError: naming the tensors and files that fail.
+        """
+        meta = V.read_meta(path)
+        self._verify(_Pending(None, path, path, meta["kind"], meta["step"], meta["checksums"], meta["verify"]["loss"]))
+
+    def _verify(self, p: _Pending) -> None:
+        rng = rng_state()  # building a model reseeds torch; the run's RNG streams must not notice
+        try:
+            self._verify_fresh(p)
+        finally:
+            set_rng_state(rng)
+
+    def _verify_fresh(self, p: _Pending) -> None:
+        model, optimizer = self.build_fn()
+        try:
+            state = load_into(p.tmp, model, optimizer if p.kind == "full" else None, p.kind)
+        except (Exception, CheckpointException) as e:
+            found = "\n".join(V.unreadable_items(p.tmp)) or "no single stored item fails to load"
+            raise V.CheckpointVerifyError(f"checkpoint {p.final}: reloading failed ({type(e).__name__}: "
+                                          f"{V.last_line(e)}); unreadable items:\n{found}") from e
+        bad = V.compare(p.checksums, V.state_checksums(state, self.device))
+        if bad:
+            raise V.CheckpointVerifyError(f"checkpoint {p.final}: {len(bad)} tensor(s) read back differ from "
+                                          f"what was saved:\n{V.describe_mismatches(p.tmp, bad)}")
+        apply_state(state, model, optimizer if p.kind == "full" else None)
+        loss = V.reference_loss(model, self.batch, self.device, self.precision, self.stage)
+        if not abs(loss - p.loss) <= V.LOSS_RTOL["same"] * abs(p.loss) + 1e-6:
+            raise V.CheckpointVerifyError(f"checkpoint {p.final}: the reloaded model gives loss {loss!r} on the "
+                                          f"fixed batch, the live model gave {p.loss!r}")
+
+    def _commit(self, p: _Pending) -> None:
+        self._verify(p)
+        if _rank() == 0:
+            meta = {"step": p.step, "kind": p.kind, "world_size": dist.get_world_size() if dist.is_initialized()
+                    else 1, "zero_stage": self.stage, "precision": self.precision, "git_commit": self.commit,
+                    "versions": package_versions(), "created_utc": datetime.datetime.now(datetime.timezone.utc)
+                    .isoformat(timespec="seconds"), "verify": {"loss": p.loss, "seq_len": self.seq_len},
+                    "checksums": p.checksums}
+            with open(os.path.join(p.tmp, "meta.json"), "w", encoding="utf-8") as f:
+                json.dump(meta, f, indent=1)
+            import yaml
+            with open(os.path.join(p.tmp, "config.yaml"), "w", encoding="utf-8") as f:
+                yaml.safe_dump(self.config, f, sort_keys=False)
+            with open(os.path.join(p.tmp, COMPLETE), "w", encoding="utf-8") as f:
+                f.write(f"step {p.step} verified\n")
+            if os.path.exists(p.final):  # same step saved again after a rollback
+                shutil.rmtree(p.final)
+            os.replace(p.tmp, p.final)
+            self._prune(p.kind)
+        if dist.is_initialized():
+            dist.barrier()
+        self.saved.append(p.final)
+
+    def _prune(self, kind: str) -> None:
+        if self.keep_last > 0:
+            for old in list_checkpoints(self.root, kind)[:-self.keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+# -- compatibility helpers (single call, no verification) ----------------------------------
+def save_checkpoint(root: str, model, optimizer, step: int, loader_state=None) -> str:
+    """Write a full checkpoint of step ``step`` atomically (no verification); collective.
 
     ``loader_state`` (any picklable value) must be the same on every rank, e.g. the loader's
-    merged ``global_state_dict()``.
+    merged ``global_state_dict()``. Returns the checkpoint folder.
     """
-    path = step_dir(root, step)
-    dcp.save(_state(model, optimizer, step, loader_state), checkpoint_id=path)
+    path, tmp = step_dir(root, step), os.path.join(root, f".step_{step:06d}.partial")
+    dcp.save(build_state(model, optimizer, step, loader_state), checkpoint_id=tmp)
+    if _rank() == 0:
+        open(os.path.join(tmp, COMPLETE), "w").close()
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    if dist.is_initialized():
+        dist.barrier()
     return path
 
 
-def load_checkpoint(path: str, model, optimizer) -> tuple[int, dict | None]:
-    """Restore model and optimizer in place from ``path``; collective. Returns ``(step, loader_state)``.
+@dataclass
+class Restored:
+    """What :func:`restore` brought back besides model and optimizer."""
+
+    step: int
+    loader_state: object
+    trainer_state: object
+    rng_restored: bool
+
+
+def restore(path: str, model, optimizer, restore_rng: bool = True) -> Restored:
+    """Load a full checkpoint into ``model`` and ``optimizer`` (any world size, any ZeRO stage);
+    collective. Restores this rank's RNG states when the checkpoint has them (a rank new to the
+    world size keeps its own; ``Restored.rng_restored`` says which happened).
 
     Raises:
-        FileNotFoundError: ``path`` holds no finished checkpoint (no ``.metadata``).
+        FileNotFoundError: ``path`` holds no finished checkpoint.
     """
     if not os.path.exists(os.path.join(path, ".metadata")):
-        raise FileNotFoundError(f"{path}: no finished DCP checkpoint here (missing .metadata)")
-    state = _state(model, optimizer, 0, None)
-    dcp.load(state, checkpoint_id=path)
-    rank = dist.get_rank()
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        set_model_state_dict(model, state["model"])
-        optimizer.optim.load_state_dict(state[f"optim_rank{rank}"])
-    else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return int(state["step"]), pickle.loads(state["loader"])
+        raise FileNotFoundError(f"{path}: no finished DCP checkpoint here (missing .metadata); "
+                                "pick another one or set checkpoint.resume=\"\"")
+    state = load_into(path, model, optimizer)
+    apply_state(state, model, optimizer)
+    rng = pickle.loads(state[f"rng_rank{_rank()}"]) if f"rng_rank{_rank()}" in state else None
+    if restore_rng and rng is not None:
+        set_rng_state(rng)
+    return Restored(int(state["step"]), pickle.loads(state["loader"]), pickle.loads(state["trainer"]),
+                    rng is not None)
+
+
+def load_checkpoint(path: str, model, optimizer) -> tuple[int, object]:
+    """Restore model and optimizer in place from ``path``; collective. Returns ``(step, loader_state)``."""
+    r = restore(path, model, optimizer, restore_rng=False)
+    return r.step, r.loader_state

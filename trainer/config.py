@@ -88,30 +88,113 @@ class OptimConfig:
 class CheckpointConfig:
     """``torch.distributed.checkpoint`` settings.
 
+    Every checkpoint is verified after it is written (reload into a fresh model, per-tensor
+    checksums, one forward pass) and only then becomes visible (see :mod:`trainer.checkpoint`).
+
     Attributes:
         dir: checkpoint root, relative to ``run_dir`` unless absolute.
-        every: save every N optimizer steps (0 = only at the end).
+        every: save a full checkpoint (model, optimizer, step, RNG, loader, scheduler) every N
+            optimizer steps (0 = only at the end).
+        weights_every: save a weights-only checkpoint (model + step) every N steps (0 = never).
+        keep_last: full checkpoints kept (older ones deleted; 0 = keep all). Weights-only
+            checkpoints are kept by the same rule, counted separately.
+        async_save: write with ``dcp.async_save`` (the state is staged to CPU memory and written
+            in a background thread; verification and commit happen at the next save or at the end).
         save_at_end: save after the last step.
         resume: checkpoint folder to resume from, ``latest`` (newest under ``dir``) or ``""``.
     """
 
     dir: str = "checkpoints"
     every: int = 0
+    weights_every: int = 0
+    keep_last: int = 0
+    async_save: bool = False
     save_at_end: bool = True
     resume: str = ""
 
 
 @dataclass
+class AnomalyConfig:
+    """Bad-step handling: non-finite loss/gradients and loss spikes skip the step; repeated bad
+    steps roll back to the last good checkpoint with a lower learning rate (see :mod:`trainer.anomaly`).
+
+    Attributes:
+        enabled: check every step (one 3-value all-reduce and one host read per step).
+        spike_ratio: a step whose loss exceeds ``spike_ratio`` x the EMA of past good losses is
+            skipped (0 = no spike detection).
+        ema_beta: EMA decay of the loss statistic.
+        spike_warmup: good steps seen before spikes are detected.
+        max_consecutive: bad steps in a row that trigger a rollback (0 = never roll back).
+        rollback_lr_factor: the learning rate is multiplied by this at each rollback.
+        inject_nan_at_steps: test hook: steps (1-based) whose loss is multiplied by NaN.
+        inject_spike_at_steps: test hook: steps whose loss is multiplied by ``inject_spike_factor``.
+        inject_spike_factor: loss multiplier of an injected spike.
+        inject_kill_at_step: test hook: SIGKILL the process before this step, first attempt only
+            (``TORCHELASTIC_RESTART_COUNT`` unset or 0); 0 = off.
+        inject_rank: rank the hooks fire on (-1 = every rank).
+    """
+
+    enabled: bool = True
+    spike_ratio: float = 4.0
+    ema_beta: float = 0.9
+    spike_warmup: int = 20
+    max_consecutive: int = 5
+    rollback_lr_factor: float = 0.5
+    inject_nan_at_steps: list = field(default_factory=list)
+    inject_spike_at_steps: list = field(default_factory=list)
+    inject_spike_factor: float = 1000.0
+    inject_kill_at_step: int = 0
+    inject_rank: int = -1
+
+
+@dataclass
 class MetricsConfig:
-    """Logging settings.
+    """Logging settings (rank 0 writes; see :mod:`trainer.metrics` and :mod:`trainer.meter`).
 
     Attributes:
         jsonl: metrics file name inside ``run_dir`` (one JSON object per logged step).
         progress: show a tqdm progress bar on rank 0.
+        tensorboard_dir: TensorBoard event folder inside ``run_dir`` (``""`` = no TensorBoard).
+        prometheus_port: serve Prometheus metrics on this TCP port on rank 0 (0 = off).
+        prometheus_addr: bind address of that endpoint (``0.0.0.0`` to let a cluster scraper in).
+        peak_flops: peak FLOP/s of one device for MFU (0 = the bf16 data-sheet figure of a known
+            GPU; on CPU MFU is then not reported). See :mod:`trainer.mfu` for the FLOPs formula.
     """
 
     jsonl: str = "metrics.jsonl"
     progress: bool = True
+    tensorboard_dir: str = "tensorboard"
+    prometheus_port: int = 0
+    prometheus_addr: str = "127.0.0.1"
+    peak_flops: float = 0.0
+
+
+@dataclass
+class ProfileConfig:
+    """A ``torch.profiler`` trace of a window of steps (:mod:`trainer.profiling`).
+
+    Attributes:
+        enabled: record a trace.
+        skip_first: optimizer steps ignored before the window starts (steps count from the
+            first step of this process, i.e. from the resume step of a resumed run).
+        wait: then steps not profiled.
+        warmup: then steps profiled but discarded (profiler start-up cost).
+        active: then steps recorded into the trace.
+        dir: trace folder inside ``run_dir`` (Chrome trace JSON, one file per rank).
+        record_shapes: record operator input shapes.
+        profile_memory: record tensor allocations.
+        with_stack: record Python stacks (large traces).
+    """
+
+    enabled: bool = False
+    skip_first: int = 0
+    wait: int = 1
+    warmup: int = 1
+    active: int = 2
+    dir: str = "profile"
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
 
 
 @dataclass
@@ -135,7 +218,9 @@ class TrainConfig:
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    anomaly: AnomalyConfig = field(default_factory=AnomalyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     run_dir: str = "runs/train"
     steps: int = 100
     log_every: int = 10
@@ -160,3 +245,12 @@ class TrainConfig:
             raise ValueError(f"device={self.device!r}: use auto, cpu or cuda")
         if self.steps < 1 or self.log_every < 1 or self.optim.grad_accum_steps < 1:
             raise ValueError("steps, log_every and optim.grad_accum_steps must be >= 1")
+        if min(self.checkpoint.every, self.checkpoint.weights_every, self.checkpoint.keep_last) < 0:
+            raise ValueError("checkpoint.every, checkpoint.weights_every and checkpoint.keep_last must be >= 0")
+        if not 0 < self.anomaly.rollback_lr_factor <= 1 or not 0 <= self.anomaly.ema_beta < 1:
+            raise ValueError("anomaly.rollback_lr_factor must be in (0, 1] and anomaly.ema_beta in [0, 1)")
+        if not 0 <= self.metrics.prometheus_port <= 65535:
+            raise ValueError(f"metrics.prometheus_port={self.metrics.prometheus_port}: use 0 (off) or a TCP port")
+        p = self.profile
+        if p.enabled and (p.active < 1 or min(p.skip_first, p.wait, p.warmup) < 0):
+            raise ValueError(f"profile: active={p.active} must be >= 1 and skip_first/wait/warmup >= 0")

@@ -6,7 +6,11 @@ step's token count is all-reduced first, then each micro-batch backpropagates
 ``loss_sum * world_size / global_tokens`` (DDP and FSDP average gradients over ranks, hence the
 ``world_size``). This weights every token equally however documents fall into rows, micro-batches
 and ranks. The loop never syncs the host with the device except every ``log_every`` steps (and at
-step 1): metrics accumulate in device tensors.
+step 1): metrics accumulate in device tensors — and once per step for the anomaly guard
+(``anomaly.enabled``, :mod:`trainer.anomaly`), which must know on the host whether to skip
+``optimizer.step()``. Checkpoints (:mod:`trainer.checkpoint`) are verified before they become
+visible; a run resumes from ``checkpoint.resume`` (``latest`` after an elastic restart) with its
+model, optimizer, RNG, loader and learning-rate scale.
 """
 from __future__ import annotations
 
@@ -19,11 +23,15 @@ import torch.distributed as dist
 
 from loaders.batch import TokenBatch
 from trainer import checkpoint as ckpt
+from trainer.anomaly import AnomalyGuard
 from trainer import parallel
 from trainer.config import TrainConfig
+from trainer.meter import IntervalMeter
 from trainer.metrics import MetricsLogger
+from trainer.mfu import flops_per_token, matmul_parameters, peak_flops
 from trainer.model import GPT, count_parameters
 from trainer.optim import clip_grad_norm, lr_at, set_lr
+from trainer.profiling import StepProfiler
 from shards.config import to_dict
 
 
@@ -65,11 +73,13 @@ def micro_batches(loader, epoch: int):
         epoch += 1
 
 
-def forward_backward(model, batches: list[TokenBatch], info: parallel.DistInfo, cfg: TrainConfig):
+def forward_backward(model, batches: list[TokenBatch], info: parallel.DistInfo, cfg: TrainConfig,
+                     inject: float | None = None):
     """Accumulate gradients of the mean loss over every real token of ``batches`` on all ranks.
 
     Returns device tensors ``(loss_sum, local_tokens)``: this rank's summed loss (nats) and its
-    real-token count. One all-reduce of the token count; no host sync.
+    real-token count. One all-reduce of the token count; no host sync. ``inject`` (test hook of
+    :class:`trainer.anomaly.AnomalyGuard`) multiplies the first micro-batch's loss.
     """
     local_tokens = sum((b.labels != -100).sum() for b in batches).to(info.device)
     global_tokens = local_tokens.clone()
@@ -80,18 +90,29 @@ def forward_backward(model, batches: list[TokenBatch], info: parallel.DistInfo, 
         with parallel.set_grad_sync(model, i == len(batches) - 1):
             with parallel.autocast(info.device, cfg.precision, cfg.zero.stage):
                 loss = model(b.input_ids, b.position_ids, b.document_ids, b.labels)
+            if inject is not None and i == 0:
+                loss = loss * inject
             (loss * scale).backward()
         loss_sum += loss.detach().float()
     return loss_sum, local_tokens
 
 
-def train_step(model, optimizer, batches: list[TokenBatch], info: parallel.DistInfo, cfg: TrainConfig):
+def train_step(model, optimizer, batches: list[TokenBatch], info: parallel.DistInfo, cfg: TrainConfig,
+               timer=None, guard: AnomalyGuard | None = None, step: int = 0):
     """:func:`forward_backward`, clip, optimizer step. Returns device tensors
-    ``(loss_sum, local_tokens, grad_norm)`` (pre-clip global gradient norm). No host sync."""
-    loss_sum, local_tokens = forward_backward(model, batches, info, cfg)
+    ``(loss_sum, local_tokens, grad_norm)`` (pre-clip global gradient norm). No host sync.
+    ``timer`` (a :class:`trainer.timing.StepTimer`) gets marks ``forward_backward`` and ``optimizer``.
+    With a ``guard`` the step (``step``: 1-based number) is checked first and skipped when bad
+    (``guard.applied`` says which; this costs one small all-reduce and one host read)."""
+    loss_sum, local_tokens = forward_backward(model, batches, info, cfg, guard.injection(step) if guard else None)
+    if timer is not None:
+        timer.mark("forward_backward")
     grad_norm = clip_grad_norm(list(model.parameters()), cfg.optim.grad_clip)
-    optimizer.step()
+    if guard is None or guard.check(step, loss_sum, local_tokens, grad_norm, [k for b in batches for k in b.keys]):
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if timer is not None:
+        timer.mark("optimizer")
     return loss_sum, local_tokens, grad_norm
 
 
@@ -110,6 +131,30 @@ def build_model(cfg: TrainConfig, info: parallel.DistInfo):
     return model, wrapped, optimizer
 
 
+def build_checkpointer(cfg: TrainConfig, info: parallel.DistInfo, root: str) -> ckpt.Checkpointer:
+    """Checkpoints of this run, verified against a freshly built model of the same wrapping."""
+    return ckpt.Checkpointer(root, lambda: build_model(cfg, info)[1:], info.device, cfg.precision, cfg.zero.stage,
+                             cfg.model.vocab_size, min(cfg.data.seq_len, cfg.model.max_seq_len), to_dict(cfg),
+                             cfg.checkpoint.keep_last, cfg.checkpoint.async_save)
+
+
+def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, step: int) -> int:
+    """Reload the newest finished full checkpoint (model, optimizer, RNG; the loader keeps going
+    forward) after ``guard.max_consecutive`` bad steps; returns the step to continue from.
+
+    Raises:
+        RuntimeError: there is no checkpoint to go back to.
+    """
+    ckpts.wait()
+    path = ckpt.latest_checkpoint(ckpts.root)
+    if path is None:
+        raise RuntimeError(f"{guard.consecutive} bad steps in a row at step {step} and no checkpoint to roll back "
+                           "to; set checkpoint.every, lower optim.lr or inspect events.jsonl")
+    restored = ckpt.restore(path, model, optimizer)
+    guard.rolled_back(step, restored.step, path)
+    return restored.step
+
+
 def train(cfg: TrainConfig) -> dict:
     """Run ``cfg.steps`` optimizer steps; returns the summary also written to ``run_dir/train_summary.json``.
 
@@ -125,9 +170,16 @@ def train(cfg: TrainConfig) -> dict:
     model, wrapped, optimizer = build_model(cfg, info)
     ckpt_root = os.path.join(cfg.run_dir, cfg.checkpoint.dir)
     step, epoch = 0, 0
+    guard = AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device)
+    ckpts = build_checkpointer(cfg, info, ckpt_root)
     resume = ckpt.latest_checkpoint(ckpt_root) if cfg.checkpoint.resume == "latest" else cfg.checkpoint.resume
     if resume:
-        step, saved_state = ckpt.load_checkpoint(resume, wrapped, optimizer)
+        restored = ckpt.restore(resume, wrapped, optimizer)
+        step, saved_state = restored.step, restored.loader_state
+        guard.load_state_dict((restored.trainer_state or {}).get("anomaly"))
+        guard.events.write({"event": "resume", "step": step, "rank": info.rank, "checkpoint": resume,
+                            "rng_restored": restored.rng_restored, "world_size": info.world_size,
+                            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
         if saved_state is not None:
             loader.load_state_dict(saved_state["loader"])
             epoch = getattr(loader, "epoch", saved_state["epoch"])
@@ -135,51 +187,64 @@ def train(cfg: TrainConfig) -> dict:
         os.makedirs(cfg.run_dir, exist_ok=True)
         with open(os.path.join(cfg.run_dir, "config.json"), "w", encoding="utf-8") as f:
             json.dump(to_dict(cfg), f, indent=2)
-    log = MetricsLogger(cfg.run_dir, cfg.metrics.jsonl, cfg.steps, info.is_main, cfg.metrics.progress, step)
+    log = MetricsLogger.from_config(cfg.metrics, cfg.run_dir, cfg.steps, info.is_main, step,
+                                    (cache.registry,) if hasattr(cache, "registry") else ())
+    meter = IntervalMeter(info.device, info.world_size,
+                          flops_per_token(matmul_parameters(model), cfg.model, cfg.data.seq_len),
+                          peak_flops(cfg.metrics.peak_flops, info.device), cache, loader)
+    profiler = StepProfiler(cfg.profile, cfg.run_dir, info.rank, info.device)
 
     stream = micro_batches(loader, epoch)
     acc_loss = torch.zeros((), device=info.device)
     acc_tokens = torch.zeros((), dtype=torch.long, device=info.device)
-    tokens_seen, loss_first, loss_last, data_wait, saved = 0, None, None, 0.0, None
-    start = t_log = time.perf_counter()
+    tokens_seen, loss_first, loss_last, saved = 0, None, None, None
+    start = time.perf_counter()
     first_step = step
+    profiler.start()
     while step < cfg.steps:
-        t0 = time.perf_counter()
+        meter.timer.start()
         batches = []
         for _ in range(cfg.optim.grad_accum_steps):
             epoch, b = next(stream)
             batches.append(b.to(info.device, non_blocking=True) if info.device.type == "cuda" else b)
-        data_wait += time.perf_counter() - t0
-        lr = lr_at(step, cfg.optim, cfg.steps)
+        meter.timer.mark("data_wait")
+        lr = lr_at(step, cfg.optim, cfg.steps) * guard.lr_scale
         set_lr(optimizer, lr)
-        loss_sum, tokens, grad_norm = train_step(wrapped, optimizer, batches, info, cfg)
-        acc_loss += loss_sum
-        acc_tokens += tokens
+        guard.maybe_kill(step + 1)
+        loss_sum, tokens, grad_norm = train_step(wrapped, optimizer, batches, info, cfg, meter.timer, guard, step + 1)
+        if guard.applied:
+            acc_loss += loss_sum
+            acc_tokens += tokens
         step += 1
         log.step()
+        profiler.step()
         if step % cfg.log_every == 0 or step == cfg.steps or step == first_step + 1:
-            totals = torch.stack([acc_loss, acc_tokens.float()])
-            dist.all_reduce(totals)  # the host sync of this interval
-            loss_val, n_tok = (totals[0] / totals[1].clamp(min=1)).item(), int(totals[1].item())
-            now = time.perf_counter()
-            tokens_seen += n_tok
-            loss_first = loss_val if loss_first is None else loss_first
-            loss_last = loss_val
-            log.log({"step": step, "loss": loss_val, "tokens": n_tok, "tokens_per_second": n_tok / (now - t_log),
-                     "lr": lr, "grad_norm": float(grad_norm), "data_wait_s": data_wait, "epoch": epoch})
+            record = meter.collect(step, epoch, lr, acc_loss, acc_tokens, grad_norm,  # the interval's host sync
+                                   guard.skipped_nonfinite + guard.skipped_spikes)
+            tokens_seen += record["tokens"]
+            if record["loss"] is not None:  # None: every step of the interval was skipped
+                loss_first = record["loss"] if loss_first is None else loss_first
+                loss_last = record["loss"]
+            log.log(record)
             acc_loss.zero_()
             acc_tokens.zero_()
-            data_wait, t_log = 0.0, now
+        if guard.needs_rollback:
+            step = roll_back(ckpts, wrapped, optimizer, guard, step)
+            continue
         if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps:
-            saved = ckpt.save_checkpoint(ckpt_root, wrapped, optimizer, step, loader_state(loader, epoch))
+            saved = ckpts.save(step, wrapped, optimizer, loader_state(loader, epoch), {"anomaly": guard.state_dict()})
+        if cfg.checkpoint.weights_every and step % cfg.checkpoint.weights_every == 0:
+            ckpts.save(step, wrapped, None, kind="weights")
+    profiler.stop()
     elapsed = time.perf_counter() - start
     if cfg.checkpoint.save_at_end and step > first_step:
-        saved = ckpt.save_checkpoint(ckpt_root, wrapped, optimizer, step, loader_state(loader, epoch))
+        saved = ckpts.save(step, wrapped, optimizer, loader_state(loader, epoch), {"anomaly": guard.state_dict()})
+    ckpts.wait()
     log.close()
     summary = {"train_steps": step - first_step, "final_step": step, "world_size": info.world_size,
                "loss_first": loss_first, "loss_last": loss_last, "tokens_seen": tokens_seen,
                "tokens_per_second": tokens_seen / elapsed if elapsed > 0 else 0.0,
-               "checkpoint": saved, "parameters": count_parameters(model),
+               "checkpoint": saved, "parameters": count_parameters(model), "anomalies": guard.summary(),
                "cache": cache.metrics() if hasattr(cache, "metrics") else None,
                "loader": loader.metrics() if hasattr(loader, "metrics") else None}
     if info.is_main:

@@ -1,0 +1,151 @@
+"""Bad steps: non-finite loss/gradients and loss spikes are skipped, counted and logged; repeated
+bad steps roll back to the last good checkpoint with a lower learning rate.
+
+Each step, every rank puts its local loss sum, real-token count and a non-finite flag (loss or
+gradient norm) into one 3-value all-reduce; the global gradient norm that clipping computed is
+already identical on all ranks. One host read of those values per step decides on every rank
+alike (the decision needs the host, since it decides whether ``optimizer.step()`` runs):
+
+- non-finite global loss or gradient norm → skip the optimizer step (gradients dropped);
+- loss above ``spike_ratio`` x an EMA of the good steps' losses (after ``spike_warmup`` good
+  steps) → skip the batch (a common remedy, e.g. PaLM, Chowdhery et al. 2022, §5.1);
+- ``max_consecutive`` bad steps in a row → roll back (the trainer reloads the newest finished
+  checkpoint's model, optimizer and RNG, keeps the loader going forward so the bad data is not
+  replayed, and multiplies the learning rate by ``rollback_lr_factor``).
+
+Every event is appended to ``run_dir/events.jsonl`` by the rank it happened on, with ``step``,
+``rank``, the batch keys of that rank (``TokenBatch.keys``) and the values that triggered it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from trainer.config import AnomalyConfig
+
+
+class EventLog:
+    """Append-only JSON lines shared by all ranks (one ``os.write`` per record on an
+    ``O_APPEND`` descriptor, so lines of different ranks do not interleave)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def write(self, record: dict) -> None:
+        line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+
+class AnomalyGuard:
+    """Decides, per optimizer step, whether the step is applied; keeps the counters.
+
+    Attributes:
+        skipped_nonfinite, skipped_spikes, rollbacks: event counts of this run (this process).
+        consecutive: bad steps in a row now.
+        lr_scale: learning-rate multiplier (product of the rollback factors so far).
+        ema: EMA of good steps' losses (nats per real token), ``None`` before the first one.
+    """
+
+    def __init__(self, cfg: AnomalyConfig, run_dir: str, rank: int, device: torch.device):
+        self.cfg, self.rank, self.device = cfg, rank, device
+        self.events = EventLog(os.path.join(run_dir, "events.jsonl"))
+        self.skipped_nonfinite = self.skipped_spikes = self.rollbacks = 0
+        self.consecutive, self.good_steps = 0, 0
+        self.lr_scale, self.ema = 1.0, None
+        self.applied = True  # whether the last checked step was applied
+        self._fired: set[tuple[str, int]] = set()
+
+    # -- test hooks ----------------------------------------------------------------------
+    def _mine(self) -> bool:
+        return self.cfg.inject_rank in (-1, self.rank)
+
+    def injection(self, step: int) -> float | None:
+        """Loss multiplier injected at optimizer step ``step`` (1-based) on this rank, once per process."""
+        for kind, steps, value in (("nan", self.cfg.inject_nan_at_steps, float("nan")),
+                                   ("spike", self.cfg.inject_spike_at_steps, self.cfg.inject_spike_factor)):
+            if step in steps and self._mine() and (kind, step) not in self._fired:
+                self._fired.add((kind, step))
+                return value
+        return None
+
+    def maybe_kill(self, step: int) -> None:
+        """SIGKILL this process before step ``step`` if ``inject_kill_at_step`` says so (first attempt only)."""
+        if (self.cfg.inject_kill_at_step == step and self._mine()
+                and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
+            self.events.write({"event": "injected_kill", "step": step, "rank": self.rank, "time": time.time()})
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- the check -----------------------------------------------------------------------
+    def check(self, step: int, loss_sum: torch.Tensor, local_tokens: torch.Tensor, grad_norm: torch.Tensor,
+              keys: list[str]) -> bool:
+        """``True`` when step ``step`` may be applied. Collective (one all-reduce of 3 values, one
+        host read); logs and counts a skipped step. ``keys``: this rank's batch keys."""
+        self.applied = self._check(step, loss_sum, local_tokens, grad_norm, keys)
+        return self.applied
+
+    def _check(self, step, loss_sum, local_tokens, grad_norm, keys) -> bool:
+        if not self.cfg.enabled:
+            return True
+        local_bad = (~torch.isfinite(loss_sum)).float() + (~torch.isfinite(grad_norm)).float()
+        stats = torch.stack([loss_sum.float(), local_tokens.float(), local_bad.reshape(())])
+        if dist.is_initialized():
+            dist.all_reduce(stats)
+        total, tokens, bad, norm = torch.cat([stats, grad_norm.detach().float().reshape(1)]).tolist()
+        loss = total / max(tokens, 1.0)
+        nonfinite = bad > 0 or not math.isfinite(loss) or not math.isfinite(norm)
+        spike = (not nonfinite and self.cfg.spike_ratio > 0 and self.ema is not None
+                 and self.good_steps >= self.cfg.spike_warmup and loss > self.cfg.spike_ratio * self.ema)
+        if not (nonfinite or spike):
+            self.consecutive = 0
+            self.good_steps += 1
+            b = self.cfg.ema_beta
+            self.ema = loss if self.ema is None else b * self.ema + (1 - b) * loss
+            return True
+        self.consecutive += 1
+        if nonfinite:
+            self.skipped_nonfinite += 1
+        else:
+            self.skipped_spikes += 1
+        self.events.write({"event": "nonfinite" if nonfinite else "loss_spike", "step": step, "rank": self.rank,
+                           "keys": list(keys), "loss": loss, "grad_norm": norm, "ema": self.ema,
+                           "local_loss_nonfinite": not bool(torch.isfinite(loss_sum)), "consecutive": self.consecutive,
+                           "skipped_total": self.skipped_nonfinite + self.skipped_spikes, "time": time.time()})
+        return False
+
+    @property
+    def needs_rollback(self) -> bool:
+        return self.cfg.max_consecutive > 0 and self.consecutive >= self.cfg.max_consecutive
+
+    def rolled_back(self, from_step: int, to_step: int, checkpoint: str) -> None:
+        """Record a rollback: lower the learning rate, reset the bad-step run, log the event."""
+        self.rollbacks += 1
+        self.lr_scale *= self.cfg.rollback_lr_factor
+        self.consecutive = 0
+        self.events.write({"event": "rollback", "step": from_step, "rank": self.rank, "to_step": to_step,
+                           "checkpoint": checkpoint, "lr_scale": self.lr_scale, "time": time.time()})
+
+    # -- persistence ---------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"lr_scale": self.lr_scale, "ema": self.ema, "good_steps": self.good_steps,
+                "skipped_nonfinite": self.skipped_nonfinite, "skipped_spikes": self.skipped_spikes,
+                "rollbacks": self.rollbacks}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state:
+            for k, v in state.items():
+                setattr(self, k, v)
+
+    def summary(self) -> dict:
+        return {"skipped_nonfinite": self.skipped_nonfinite, "skipped_spikes": self.skipped_spikes,
+                "rollbacks": self.rollbacks, "lr_scale": self.lr_scale}
