@@ -16,11 +16,10 @@ import os
 import sys
 from collections import Counter
 
-import numpy as np
 import pytest
 import torch
 
-from shards import Manifest, ShardSequenceWriter, encode_text_sample
+from trainer.synthetic import write_counting_shards
 from trainer import meter as meter_mod
 from trainer import train as train_mod
 from trainer.config import TrainConfig
@@ -37,13 +36,7 @@ KNOWN_KERNEL_SYNCS = {("trainer/kernels/__init__.py::_check_ce", "__bool__")}
 
 
 def _shards(directory: str) -> None:
-    rng = np.random.default_rng(0)
-    w = ShardSequenceWriter(directory, max_samples=50)
-    for i in range(100):
-        n = int(rng.integers(8, 40))
-        toks = ((int(rng.integers(0, VOCAB)) + np.arange(n)) % VOCAB).astype(np.uint16)
-        w.write(f"doc{i:04d}", encode_text_sample(toks, {"id": i}), tokens=n)
-    Manifest(shards=w.close(), vocab_size=VOCAB).save(directory)
+    write_counting_shards(directory, 100, max_samples=50, vocab=VOCAB, max_len=40, seed=0)
 
 
 def _repo_site() -> str | None:

@@ -11,7 +11,6 @@ import sys
 import urllib.error
 import urllib.request
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from cache import ShardCache
 from cache.config import CacheConfig
-from shards import Manifest, ShardSequenceWriter, encode_text_sample
+from trainer.synthetic import write_counting_shards
 from trainer.config import ModelConfig, OptimConfig, TrainConfig
 from trainer.metrics import MetricsLogger
 from trainer.mfu import flops_per_token, matmul_parameters, peak_flops
@@ -38,15 +37,7 @@ MODEL = dict(vocab_size=VOCAB, d_model=32, n_layers=1, n_heads=2, max_seq_len=32
 
 def build_shards(directory: str, docs: int = 80) -> int:
     """Counting documents mod VOCAB in shards of 20; returns the shard count."""
-    rng = np.random.default_rng(1)
-    w = ShardSequenceWriter(directory, max_samples=20)
-    for i in range(docs):
-        n = int(rng.integers(8, 50))
-        toks = ((int(rng.integers(0, VOCAB)) + np.arange(n)) % VOCAB).astype(np.uint16)
-        w.write(f"doc{i:04d}", encode_text_sample(toks, {"id": i}), tokens=n)
-    shards = w.close()
-    Manifest(shards=shards, vocab_size=VOCAB).save(directory)
-    return len(shards)
+    return len(write_counting_shards(directory, docs, max_samples=20, vocab=VOCAB, max_len=50, seed=1))
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,8 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 
-from shards import Manifest, ShardSequenceWriter, encode_text_sample
+from trainer.synthetic import write_counting_shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 64
@@ -15,13 +14,7 @@ VOCAB = 64
 
 def build_shards(directory: str, docs: int = 120) -> None:
     """Documents counting up mod VOCAB from a random start: easy to learn, so the loss falls fast."""
-    rng = np.random.default_rng(0)
-    w = ShardSequenceWriter(directory, max_samples=40)
-    for i in range(docs):
-        n = int(rng.integers(8, 60))
-        toks = ((int(rng.integers(0, VOCAB)) + np.arange(n)) % VOCAB).astype(np.uint16)
-        w.write(f"doc{i:04d}", encode_text_sample(toks, {"id": i}), tokens=n)
-    Manifest(shards=w.close(), vocab_size=VOCAB).save(directory)
+    write_counting_shards(directory, docs, max_samples=40, vocab=VOCAB, max_len=60, seed=0)
 
 
 def run_trainer(args: list[str], nproc: int, cwd: str) -> None:
