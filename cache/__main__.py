@@ -1,6 +1,5 @@
 """Entry point of ``python -m cache`` (see ``cache.cli``)."""
-import sys
-
 from cache.cli import main
+from shards.errors import run_cli
 
-sys.exit(main())
+run_cli(main)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import sys
 import time
@@ -14,6 +15,7 @@ import time
 from tqdm import tqdm
 
 from shards.config import ConfigError
+from shards.errors import explain
 
 from cache.config import format_size, load_cache_config, parse_size
 from cache.errors import CacheError
@@ -56,6 +58,11 @@ def cmd_warm(args) -> int:
     cache = _open(args)
     manifest = Manifest.load(args.manifest)
     items = [(shard_url(args.manifest, s.name), s.sha256, s.bytes) for s in manifest.shards]
+    limit, fit = cache.config.max_bytes_int, 0
+    while fit < len(items) and sum(size for _, _, size in items[:fit + 1]) <= limit:
+        fit += 1
+    skipped = len(items) - fit
+    items = items[:fit]  # warming more than fits would only evict what was just fetched
     t0 = time.monotonic()
     cache.prefetch(items)
     failed = []
@@ -72,8 +79,9 @@ def cmd_warm(args) -> int:
           f"{m['evictions']} evicted, {m['retries']} retries")
     for url, e in failed:
         print(f"FAILED {url}: {e}", file=sys.stderr)
-    if manifest.total_bytes > cache.config.max_bytes_int:
-        print(f"note: the dataset ({format_size(manifest.total_bytes)}) exceeds max_bytes; early shards were evicted")
+    if skipped:
+        print(f"note: the dataset ({format_size(manifest.total_bytes)}) exceeds max_bytes "
+              f"({format_size(limit)}): warmed the first {fit} shards, {skipped} left to fetch on demand")
     return 1 if failed else 0
 
 
@@ -142,7 +150,15 @@ def cmd_tune(args) -> int:
 def cmd_serve(args) -> int:
     from cache.http_server import serve_directory
 
-    server, url = serve_directory(args.directory, host=args.host, port=args.port)
+    if not os.path.isdir(args.directory):
+        print(f"error: {args.directory} is not a folder; give the shard folder to serve", file=sys.stderr)
+        return 2
+    try:
+        server, url = serve_directory(args.directory, host=args.host, port=args.port)
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port",
+              file=sys.stderr)
+        return 2
     print(f"serving {args.directory} at {url} (Ctrl-C to stop)", flush=True)
     try:
         while True:
@@ -188,5 +204,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, CacheError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {explain(e)}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ import yaml
 
 from shards import Manifest
 from shards.config import apply_overrides, from_dict
+from shards.errors import explain, run_cli
 
 from .config import DataConfig
 from .dataset import TextLoader
@@ -101,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return keys_command(args)
     except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
-        print(f"python -m loaders keys: {e}", file=sys.stderr)
+        print(f"python -m loaders keys: {explain(e)}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -1,4 +1,5 @@
 """Entry point of ``python -m shards`` (see :mod:`shards.cli`)."""
 from .cli import main
+from .errors import run_cli
 
-raise SystemExit(main())
+run_cli(main)

@@ -14,6 +14,7 @@ import sys
 import tarfile
 from collections import Counter
 
+from .errors import explain
 from .index import WIDS_FILE, build_shard_index, dali_index_path, read_sample, write_dali_index, write_wids_index
 from .reader import ReadStats, ShardError, iter_raw, iter_samples
 from .reshard import reshard
@@ -229,5 +230,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {explain(e)}", file=sys.stderr)
         return 2

@@ -40,7 +40,8 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
             return float(number)
         if hint is int and number is not None and float(number).is_integer():
             return int(number)
-    raise ConfigError(f"config key {name!r} needs a {hint.__name__}, got {value!r}")
+    article = "an" if hint.__name__[0] in "aeiou" else "a"
+    raise ConfigError(f"config key {name!r} needs {article} {hint.__name__}, got {value!r}")
 
 
 def from_dict(cls: type[T], data: dict | None, where: str = "") -> T:

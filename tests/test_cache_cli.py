@@ -70,6 +70,15 @@ def test_warm_reports_failed_shards(tmp_path, http_server, capsys):
     assert rc == 1 and "warmed 1/2" in out and "FAILED" in err and "shard-000001.tar" in err
 
 
+def test_warm_fills_only_what_fits(tmp_path, http_server, capsys):
+    """A dataset larger than max_bytes warms its first shards and leaves the rest on demand."""
+    server, base, root = http_server
+    publish(root, n=5)
+    rc, out, err = run(capsys, tmp_path, "--set", "max_bytes=200KiB", "warm", f"{base}/manifest.json")
+    assert rc == 0 and "warmed 3/3 shards" in out and "warmed the first 3 shards, 2 left" in out, (out, err)
+    assert [len(server.gets(f"shard-{i:06d}.tar")) for i in range(5)] == [1, 1, 1, 0, 0]
+
+
 def test_tune_prints_node_snippet(tmp_path, http_server, capsys):
     _, base, root = http_server
     publish(root, n=2, size=256 * KIB)

@@ -16,9 +16,11 @@ import torch.distributed as dist
 
 
 def _train(argv: list[str]) -> int:
+    from cache.errors import CacheError
     from shards.config import ConfigError, load_config
+    from shards.errors import explain
     from trainer.config import TrainConfig
-    from trainer.train import train
+    from trainer.train import NoDataError, train
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file with a TrainConfig (sections model, data, cache, zero, ...)")
@@ -32,6 +34,13 @@ def _train(argv: list[str]) -> int:
         return 2
     try:
         train(cfg)
+    except (FileNotFoundError, CacheError, NoDataError) as e:  # missing or unreadable data: no traceback
+        print(f"error: {explain(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"interrupted; continue with checkpoint.resume=latest (checkpoints in {cfg.run_dir}/"
+              f"{cfg.checkpoint.dir}, every {cfg.checkpoint.every or 'no'} steps)", file=sys.stderr)
+        return 130
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -82,4 +91,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from shards.errors import run_cli
+    run_cli(main)

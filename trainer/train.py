@@ -59,6 +59,10 @@ def loader_state(loader, epoch: int) -> dict:
     return {"epoch": epoch, "loader": state}
 
 
+class NoDataError(RuntimeError):
+    """A whole epoch produced no batch (every shard failed, or all samples were empty)."""
+
+
 def micro_batches(loader, epoch: int):
     """Endless stream of ``(epoch, TokenBatch)``, calling ``loader.set_epoch`` at each new epoch
     (a loader restored mid-epoch continues where its state points)."""
@@ -69,7 +73,10 @@ def micro_batches(loader, epoch: int):
             empty = False
             yield epoch, batch
         if empty:
-            raise RuntimeError("the loader yielded no batch in a whole epoch; check data.manifest and seq_len")
+            raise NoDataError(
+                f"the loader yielded no batch in epoch {epoch}; the errors logged above name the shards. Common causes: "
+                "cache.max_bytes smaller than one shard, an unreachable data.manifest, corrupt shards "
+                "(python -m shards verify DIR), or every document empty")
         epoch += 1
 
 

@@ -1,0 +1,36 @@
+"""User mistakes at the command lines end in one clear line, never a traceback."""
+import os
+import subprocess
+import sys
+
+from trainer.synthetic import write_counting_shards
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT)
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+
+
+def test_trainer_reports_unreachable_manifest_and_bad_config(tmp_path):
+    p = run("-m", "trainer", "--config", "configs/demo.yaml", "data.manifest=http://127.0.0.1:9/manifest.json",
+            f"run_dir={tmp_path}", f"cache.dir={tmp_path / 'cache'}")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "not found or unreachable: http://127.0.0.1:9/manifest.json" in p.stderr and "Cannot connect" in p.stderr
+    p = run("-m", "trainer", "--config", "configs/demo.yaml", "zero.stagee=2")
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "unknown config key 'zero.stagee'" in p.stderr
+
+
+def test_closed_pipe_ends_quietly(tmp_path):
+    write_counting_shards(str(tmp_path), 400, max_samples=50, vocab=64, max_len=40)
+    cmd = (f"{sys.executable} -m loaders keys --shards {tmp_path} --world-size 2 | head -n 2; "
+           f"exit ${{PIPESTATUS[0]}}")
+    p = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
+    assert len(p.stdout.splitlines()) == 2
+
+
+def test_cache_serve_refuses_missing_folder(tmp_path):
+    p = run("-m", "cache", "serve", str(tmp_path / "missing"))
+    assert p.returncode == 2 and "is not a folder" in p.stderr and "Traceback" not in p.stderr
