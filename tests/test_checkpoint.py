@@ -67,6 +67,7 @@ def _worker(tmp: str):
     with pytest.raises(CheckpointVerifyError) as err:
         ck_async.verify(out["async"])
     out["online_error"] = str(err.value)
+    ck_async.close()
     return out
 
 

@@ -281,6 +281,16 @@ class Checkpointer:
         future.result()
         self._commit(pending)
 
+    def close(self) -> None:
+        """Finish any async save and release the async saves' gloo group (collective when async).
+
+        Destroying the group before exit matters: a gloo group torn down during interpreter
+        shutdown can abort the process ("terminate called without an active exception")."""
+        self.wait()
+        if self.pg is not None:
+            dist.destroy_process_group(self.pg)
+            self.pg = None
+
     def verify(self, path: str) -> None:
         """Verify a finished checkpoint against its ``meta.json`` with a fresh model of this run's
         wrapping (what every save does before it commits); collective.

@@ -246,7 +246,7 @@ def train(cfg: TrainConfig) -> dict:
     elapsed = time.perf_counter() - start
     if cfg.checkpoint.save_at_end and step > first_step:
         saved = ckpts.save(step, wrapped, optimizer, loader_state(loader, epoch), {"anomaly": guard.state_dict()})
-    ckpts.wait()
+    ckpts.close()
     log.close()
     summary = {"train_steps": step - first_step, "final_step": step, "world_size": info.world_size,
                "loss_first": loss_first, "loss_last": loss_last, "tokens_seen": tokens_seen,
