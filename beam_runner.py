@@ -17,12 +17,15 @@ import argparse
 import logging
 import sys
 
-from pipelines.config import PipelineConfig
-from pipelines.corpus import CorpusNotInstalled
-from pipelines.job import run
-from pipelines.output import OutputExistsError
-from pipelines.report import REPORT_PNG, REPORT_TXT, report_text
-from shards.config import ConfigError, load_config
+# Importing Beam logs a notice that its optional Google Cloud clients are missing; they are not
+# needed unless the job runs on Dataflow, so the notice is held back for the imports alone.
+logging.getLogger().setLevel(logging.ERROR)
+from pipelines.config import PipelineConfig  # noqa: E402
+from pipelines.corpus import CorpusNotInstalled  # noqa: E402
+from pipelines.job import run  # noqa: E402
+from pipelines.output import OutputExistsError  # noqa: E402
+from pipelines.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
+from shards.config import ConfigError, load_config  # noqa: E402
 
 
 def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
@@ -42,7 +45,7 @@ def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides, beam_args = split_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
     try:
         cfg = load_config(PipelineConfig, args.config, overrides)
     except (ConfigError, FileNotFoundError) as e:
