@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -12,6 +17,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from cache.http_server import serve_directory
+from trainer.parallel import free_port
 
 
 @pytest.fixture
@@ -28,4 +34,78 @@ def http_server(tmp_path):
     try:
         yield server, base_url, root
     finally:
+        server.stop()
+
+
+@dataclass
+class MotoServer:
+    """A running moto S3 server: its ``endpoint`` URL, fsspec ``storage_options`` and the ``AWS_*``
+    environment that points boto3/s3fs/Beam at it."""
+    proc: subprocess.Popen
+    endpoint: str
+    storage_options: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+
+    def stop(self) -> None:
+        """Terminate the server process (waits up to 10 s, then kills it)."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start_moto(timeout_s: float = 30.0) -> MotoServer:
+    """Start ``moto.server`` on a free 127.0.0.1 port and wait until it answers.
+
+    Raises:
+        ModuleNotFoundError: moto is not installed.
+        RuntimeError: the server did not answer within ``timeout_s`` seconds.
+    """
+    import moto.server  # noqa: F401  (fail early and clearly when moto[server] is missing)
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(endpoint, timeout=1).read()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto S3 server on {endpoint} did not start")
+            time.sleep(0.2)
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint}
+    # no region in client_kwargs: s3fs would send it as a LocationConstraint, which us-east-1 refuses
+    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
+    return MotoServer(proc, endpoint, opts, env)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 API (moto's server, a separate process) on 127.0.0.1 for ``s3://`` tests.
+
+    Yields ``(endpoint_url, storage_options)``: pass ``storage_options`` to fsspec/s3fs, or set the
+    ``AWS_*`` variables this fixture exports (so torchrun children and Beam's S3 filesystem find it).
+    Create buckets with ``s3fs.S3FileSystem(**storage_options).mkdir("bucket")``. Skips only when
+    ``moto[server]`` or ``s3fs`` is not installed (``make install`` installs both).
+    """
+    pytest.importorskip("s3fs")
+    try:
+        server = start_moto()
+    except ModuleNotFoundError as e:
+        pytest.skip(f"moto server not installed: {e}")
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    try:
+        yield server.endpoint, server.storage_options
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         server.stop()
