@@ -14,9 +14,10 @@ import sys
 import tarfile
 from collections import Counter
 
+from .blocks import BLOCK_LAYOUT, META_SUFFIX, block_documents, decode_meta, is_block
 from .errors import explain
 from .index import WIDS_FILE, build_shard_index, dali_index_path, read_sample, write_dali_index, write_wids_index
-from .reader import ReadStats, ShardError, iter_raw, iter_samples
+from .reader import ReadStats, ShardError, decode_sample, iter_raw, iter_samples
 from .reshard import reshard
 from .sample import count_tokens, zstd_decompress
 from .validate import VerifyConfig, resolve, verify_paths
@@ -79,13 +80,28 @@ def cmd_ls(args) -> int:
     return 0
 
 
+def _is_block(sample: dict) -> bool:
+    return isinstance(sample.get("json"), dict) and sample["json"].get("layout") == BLOCK_LAYOUT
+
+
+def _documents(samples):
+    """Samples with token blocks expanded into their documents (see :func:`shards.blocks.block_documents`)."""
+    for sample in samples:
+        yield from block_documents(sample) if _is_block(sample) else [sample]
+
+
 def cmd_inspect(args) -> int:
     sp = _tokenizer(args.tokenizer, args.shard)
     if args.at is not None:
-        _show(read_sample(args.shard, args.at), sp, sys.stdout)
+        sample = read_sample(args.shard, args.at)
+        if _is_block(sample):
+            print(f"== block {sample['__key__']}: {len(sample['json']['ids'])} documents, "
+                  f"{sample['tokens'].size} {sample['tokens'].dtype} tokens")
+        for doc in _documents([sample]):
+            _show(doc, sp, sys.stdout)
         return 0
     shown = 0
-    for sample in iter_samples(args.shard):
+    for sample in _documents(iter_samples(args.shard)):
         if args.key and sample["__key__"] != args.key:
             continue
         _show(sample, sp, sys.stdout)
@@ -116,21 +132,26 @@ def cmd_verify(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    stats, n_shards, tok = ReadStats(), 0, []
+    stats, n_shards, tok, file_bytes = ReadStats(), 0, [], 0
     field_bytes: Counter = Counter()
     for path, _, _ in resolve(args.paths):
         n_shards += 1
+        file_bytes += os.path.getsize(path) if "://" not in path else 0
         for key, fields in iter_raw(path, stats=stats):
             stats.samples += 1
             for suffix, data in fields.items():
                 field_bytes[suffix] += len(data)
-                if suffix.startswith("tokens.npy"):
-                    tok.append(count_tokens(suffix, data))
-    print(f"shards: {n_shards}  samples: {stats.samples}  member bytes: {sum(field_bytes.values())}")
+            if is_block(fields):
+                tok.extend(decode_meta(fields[META_SUFFIX], f"{path}: block {key!r}").lengths.tolist())
+            else:
+                tok.extend(count_tokens(s, d) for s, d in fields.items() if s.startswith("tokens.npy"))
+    print(f"shards: {n_shards}  samples: {stats.samples}  documents: {len(tok)}  member bytes: "
+          f"{sum(field_bytes.values())}  file bytes: {file_bytes}")
     for suffix, b in sorted(field_bytes.items()):
         print(f"  {suffix}: {b} bytes ({b / max(stats.samples, 1):.1f} per sample)")
     if tok:
-        print(f"tokens: {sum(tok)}  per sample min/mean/max: {min(tok)}/{sum(tok) / len(tok):.1f}/{max(tok)}")
+        print(f"tokens: {sum(tok)}  per document min/mean/max: {min(tok)}/{sum(tok) / len(tok):.1f}/{max(tok)}"
+              f"  shard bytes per token: {file_bytes / max(sum(tok), 1):.3f}")
     if stats.faults:
         print(f"faults (samples skipped): {dict(stats.counts)}")
     return 0
@@ -163,6 +184,12 @@ def cmd_cat(args) -> int:
     want = set(args.members)
     out = sys.stdout.buffer
     for key, fields in iter_raw(args.shard):
+        if want and is_block(fields) and key not in want and not any(n.startswith(key + ".") for n in want):
+            # document keys inside a block: write their tokens (little-endian, the block's dtype)
+            for doc in block_documents(decode_sample(args.shard, key, fields)):
+                if doc["__key__"] in want:
+                    out.write(doc["tokens"].tobytes())
+            continue
         for suffix, data in fields.items():
             name = f"{key}.{suffix}"
             if want and name not in want and key not in want:
@@ -210,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prefix", default="shard")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_reshard)
-    s = sub.add_parser("cat", help="write member bytes to stdout (all, or the named KEY / KEY.SUFFIX)")
+    s = sub.add_parser("cat", help="write member bytes to stdout (all, or the named KEY / KEY.SUFFIX); the key of "
+                       "a document inside a token block writes its tokens (little-endian, the block's dtype)")
     s.add_argument("shard")
     s.add_argument("members", nargs="*")
     s.add_argument("-d", "--decompress", action="store_true", help="zstd-decompress .zst members")

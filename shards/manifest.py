@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, field
 
 import fsspec
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)  # 1: one sample per document; 2 adds token blocks and per-shard document counts
+LAYOUTS = ("documents", "token_blocks")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,8 @@ class ShardInfo:
         tokens: number of tokens over all samples (0 for non-text shards).
         bytes: exact file size in bytes.
         sha256: hex digest of the whole file.
+        documents: documents in the shard (text; a token block holds many, see ``shards.blocks``).
+        blocks: token blocks in the shard (0 for one-sample-per-document and image shards).
     """
 
     name: str
@@ -32,6 +36,8 @@ class ShardInfo:
     tokens: int
     bytes: int
     sha256: str
+    documents: int = 0
+    blocks: int = 0
 
 
 @dataclass
@@ -44,6 +50,8 @@ class Manifest:
         vocab_size: tokenizer vocabulary size (0 when there is no tokenizer).
         token_dtype: numpy dtype name of token arrays, ``uint16`` or ``uint32``.
         format_version: integer format version, bumped on incompatible change.
+        layout: ``documents`` (one tar sample per document or image) or ``token_blocks`` (text:
+            one tar sample per block of documents, ``shards.blocks``).
     """
 
     shards: list[ShardInfo] = field(default_factory=list)
@@ -51,6 +59,7 @@ class Manifest:
     vocab_size: int = 0
     token_dtype: str = "uint16"
     format_version: int = FORMAT_VERSION
+    layout: str = "documents"
 
     @property
     def total_samples(self) -> int:
@@ -64,10 +73,19 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(s.bytes for s in self.shards)
 
+    @property
+    def total_documents(self) -> int:
+        return sum(self.document_counts())
+
+    def document_counts(self) -> list[int]:
+        """Documents per shard in manifest order (the loader's unit): ``documents`` for token blocks,
+        else ``samples`` (one sample per document)."""
+        return [s.documents if self.layout == "token_blocks" else s.samples for s in self.shards]
+
     def to_json(self) -> str:
         d = asdict(self)
-        d["total_samples"], d["total_tokens"], d["total_bytes"] = (
-            self.total_samples, self.total_tokens, self.total_bytes)
+        d["total_samples"], d["total_tokens"], d["total_bytes"], d["total_documents"] = (
+            self.total_samples, self.total_tokens, self.total_bytes, self.total_documents)
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     def save(self, directory: str) -> str:
@@ -81,16 +99,27 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Manifest":
+        """Build from a parsed ``manifest.json``.
+
+        Raises:
+            ValueError: an unsupported ``format_version`` or ``layout``.
+        """
         version = d.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"manifest format_version {version!r} is not supported (expected {FORMAT_VERSION})")
+        if version not in SUPPORTED_VERSIONS:
+            raise ValueError(f"manifest format_version {version!r} is not supported (expected one of "
+                             f"{SUPPORTED_VERSIONS}); upgrade colaflow or rewrite the shards")
+        layout = d.get("layout", "documents")
+        if layout not in LAYOUTS:
+            raise ValueError(f"manifest layout {layout!r} is not one of {LAYOUTS}")
         return cls(
-            shards=[ShardInfo(**{k: s[k] for k in ("name", "samples", "tokens", "bytes", "sha256")})
+            shards=[ShardInfo(**{k: s[k] for k in ("name", "samples", "tokens", "bytes", "sha256")},
+                              documents=int(s.get("documents", 0)), blocks=int(s.get("blocks", 0)))
                     for s in d["shards"]],
             tokenizer=d.get("tokenizer"),
             vocab_size=int(d.get("vocab_size", 0)),
             token_dtype=d.get("token_dtype", "uint16"),
             format_version=version,
+            layout=layout,
         )
 
     @classmethod

@@ -5,6 +5,7 @@ import os
 
 from tqdm import tqdm
 
+from .blocks import block_counts, is_block
 from .manifest import Manifest
 from .reader import ShardError, iter_raw
 from .sample import count_tokens, field_name
@@ -21,8 +22,9 @@ def reshard(paths: list[str], out_dir: str, max_samples: int | None = None, max_
             prefix: str = "shard", progress: bool = True) -> Manifest:
     """Copy every sample of ``paths`` (folders, manifests or ``.tar`` files) into new shards.
 
-    Member bytes are copied unchanged; the new ``manifest.json`` in ``out_dir`` keeps the
-    source manifest's tokenizer (path rewritten relative to ``out_dir``), vocab size and dtype.
+    Member bytes are copied unchanged (a token block stays one block; ``max_samples`` counts
+    blocks then); the new ``manifest.json`` in ``out_dir`` keeps the source manifest's layout,
+    tokenizer (path rewritten relative to ``out_dir``), vocab size and dtype.
 
     Raises:
         ShardError: a source shard is malformed, or a sample cannot be written in our format
@@ -38,7 +40,8 @@ def reshard(paths: list[str], out_dir: str, max_samples: int | None = None, max_
         for path, _, _ in items:
             for key, fields in iter_raw(path):
                 try:
-                    writer.write(key, fields, sample_tokens(fields))
+                    docs = block_counts(fields, f"{path}: sample {key!r}")[0] if is_block(fields) else 1
+                    writer.write(key, fields, sample_tokens(fields), docs)
                 except ValueError as e:
                     raise ShardError(f"{path}: sample {key!r}: {e}", "corrupt") from e
                 bar.update()
@@ -49,7 +52,7 @@ def reshard(paths: list[str], out_dir: str, max_samples: int | None = None, max_
         bar.close()
     manifest = Manifest(shards=writer.close())
     if src is not None:
-        manifest.vocab_size, manifest.token_dtype = src.vocab_size, src.token_dtype
+        manifest.vocab_size, manifest.token_dtype, manifest.layout = src.vocab_size, src.token_dtype, src.layout
         if src.tokenizer:
             manifest.tokenizer = os.path.relpath(os.path.join(src_dir, src.tokenizer), out_dir)
     manifest.save(out_dir)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import fsspec
 from tqdm import tqdm
 
+from .blocks import BLOCK_LAYOUT
 from .index import HashingReader
 from .manifest import Manifest, ShardInfo
 from .reader import ReadStats, ShardError, iter_samples
@@ -49,6 +50,7 @@ class ShardReport:
     Attributes:
         path: the shard's path or URL.
         samples: samples read and decoded; tokens: tokens in them; bytes: file size read.
+        documents: documents in them (a token block holds many; otherwise one per sample).
         sha256: hex digest of the file as read ("" when it could not be read).
         stats: faults by class (sample- and file-level) with their messages.
         ok: whether the shard passes under the config it was verified with.
@@ -58,6 +60,7 @@ class ShardReport:
     samples: int = 0
     tokens: int = 0
     bytes: int = 0
+    documents: int = 0
     sha256: str = ""
     stats: ReadStats = field(default_factory=ReadStats)
     ok: bool = True
@@ -98,7 +101,19 @@ def verify_shard(path: str, expected: ShardInfo | None = None, cfg: VerifyConfig
         hf = HashingReader(f)
         for sample in iter_samples(path, hf, stats=stats, schema=schema):
             tokens = sample.get("tokens")
-            rep.tokens += int(tokens.size) if tokens is not None and hasattr(tokens, "size") else 0
+            n = int(tokens.size) if tokens is not None and hasattr(tokens, "size") else 0
+            meta = sample.get("json")
+            if isinstance(meta, dict) and meta.get("layout") == BLOCK_LAYOUT:
+                lengths = meta.get("lengths") or []
+                if sum(lengths) != n or not len(lengths) == len(meta.get("ids", [])) == len(meta.get("sources", [])):
+                    stats.add("undecodable", f"{path}: block {sample['__key__']!r}: {n} tokens, its metadata lists "
+                              f"{len(lengths)} documents of {sum(lengths)} tokens; rewrite the shard")
+                    stats.samples -= 1
+                    continue
+                rep.documents += len(lengths)
+            else:
+                rep.documents += 1
+            rep.tokens += n
         rep.samples = stats.samples
         try:
             while hf.read(1 << 20):
@@ -114,7 +129,10 @@ def verify_shard(path: str, expected: ShardInfo | None = None, cfg: VerifyConfig
             stats.add("checksum_mismatch", f"{path}: whole file: sha256 {rep.sha256[:16]}... differs from the "
                       f"manifest's {expected.sha256[:16]}...; re-download or rewrite the shard")
     if expected is not None and not stats.faults:  # counts only mean something for a clean read
-        for what, got, want in (("samples", rep.samples, expected.samples), ("tokens", rep.tokens, expected.tokens)):
+        checks = [("samples", rep.samples, expected.samples), ("tokens", rep.tokens, expected.tokens)]
+        if expected.documents:  # format 2 lists documents per shard
+            checks.append(("documents", rep.documents, expected.documents))
+        for what, got, want in checks:
             if got != want:
                 stats.add("count_mismatch", f"{path}: whole file: {got} {what} read, manifest says {want}")
     tolerated = skipped if not cfg.strict else 0

@@ -12,6 +12,9 @@ import os
 import tarfile
 from typing import BinaryIO
 
+import numpy as np
+
+from .blocks import DEFAULT_BLOCK_TOKENS, BlockPacker, is_block
 from .keys import member_name
 from .manifest import ShardInfo
 
@@ -82,6 +85,8 @@ class TarShardWriter:
         self._keys: set[str] = set()
         self.samples = 0
         self.tokens = 0
+        self.documents = 0
+        self.blocks = 0
         self.info: ShardInfo | None = None
 
     @property
@@ -89,8 +94,11 @@ class TarShardWriter:
         """Real tar bytes so far (headers and padding included, end-of-archive blocks not yet)."""
         return self._out.size
 
-    def write(self, key: str, fields: dict[str, bytes], tokens: int = 0) -> None:
+    def write(self, key: str, fields: dict[str, bytes], tokens: int = 0, documents: int = 1) -> None:
         """Append one sample: ``fields`` maps suffix (``json``, ``tokens.npy.zst``) to bytes.
+
+        ``tokens`` and ``documents`` (a token block holds many, see :mod:`shards.blocks`) are added
+        to the shard's counts; a token block also counts as a block.
 
         Raises:
             ValueError: no fields, a bad key or suffix (see :func:`shards.keys.member_name`),
@@ -114,6 +122,8 @@ class TarShardWriter:
             self._tar.addfile(_tarinfo(names[suffix], len(data)), io.BytesIO(data))
         self.samples += 1
         self.tokens += tokens
+        self.documents += documents
+        self.blocks += is_block(fields)
 
     def close(self) -> ShardInfo:
         """Finish the archive, fsync, rename into place; returns the shard's :class:`ShardInfo`.
@@ -129,7 +139,7 @@ class TarShardWriter:
             raise ValueError(f"{self.path}: refusing to write an empty shard")
         os.replace(self.tmp_path, self.path)
         self.info = ShardInfo(os.path.basename(self.path), self.samples, self.tokens,
-                              self._out.size, self._out.sha256.hexdigest())
+                              self._out.size, self._out.sha256.hexdigest(), self.documents, self.blocks)
         return self.info
 
     def abort(self) -> None:
@@ -184,7 +194,7 @@ class ShardSequenceWriter:
         self.shards: list[ShardInfo] = []
         self._w: TarShardWriter | None = None
 
-    def write(self, key: str, fields: dict[str, bytes], tokens: int = 0) -> None:
+    def write(self, key: str, fields: dict[str, bytes], tokens: int = 0, documents: int = 1) -> None:
         """Append one sample to the current shard, first closing it if a limit would be crossed.
 
         Raises ``ValueError`` as :meth:`TarShardWriter.write` does.
@@ -200,7 +210,7 @@ class ShardSequenceWriter:
         if w is None:
             w = self._w = TarShardWriter(os.path.join(self.directory, shard_name(self.prefix, self.next_index)))
             self.next_index += 1
-        w.write(key, fields, tokens)
+        w.write(key, fields, tokens, documents)
 
     def close(self) -> list[ShardInfo]:
         """Commit the last shard (if it holds samples); returns :attr:`shards`."""
@@ -217,3 +227,44 @@ class ShardSequenceWriter:
         if self._w is not None:
             self._w.abort()
             self._w = None
+
+
+class TokenBlockWriter:
+    """Write tokenised documents as token blocks (:mod:`shards.blocks`) over a sequence of shards.
+
+    Documents are cut into blocks of about ``block_tokens`` tokens (never split); blocks roll
+    over shards as in :class:`ShardSequenceWriter` (``max_samples`` counts blocks). Use with
+    ``Manifest(layout="token_blocks", shards=writer.close())``.
+
+    Args:
+        directory, prefix, max_samples, max_bytes, start_index: as :class:`ShardSequenceWriter`.
+        block_tokens: target tokens per block.
+        compression: ``none`` (raw, memory-mappable) or ``zstd`` (one frame per block).
+    Raises:
+        ValueError: bad limits, ``block_tokens`` < 1 or an unknown compression.
+    """
+
+    def __init__(self, directory: str, prefix: str = "shard", max_samples: int | None = None,
+                 max_bytes: int | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, compression: str = "none",
+                 start_index: int = 0):
+        self.packer = BlockPacker(block_tokens, compression)
+        self.shards_writer = ShardSequenceWriter(directory, prefix, max_samples, max_bytes, start_index)
+
+    def add(self, doc_id: str, source: str, tokens: np.ndarray, text: str | None = None) -> None:
+        """Append one document (1-D ``uint16``/``uint32`` tokens). Raises ``ValueError`` as
+        :meth:`ShardSequenceWriter.write` and :func:`shards.blocks.encode_block` do."""
+        self._write(self.packer.add(doc_id, source, tokens, text))
+
+    def _write(self, block) -> None:
+        if block is not None:
+            key, fields, docs, tokens = block
+            self.shards_writer.write(key, fields, tokens, docs)
+
+    def close(self) -> list[ShardInfo]:
+        """Write the last block, commit the last shard; returns every shard's :class:`ShardInfo`."""
+        self._write(self.packer.flush())
+        return self.shards_writer.close()
+
+    def abort(self) -> None:
+        """Drop the shard in progress (committed shards stay)."""
+        self.shards_writer.abort()
