@@ -198,8 +198,13 @@ class ShardsConfig:
         prefix: shard file name prefix (``{prefix}-{index:06d}.tar``).
         target_bytes: approximate shard size; the shard count is derived from the total.
         num_shards: fixed shard count (0 = derive from ``target_bytes``).
-        store_text: also store the cleaned text as ``K.txt.zst`` (see ``docs/shard-format.md``).
+        store_text: also store the cleaned text (``K.txt.zst``, or in a token block's metadata).
         write_index: write a DALI ``.idx`` per shard and the wids ``shardindex.json``.
+        layout: ``token_blocks`` (many documents per tar sample, format 2, see
+            ``docs/shard-format.md``) or ``documents`` (one sample per document, format 1).
+        compression: token blocks' tokens: ``none`` (raw, memory-mapped by the loader) or
+            ``zstd`` (one frame per block: smaller, decompressed per block when read).
+        block_tokens: target tokens per block (documents are never split across blocks).
     """
 
     prefix: str = "shard"
@@ -207,6 +212,9 @@ class ShardsConfig:
     num_shards: int = 0
     store_text: bool = False
     write_index: bool = True
+    layout: str = "token_blocks"
+    compression: str = "none"
+    block_tokens: int = 65536
 
 
 @dataclass

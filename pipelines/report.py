@@ -1,7 +1,7 @@
 """The human-readable end-of-job report: ``report.txt`` and ``report.png`` next to ``stats.json``.
 
 Built from ``stats.json`` alone, so it is the same for every runner. The text gives the
-record balance, the top filter reasons, the duplicate rate, tokens and UTF-8 bytes per token,
+record balance, the top filter reasons, the duplicate rate, tokens, UTF-8 and shard bytes per token,
 and the document-length histogram (kept documents per power-of-two token bin); the PNG plots
 that histogram and the filter reasons (matplotlib, Agg backend: no display needed).
 """
@@ -37,7 +37,9 @@ def report_text(stats: dict) -> str:
         f"dead letters     {t['dead_letter']:>12,}",
         f"tokens           {t['tokens']:>12,}",
         f"text bytes       {t['text_bytes']:>12,}",
-        f"bytes per token  {bpt:>12.2f}",
+        f"bytes per token  {bpt:>12.2f}  (UTF-8 text)",
+        f"shard bytes/token{stats.get('shard_bytes_per_token', 0.0):>12.2f}  (shards + indexes, "
+        f"{stats.get('layout', 'documents')})",
         f"shards           {stats.get('shards', 0):>12,}  vocab {stats.get('vocab_size', 0)}",
         f"balanced         {'yes' if t['balanced'] else 'NO':>12}",
         "",

@@ -25,7 +25,8 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from shards import Manifest, ShardInfo, TarShardWriter, encode_text_sample, escape_key, shard_name
+from shards import Manifest, TarShardWriter, encode_text_sample, escape_key, shard_name
+from shards.blocks import COMPRESSIONS, BlockPacker
 from shards.index import WIDS_FILE, build_shard_index, dali_index_path, wids_index, write_dali_index
 
 from .cleaning import stable_bucket
@@ -36,24 +37,37 @@ from .stats import EVENTS, aggregate, event
 TMP_DIR = "_tmp_buckets"
 TOKENIZER_FILE = "tokenizer.model"
 HEADER_BYTES = 1536  # two tar headers plus average padding per sample
+BLOCK_DOC_BYTES = 16  # a document's share of its block's metadata, compressed
 
 
-def encode_sample(item: tuple[Doc, np.ndarray], store_text: bool = False) -> tuple[str, dict[str, bytes], int, str, int]:
-    """``(doc, tokens)`` → ``(key, member bytes, n_tokens, source, text UTF-8 bytes)``.
+def encode_sample(item: tuple[Doc, np.ndarray], store_text: bool = False, layout: str = "token_blocks"
+                  ) -> tuple[str, dict, int, str, int]:
+    """``(doc, tokens)`` → ``(key, fields, n_tokens, source, text UTF-8 bytes)``.
 
     The key is :func:`shards.escape_key` of the id (a hashed key for over-long ids; the id is in
-    the ``json`` member either way); ``store_text`` adds the cleaned text as ``txt.zst``.
+    the metadata either way). ``fields`` always holds ``json`` (the document's metadata, bytes);
+    with ``layout="documents"`` it is the sample's members (``store_text`` adds ``txt.zst``);
+    with ``token_blocks`` it also holds ``tokens`` (the array) and ``text`` (with ``store_text``),
+    which :class:`WriteBucketFn` packs into blocks.
     """
     doc, tokens = item
     text_bytes = len(doc.text.encode("utf-8"))
     meta = {"id": doc.id, "source": doc.source, "n_tokens": int(tokens.size), "n_bytes": text_bytes}
-    fields = encode_text_sample(tokens, meta, doc.text if store_text else None)
+    if layout == "token_blocks":
+        fields = {"json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"), "tokens": tokens}
+        if store_text:
+            fields["text"] = doc.text
+    else:
+        fields = encode_text_sample(tokens, meta, doc.text if store_text else None)
     return escape_key(doc.id), fields, int(tokens.size), doc.source, text_bytes
 
 
 def encoded_size(sample) -> int:
-    """Approximate tar bytes of an encoded sample."""
-    return sum(len(v) for v in sample[1].values()) + HEADER_BYTES
+    """Approximate tar bytes of an encoded sample (a document of a token block: its tokens' bytes)."""
+    fields = sample[1]
+    if isinstance(fields.get("tokens"), np.ndarray):
+        return fields["tokens"].nbytes + BLOCK_DOC_BYTES
+    return sum(len(v) for v in fields.values()) + HEADER_BYTES
 
 
 def num_buckets(total_bytes: int, cfg: ShardsConfig) -> int:
@@ -87,11 +101,13 @@ class WriteBucketFn(beam.DoFn):
     Samples are written sorted by key; a key seen twice (two documents with the same id but
     different text) keeps the first in sort order and emits ``filtered:duplicate_id`` for the
     other. Emits ``kept``, ``tokens`` and ``text_bytes`` events per source. With ``write_index``
-    the DALI ``.idx`` is built here, in parallel, from the file just written.
+    the DALI ``.idx`` is built here, in parallel, from the file just written. Documents encoded
+    for ``token_blocks`` are cut into blocks of ``block_tokens`` in key order.
     """
 
-    def __init__(self, output_dir: str, write_index: bool):
+    def __init__(self, output_dir: str, write_index: bool, compression: str = "none", block_tokens: int = 65536):
         self.output_dir, self.write_index = output_dir, write_index
+        self.compression, self.block_tokens = compression, block_tokens
 
     def process(self, item):
         bucket, samples = item
@@ -104,16 +120,27 @@ class WriteBucketFn(beam.DoFn):
         path = os.path.join(tmp_local, name)
         last_key = None
         counts: dict[tuple[str, str], int] = {}  # summed per bucket: one event per (source, name)
+        packer = BlockPacker(self.block_tokens, self.compression)
+
+        def put(block):
+            if block is not None:
+                writer.write(block[0], block[1], tokens=block[3], documents=block[2])
+
         with TarShardWriter(path) as writer:
             for key, fields, n_tokens, source, text_bytes in samples:
                 if key == last_key:
                     counts[source, "filtered:duplicate_id"] = counts.get((source, "filtered:duplicate_id"), 0) + 1
                     continue
                 last_key = key
-                writer.write(key, fields, tokens=n_tokens)
+                if isinstance(fields.get("tokens"), np.ndarray):
+                    doc = json.loads(fields["json"])
+                    put(packer.add(doc["id"], doc["source"], fields["tokens"], fields.get("text")))
+                else:
+                    writer.write(key, fields, tokens=n_tokens)
                 for name, n in (("kept", 1), ("tokens", n_tokens), ("text_bytes", text_bytes),
                                 (f"length:{length_bin(n_tokens)}", 1)):
                     counts[source, name] = counts.get((source, name), 0) + n
+            put(packer.flush())
         for (source, name), n in sorted(counts.items()):
             yield event(source, name, n)
         index = None
@@ -146,7 +173,7 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
         for a, b in [(src, f"{root}/{final}"), (dali_index_path(src), dali_index_path(f"{root}/{final}"))]:
             if fs.exists(a):
                 fs.mv(a, b)
-        infos.append(ShardInfo(final, info.samples, info.tokens, info.bytes, info.sha256))
+        infos.append(dataclasses.replace(info, name=final))
         if index is not None:
             indexes.append(dataclasses.replace(index, url=final))
     keep = {i.name for i in infos}
@@ -159,18 +186,23 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
     fs.pipe_file(f"{root}/{TOKENIZER_FILE}", model)
     if indexes:
         fs.pipe_file(f"{root}/{WIDS_FILE}", (json.dumps(wids_index(indexes), indent=1) + "\n").encode("utf-8"))
-    manifest = Manifest(shards=infos, tokenizer=TOKENIZER_FILE, vocab_size=vocab_size, token_dtype=dtype)
+    layout = "token_blocks" if any(i.blocks for i in infos) else "documents"
+    manifest = Manifest(shards=infos, tokenizer=TOKENIZER_FILE, vocab_size=vocab_size, token_dtype=dtype, layout=layout)
     fs.pipe_file(f"{root}/manifest.json", manifest.to_json().encode("utf-8"))
     stats = aggregate(events)
-    stats.update(shards=len(infos), vocab_size=vocab_size, token_dtype=dtype,
-                 shard_bytes=manifest.total_bytes)
+    index_bytes = sum(fs.size(p) for p in fs.glob(f"{root}/{cfg.prefix}-*.idx")) if indexes else 0
+    if indexes:
+        index_bytes += fs.size(f"{root}/{WIDS_FILE}")
+    stats.update(shards=len(infos), vocab_size=vocab_size, token_dtype=dtype, layout=layout,
+                 shard_bytes=manifest.total_bytes, index_bytes=index_bytes,
+                 shard_bytes_per_token=(manifest.total_bytes + index_bytes) / max(manifest.total_tokens, 1))
     fs.pipe_file(f"{root}/stats.json", (json.dumps(stats, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     print(f"committed {len(infos)} shards, manifest.json and stats.json to {output_dir}", file=sys.stderr, flush=True)
     return stats
 
 
-def _encode_batch(batch: list, store_text: bool) -> list:
-    return [encode_sample(item, store_text) for item in batch]
+def _encode_batch(batch: list, store_text: bool, layout: str) -> list:
+    return [encode_sample(item, store_text, layout) for item in batch]
 
 
 def _assign_batch(batch: list, total_bytes: int, cfg: ShardsConfig):
@@ -185,13 +217,17 @@ class WriteShards(beam.PTransform):
 
     def __init__(self, output_dir: str, cfg: ShardsConfig):
         super().__init__()
+        if cfg.layout not in ("token_blocks", "documents") or cfg.compression not in COMPRESSIONS or cfg.block_tokens < 1:
+            raise ValueError(f"shards.layout={cfg.layout!r}, shards.compression={cfg.compression!r}, shards.block_tokens="
+                             f"{cfg.block_tokens}: use token_blocks|documents, {'|'.join(COMPRESSIONS)} and >= 1")
         self.output_dir, self.cfg = output_dir, cfg
 
     def expand(self, tokenized):
-        samples = tokenized | "Encode" >> beam.Map(_encode_batch, self.cfg.store_text)
+        samples = tokenized | "Encode" >> beam.Map(_encode_batch, self.cfg.store_text, self.cfg.layout)
         total = (samples | "Size" >> beam.Map(lambda batch: sum(encoded_size(s) for s in batch))
                  | "TotalSize" >> beam.CombineGlobally(sum))
         return (samples
                 | "Assign" >> beam.FlatMap(_assign_batch, beam.pvalue.AsSingleton(total), self.cfg)
                 | "GroupBucket" >> beam.GroupByKey()
-                | "WriteBucket" >> beam.ParDo(WriteBucketFn(self.output_dir, self.cfg.write_index)).with_outputs(EVENTS, main="shards"))
+                | "WriteBucket" >> beam.ParDo(WriteBucketFn(self.output_dir, self.cfg.write_index, self.cfg.compression,
+                                                            self.cfg.block_tokens)).with_outputs(EVENTS, main="shards"))

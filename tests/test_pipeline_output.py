@@ -41,14 +41,21 @@ def test_remote_output_commits_shards_manifest_and_stats(tmp_path):
                      "shardindex.json", "stats.json", "tokenizer.model"]
     assert not fs.exists(f"/colaflow-test/{TMP_DIR}")
     manifest = json.loads(fs.cat_file("/colaflow-test/manifest.json"))
-    assert [s["samples"] for s in manifest["shards"]] == [1, 2]  # bucket 0 first
+    assert [s["documents"] for s in manifest["shards"]] == [1, 2]  # bucket 0 first
+    assert [s["blocks"] for s in manifest["shards"]] == [1, 1] and manifest["layout"] == "token_blocks"
+    assert stats["shard_bytes_per_token"] > 0 and stats["layout"] == "token_blocks"
+    shard_bytes = sum(s["bytes"] for s in manifest["shards"]) + stats["index_bytes"]
+    assert stats["shard_bytes_per_token"] == shard_bytes / manifest["total_tokens"]
+    from pipelines.report import report_text
+    assert f"shard bytes/token{stats['shard_bytes_per_token']:>12.2f}  (shards + indexes, token_blocks)" in report_text(stats)
     assert stats["total"]["kept"] == 3 and stats["total"]["filtered"] == {"duplicate_id": 1}
     assert stats["total"]["balanced"] and stats["shards"] == 2
     local = tmp_path / "shard.tar"
     local.write_bytes(fs.cat_file("/colaflow-test/shard-000001.tar"))
-    assert [s["json"]["id"] for s in iter_samples(str(local))] == ["a", "b"]
+    [block] = list(iter_samples(str(local)))
+    assert block["json"]["ids"] == ["a", "b"] and block["tokens"].tolist() == list(range(5)) + list(range(9))
     wids = json.loads(fs.cat_file("/colaflow-test/shardindex.json"))
     assert [(s["url"], s["nsamples"], s["dali_index"]) for s in wids["shardlist"]] == [
-        ("shard-000000.tar", 1, "shard-000000.idx"), ("shard-000001.tar", 2, "shard-000001.idx")]
+        ("shard-000000.tar", 1, "shard-000000.idx"), ("shard-000001.tar", 1, "shard-000001.idx")]
     assert wids["shardlist"][1]["sha256"] == manifest["shards"][1]["sha256"]
     fs.rm("/colaflow-test", recursive=True)
