@@ -15,9 +15,18 @@ See ``loaders.order`` (sample order and split), ``loaders.packing``, ``loaders.p
 (resume state), ``loaders.steps`` (equal step counts across ranks: ``data.step_policy``),
 ``loaders.member_index`` (per-node shard member offsets) and ``python -m loaders keys --help``.
 """
-from .batch import TokenBatch
-from .config import DataConfig
-from .dataset import TextLoader, build_text_loader
-from .progress import merge_states
+import importlib
 
-__all__ = ["DataConfig", "TextLoader", "TokenBatch", "build_text_loader", "merge_states"]
+# Imported on first use: loader worker processes import ``loaders.workers`` and must not pay for
+# torch, which ``loaders.dataset`` and ``loaders.batch`` import.
+_EXPORTS = {"DataConfig": ".config", "TextLoader": ".dataset", "TokenBatch": ".batch",
+            "build_text_loader": ".dataset", "merge_states": ".progress"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Lazy access to the package's public names (PEP 562)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'loaders' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)

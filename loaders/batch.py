@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .packed import PackedBatch, expand
+
 _FIELDS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
 
 
@@ -32,6 +34,8 @@ class TokenBatch:
         consumed: ``(global position, chunk index, chunks in the document)`` per chunk delivered
             (chunk ``-1``/``-2`` with 0 chunks: an empty/unreadable document); the loader turns
             these into its exact resume state (see :mod:`loaders.progress`).
+        packed: the compact form it was built from (:class:`loaders.packed.PackedBatch`), or ``None``;
+            a CPU batch with one pickles as that (ids plus chunk lengths, about 2 B T bytes).
     """
 
     input_ids: torch.Tensor
@@ -41,6 +45,14 @@ class TokenBatch:
     cu_seqlens: torch.Tensor
     keys: list[str]
     consumed: list[tuple[int, int, int]] = field(default_factory=list)
+    packed: PackedBatch | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_packed(cls, p: PackedBatch) -> "TokenBatch":
+        """Expand a packed batch (:func:`loaders.packed.expand`): ``int64`` ``[B, T]`` tensors, ``int32`` cu_seqlens."""
+        ids, labels, pos, docs, cu = expand(p)
+        return cls(torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(pos), torch.from_numpy(docs),
+                   torch.from_numpy(cu), p.keys, p.consumed, p)
 
     @property
     def num_real_tokens(self) -> int:
@@ -61,6 +73,8 @@ class TokenBatch:
         # pipe write instead of one shared-memory file and descriptor hand-over per tensor,
         # which costs more than copying a few hundred KiB.
         tensors = [getattr(self, f) for f in _FIELDS]
+        if self.packed is not None and all(t.device.type == "cpu" for t in tensors):
+            return TokenBatch.from_packed, (self.packed,)
         if all(t.device.type == "cpu" and not t.requires_grad for t in tensors):
             return _rebuild, (tuple(t.numpy() for t in tensors), self.keys, self.consumed)
         return TokenBatch, (*tensors, self.keys, self.consumed)

@@ -16,8 +16,9 @@ class DataConfig:
         manifest: URL or path of ``manifest.json`` (or its folder): local, ``http(s)://``, fsspec.
         seq_len: tokens per packed row (T); documents longer than this are split into chunks.
         micro_batch_size: rows per micro-batch (B) in ``packed`` mode.
-        num_workers: DataLoader worker processes per rank (0 = load in the main process,
-            with a background thread prefetching batches).
+        num_workers: worker processes per rank (:mod:`loaders.workers`: fresh interpreters without
+            torch, reading within a fraction of a second; 0 = load in the main process). A background
+            thread expands and prefetches batches either way.
         seed: base seed of the deterministic sample order.
         shuffle: shuffle shard order and samples; ``False`` reads the manifest order.
         shuffle_block: samples per block of the block shuffle (the bound on how far a sample
@@ -37,13 +38,9 @@ class DataConfig:
             rows x padded length <= ``max_tokens``).
         pack_window: chunks buffered per consumer for packing; larger = fewer padding tokens.
         max_tokens: token budget per micro-batch in ``token_budget`` mode (>= ``seq_len``).
-        prefetch_batches: batches prefetched ahead of the trainer (per worker, or by the
-            background thread when ``num_workers`` is 0).
+        prefetch_batches: batches prefetched ahead of the trainer per worker (or by the background
+            thread when ``num_workers`` is 0).
         pin_memory: pin batches in page-locked memory when CUDA is present.
-        worker_start: how DataLoader workers start: ``forkserver`` (default: workers inherit no
-            threads, locks or pooled HTTP connections of the trainer process), ``spawn`` or
-            ``fork`` (fastest start; unsafe once the process runs threads such as the cache's
-            prefetcher or fsspec's event loop).
     """
 
     manifest: str = "runs/demo/shards"
@@ -60,7 +57,6 @@ class DataConfig:
     max_tokens: int = 2048
     prefetch_batches: int = 2
     pin_memory: bool = True
-    worker_start: str = "forkserver"
     index_dir: str = ""
 
     def validate(self) -> None:
@@ -75,8 +71,6 @@ class DataConfig:
             raise ValueError(f"data.step_policy={self.step_policy!r}: use one of {STEP_POLICIES}")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"data.batching={self.batching!r}: use one of {BATCHING_MODES}")
-        if self.worker_start not in ("forkserver", "spawn", "fork"):
-            raise ValueError(f"data.worker_start={self.worker_start!r}: use forkserver, spawn or fork")
         if self.pack_window < 1 or self.prefetch_batches < 1:
             raise ValueError("data.pack_window and data.prefetch_batches must be >= 1")
         if self.batching == "token_budget" and self.max_tokens < self.seq_len:

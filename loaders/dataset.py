@@ -1,12 +1,13 @@
-"""The text loader: a torch ``IterableDataset`` of packed batches and its resumable ``DataLoader``.
+"""The text loader of one rank: packed batches from worker processes, with an exact resume state.
 
-Each rank builds ``build_text_loader(cfg, cache, rank, world_size)``. DataLoader worker ``w`` of
-rank ``r`` is consumer ``r * W + w`` of ``C = world_size * W`` (see :mod:`loaders.order`); it
-reads its samples, packs them (:mod:`loaders.packing`) and yields :class:`TokenBatch` es. The
-DataLoader hands batches to the main process in worker round-robin order, so the stream is a
-deterministic function of (seed, epoch, world size, workers, resume state). The main process
-records each batch's ``consumed`` list on delivery (:mod:`loaders.progress`), so the resume
-state is exact even though workers read ahead.
+Each rank builds ``build_text_loader(cfg, cache, rank, world_size)``. Worker ``w`` of rank ``r``
+is consumer ``r * W + w`` of ``C = world_size * W`` (see :mod:`loaders.order`); it reads its
+documents, packs them (:mod:`loaders.packing`) and sends compact batches
+(:class:`loaders.packed.PackedBatch`) that this process expands into :class:`TokenBatch` es.
+Workers (:mod:`loaders.workers`) deliver in round-robin order, so the stream is a deterministic
+function of (seed, epoch, world size, workers, resume state). The main process records each
+batch's ``consumed`` list on delivery (:mod:`loaders.progress`), so the resume state is exact
+even though workers read ahead.
 
 Ranks would deliver different numbers of batches (documents differ in length); ``data.step_policy``
 (:mod:`loaders.steps`) makes every rank take the same number of steps (pad or drop, reported in
@@ -21,19 +22,18 @@ import time
 from hashlib import sha256
 from typing import Iterator
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from shards import Manifest, ShardError
+from shards import Manifest
 
 from .batch import TokenBatch
 from .config import DataConfig
-from .order import SampleOrder, consumer_items, plan_split
-from .packing import BestFitPacker, TokenBudgetBatcher, split_document
-from .progress import BAD, EMPTY, Progress, merge_states
-from .shard_access import LocalShards, ShardReader
+from .order import plan_split
+from .progress import Progress, merge_states
+from .shard_access import LocalShards
 from .steps import StepCounts, StepSync, equal_steps, padding_batch, torch_step_sync
+from .stream import TextStream
+from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -44,140 +44,6 @@ def dataset_fingerprint(manifest: Manifest) -> str:
     for s in manifest.shards:
         h.update(f"{s.name}\0{s.samples}\0{s.sha256}\n".encode())
     return h.hexdigest()[:16]
-
-
-def _worker_cache(cache):
-    """A cache object safe to use in this process: a ``ShardCache`` (threads, locks) is re-opened
-    from its config in each worker process, since forked thread pools do not run."""
-    spec = isinstance(cache, _CacheSpec)
-    cls, cfg = (cache.cls, cache.config) if spec else (type(cache), getattr(cache, "config", None))
-    if cfg is None or (get_worker_info() is None and not spec):
-        return cache, False
-    try:
-        return cls(cfg, resolve=False), True
-    except TypeError:
-        return cls(cfg), True
-
-
-class TextStream(IterableDataset):
-    """Batches of one rank for the epoch and resume point set by :meth:`start`.
-
-    Args:
-        cfg: loader settings.
-        manifest, manifest_url: the dataset and where it lives.
-        cache: shard source (``cache.ShardCache``, :class:`LocalShards`, or any object with
-            ``pinned(url, sha256, size)``).
-        rank, world_size: this process's place in the job.
-    """
-
-    def __init__(self, cfg: DataConfig, manifest: Manifest, manifest_url: str, cache, rank: int, world_size: int):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} out of range for world size {world_size}")
-        self.cfg, self.manifest, self.manifest_url, self.cache = cfg, manifest, manifest_url, cache
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.prefix = 0, 0
-        self.skip = np.empty(0, np.int64)
-        self.partial: dict[int, set[int]] = {}
-
-    def start(self, progress: Progress) -> None:
-        """Read epoch ``progress.epoch`` from its resume point on (positions already consumed skipped)."""
-        self.epoch, self.prefix = progress.epoch, progress.prefix
-        self.skip = np.array(sorted(progress.done), dtype=np.int64)
-        self.partial = {p: set(c) for p, (_, c) in progress.partial.items()}
-
-    def order(self) -> SampleOrder:
-        return SampleOrder([s.samples for s in self.manifest.shards], self.cfg.seed, self.epoch,
-                           self.cfg.shuffle, self.cfg.shuffle_block)
-
-    def consumer_positions(self, worker: int, num_workers: int) -> Iterator[tuple[int, int, int]]:
-        """``(position, shard, local index)`` read by worker ``worker`` of ``num_workers`` on this rank."""
-        return consumer_items(self.order(), self.rank * num_workers + worker, self.world_size * num_workers,
-                              self.prefix, self.skip, self.cfg.remainder)
-
-    def _packer(self):
-        if self.cfg.batching == "token_budget":
-            return TokenBudgetBatcher(self.cfg.max_tokens, self.cfg.pack_window)
-        return BestFitPacker(self.cfg.seq_len, self.cfg.micro_batch_size, self.cfg.pack_window)
-
-    def consumer_batches(self, worker: int, num_workers: int) -> Iterator[TokenBatch]:
-        """Batches of one consumer (what DataLoader worker ``worker`` yields)."""
-        order = self.order()
-        cache, owned = _worker_cache(self.cache)
-        reader = ShardReader(self.manifest, self.manifest_url, cache, self.cfg.index_dir or None)
-        packer, seq_len = self._packer(), self.cfg.seq_len
-        block = -1
-        try:
-            reader.prefetch(order.shards_from(self.prefix))
-            for pos, shard, local in self.consumer_positions(worker, num_workers):
-                if pos // order.block != block:
-                    block = pos // order.block
-                    reader.retain(set(order.block_items(block)[1].tolist()))
-                doc = self._read(reader, shard, local, pos, packer)
-                if doc is None:
-                    continue
-                for chunk in split_document(pos, *doc, seq_len, self.partial.get(pos, frozenset())):
-                    packer.add(chunk)
-                while packer.ready():
-                    yield packer.pop()
-            yield from packer.flush()
-        finally:
-            reader.close()
-            if owned and hasattr(cache, "close"):
-                cache.close()
-
-    def _read(self, reader: ShardReader, shard: int, local: int, pos: int, packer) -> tuple[str, np.ndarray] | None:
-        """``(key, tokens)``, or ``None`` for an empty/unreadable document (recorded, logged)."""
-        name = self.manifest.shards[shard].name
-        try:
-            key, tokens = reader.tokens(shard, local)
-        except ShardError as e:
-            if not reader.failed(shard):  # a whole unreadable shard was logged once by the reader
-                log.warning("sample %d of shard %s skipped (counted as bad): %s", local, name, e)
-            packer.pending.append((pos, BAD, 0))
-            return None
-        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-            log.warning("sample %s of shard %s has no 1-D integer 'tokens' member; skipped (counted as bad)",
-                        key, name)
-            packer.pending.append((pos, BAD, 0))
-            return None
-        if len(tokens) == 0:
-            packer.pending.append((pos, EMPTY, 0))
-            return None
-        return key, tokens
-
-    def rank_batches(self, num_workers: int) -> Iterator[TokenBatch]:
-        """This rank's batches in the DataLoader's order, without processes: worker round-robin,
-        exhausted workers skipped (used by the CLI and tests; ``num_workers`` 0 means 1)."""
-        num_workers = max(num_workers, 1)
-        streams = [self.consumer_batches(w, num_workers) for w in range(num_workers)]
-        while streams:
-            for it in list(streams):
-                try:
-                    yield next(it)
-                except StopIteration:
-                    streams.remove(it)
-
-    def __iter__(self) -> Iterator[TokenBatch]:
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.consumer_batches(worker, num_workers)
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        if getattr(self.cache, "config", None) is not None:  # threads and locks do not pickle
-            state["cache"] = _CacheSpec(type(self.cache), self.cache.config)
-        return state
-
-
-class _CacheSpec:
-    """A cache to re-open in a spawned worker: its class and config."""
-
-    def __init__(self, cls, config):
-        self.cls, self.config = cls, config
-
-
-def _pass_through(batch):
-    return batch
 
 
 class TextLoader:
@@ -194,13 +60,13 @@ class TextLoader:
         self.step_sync = step_sync  # None: torch.distributed all-reduce when initialised
         self.steps = StepCounts()
         self.step_sync_used = "none"
-        self.in_process = in_process  # worker streams interleaved in this process (same order, no DataLoader)
+        self.in_process = in_process  # worker streams interleaved in this process (same order, no processes)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.dataset = TextStream(cfg, manifest, manifest_url, cache, rank, world_size)
         self.cache = cache
         self.order_key = {"seed": cfg.seed, "shuffle": cfg.shuffle, "shuffle_block": cfg.shuffle_block,
                           "seq_len": cfg.seq_len, "dataset": dataset_fingerprint(manifest)}
-        self.progress = Progress(0, self.order_key, manifest.total_samples, world_size)
+        self.progress = Progress(0, self.order_key, manifest.total_documents, world_size)
         self.data_wait_seconds = 0.0
         self.last_split = None  # loaders.order.Split of the current epoch (drop/pad counts)
         self.totals = {"batches": 0, "doc_tokens": 0, "slots": 0, "data_wait_seconds": 0.0}
@@ -242,9 +108,18 @@ class TextLoader:
         if p.order_key != self.order_key:
             raise ValueError(f"loader state was written for {p.order_key}, this loader has {self.order_key};"
                              " resume with the same data and data.seed/shuffle/shuffle_block/seq_len")
+        over = len(p.complete_ranks) >= int(state["world_size"]) or self._nothing_left(p)
         p.world_size = self.world_size
-        self.progress = p.next_epoch() if len(p.complete_ranks) >= int(state["world_size"]) else p
+        self.progress = p.next_epoch() if over else p
         self.progress.complete_ranks = set()
+
+    def _nothing_left(self, p: Progress) -> bool:
+        """Whether epoch ``p`` has been read and nothing is left to hand out: a state saved right after
+        the last batch, before any rank's iterator ended, has every document consumed but no rank
+        marked complete (it must go on with the next epoch, not re-enter a finished one)."""
+        workers = max(self.cfg.num_workers, 1)
+        return p.consumed > 0 and plan_split(p.num_samples - p.consumed, self.world_size * workers,
+                                             self.cfg.remainder).assigned == 0
 
     def split(self):
         """How the rest of the epoch is shared (:class:`loaders.order.Split`) — drop/pad are reported here."""
@@ -273,21 +148,21 @@ class TextLoader:
     # -- iteration --------------------------------------------------------------------
     def _batches(self) -> Iterator[TokenBatch]:
         cfg = self.cfg
+        pin = cfg.pin_memory and torch.cuda.is_available()
         if self.in_process:
-            return self.dataset.rank_batches(cfg.num_workers)
-        if cfg.num_workers > 0:
-            if cfg.worker_start == "forkserver":
-                _preload_forkserver()
-            return iter(DataLoader(self.dataset, batch_size=None, num_workers=cfg.num_workers,
-                                   collate_fn=_pass_through, prefetch_factor=cfg.prefetch_batches,
-                                   multiprocessing_context=cfg.worker_start,
-                                   pin_memory=cfg.pin_memory and torch.cuda.is_available()))
-        return _thread_prefetch(iter(self.dataset), cfg.prefetch_batches,
-                                cfg.pin_memory and torch.cuda.is_available())
+            packed = self.dataset.rank_batches(cfg.num_workers)
+        elif cfg.num_workers > 0:
+            packed = iter(WorkerPool(self.dataset, cfg.num_workers))
+        else:
+            packed = self.dataset.consumer_batches(0, 1)
+        batches = _expand(packed)
+        if self.in_process:
+            return batches
+        return _thread_prefetch(batches, cfg.prefetch_batches * max(cfg.num_workers, 1), pin)
 
     def __iter__(self) -> Iterator[TokenBatch]:
-        if self.rank in self.progress.complete_ranks:  # this rank finished the epoch: go on with the next
-            self.progress = self.progress.next_epoch()
+        if self.rank in self.progress.complete_ranks or self._nothing_left(self.progress):
+            self.progress = self.progress.next_epoch()  # this epoch is over: go on with the next
         split = self.last_split = self.split()
         if split.dropped or split.padded:
             log.info("epoch %d: %d samples dropped, %d repeated (data.remainder=%s)",
@@ -327,12 +202,14 @@ class TextLoader:
         return padding_batch(rows, cfg.seq_len)
 
 
-def _preload_forkserver() -> None:
-    """Have the forkserver import torch and this loader once, so each epoch's DataLoader workers
-    fork with them loaded instead of importing them (seconds per worker). Only takes effect if
-    the forkserver has not started yet; ``__main__`` stays preloaded (the default)."""
-    import multiprocessing.forkserver as fs
-    fs.set_forkserver_preload(["__main__", "torch", __name__])
+def _expand(packed: Iterator) -> Iterator[TokenBatch]:
+    """Packed batches expanded into :class:`TokenBatch` es; closing it closes ``packed`` (and its workers)."""
+    try:
+        for p in packed:
+            yield TokenBatch.from_packed(p)
+    finally:
+        if hasattr(packed, "close"):
+            packed.close()
 
 
 def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool) -> Iterator[TokenBatch]:
@@ -356,6 +233,9 @@ def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool) -> Iterato
             q.put(end)
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer thread
             q.put(e)
+        finally:
+            if hasattr(it, "close"):  # stops worker processes still reading ahead
+                it.close()
 
     thread = threading.Thread(target=run, name="colaflow-batch-prefetch", daemon=True)
     thread.start()
@@ -376,7 +256,7 @@ def build_text_loader(cfg: DataConfig, cache=None, rank: int = 0, world_size: in
     Args:
         cfg: ``data:`` settings (``cfg.manifest``: path, folder or URL of ``manifest.json``).
         cache: ``cache.ShardCache`` for remote shards; ``None`` reads local shards in place.
-        in_process: run the worker streams in this process (same batches, no DataLoader).
+        in_process: run the worker streams in this process (same batches, no worker processes).
         step_sync: step agreement across ranks (default: ``torch.distributed`` all-reduce when
             initialised; see :mod:`loaders.steps`).
     Raises:

@@ -22,9 +22,8 @@ from operator import attrgetter
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from .batch import TokenBatch
+from .packed import PackedBatch, compact_ids
 
 
 @dataclass
@@ -50,48 +49,45 @@ def split_document(position: int, key: str, tokens: np.ndarray, seq_len: int,
             for i in range(n_chunks) if i not in skip]
 
 
-def make_batch(rows: list[list[Chunk]], row_len: int, n_rows: int | None = None,
-               extra_consumed: list[tuple[int, int, int]] | None = None) -> TokenBatch:
-    """Build a :class:`TokenBatch` ``[n_rows, row_len]`` from rows of chunks (empty rows = padding).
+def pack_rows(rows: list[list[Chunk]], row_len: int, n_rows: int | None = None,
+              extra_consumed: list[tuple[int, int, int]] | None = None) -> PackedBatch:
+    """A :class:`loaders.packed.PackedBatch` ``[n_rows, row_len]`` from rows of chunks (missing rows: padding).
 
-    Per chunk: ``position_ids`` 0..len-1, ``document_ids`` = chunk's index in its row,
-    ``labels[t] = input_ids[t+1]`` inside the chunk and ``-100`` on its last token; padding
-    has input 0, position 0, document -1, label -100. ``cu_seqlens`` (int32) runs over the
-    flattened batch with each row's padding tail as its own segment.
+    Token ids are ``uint16`` when they fit, else ``int32``; the full arrays (labels, positions,
+    document ids, cu_seqlens) are derived by :func:`loaders.packed.expand`.
     """
     n_rows = len(rows) if n_rows is None else n_rows
+    rows = rows[:n_rows]
+    chunks = [ch for row in rows for ch in row]
     ids = np.zeros((n_rows, row_len), np.int64)
-    labels = np.full((n_rows, row_len), -100, np.int64)
-    pos = np.zeros((n_rows, row_len), np.int64)
-    docs = np.full((n_rows, row_len), -1, np.int64)
-    cu = [0]
+    if chunks:
+        lens = np.fromiter((ch.length for ch in chunks), np.int64, len(chunks))
+        counts = np.zeros(n_rows, np.int64)
+        counts[:len(rows)] = [len(r) for r in rows]
+        row_of = np.repeat(np.arange(n_rows), counts)
+        ends = np.cumsum(lens)
+        row_first = np.concatenate([[0], np.cumsum(counts)])[:-1]
+        col = (ends - lens) - np.concatenate([[0], ends])[row_first][row_of]
+        flat_chunk = np.repeat(np.arange(len(chunks)), lens)
+        at = (row_of * row_len + col)[flat_chunk] + np.arange(int(ends[-1])) - (ends - lens)[flat_chunk]
+        ids.reshape(-1)[at] = np.concatenate([ch.tokens for ch in chunks])
+    else:
+        lens, counts = np.zeros(0, np.int64), np.zeros(n_rows, np.int64)
     keys: list[str] = []
     consumed = list(extra_consumed or [])
-    for r, row in enumerate(rows[:n_rows]):
-        if not row:
-            cu.append((r + 1) * row_len)
-            continue
-        # one numpy pass per row (not per chunk): concatenated tokens, chunk ends, per-token chunk index
-        lens = np.array([ch.length for ch in row], np.int64)
-        ends = np.cumsum(lens)
-        fill = int(ends[-1])
-        toks = np.concatenate([ch.tokens for ch in row]) if len(row) > 1 else row[0].tokens
-        ids[r, :fill] = toks
-        labels[r, :fill - 1] = toks[1:]
-        labels[r, ends - 1] = -100
-        doc = np.repeat(np.arange(len(row)), lens)
-        docs[r, :fill] = doc
-        pos[r, :fill] = np.arange(fill) - (ends - lens)[doc]
-        cu.extend((r * row_len + ends).tolist())
-        if fill < row_len:
-            cu.append((r + 1) * row_len)
-        for ch in row:
-            consumed.append((ch.position, ch.index, ch.n_chunks))
-            if not keys or keys[-1] != ch.key:
-                keys.append(ch.key)
-    cu.extend((r + 1) * row_len for r in range(len(rows), n_rows))
-    return TokenBatch(torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(pos),
-                      torch.from_numpy(docs), torch.tensor(cu, dtype=torch.int32), keys, consumed)
+    for ch in chunks:
+        consumed.append((ch.position, ch.index, ch.n_chunks))
+        if not keys or keys[-1] != ch.key:
+            keys.append(ch.key)
+    return PackedBatch(compact_ids(ids), lens.astype(np.int32), counts.astype(np.int32), keys, consumed)
+
+
+def make_batch(rows: list[list[Chunk]], row_len: int, n_rows: int | None = None,
+               extra_consumed: list[tuple[int, int, int]] | None = None):
+    """:func:`pack_rows` expanded into a :class:`loaders.batch.TokenBatch` (int64 ``[n_rows, row_len]`` tensors)."""
+    from .batch import TokenBatch  # torch stays out of worker processes, which only pack
+
+    return TokenBatch.from_packed(pack_rows(rows, row_len, n_rows, extra_consumed))
 
 
 def best_fit_decreasing(chunks: list[Chunk], capacity: int) -> list[list[Chunk]]:
@@ -136,7 +132,7 @@ class BestFitPacker:
     def ready(self) -> bool:
         return bool(self.ready_rows) or len(self.buffer) >= self.window
 
-    def pop(self) -> TokenBatch:
+    def pop(self) -> PackedBatch:
         """Next batch. When none is packed: pack the buffer, keep the ``rows`` fullest bins plus
         further batches made only of full bins; the other bins' chunks stay buffered."""
         if not self.ready_rows:
@@ -150,15 +146,15 @@ class BestFitPacker:
             self.ready_rows = [[bins[b] for b in sorted(take[i:i + self.rows])] for i in range(0, len(take), self.rows)]
         return self._emit(self.ready_rows.pop(0))
 
-    def flush(self) -> list[TokenBatch]:
+    def flush(self) -> list[PackedBatch]:
         """Emit everything left (the last batch padded with empty rows)."""
         out = [self._emit(rows) for rows in self.ready_rows]
         bins = best_fit_decreasing(self.buffer, self.seq_len)
         self.buffer, self.ready_rows = [], []
         return out + [self._emit(bins[i:i + self.rows]) for i in range(0, len(bins), self.rows)]
 
-    def _emit(self, rows: list[list[Chunk]]) -> TokenBatch:
-        batch = make_batch(rows, self.seq_len, self.rows, self.pending)
+    def _emit(self, rows: list[list[Chunk]]) -> PackedBatch:
+        batch = pack_rows(rows, self.seq_len, self.rows, self.pending)
         self.pending = []
         return batch
 
@@ -191,7 +187,7 @@ class TokenBudgetBatcher:
                 groups.append([ch])
         return groups
 
-    def pop(self) -> TokenBatch:
+    def pop(self) -> PackedBatch:
         """Emit the group holding the oldest buffered chunk (so no chunk waits for ever)."""
         oldest = self.buffer[0]
         group = next(g for g in self._groups() if any(c is oldest for c in g))
@@ -199,12 +195,12 @@ class TokenBudgetBatcher:
         self.buffer = [c for c in self.buffer if id(c) not in taken]
         return self._emit(group)
 
-    def flush(self) -> list[TokenBatch]:
+    def flush(self) -> list[PackedBatch]:
         groups = self._groups()
         self.buffer = []
         return [self._emit(g) for g in groups]
 
-    def _emit(self, group: list[Chunk]) -> TokenBatch:
-        batch = make_batch([[c] for c in group], max(c.length for c in group), extra_consumed=self.pending)
+    def _emit(self, group: list[Chunk]) -> PackedBatch:
+        batch = pack_rows([[c] for c in group], max(c.length for c in group), extra_consumed=self.pending)
         self.pending = []
         return batch

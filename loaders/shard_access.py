@@ -17,6 +17,7 @@ from shards import Manifest, ShardError, shard_url
 from shards.reader import decode_sample
 from shards.sample import field_name
 
+from .block_access import BlockShard
 from .member_index import default_index_dir, member_table
 from .token_decode import TokenDecoder
 
@@ -132,7 +133,7 @@ class ShardReader:
     def __init__(self, manifest: Manifest, manifest_url: str, cache, index_dir: str | None = None):
         self.manifest, self.manifest_url, self.cache = manifest, manifest_url, cache
         self.index_dir = index_dir or default_index_dir(cache)
-        self._open: dict[int, tuple[IndexedShard, contextlib.ExitStack]] = {}
+        self._open: dict[int, tuple[IndexedShard | BlockShard, contextlib.ExitStack]] = {}
         self._failed: dict[int, str] = {}
 
     def shard_ref(self, shard: int) -> tuple[str, str, int]:
@@ -145,7 +146,7 @@ class ShardReader:
         if hasattr(self.cache, "prefetch"):
             self.cache.prefetch([self.shard_ref(s) for s in shards])
 
-    def _shard(self, shard: int) -> IndexedShard:
+    def _shard(self, shard: int) -> IndexedShard | BlockShard:
         if shard in self._failed:
             raise ShardError(self._failed[shard])
         if shard not in self._open:
@@ -153,8 +154,12 @@ class ShardReader:
             try:
                 path = stack.enter_context(self.cache.pinned(*self.shard_ref(shard)))
                 info = self.manifest.shards[shard]
-                handle = IndexedShard(path, info.samples, info.sha256, info.bytes, self.index_dir,
-                                      self.manifest.token_dtype)
+                if self.manifest.layout == "token_blocks":
+                    handle = BlockShard(path, info.samples, info.sha256, info.bytes, self.index_dir,
+                                        self.manifest.token_dtype, info.documents)
+                else:
+                    handle = IndexedShard(path, info.samples, info.sha256, info.bytes, self.index_dir,
+                                          self.manifest.token_dtype)
                 self._open[shard] = (handle, stack)
             except Exception as e:  # noqa: BLE001 - any fetch/verify failure: skip the shard's samples, counted
                 stack.close()

@@ -17,34 +17,42 @@ from loaders.__main__ import main as loaders_cli
 from loaders.config import DataConfig
 from loaders.dataset import build_text_loader
 from loaders.progress import merge_states
-from shards import Manifest, ShardSequenceWriter, encode_text_sample
+from shards import Manifest, ShardSequenceWriter, TokenBlockWriter, encode_text_sample
 
 N_DOCS = 48
+LAYOUTS = ["token_blocks/none", "token_blocks/zstd", "documents"]
 
 
-def write_text_shards(directory: str, n_docs: int = N_DOCS, seed: int = 0, bad_key: str | None = None) -> dict:
+def write_text_shards(directory: str, n_docs: int = N_DOCS, seed: int = 0, bad_key: str | None = None,
+                      layout: str = "token_blocks/none") -> dict:
     """Shards of random token documents of very uneven lengths (1 .. ~700 tokens) and uneven
-    shard sizes (rolled by bytes). Returns ``{key: tokens}``."""
+    shard sizes (rolled by bytes), as token blocks of ~600 tokens (raw or zstd) or one sample per
+    document. Returns ``{key: tokens}``."""
     rng = np.random.default_rng(seed)
     docs = {}
-    w = ShardSequenceWriter(directory, max_bytes=12 * 1024)
+    blocks = layout.startswith("token_blocks")
+    w = (TokenBlockWriter(directory, max_bytes=12 * 1024, block_tokens=600, compression=layout.split("/")[1])
+         if blocks else ShardSequenceWriter(directory, max_bytes=12 * 1024))
     for i in range(n_docs):
         n = int(rng.choice([1, 2, 5, 30, 90, 250, 700]))
         toks = rng.integers(0, 60000, n).astype(np.uint16)
         key = f"doc{i:04d}"
-        fields = encode_text_sample(toks, {"id": key})
-        if key == bad_key:
-            fields["tokens.npy.zst"] = b"not zstd at all"
-        w.write(key, fields, tokens=n)
+        if blocks:
+            w.add(key, "test", toks)
+        else:
+            fields = encode_text_sample(toks, {"id": key})
+            if key == bad_key:
+                fields["tokens.npy.zst"] = b"not zstd at all"
+            w.write(key, fields, tokens=n)
         docs[key] = toks
-    Manifest(shards=w.close(), vocab_size=60000).save(directory)
+    Manifest(shards=w.close(), vocab_size=60000, layout=layout.split("/")[0]).save(directory)
     return docs
 
 
-@pytest.fixture(scope="module")
-def text_shards(tmp_path_factory):
+@pytest.fixture(scope="module", params=LAYOUTS)
+def text_shards(request, tmp_path_factory):
     d = str(tmp_path_factory.mktemp("text_shards"))
-    return d, write_text_shards(d)
+    return d, write_text_shards(d, layout=request.param)
 
 
 def _cfg(d, **kw):
@@ -144,8 +152,26 @@ def test_resume_at_epoch_end_starts_next_epoch(text_shards):
     _assert_epoch(_chunks(ep1), docs, 64, nxt)
 
 
+def test_checkpoint_right_after_the_last_batch_resumes_into_the_next_epoch(text_shards):
+    """A state saved right after a rank's last batch (before its iterator finished, so the rank is
+    not marked complete) resumes into the next epoch instead of yielding nothing."""
+    d, docs = text_shards
+    for world in (1, 3):
+        loaders = [build_text_loader(_cfg(d), rank=r, world_size=world, in_process=True) for r in range(world)]
+        counts = [len(list(build_text_loader(_cfg(d), rank=r, world_size=world, in_process=True))) for r in range(world)]
+        its = [iter(ld) for ld in loaders]
+        for it, n in zip(its, counts):  # exactly each rank's batches: no next() past its last one
+            for _ in range(n):
+                next(it)
+        state = merge_states([ld.state_dict() for ld in loaders])
+        assert state["consumed"] == N_DOCS and state["epoch"] == 0
+        resumed, ep1 = _run_ranks(d, world, state=state)
+        assert ep1 and all(ld.epoch == 1 for ld in resumed)
+        _assert_epoch(_chunks(ep1), docs, 64, resumed[0])
+
+
 def test_dataloader_workers_and_real_cache_over_http(http_server, tmp_path):
-    """Real DataLoader worker processes (forkserver) reading through the real node cache from an
+    """Real worker processes (:mod:`loaders.workers`) reading through the real node cache from an
     HTTP server: same batches as the in-process order; resume after a few steps (workers had read
     ahead) is exact with another worker count."""
     _, base_url, root = http_server
@@ -175,7 +201,7 @@ def test_dataloader_workers_and_real_cache_over_http(http_server, tmp_path):
 
 
 def test_bad_sample_is_counted_not_fatal(tmp_path):
-    docs = write_text_shards(str(tmp_path), n_docs=12, bad_key="doc0003")
+    docs = write_text_shards(str(tmp_path), n_docs=12, bad_key="doc0003", layout="documents")
     loader = build_text_loader(_cfg(str(tmp_path)))
     keys = {k for b in loader for k in b.keys}
     assert keys == set(docs) - {"doc0003"}
@@ -201,7 +227,7 @@ def test_keys_cli_lists_every_sample_once(text_shards):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         loaders_cli(["keys", "--shards", os.path.join(d, "manifest.json"), "--world-size", "2", "--workers", "1",
-                     "--resume-at", "3", "data.seq_len=64", "data.micro_batch_size=2", "data.pack_window=4"])
+                     "--resume-at", "8", "data.seq_len=64", "data.micro_batch_size=2", "data.pack_window=4"])
     rest = [line for line in out.getvalue().splitlines() if not line.startswith("#")]
     assert 0 < len(rest) < N_DOCS
 

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loaders.batch import TokenBatch
 from loaders.packing import BestFitPacker, TokenBudgetBatcher, make_batch, split_document
 
 
@@ -18,7 +19,7 @@ def _run(packer, docs, seq_len):
             packer.add(ch)
         while packer.ready():
             batches.append(packer.pop())
-    return batches + packer.flush()
+    return [TokenBatch.from_packed(b) for b in batches + packer.flush()]
 
 
 def _check_batch(b):

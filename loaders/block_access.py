@@ -1,0 +1,182 @@
+"""Reading documents out of token-block shards (``layout: token_blocks``, see ``shards.blocks``).
+
+A shard is opened once per consumer: its blocks' member offsets come from the node's member
+index (:func:`loaders.member_index.member_table`), and every block's metadata (``json.zst``:
+ids, sources, lengths) is read once into a per-shard document table of numpy arrays, kept in a
+per-process LRU. A document is then a slice:
+
+* raw blocks (``tokens.npy``): the whole shard file is memory-mapped and viewed as one token
+  array (block data is 64-byte aligned inside the tar), so a document's tokens are a zero-copy
+  view ``tokens[base + start : base + start + length]`` — no read call, no copy, no decode;
+* zstd blocks (``tokens.npy.zst``): the block is decompressed once into memory (one frame) and
+  documents are slices of it; the last few decompressed blocks are kept.
+"""
+from __future__ import annotations
+
+import collections
+import mmap
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from shards import ShardError
+from shards.blocks import META_SUFFIX, decode_meta, npy_data_offset
+from shards.keys import escape_key
+
+from .member_index import member_table
+from .token_decode import TokenDecoder
+
+MEMORY_TABLES = 128  # shards whose document tables one process keeps
+ZSTD_BLOCKS_KEPT = 4  # decompressed blocks kept per open shard
+
+
+@dataclass(frozen=True)
+class DocTable:
+    """Documents of one token-block shard, in file order.
+
+    Attributes:
+        block: ``int64`` ``[documents]``: the block holding each document.
+        start: ``int64`` ``[documents]``: its first token's offset inside the block (tokens).
+        length: ``int64`` ``[documents]``: its token count.
+        ids: original document ids.
+        block_tokens: ``int64`` ``[blocks]``: tokens per block (from the metadata).
+    """
+
+    block: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    ids: list[str]
+    block_tokens: np.ndarray
+
+
+_tables: collections.OrderedDict[tuple, DocTable] = collections.OrderedDict()
+
+
+def _doc_table(path: str, fd: int, meta_rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, cache_key) -> DocTable:
+    table = _tables.get(cache_key)
+    if table is not None:
+        _tables.move_to_end(cache_key)
+        return table
+    blocks, starts, lengths, ids, totals = [], [], [], [], []
+    for b, row in enumerate(meta_rows.tolist()):
+        if row < 0:
+            raise ShardError(f"{path}: block {b} has no {META_SUFFIX} member", "missing_field")
+        data = os.pread(fd, int(sizes[row]), int(offsets[row]))
+        try:
+            meta = decode_meta(data, f"{path}: block {b}")
+        except ValueError as e:
+            raise ShardError(str(e), "undecodable") from e
+        n = len(meta.ids)
+        blocks.append(np.full(n, b, np.int64))
+        starts.append(meta.offsets[:-1])
+        lengths.append(meta.lengths)
+        ids.extend(meta.ids)
+        totals.append(meta.tokens)
+    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
+    table = DocTable(cat(blocks), cat(starts), cat(lengths), ids, np.asarray(totals, np.int64))
+    _tables[cache_key] = table
+    while len(_tables) > MEMORY_TABLES:
+        _tables.popitem(last=False)
+    return table
+
+
+class BlockShard:
+    """One open token-block shard: documents by index (file order), as read-only token arrays.
+
+    Args:
+        path: the local shard file.
+        expected_blocks, expected_documents: the manifest's ``samples`` and ``documents``.
+        sha256, size: the manifest's digest and byte size (index store key).
+        index_dir: the node's member-index store.
+        token_dtype: the manifest's token dtype.
+    Raises:
+        ShardError: unreadable tar or block metadata, block or document counts that differ from
+            the manifest, or raw token data that does not match a block's metadata.
+    """
+
+    def __init__(self, path: str, expected_blocks: int | None = None, sha256: str | None = None,
+                 size: int | None = None, index_dir: str | None = None, token_dtype: str = "uint16",
+                 expected_documents: int | None = None):
+        self.path = path
+        self.dtype = np.dtype(token_dtype).newbyteorder("<")
+        self._f = open(path, "rb")
+        try:
+            self._open(sha256, size, index_dir, expected_blocks, expected_documents)
+        except BaseException:
+            self._f.close()
+            raise
+
+    def _open(self, sha256, size, index_dir, expected_blocks, expected_documents) -> None:
+        t = member_table(self.path, self._f, sha256, size, index_dir, expected_blocks)
+        key = (sha256, size) if sha256 else (self.path, os.stat(self.path).st_mtime_ns)
+        self.docs = _doc_table(self.path, self._f.fileno(), t.field_rows("json"), t.offset, t.size, key)
+        if expected_documents and len(self.docs.ids) != expected_documents:
+            raise ShardError(f"{self.path}: {len(self.docs.ids)} documents but the manifest says {expected_documents};"
+                             " the shard or the manifest is stale — rebuild the manifest", "count_mismatch")
+        rows = t.field_rows("tokens")
+        if (rows < 0).any():
+            raise ShardError(f"{self.path}: block {int(np.argmax(rows < 0))} has no tokens member", "missing_field")
+        self._suffix = [str(t.suffixes[t.code[r]]) for r in rows.tolist()]
+        self._offset, self._size = t.offset[rows], t.size[rows]
+        self._raw = not any(s.endswith(".zst") for s in self._suffix)
+        self._blocks: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self._decoder = TokenDecoder(self.dtype.name)
+        if self._raw and len(rows):
+            mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
+            item = self.dtype.itemsize
+            heads = [npy_data_offset(mm[o:o + 16]) for o in self._offset.tolist()]
+            data_off = self._offset + np.asarray(heads, np.int64)
+            if (data_off % item).any() or ((self._offset + self._size - data_off) // item != self.docs.block_tokens).any():
+                raise ShardError(f"{self.path}: raw token data does not match the blocks' metadata (dtype "
+                                 f"{self.dtype.name}); rewrite the shard", "undecodable")
+            self._base = data_off // item
+            self._all = np.frombuffer(mm, self.dtype, len(mm) // item)  # the mapping lives as long as a view does
+
+    def __len__(self) -> int:
+        return len(self.docs.ids)
+
+    def key(self, index: int) -> str:
+        """Sample key of document ``index`` (:func:`shards.escape_key` of its id)."""
+        return escape_key(self.docs.ids[index])
+
+    def _block(self, b: int) -> np.ndarray:
+        got = self._blocks.get(b)
+        if got is None:
+            data = os.pread(self._f.fileno(), int(self._size[b]), int(self._offset[b]))
+            try:
+                got = self._decoder.tokens(self._suffix[b], data)
+            except Exception as e:  # noqa: BLE001 - any decoder failure is reported with its location
+                raise ShardError(f"{self.path}: cannot decode block {b} ({self._suffix[b]}): {type(e).__name__}: {e}",
+                                 "undecodable") from e
+            if len(got) != self.docs.block_tokens[b]:
+                raise ShardError(f"{self.path}: block {b} holds {len(got)} tokens, its metadata says "
+                                 f"{int(self.docs.block_tokens[b])}; rewrite the shard", "undecodable")
+            self._blocks[b] = got
+            while len(self._blocks) > ZSTD_BLOCKS_KEPT:
+                self._blocks.popitem(last=False)
+        return got
+
+    def tokens(self, index: int) -> tuple[str, np.ndarray]:
+        """``(key, tokens)`` of document ``index``: a read-only 1-D view (the manifest's dtype).
+
+        Raises:
+            ShardError: its block cannot be read or decoded (names shard and block).
+        """
+        d = self.docs
+        b, s, n = int(d.block[index]), int(d.start[index]), int(d.length[index])
+        if self._raw:
+            a = int(self._base[b]) + s
+            return escape_key(d.ids[index]), self._all[a:a + n]
+        return escape_key(d.ids[index]), self._block(b)[s:s + n]
+
+    def read(self, index: int, fields: tuple[str, ...] | None = None) -> dict:
+        """Document ``index`` as a sample: ``{"__key__", "json": {"id", "block"}, "tokens"}``."""
+        key, toks = self.tokens(index)
+        return {"__key__": key, "json": {"id": self.docs.ids[index], "block": int(self.docs.block[index])},
+                "tokens": toks}
+
+    def close(self) -> None:
+        """Close the file; a memory map stays valid until the last token view is gone."""
+        self._f.close()
+        self._all = None

@@ -1,0 +1,150 @@
+"""One rank's stream of packed batches (numpy only: loader worker processes import this, not torch).
+
+Worker ``w`` of rank ``r`` is consumer ``r * W + w`` of ``C = world_size * W`` (see
+:mod:`loaders.order`); it reads its documents, packs them (:mod:`loaders.packing`) and yields
+:class:`loaders.packed.PackedBatch` es. :meth:`TextStream.rank_batches` interleaves the workers
+round-robin (an exhausted worker is skipped), the order :mod:`loaders.workers` delivers in.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+import numpy as np
+
+from shards import Manifest, ShardError
+
+from .config import DataConfig
+from .order import SampleOrder, consumer_items
+from .packed import PackedBatch
+from .packing import BestFitPacker, TokenBudgetBatcher, split_document
+from .progress import BAD, EMPTY, Progress
+from .shard_access import ShardReader
+
+log = logging.getLogger(__name__)
+
+
+class _CacheSpec:
+    """A cache to re-open in a worker process: its class and config."""
+
+    def __init__(self, cls, config):
+        self.cls, self.config = cls, config
+
+
+def _worker_cache(cache):
+    """A cache object safe to use in this process: a ``ShardCache`` (threads, locks) travels to a
+    worker process as its class and config (:class:`_CacheSpec`) and is re-opened there."""
+    if not isinstance(cache, _CacheSpec):
+        return cache, False
+    try:
+        return cache.cls(cache.config, resolve=False), True
+    except TypeError:
+        return cache.cls(cache.config), True
+
+
+class TextStream:
+    """Packed batches of one rank for the epoch and resume point set by :meth:`start`.
+
+    Args:
+        cfg: loader settings.
+        manifest, manifest_url: the dataset and where it lives.
+        cache: shard source (``cache.ShardCache``, :class:`loaders.shard_access.LocalShards`, or any
+            object with ``pinned(url, sha256, size)``).
+        rank, world_size: this process's place in the job.
+    Raises:
+        ValueError: ``rank`` out of range.
+    """
+
+    def __init__(self, cfg: DataConfig, manifest: Manifest, manifest_url: str, cache, rank: int, world_size: int):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} out of range for world size {world_size}")
+        self.cfg, self.manifest, self.manifest_url, self.cache = cfg, manifest, manifest_url, cache
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.prefix = 0, 0
+        self.skip = np.empty(0, np.int64)
+        self.partial: dict[int, set[int]] = {}
+
+    def start(self, progress: Progress) -> None:
+        """Read epoch ``progress.epoch`` from its resume point on (positions already consumed skipped)."""
+        self.epoch, self.prefix = progress.epoch, progress.prefix
+        self.skip = np.array(sorted(progress.done), dtype=np.int64)
+        self.partial = {p: set(c) for p, (_, c) in progress.partial.items()}
+
+    def order(self) -> SampleOrder:
+        """The epoch's document order (documents per shard from the manifest)."""
+        return SampleOrder(self.manifest.document_counts(), self.cfg.seed, self.epoch,
+                           self.cfg.shuffle, self.cfg.shuffle_block)
+
+    def consumer_positions(self, worker: int, num_workers: int) -> Iterator[tuple[int, int, int]]:
+        """``(position, shard, local index)`` read by worker ``worker`` of ``num_workers`` on this rank."""
+        return consumer_items(self.order(), self.rank * num_workers + worker, self.world_size * num_workers,
+                              self.prefix, self.skip, self.cfg.remainder)
+
+    def _packer(self):
+        if self.cfg.batching == "token_budget":
+            return TokenBudgetBatcher(self.cfg.max_tokens, self.cfg.pack_window)
+        return BestFitPacker(self.cfg.seq_len, self.cfg.micro_batch_size, self.cfg.pack_window)
+
+    def consumer_batches(self, worker: int, num_workers: int) -> Iterator[PackedBatch]:
+        """Packed batches of one consumer (what loader worker ``worker`` of ``num_workers`` yields)."""
+        order = self.order()
+        cache, owned = _worker_cache(self.cache)
+        reader = ShardReader(self.manifest, self.manifest_url, cache, self.cfg.index_dir or None)
+        packer, seq_len = self._packer(), self.cfg.seq_len
+        block = -1
+        try:
+            reader.prefetch(order.shards_from(self.prefix))
+            for pos, shard, local in self.consumer_positions(worker, num_workers):
+                if pos // order.block != block:
+                    block = pos // order.block
+                    reader.retain(set(order.block_items(block)[1].tolist()))
+                doc = self._read(reader, shard, local, pos, packer)
+                if doc is None:
+                    continue
+                for chunk in split_document(pos, *doc, seq_len, self.partial.get(pos, frozenset())):
+                    packer.add(chunk)
+                while packer.ready():
+                    yield packer.pop()
+            yield from packer.flush()
+        finally:
+            reader.close()
+            if owned and hasattr(cache, "close"):
+                cache.close()
+
+    def _read(self, reader: ShardReader, shard: int, local: int, pos: int, packer) -> tuple[str, np.ndarray] | None:
+        """``(key, tokens)``, or ``None`` for an empty/unreadable document (recorded, logged)."""
+        name = self.manifest.shards[shard].name
+        try:
+            key, tokens = reader.tokens(shard, local)
+        except ShardError as e:
+            if not reader.failed(shard):  # a whole unreadable shard was logged once by the reader
+                log.warning("sample %d of shard %s skipped (counted as bad): %s", local, name, e)
+            packer.pending.append((pos, BAD, 0))
+            return None
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            log.warning("sample %s of shard %s has no 1-D integer 'tokens' member; skipped (counted as bad)",
+                        key, name)
+            packer.pending.append((pos, BAD, 0))
+            return None
+        if len(tokens) == 0:
+            packer.pending.append((pos, EMPTY, 0))
+            return None
+        return key, tokens
+
+    def rank_batches(self, num_workers: int) -> Iterator[PackedBatch]:
+        """This rank's batches in the workers' delivery order, without processes: worker round-robin,
+        exhausted workers skipped (``num_workers`` 0 means 1)."""
+        num_workers = max(num_workers, 1)
+        streams = [self.consumer_batches(w, num_workers) for w in range(num_workers)]
+        while streams:
+            for it in list(streams):
+                try:
+                    yield next(it)
+                except StopIteration:
+                    streams.remove(it)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if getattr(self.cache, "config", None) is not None:  # threads and locks do not pickle
+            state["cache"] = _CacheSpec(type(self.cache), self.cache.config)
+        return state
