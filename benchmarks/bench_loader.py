@@ -112,7 +112,7 @@ def _measure(batches) -> dict:
 def run_colaflow(shards: str, args, batching: str) -> dict:
     cfg = DataConfig(manifest=shards, seq_len=args.seq_len, micro_batch_size=args.batch, num_workers=args.workers,
                      batching=batching, max_tokens=args.seq_len * args.batch, pack_window=256,
-                     worker_start=args.start, pin_memory=False, index_dir=os.path.join(shards, "index"))
+                     pin_memory=False, index_dir=os.path.join(shards, "index"))
 
     def counts():
         for b in build_text_loader(cfg):

@@ -9,7 +9,7 @@ per-process LRU. A document is then a slice:
   array (block data is 64-byte aligned inside the tar), so a document's tokens are a zero-copy
   view ``tokens[base + start : base + start + length]`` — no read call, no copy, no decode;
 * zstd blocks (``tokens.npy.zst``): the block is decompressed once into memory (one frame) and
-  documents are slices of it; the last few decompressed blocks are kept.
+  documents are slices of it; the most recently used blocks are kept (up to 64 MiB per shard).
 """
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ from .member_index import member_table
 from .token_decode import TokenDecoder
 
 MEMORY_TABLES = 128  # shards whose document tables one process keeps
-ZSTD_BLOCKS_KEPT = 4  # decompressed blocks kept per open shard
+# Decompressed zstd blocks kept per open shard: a shuffle block's documents span several token
+# blocks and are visited in random order, so the whole span must stay decompressed.
+ZSTD_KEEP_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class BlockShard:
         self._offset, self._size = t.offset[rows], t.size[rows]
         self._raw = not any(s.endswith(".zst") for s in self._suffix)
         self._blocks: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self._kept = 0
         self._decoder = TokenDecoder(self.dtype.name)
         if self._raw and len(rows):
             mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -130,15 +133,23 @@ class BlockShard:
             if (data_off % item).any() or ((self._offset + self._size - data_off) // item != self.docs.block_tokens).any():
                 raise ShardError(f"{self.path}: raw token data does not match the blocks' metadata (dtype "
                                  f"{self.dtype.name}); rewrite the shard", "undecodable")
-            self._base = data_off // item
             self._all = np.frombuffer(mm, self.dtype, len(mm) // item)  # the mapping lives as long as a view does
+            self._at = ((data_off // item)[self.docs.block] + self.docs.start).tolist()  # per document, in _all
+        else:
+            self._at = self.docs.start.tolist()
+        self._block_of = self.docs.block.tolist()
+        self._len = self.docs.length.tolist()
+        self._keys: list[str | None] = [None] * len(self.docs.ids)
 
     def __len__(self) -> int:
         return len(self.docs.ids)
 
     def key(self, index: int) -> str:
-        """Sample key of document ``index`` (:func:`shards.escape_key` of its id)."""
-        return escape_key(self.docs.ids[index])
+        """Sample key of document ``index`` (:func:`shards.escape_key` of its id, computed once)."""
+        k = self._keys[index]
+        if k is None:
+            k = self._keys[index] = escape_key(self.docs.ids[index])
+        return k
 
     def _block(self, b: int) -> np.ndarray:
         got = self._blocks.get(b)
@@ -153,8 +164,11 @@ class BlockShard:
                 raise ShardError(f"{self.path}: block {b} holds {len(got)} tokens, its metadata says "
                                  f"{int(self.docs.block_tokens[b])}; rewrite the shard", "undecodable")
             self._blocks[b] = got
-            while len(self._blocks) > ZSTD_BLOCKS_KEPT:
-                self._blocks.popitem(last=False)
+            self._kept += got.nbytes
+            while self._kept > ZSTD_KEEP_BYTES and len(self._blocks) > 1:
+                self._kept -= self._blocks.popitem(last=False)[1].nbytes
+        else:
+            self._blocks.move_to_end(b)
         return got
 
     def tokens(self, index: int) -> tuple[str, np.ndarray]:
@@ -163,12 +177,9 @@ class BlockShard:
         Raises:
             ShardError: its block cannot be read or decoded (names shard and block).
         """
-        d = self.docs
-        b, s, n = int(d.block[index]), int(d.start[index]), int(d.length[index])
-        if self._raw:
-            a = int(self._base[b]) + s
-            return escape_key(d.ids[index]), self._all[a:a + n]
-        return escape_key(d.ids[index]), self._block(b)[s:s + n]
+        a, n = self._at[index], self._len[index]
+        src = self._all if self._raw else self._block(self._block_of[index])
+        return self.key(index), src[a:a + n]
 
     def read(self, index: int, fields: tuple[str, ...] | None = None) -> dict:
         """Document ``index`` as a sample: ``{"__key__", "json": {"id", "block"}, "tokens"}``."""

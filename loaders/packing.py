@@ -19,31 +19,31 @@ from __future__ import annotations
 
 import bisect
 from operator import attrgetter
-from dataclasses import dataclass
 
 import numpy as np
 
 from .packed import PackedBatch, compact_ids
 
 
-@dataclass
 class Chunk:
-    """Chunk ``index`` of ``n_chunks`` of the document at global ``position`` (``tokens`` 1-D)."""
+    """Chunk ``index`` of ``n_chunks`` of the document at global ``position`` (``tokens`` 1-D).
 
-    position: int
-    key: str
-    index: int
-    n_chunks: int
-    tokens: np.ndarray
+    A slotted class, not a dataclass: the loader makes one per chunk (its hot path).
+    """
 
-    def __post_init__(self):
-        self.length = len(self.tokens)
-        self.sort_key = (-self.length, self.position, self.index)  # longest first, ties by place
+    __slots__ = ("position", "key", "index", "n_chunks", "tokens", "length", "sort_key")
+
+    def __init__(self, position: int, key: str, index: int, n_chunks: int, tokens: np.ndarray):
+        self.position, self.key, self.index, self.n_chunks, self.tokens = position, key, index, n_chunks, tokens
+        self.length = len(tokens)
+        self.sort_key = (-self.length, position, index)  # longest first, ties by place
 
 
 def split_document(position: int, key: str, tokens: np.ndarray, seq_len: int,
                    skip: set[int] | frozenset = frozenset()) -> list[Chunk]:
     """Chunks of one document, leaving out the chunk indices in ``skip`` (delivered before a resume)."""
+    if len(tokens) <= seq_len and not skip:  # most documents: one chunk
+        return [Chunk(position, key, 0, 1, tokens)]
     n_chunks = -(-len(tokens) // seq_len)
     return [Chunk(position, key, i, n_chunks, tokens[i * seq_len:(i + 1) * seq_len])
             for i in range(n_chunks) if i not in skip]

