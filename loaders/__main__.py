@@ -1,4 +1,6 @@
-"""``python -m loaders keys``: which sample keys each rank (and worker) reads, in order.
+"""``python -m loaders keys``: which sample keys each rank (and worker) reads, in order;
+``python -m loaders bench``: one timed pass through the loader (JSON; ``--baseline memmap`` adds the
+flat-file floor), to size workers per node (see :mod:`loaders.bench`).
 
     python -m loaders keys --shards DIR_OR_MANIFEST --world-size N --workers W [--epoch E]
         [--resume-at STEP] [--config run.yaml] [data.seed=3 data.seq_len=512 ...]
@@ -12,6 +14,7 @@ states as a checkpoint would, and lists what is left of the epoch. ``--config`` 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import yaml
@@ -83,6 +86,14 @@ def keys_command(args) -> int:
     return 0
 
 
+def bench_command(args) -> int:
+    from .bench import bench
+
+    report = bench(args.shards, args.seq_len, args.batch_size, args.workers, args.baseline, args.cache_dir, args.seed)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loaders", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -96,11 +107,22 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--config", help="YAML run config (its data: section is used)")
     k.add_argument("--cache-dir", help="read remote shards through a cache.ShardCache in this folder")
     k.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides")
+    b = sub.add_parser("bench", help="one timed pass through the loader; prints JSON (tokens/s, first batch, RSS)")
+    b.add_argument("--shards", required=True, help="shard folder, manifest.json path or URL")
+    b.add_argument("--seq-len", type=int, default=512)
+    b.add_argument("--batch-size", type=int, default=16)
+    b.add_argument("--workers", type=int, default=0, help="worker processes (0 = main process)")
+    b.add_argument("--baseline", choices=["memmap"], help="also time a flat uint16 memmap copy (the floor)")
+    b.add_argument("--cache-dir", help="read remote shards through a cache.ShardCache in this folder")
+    b.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if args.world_size < 1 or args.workers < 0:
+    if args.command == "bench":
+        if args.workers < 0 or args.seq_len < 2 or args.batch_size < 1:
+            ap.error("--workers must be >= 0, --seq-len >= 2 and --batch-size >= 1")
+    elif args.world_size < 1 or args.workers < 0:
         ap.error("--world-size must be >= 1 and --workers >= 0")
     try:
-        return keys_command(args)
+        return bench_command(args) if args.command == "bench" else keys_command(args)
     except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
         print(f"python -m loaders keys: {explain(e)}", file=sys.stderr)
         return 2

@@ -134,12 +134,14 @@ class BlockShard:
                 raise ShardError(f"{self.path}: raw token data does not match the blocks' metadata (dtype "
                                  f"{self.dtype.name}); rewrite the shard", "undecodable")
             self._all = np.frombuffer(mm, self.dtype, len(mm) // item)  # the mapping lives as long as a view does
-            self._at = ((data_off // item)[self.docs.block] + self.docs.start).tolist()  # per document, in _all
+            self._at_arr = (data_off // item)[self.docs.block] + self.docs.start  # per document, in _all
         else:
-            self._at = self.docs.start.tolist()
+            self._at_arr = self.docs.start
+        self._at = self._at_arr.tolist()
         self._block_of = self.docs.block.tolist()
         self._len = self.docs.length.tolist()
         self._keys: list[str | None] = [None] * len(self.docs.ids)
+        self.errors: list[str] = []  # undecodable blocks met by gather(), for the caller to log
 
     def __len__(self) -> int:
         return len(self.docs.ids)
@@ -180,6 +182,43 @@ class BlockShard:
         a, n = self._at[index], self._len[index]
         src = self._all if self._raw else self._block(self._block_of[index])
         return self.key(index), src[a:a + n]
+
+    def gather(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Documents ``index`` (``int64`` array) in one vectorised copy.
+
+        Returns ``(tokens, lengths, offsets, ok)``: every readable document's tokens concatenated
+        (the manifest's dtype), ``int64`` lengths and offsets into ``tokens`` per document, and a
+        ``bool`` mask of the readable ones (documents of a zstd block that fails to decode are not,
+        and are logged by the caller as bad).
+        """
+        n = self.docs.length[index]
+        ok = np.ones(len(index), bool)
+        if self._raw:
+            src, at = self._all, self._at_arr[index]
+        else:
+            blocks = self.docs.block[index]
+            wanted = np.unique(blocks)
+            parts, base, done = [], {}, 0
+            for b in wanted.tolist():
+                try:
+                    part = self._block(b)
+                except ShardError as e:
+                    self.errors.append(str(e))
+                    ok &= blocks != b
+                    continue
+                base[b], done = done, done + len(part)
+                parts.append(part)
+            src = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, self.dtype)
+            bases = np.array([base.get(b, 0) for b in wanted.tolist()], np.int64)
+            at = bases[np.searchsorted(wanted, blocks)] + self.docs.start[index]
+        n = np.where(ok, n, 0)
+        ends = np.cumsum(n)
+        out = src[np.repeat(at - (ends - n), n) + np.arange(int(ends[-1]) if len(ends) else 0)]
+        return out, n, ends - n, ok
+
+    def keys(self, index: np.ndarray) -> list[str]:
+        """Sample keys of documents ``index``."""
+        return [self.key(i) for i in index.tolist()]
 
     def read(self, index: int, fields: tuple[str, ...] | None = None) -> dict:
         """Document ``index`` as a sample: ``{"__key__", "json": {"id", "block"}, "tokens"}``."""

@@ -139,9 +139,11 @@ def _remaining_blocks(order: SampleOrder, start: int, skip: np.ndarray):
         yield pos[keep], shard[keep], local[keep]
 
 
-def consumer_items(order: SampleOrder, consumer: int, num_consumers: int, start: int = 0,
-                   skip: np.ndarray | None = None, remainder: str = "uneven") -> Iterator[tuple[int, int, int]]:
-    """Yield ``(position, shard, local)`` for one consumer, in global-position order.
+def consumer_arrays(order: SampleOrder, consumer: int, num_consumers: int, start: int = 0,
+                    skip: np.ndarray | None = None, remainder: str = "uneven"
+                    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Yield one consumer's ``(positions, shards, locals)`` as ``int64`` arrays, one group per shuffle
+    block in global-position order (then one group of padded items, if any).
 
     Args:
         order: the epoch's order.
@@ -164,7 +166,8 @@ def consumer_items(order: SampleOrder, consumer: int, num_consumers: int, start:
             break
         idx = j + np.arange(len(pos))
         sel = (idx % num_consumers == consumer) & (idx < limit)
-        yield from zip(pos[sel].tolist(), shard[sel].tolist(), local[sel].tolist())
+        if sel.any():
+            yield pos[sel], shard[sel], local[sel]
         j += len(pos)
     wanted = [(e - remaining) % remaining for e in range(remaining, split.assigned) if e % num_consumers == consumer]
     if not wanted:
@@ -178,4 +181,14 @@ def consumer_items(order: SampleOrder, consumer: int, num_consumers: int, start:
         j += len(pos)
         if len(found) == len(set(wanted)):
             break
-    yield from (found[w] for w in wanted)
+    yield tuple(np.array([found[w][k] for w in wanted], np.int64) for k in range(3))
+
+
+def consumer_items(order: SampleOrder, consumer: int, num_consumers: int, start: int = 0,
+                   skip: np.ndarray | None = None, remainder: str = "uneven") -> Iterator[tuple[int, int, int]]:
+    """Yield ``(position, shard, local)`` for one consumer, in global-position order (then padded items).
+
+    Arguments and errors as :func:`consumer_arrays`.
+    """
+    for pos, shard, local in consumer_arrays(order, consumer, num_consumers, start, skip, remainder):
+        yield from zip(pos.tolist(), shard.tolist(), local.tolist())

@@ -185,6 +185,13 @@ class ShardReader:
         """``(key, 1-D tokens)`` of a sample. Raises :class:`ShardError` (shard or member unreadable)."""
         return self._shard(shard).tokens(index)
 
+    def block_shard(self, shard: int) -> BlockShard:
+        """The open token-block shard ``shard``. Raises :class:`ShardError` (unreadable, or not token blocks)."""
+        handle = self._shard(shard)
+        if not isinstance(handle, BlockShard):
+            raise ShardError(f"{handle.path}: not a token-block shard")
+        return handle
+
     def retain(self, shards: set[int]) -> None:
         """Close (unpin) every open shard not in ``shards``."""
         for s in [s for s in self._open if s not in shards]:

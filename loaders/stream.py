@@ -15,7 +15,8 @@ import numpy as np
 from shards import Manifest, ShardError
 
 from .config import DataConfig
-from .order import SampleOrder, consumer_items
+from .array_packing import ArrayPacker, split_documents
+from .order import SampleOrder, consumer_arrays, consumer_items
 from .packed import PackedBatch
 from .packing import BestFitPacker, TokenBudgetBatcher, split_document
 from .progress import BAD, EMPTY, Progress
@@ -87,6 +88,71 @@ class TextStream:
 
     def consumer_batches(self, worker: int, num_workers: int) -> Iterator[PackedBatch]:
         """Packed batches of one consumer (what loader worker ``worker`` of ``num_workers`` yields)."""
+        if self.manifest.layout == "token_blocks" and self.cfg.batching == "packed":
+            return self._block_batches(worker, num_workers)
+        return self._document_batches(worker, num_workers)
+
+    def _block_batches(self, worker: int, num_workers: int) -> Iterator[PackedBatch]:
+        """Token-block shards, one shuffle block of this consumer's documents at a time: gathered,
+        split into chunks and packed with numpy (:mod:`loaders.array_packing`); same batches as
+        :meth:`_document_batches` would pack."""
+        order = self.order()
+        cache, owned = _worker_cache(self.cache)
+        reader = ShardReader(self.manifest, self.manifest_url, cache, self.cfg.index_dir or None)
+        packer = ArrayPacker(self.cfg.seq_len, self.cfg.micro_batch_size, self.cfg.pack_window)
+        try:
+            reader.prefetch(order.shards_from(self.prefix))
+            for pos, shard, local in consumer_arrays(order, self.rank * num_workers + worker,
+                                                     self.world_size * num_workers, self.prefix, self.skip,
+                                                     self.cfg.remainder):
+                reader.retain(set(shard.tolist()))
+                yield from self._pack_group(reader, packer, pos, shard, local)
+            yield from packer.flush()
+        finally:
+            reader.close()
+            if owned and hasattr(cache, "close"):
+                cache.close()
+
+    def _pack_group(self, reader: ShardReader, packer: ArrayPacker, pos, shard, local) -> Iterator[PackedBatch]:
+        """Gather one group's documents shard by shard, then feed their chunks in position order."""
+        pools, keys, lengths, offsets, where = [], [], [], [], []
+        done = 0
+        for s in dict.fromkeys(shard.tolist()):
+            m = np.flatnonzero(shard == s)
+            try:
+                handle = reader.block_shard(s)
+                toks, n, off, ok = handle.gather(local[m])
+            except ShardError as e:
+                if not reader.failed(s):
+                    log.warning("shard %s: %d documents skipped (counted as bad): %s", self.manifest.shards[s].name,
+                                len(m), e)
+                toks, n, off, ok = np.zeros(0, np.int64), np.zeros(len(m), np.int64), np.zeros(len(m), np.int64), \
+                    np.zeros(len(m), bool)
+                handle = None
+            for err in handle.errors if handle is not None else ():
+                log.warning("%s; its documents are skipped (counted as bad)", err)
+            if handle is not None:
+                handle.errors.clear()
+            pools.append(toks)
+            keys += handle.keys(local[m]) if handle is not None else [""] * len(m)
+            lengths.append(np.where(ok, n, -1))
+            offsets.append(off + done)
+            where.append(m)
+            done += len(toks)
+        at = np.empty(len(pos), np.int64)
+        at[np.concatenate(where)] = np.arange(len(pos))  # position order -> row in the gathered arrays
+        lengths, offsets = np.concatenate(lengths)[at], np.concatenate(offsets)[at]
+        keys = [keys[i] for i in at.tolist()]
+        for p, n in zip(pos[lengths <= 0].tolist(), lengths[lengths <= 0].tolist()):
+            packer.pending.append((p, BAD if n < 0 else EMPTY, 0))
+        real = lengths > 0
+        pool = np.concatenate(pools) if len(pools) > 1 else pools[0]
+        chunks = split_documents(pos[real], lengths[real], offsets[real], self.cfg.seq_len, self.partial)
+        chunks["doc"] = np.flatnonzero(real)[chunks["doc"]]
+        yield from packer.add(pool, keys, chunks)
+
+    def _document_batches(self, worker: int, num_workers: int) -> Iterator[PackedBatch]:
+        """One document at a time (one-sample-per-document shards, or ``token_budget`` batching)."""
         order = self.order()
         cache, owned = _worker_cache(self.cache)
         reader = ShardReader(self.manifest, self.manifest_url, cache, self.cfg.index_dir or None)

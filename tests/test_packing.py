@@ -113,3 +113,65 @@ def test_packing_efficiency_with_reasonable_window(window):
     slots = sum(b.input_ids.numel() for b in batches)
     assert real == int(lengths.sum())
     assert real / slots >= 0.995
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(0, 70), min_size=1, max_size=80), seq_len=st.integers(2, 32),
+       rows=st.integers(1, 4), window=st.integers(1, 40), group=st.integers(1, 30))
+def test_array_packer_gives_the_object_packers_batches(lengths, seq_len, rows, window, group):
+    """The token-block loader's numpy packer emits exactly BestFitPacker's batches (ids, chunks, order)."""
+    from loaders.array_packing import ArrayPacker, split_documents
+
+    rng = np.random.default_rng(len(lengths))
+    docs = [rng.integers(1, 60000, n).astype(np.uint16) for n in lengths]
+    ref = [TokenBatch.from_packed(b) for b in _packed_run(BestFitPacker(seq_len, rows, window), docs, seq_len)]
+    packer, got = ArrayPacker(seq_len, rows, window), []
+    for start in range(0, len(docs), group):  # documents arrive in groups, as shuffle blocks do
+        part = docs[start:start + group]
+        lens = np.array([len(d) for d in part], np.int64)
+        pool = np.concatenate(part) if part else np.zeros(0, np.uint16)
+        real = lens > 0
+        for p in np.flatnonzero(~real):
+            packer.pending.append((start + int(p), -1, 0))
+        chunks = split_documents(np.arange(start, start + len(part))[real], lens[real], (np.cumsum(lens) - lens)[real],
+                                 seq_len)
+        chunks["doc"] = np.flatnonzero(real)[chunks["doc"]]
+        got += list(packer.add(pool, [f"k{start + i}" for i in range(len(part))], chunks))
+    got = [TokenBatch.from_packed(b) for b in got + list(packer.flush())]
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert a.input_ids.equal(b.input_ids) and a.labels.equal(b.labels) and a.keys == b.keys
+        assert [c for c in a.consumed if c[2] > 0] == [c for c in b.consumed if c[2] > 0]
+    empties = sorted(c for b in got for c in b.consumed if c[2] == 0)  # reported with a group's first batch
+    assert set(c for b in ref for c in b.consumed if c[2] == 0) <= set(empties) <= {(i, -1, 0) for i, n in
+                                                                                   enumerate(lengths) if n == 0}
+
+
+def _packed_run(packer, docs, seq_len):
+    out = []
+    for pos, toks in enumerate(docs):
+        if len(toks) == 0:
+            packer.pending.append((pos, -1, 0))
+            continue
+        for ch in split_document(pos, f"k{pos}", toks, seq_len):
+            packer.add(ch)
+        while packer.ready():
+            out.append(packer.pop())
+    return out + packer.flush()
+
+
+def test_packed_batch_pickles_compact_and_expands_the_same():
+    import pickle
+
+    rng = np.random.default_rng(0)
+    B, T = 8, 256
+    rows = [[c for i in range(4) for c in split_document(4 * r + i, f"d{4 * r + i}",
+                                                         rng.integers(0, 60000, 60).astype(np.uint16), T)]
+            for r in range(B - 1)]  # 7 rows of 4 documents, one padding row
+    batch = make_batch(rows, T, n_rows=B)
+    data = pickle.dumps(batch)
+    assert len(data) <= 2 * (2 * B * (T + 1))  # at most twice a uint16 [B, T + 1] tensor (four int64 arrays: 16x)
+    again = pickle.loads(data)
+    for f in ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens"):
+        assert getattr(again, f).equal(getattr(batch, f)), f
+    assert again.consumed == batch.consumed and again.keys == batch.keys

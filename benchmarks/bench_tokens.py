@@ -1,0 +1,209 @@
+"""Token shards on disk and through the loader: colaflow token blocks vs LitData vs the flat floor.
+
+Corpora (real text, identical tokens in every layout): the demo corpus (Shakespeare paragraphs
+and KJV chapters from ``pipelines.corpus``, tokenised with a 4096-piece sentencepiece model
+trained on it) and a long-document corpus made by concatenating each source's documents, in
+order, to about 2,000 tokens.
+
+Bytes per token (every file a reader needs, indexes included):
+
+* colaflow ``token_blocks`` raw and zstd (``TokenBlockWriter``; plus DALI ``.idx`` files,
+  ``shardindex.json`` and ``manifest.json``);
+* LitData ``optimize()`` in the ``TokensLoader`` layout, plain and ``compression="zstd"``;
+* the flat floor: one ``uint16`` file plus ``int64`` document offsets (Megatron indexed dataset).
+
+Loader passes (rows of ``--seq-len`` tokens, ``--batch`` rows, shuffle on; 0 and 2 workers;
+``--rounds`` interleaved rounds, median reported; each pass in its own process): colaflow's
+loader (document-aware packing, exact resume) on raw and zstd blocks, LitData
+``StreamingDataset(item_loader=TokensLoader(block_size=T + 1))`` + ``StreamingDataLoader`` on
+its plain layout, and the ``numpy.memmap`` floor (in-process). Tokens/s counts document tokens
+delivered (LitData and memmap: B x T per batch).
+
+    python benchmarks/bench_tokens.py [--work /tmp/colaflow-bench-tokens] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from loaders.bench import memmap_pass, run_pass  # noqa: E402
+from shards import Manifest, TokenBlockWriter  # noqa: E402
+from shards.cli import main as shards_cli  # noqa: E402
+
+LONG_TOKENS = 2000
+
+
+def demo_corpus(work: str) -> tuple[list[str], list[str], list[np.ndarray]]:
+    """``(ids, sources, tokens)`` of the demo corpus, tokenised once and cached in ``work``."""
+    cache = os.path.join(work, "demo-tokens.npz")
+    if os.path.exists(cache):
+        z = np.load(cache, allow_pickle=False)
+        lens = z["lengths"]
+        return z["ids"].tolist(), z["sources"].tolist(), np.split(z["tokens"], np.cumsum(lens)[:-1])
+    from pipelines.config import TokenizerConfig
+    from pipelines.corpus import kjv_records, shakespeare_records
+    from pipelines.tokenizer import load_processor, train_sentencepiece
+
+    records = [r for r in list(shakespeare_records()) + list(kjv_records()) if r["text"].strip()]
+    sp = load_processor(train_sentencepiece([r["text"] for r in records[::2]], TokenizerConfig(vocab_size=4096)))
+    tokens = [np.asarray(t, np.uint16) for t in sp.encode([r["text"] for r in records])]
+    keep = [i for i, t in enumerate(tokens) if len(t)]
+    ids, sources, tokens = [records[i]["id"] for i in keep], [records[i]["source"] for i in keep], [tokens[i] for i in keep]
+    np.savez(cache, ids=np.array(ids), sources=np.array(sources), lengths=np.array([len(t) for t in tokens]),
+             tokens=np.concatenate(tokens))
+    return ids, sources, tokens
+
+
+def long_corpus(ids, sources, tokens) -> tuple[list[str], list[str], list[np.ndarray]]:
+    """Each source's documents concatenated in order into documents of about ``LONG_TOKENS`` tokens."""
+    out_ids, out_src, out_tok, buf, n = [], [], [], [], 0
+    for i, (s, t) in enumerate(zip(sources, tokens)):
+        if buf and (n + len(t) > LONG_TOKENS or s != out_src_pending):
+            out_ids.append(f"{out_src_pending}/long/{len(out_ids):06d}")
+            out_src.append(out_src_pending)
+            out_tok.append(np.concatenate(buf))
+            buf, n = [], 0
+        out_src_pending = s
+        buf.append(t)
+        n += len(t)
+    if buf:
+        out_ids.append(f"{out_src_pending}/long/{len(out_ids):06d}")
+        out_src.append(out_src_pending)
+        out_tok.append(np.concatenate(buf))
+    return out_ids, out_src, out_tok
+
+
+def dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+
+
+def write_colaflow(out: str, ids, sources, tokens, compression: str) -> None:
+    w = TokenBlockWriter(out, max_bytes=256 << 20, compression=compression)
+    for i, s, t in zip(ids, sources, tokens):
+        w.add(i, s, t)
+    Manifest(shards=w.close(), layout="token_blocks", vocab_size=4096).save(out)
+    assert shards_cli(["index", out]) == 0
+
+
+def _litdata_item(t):
+    yield t
+
+
+def write_litdata(out: str, tokens, compression: str | None) -> None:
+    from litdata import TokensLoader, optimize
+
+    optimize(fn=_litdata_item, inputs=tokens, output_dir=out, chunk_bytes="64MB", item_loader=TokensLoader(),
+             num_workers=1, compression=compression, mode="overwrite",
+             **({"compression_level": "chunk"} if compression else {}))  # zstd per chunk (whole-file)
+
+
+def write_flat(out: str, tokens) -> None:
+    os.makedirs(out, exist_ok=True)
+    np.concatenate(tokens).astype(np.uint16).tofile(os.path.join(out, "tokens.bin"))
+    np.concatenate([[0], np.cumsum([len(t) for t in tokens])]).astype(np.int64).tofile(os.path.join(out, "tokens.idx"))
+
+
+def litdata_pass(spec: dict) -> dict:
+    """One pass of LitData's TokensLoader over ``spec["dir"]`` (run in its own process)."""
+    import resource
+
+    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+
+    t0 = time.perf_counter()
+    T, B = spec["seq_len"], spec["batch_size"]
+    ds = StreamingDataset(spec["dir"], item_loader=TokensLoader(block_size=T + 1), shuffle=True, seed=spec["seed"])
+    dl = StreamingDataLoader(ds, batch_size=B, num_workers=spec["workers"])
+    first, tokens, batches = None, 0, 0
+    for batch in dl:
+        if first is None:
+            first = time.perf_counter() - t0
+        tokens += batch.shape[0] * T
+        batches += 1
+    dt = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"tokens_per_s": tokens / dt, "first_batch_s": first, "seconds": dt, "batches": batches, "tokens": tokens,
+            "peak_rss_mb": rss, "workers_peak_rss_mb": kids}
+
+
+def _subprocess_pass(spec: dict) -> dict:
+    import subprocess
+
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--pass", json.dumps(spec)],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{spec['kind']} pass failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", default="/tmp/colaflow-bench-tokens")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--workers", default="0,2")
+    ap.add_argument("--pass", dest="one_pass", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one_pass:
+        spec = json.loads(args.one_pass)
+        print(json.dumps(litdata_pass(spec) if spec["kind"] == "litdata" else memmap_pass(spec)))
+        return 0
+    os.makedirs(args.work, exist_ok=True)
+    ids, sources, tokens = demo_corpus(args.work)
+    corpora = {"demo": (ids, sources, tokens), "long": long_corpus(ids, sources, tokens)}
+    results: dict = {}
+    for name, (c_ids, c_src, c_tok) in corpora.items():
+        n_tok = sum(len(t) for t in c_tok)
+        base = os.path.join(args.work, name)
+        dirs = {"colaflow_raw": f"{base}/colaflow-raw", "colaflow_zstd": f"{base}/colaflow-zstd",
+                "litdata": f"{base}/litdata", "litdata_zstd": f"{base}/litdata-zstd", "flat": f"{base}/flat"}
+        if not os.path.exists(os.path.join(dirs["flat"], "tokens.idx")):
+            write_colaflow(dirs["colaflow_raw"], c_ids, c_src, c_tok, "none")
+            write_colaflow(dirs["colaflow_zstd"], c_ids, c_src, c_tok, "zstd")
+            write_litdata(dirs["litdata"], c_tok, None)
+            write_litdata(dirs["litdata_zstd"], c_tok, "zstd")
+            write_flat(dirs["flat"], c_tok)
+        bpt = {k: dir_bytes(d) / n_tok for k, d in dirs.items()}
+        res = results[name] = {"documents": len(c_tok), "tokens": n_tok, "mean_doc_tokens": n_tok / len(c_tok),
+                               "bytes_per_token": bpt, "vs_flat": {k: v / bpt["flat"] for k, v in bpt.items()},
+                               "loader": {}}
+        for workers in (int(w) for w in args.workers.split(",")):
+            runs: dict = {}
+            for r in range(args.rounds):  # interleaved: every contender once per round
+                spec = {"seq_len": args.seq_len, "batch_size": args.batch, "workers": workers, "seed": r}
+                for kind, d in (("colaflow_raw", dirs["colaflow_raw"]), ("colaflow_zstd", dirs["colaflow_zstd"])):
+                    runs.setdefault(kind, []).append(run_pass({**spec, "kind": "loader", "shards": d}))
+                runs.setdefault("litdata", []).append(_subprocess_pass({**spec, "kind": "litdata", "dir": dirs["litdata"]}))
+                if workers == 0:
+                    runs.setdefault("memmap", []).append(_subprocess_pass(
+                        {**spec, "kind": "memmap", "flat": os.path.join(dirs["flat"], "tokens.bin")}))
+            res["loader"][f"workers={workers}"] = {
+                k: {m: statistics.median(x[m] for x in v) for m in ("tokens_per_s", "first_batch_s", "peak_rss_mb",
+                                                                    "workers_peak_rss_mb")}
+                for k, v in runs.items()}
+    print(json.dumps(results, indent=2))
+    for name, res in results.items():
+        print(f"\n== {name}: {res['documents']:,} documents, {res['tokens']:,} tokens "
+              f"({res['mean_doc_tokens']:.1f} per document)")
+        for k, v in res["bytes_per_token"].items():
+            print(f"  {k:14s} {v:6.3f} bytes/token  {res['vs_flat'][k]:5.2f}x flat")
+        for w, runs in res["loader"].items():
+            lit = runs["litdata"]["tokens_per_s"]
+            for k, v in runs.items():
+                print(f"  {w} {k:14s} {v['tokens_per_s'] / 1e6:7.2f} M tok/s ({v['tokens_per_s'] / lit:5.2f}x litdata)"
+                      f"  first batch {v['first_batch_s']:.3f} s  peak RSS {v['peak_rss_mb']:.0f} MB"
+                      f" (+ workers {v['workers_peak_rss_mb']:.0f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""``python -m loaders bench``: one timed pass through the real text loader (and a flat memmap floor).
+
+Each pass runs in its own process (``python -m loaders.bench SPEC``, JSON in, one JSON line out),
+so its peak RSS is its own; workers' peak RSS is reported apart (the largest worker). Results:
+
+* ``tokens_per_s``: document tokens delivered per second of wall time, first batch included;
+* ``first_batch_s``: seconds from creating the loader to the first batch (worker start, shard open);
+* ``peak_rss_mb`` / ``workers_peak_rss_mb``: peak resident memory of the pass / of its largest worker;
+* ``real_token_fraction``: document tokens / batch slots (B x T);
+* ``transfer_bytes_per_batch``: pickled size of a batch as a worker sends it, and its ratio to a
+  ``uint16 [B, T + 1]`` tensor (``transfer_vs_uint16``).
+
+``--baseline memmap`` also times the physical floor in the same run: the same tokens copied
+into one flat ``uint16`` file (as Megatron's indexed dataset or nanoGPT store them) read as
+shuffled windows of ``T + 1`` tokens with ``numpy.memmap``, ``B`` windows per batch, in-process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+TRANSFER_SAMPLE = 32  # batches whose pickled size is measured
+
+
+def _rss_mb(who: int) -> float:
+    return resource.getrusage(who).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def loader_pass(spec: dict) -> dict:
+    """One pass (one epoch) of ``build_text_loader`` with the settings in ``spec``."""
+    from .config import DataConfig
+    from .dataset import build_text_loader
+
+    cfg = DataConfig(manifest=spec["shards"], seq_len=spec["seq_len"], micro_batch_size=spec["batch_size"],
+                     num_workers=spec["workers"], pin_memory=False, seed=spec.get("seed", 0))
+    cache = None
+    if spec.get("cache_dir"):
+        from cache import CacheConfig, ShardCache
+        cache = ShardCache(CacheConfig(dir=spec["cache_dir"]))
+    t0 = time.perf_counter()
+    loader = build_text_loader(cfg, cache)
+    first, tokens, slots, batches, sizes = None, 0, 0, 0, []
+    for b in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+        tokens += b.num_doc_tokens
+        slots += b.input_ids.numel()
+        batches += 1
+        if len(sizes) < TRANSFER_SAMPLE:
+            sizes.append(len(pickle.dumps(b, protocol=pickle.HIGHEST_PROTOCOL)))
+    dt = time.perf_counter() - t0
+    if cache is not None:
+        cache.close()
+    per_batch = float(np.mean(sizes)) if sizes else 0.0
+    return {"tokens_per_s": tokens / dt, "first_batch_s": first, "seconds": dt, "batches": batches, "tokens": tokens,
+            "real_token_fraction": tokens / slots if slots else 0.0, "transfer_bytes_per_batch": per_batch,
+            "transfer_vs_uint16": per_batch / (2 * spec["batch_size"] * (spec["seq_len"] + 1)),
+            "peak_rss_mb": _rss_mb(resource.RUSAGE_SELF), "workers_peak_rss_mb": _rss_mb(resource.RUSAGE_CHILDREN)}
+
+
+def memmap_pass(spec: dict) -> dict:
+    """One pass over the flat ``uint16`` file ``spec["flat"]``: shuffled windows of T + 1 tokens."""
+    import torch
+
+    t0 = time.perf_counter()
+    T, B = spec["seq_len"], spec["batch_size"]
+    mm = np.memmap(spec["flat"], dtype=np.dtype(spec.get("dtype", "uint16")), mode="r")
+    starts = np.random.default_rng(spec.get("seed", 0)).permutation(len(mm) // (T + 1)) * (T + 1)
+    first, tokens, batches = None, 0, 0
+    for i in range(0, len(starts), B):
+        batch = torch.from_numpy(np.stack([mm[s:s + T + 1] for s in starts[i:i + B].tolist()]).astype(np.int64))
+        if first is None:
+            first = time.perf_counter() - t0
+        tokens += batch.shape[0] * T
+        batches += 1
+    dt = time.perf_counter() - t0
+    return {"tokens_per_s": tokens / dt, "first_batch_s": first, "seconds": dt, "batches": batches, "tokens": tokens,
+            "real_token_fraction": 1.0, "transfer_bytes_per_batch": 2.0 * B * (T + 1), "transfer_vs_uint16": 1.0,
+            "peak_rss_mb": _rss_mb(resource.RUSAGE_SELF), "workers_peak_rss_mb": 0.0}
+
+
+def write_flat(manifest_url: str, out_path: str) -> tuple[str, int]:
+    """Copy every document's tokens, in manifest order, into one flat file (plus ``.idx`` int64 offsets,
+    the Megatron indexed-dataset layout). Returns ``(dtype name, tokens)``."""
+    from shards import Manifest, iter_samples, shard_url
+    from shards.blocks import BLOCK_LAYOUT, block_documents
+
+    manifest = Manifest.load(manifest_url)
+    lengths = []
+    with open(out_path, "wb") as f:
+        for info in manifest.shards:
+            for sample in iter_samples(shard_url(manifest_url, info.name), schema="text"):
+                meta = sample.get("json")
+                docs = block_documents(sample) if isinstance(meta, dict) and meta.get("layout") == BLOCK_LAYOUT \
+                    else [sample]
+                for doc in docs:
+                    f.write(np.ascontiguousarray(doc["tokens"], dtype=manifest.token_dtype).tobytes())
+                    lengths.append(len(doc["tokens"]))
+    np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64).tofile(out_path + ".idx")
+    return manifest.token_dtype, int(sum(lengths))
+
+
+def run_pass(spec: dict) -> dict:
+    """Run one pass in a fresh process; returns its JSON result.
+
+    Raises:
+        RuntimeError: the pass failed (its stderr is in the message).
+    """
+    proc = subprocess.run([sys.executable, "-m", "loaders.bench", json.dumps(spec)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench pass {spec['kind']} failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench(shards: str, seq_len: int = 512, batch_size: int = 16, workers: int = 0, baseline: str | None = None,
+          cache_dir: str | None = None, seed: int = 0) -> dict:
+    """Time the loader (and the memmap floor with ``baseline="memmap"``) on ``shards``; returns the JSON report.
+
+    Raises:
+        FileNotFoundError / ValueError: no manifest at ``shards``; RuntimeError: a pass failed.
+    """
+    spec = {"shards": shards, "seq_len": seq_len, "batch_size": batch_size, "workers": workers,
+            "cache_dir": cache_dir, "seed": seed}
+    out = {"settings": spec, "loader": run_pass({**spec, "kind": "loader"})}
+    if baseline == "memmap":
+        with tempfile.TemporaryDirectory(prefix="colaflow-flat-") as tmp:
+            dtype, _ = write_flat(shards, os.path.join(tmp, "tokens.bin"))
+            out["memmap"] = run_pass({**spec, "kind": "memmap", "flat": os.path.join(tmp, "tokens.bin"), "dtype": dtype})
+        out["loader_vs_memmap"] = out["loader"]["tokens_per_s"] / out["memmap"]["tokens_per_s"]
+    return out
+
+
+if __name__ == "__main__":
+    _spec = json.loads(sys.argv[1])
+    print(json.dumps((loader_pass if _spec["kind"] == "loader" else memmap_pass)(_spec)))
