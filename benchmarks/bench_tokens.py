@@ -117,6 +117,8 @@ def litdata_pass(spec: dict) -> dict:
 
     from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 
+    from loaders.workers import peak_rss_mb
+
     t0 = time.perf_counter()
     T, B = spec["seq_len"], spec["batch_size"]
     ds = StreamingDataset(spec["dir"], item_loader=TokensLoader(block_size=T + 1), shuffle=True, seed=spec["seed"])
@@ -128,10 +130,9 @@ def litdata_pass(spec: dict) -> dict:
         tokens += batch.shape[0] * T
         batches += 1
     dt = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # spawned workers: their own peak
     return {"tokens_per_s": tokens / dt, "first_batch_s": first, "seconds": dt, "batches": batches, "tokens": tokens,
-            "peak_rss_mb": rss, "workers_peak_rss_mb": kids}
+            "peak_rss_mb": peak_rss_mb(), "workers_peak_rss_mb": kids}
 
 
 def _subprocess_pass(spec: dict) -> dict:
@@ -158,6 +159,13 @@ def main() -> int:
         print(json.dumps(litdata_pass(spec) if spec["kind"] == "litdata" else memmap_pass(spec)))
         return 0
     os.makedirs(args.work, exist_ok=True)
+    try:
+        import litdata  # noqa: F401
+    except ImportError:
+        print("litdata is not installed (pip install 'colaflow[bench]'): LitData rows are skipped", file=sys.stderr)
+        have_litdata = False
+    else:
+        have_litdata = True
     ids, sources, tokens = demo_corpus(args.work)
     corpora = {"demo": (ids, sources, tokens), "long": long_corpus(ids, sources, tokens)}
     results: dict = {}
@@ -166,11 +174,14 @@ def main() -> int:
         base = os.path.join(args.work, name)
         dirs = {"colaflow_raw": f"{base}/colaflow-raw", "colaflow_zstd": f"{base}/colaflow-zstd",
                 "litdata": f"{base}/litdata", "litdata_zstd": f"{base}/litdata-zstd", "flat": f"{base}/flat"}
+        if not have_litdata:
+            del dirs["litdata"], dirs["litdata_zstd"]
         if not os.path.exists(os.path.join(dirs["flat"], "tokens.idx")):
             write_colaflow(dirs["colaflow_raw"], c_ids, c_src, c_tok, "none")
             write_colaflow(dirs["colaflow_zstd"], c_ids, c_src, c_tok, "zstd")
-            write_litdata(dirs["litdata"], c_tok, None)
-            write_litdata(dirs["litdata_zstd"], c_tok, "zstd")
+            if have_litdata:
+                write_litdata(dirs["litdata"], c_tok, None)
+                write_litdata(dirs["litdata_zstd"], c_tok, "zstd")
             write_flat(dirs["flat"], c_tok)
         bpt = {k: dir_bytes(d) / n_tok for k, d in dirs.items()}
         res = results[name] = {"documents": len(c_tok), "tokens": n_tok, "mean_doc_tokens": n_tok / len(c_tok),
@@ -182,7 +193,9 @@ def main() -> int:
                 spec = {"seq_len": args.seq_len, "batch_size": args.batch, "workers": workers, "seed": r}
                 for kind, d in (("colaflow_raw", dirs["colaflow_raw"]), ("colaflow_zstd", dirs["colaflow_zstd"])):
                     runs.setdefault(kind, []).append(run_pass({**spec, "kind": "loader", "shards": d}))
-                runs.setdefault("litdata", []).append(_subprocess_pass({**spec, "kind": "litdata", "dir": dirs["litdata"]}))
+                if have_litdata:
+                    runs.setdefault("litdata", []).append(
+                        _subprocess_pass({**spec, "kind": "litdata", "dir": dirs["litdata"]}))
                 if workers == 0:
                     runs.setdefault("memmap", []).append(_subprocess_pass(
                         {**spec, "kind": "memmap", "flat": os.path.join(dirs["flat"], "tokens.bin")}))
@@ -197,9 +210,9 @@ def main() -> int:
         for k, v in res["bytes_per_token"].items():
             print(f"  {k:14s} {v:6.3f} bytes/token  {res['vs_flat'][k]:5.2f}x flat")
         for w, runs in res["loader"].items():
-            lit = runs["litdata"]["tokens_per_s"]
+            ref = runs.get("litdata", runs.get("memmap", runs["colaflow_raw"]))["tokens_per_s"]
             for k, v in runs.items():
-                print(f"  {w} {k:14s} {v['tokens_per_s'] / 1e6:7.2f} M tok/s ({v['tokens_per_s'] / lit:5.2f}x litdata)"
+                print(f"  {w} {k:14s} {v['tokens_per_s'] / 1e6:7.2f} M tok/s ({v['tokens_per_s'] / ref:5.2f}x litdata)"
                       f"  first batch {v['first_batch_s']:.3f} s  peak RSS {v['peak_rss_mb']:.0f} MB"
                       f" (+ workers {v['workers_peak_rss_mb']:.0f} MB)")
     return 0

@@ -5,7 +5,8 @@ so its peak RSS is its own; workers' peak RSS is reported apart (the largest wor
 
 * ``tokens_per_s``: document tokens delivered per second of wall time, first batch included;
 * ``first_batch_s``: seconds from creating the loader to the first batch (worker start, shard open);
-* ``peak_rss_mb`` / ``workers_peak_rss_mb``: peak resident memory of the pass / of its largest worker;
+* ``peak_rss_mb`` / ``workers_peak_rss_mb``: peak resident memory (``VmHWM``) of the pass / of its
+  largest worker, MiB;
 * ``real_token_fraction``: document tokens / batch slots (B x T);
 * ``transfer_bytes_per_batch``: pickled size of a batch as a worker sends it, and its ratio to a
   ``uint16 [B, T + 1]`` tensor (``transfer_vs_uint16``).
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import resource
 import subprocess
 import sys
 import tempfile
@@ -30,14 +30,12 @@ import numpy as np
 TRANSFER_SAMPLE = 32  # batches whose pickled size is measured
 
 
-def _rss_mb(who: int) -> float:
-    return resource.getrusage(who).ru_maxrss / 1024.0  # Linux reports KiB
-
 
 def loader_pass(spec: dict) -> dict:
     """One pass (one epoch) of ``build_text_loader`` with the settings in ``spec``."""
     from .config import DataConfig
     from .dataset import build_text_loader
+    from .workers import peak_rss_mb
 
     cfg = DataConfig(manifest=spec["shards"], seq_len=spec["seq_len"], micro_batch_size=spec["batch_size"],
                      num_workers=spec["workers"], pin_memory=False, seed=spec.get("seed", 0))
@@ -63,12 +61,14 @@ def loader_pass(spec: dict) -> dict:
     return {"tokens_per_s": tokens / dt, "first_batch_s": first, "seconds": dt, "batches": batches, "tokens": tokens,
             "real_token_fraction": tokens / slots if slots else 0.0, "transfer_bytes_per_batch": per_batch,
             "transfer_vs_uint16": per_batch / (2 * spec["batch_size"] * (spec["seq_len"] + 1)),
-            "peak_rss_mb": _rss_mb(resource.RUSAGE_SELF), "workers_peak_rss_mb": _rss_mb(resource.RUSAGE_CHILDREN)}
+            "peak_rss_mb": peak_rss_mb(), "workers_peak_rss_mb": loader.metrics()["workers_peak_rss_mb"]}
 
 
 def memmap_pass(spec: dict) -> dict:
     """One pass over the flat ``uint16`` file ``spec["flat"]``: shuffled windows of T + 1 tokens."""
     import torch
+
+    from .workers import peak_rss_mb
 
     t0 = time.perf_counter()
     T, B = spec["seq_len"], spec["batch_size"]
@@ -76,7 +76,7 @@ def memmap_pass(spec: dict) -> dict:
     starts = np.random.default_rng(spec.get("seed", 0)).permutation(len(mm) // (T + 1)) * (T + 1)
     first, tokens, batches = None, 0, 0
     for i in range(0, len(starts), B):
-        batch = torch.from_numpy(np.stack([mm[s:s + T + 1] for s in starts[i:i + B].tolist()]).astype(np.int64))
+        batch = torch.from_numpy(np.stack([mm[s:s + T + 1] for s in starts[i:i + B].tolist()]))
         if first is None:
             first = time.perf_counter() - t0
         tokens += batch.shape[0] * T
@@ -84,7 +84,7 @@ def memmap_pass(spec: dict) -> dict:
     dt = time.perf_counter() - t0
     return {"tokens_per_s": tokens / dt, "first_batch_s": first, "seconds": dt, "batches": batches, "tokens": tokens,
             "real_token_fraction": 1.0, "transfer_bytes_per_batch": 2.0 * B * (T + 1), "transfer_vs_uint16": 1.0,
-            "peak_rss_mb": _rss_mb(resource.RUSAGE_SELF), "workers_peak_rss_mb": 0.0}
+            "peak_rss_mb": peak_rss_mb(), "workers_peak_rss_mb": 0.0}
 
 
 def write_flat(manifest_url: str, out_path: str) -> tuple[str, int]:

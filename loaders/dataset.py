@@ -70,6 +70,7 @@ class TextLoader:
         self.data_wait_seconds = 0.0
         self.last_split = None  # loaders.order.Split of the current epoch (drop/pad counts)
         self.totals = {"batches": 0, "doc_tokens": 0, "slots": 0, "data_wait_seconds": 0.0}
+        self.pool: WorkerPool | None = None  # this epoch's worker processes
 
     # -- epochs and state -------------------------------------------------------------
     @property
@@ -132,7 +133,8 @@ class TextLoader:
         consumed/bad/empty samples, dropped/padded samples of this epoch's split (this rank's
         view of the whole split), the step policy's padded/dropped batches and dropped
         samples/tokens of this rank (cumulative; see :mod:`loaders.steps`), plus the cache's
-        metrics when it has any."""
+        metrics when it has any, and ``workers_peak_rss_mb`` (the largest worker's peak resident
+        memory this epoch, MiB)."""
         m = dict(self.totals)
         m["padding_efficiency"] = m["doc_tokens"] / m["slots"] if m["slots"] else 0.0
         m.update(epoch=self.epoch, consumed=self.progress.consumed, bad=self.progress.bad, empty=self.progress.empty,
@@ -141,6 +143,7 @@ class TextLoader:
         m.update(step_policy=self.cfg.step_policy, step_sync=self.step_sync_used,
                  padded_batches=self.steps.padded_batches, dropped_batches=self.steps.dropped_batches,
                  dropped_samples=self.steps.dropped_samples, dropped_tokens=self.steps.dropped_tokens)
+        m["workers_peak_rss_mb"] = self.pool.peak_rss_mb if self.pool is not None else 0.0
         if hasattr(self.cache, "metrics"):
             m["cache"] = self.cache.metrics()
         return m
@@ -152,7 +155,8 @@ class TextLoader:
         if self.in_process:
             packed = self.dataset.rank_batches(cfg.num_workers)
         elif cfg.num_workers > 0:
-            packed = iter(WorkerPool(self.dataset, cfg.num_workers))
+            self.pool = WorkerPool(self.dataset, cfg.num_workers)
+            packed = iter(self.pool)
         else:
             packed = self.dataset.consumer_batches(0, 1)
         batches = _expand(packed)

@@ -8,8 +8,8 @@ threads, locks or pooled connections of the trainer.
 
 Protocol: the parent writes one pickle to the worker's stdin, ``(stream, worker, num_workers)``
 (:class:`loaders.stream.TextStream`, whose cache travels as its class and config); the worker
-writes pickles to its stdout: ``("batch", PackedBatch)`` per batch, then ``("end", None)``, or
-``("error", message)``. The pipe's buffer bounds how far a worker reads ahead. The parent takes
+writes pickles to its stdout: ``("batch", PackedBatch)`` per batch, then ``("end", peak RSS in
+MiB)``, or ``("error", message)``. The pipe's buffer bounds how far a worker reads ahead. The parent takes
 batches round-robin over the workers, skipping finished ones — the order of
 :meth:`loaders.stream.TextStream.rank_batches` — so the batches do not depend on timing.
 """
@@ -23,6 +23,21 @@ import traceback
 from typing import Iterator
 
 from .packed import PackedBatch
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB (``VmHWM`` of ``/proc/self/status``; 0 where absent).
+
+    Unlike ``getrusage``'s ``ru_maxrss``, it does not carry over the parent's peak across ``exec``.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
 
 
 class WorkerError(RuntimeError):
@@ -45,6 +60,7 @@ class WorkerPool:
     """
 
     def __init__(self, stream, num_workers: int):
+        self.peak_rss_mb = 0.0  # the largest finished worker's peak resident memory, MiB
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_src_path(), env.get("PYTHONPATH", "")) if p)
         payloads = [pickle.dumps((stream, w, num_workers), protocol=pickle.HIGHEST_PROTOCOL) for w in range(num_workers)]
@@ -74,6 +90,7 @@ class WorkerPool:
                     kind, item = self._next(w)
                     if kind == "end":
                         active.remove(w)
+                        self.peak_rss_mb = max(self.peak_rss_mb, float(item or 0.0))
                         continue
                     yield item
         finally:
@@ -96,7 +113,7 @@ def _serve() -> int:
     try:
         for batch in stream.consumer_batches(worker, num_workers):
             pickle.dump(("batch", batch), out, protocol=pickle.HIGHEST_PROTOCOL)
-        pickle.dump(("end", None), out)
+        pickle.dump(("end", peak_rss_mb()), out)
     except BrokenPipeError:  # the parent stopped reading (end of iteration): nothing to report
         return 0
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it

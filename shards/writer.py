@@ -24,6 +24,7 @@ TMP_SUFFIX = ".partial"
 # Shards stop at 4 GiB (the writer refuses to grow past it): bounded downloads, retries and
 # cache slots, and no member ever needs GNU base-256 size fields, which wids cannot parse.
 MAX_SHARD_BYTES = 4 << 30
+DEFAULT_BLOCK_SHARD_BYTES = 256 << 20  # TokenBlockWriter's shard size when no limit is given
 
 
 class _HashingFile:
@@ -237,7 +238,8 @@ class TokenBlockWriter:
     ``Manifest(layout="token_blocks", shards=writer.close())``.
 
     Args:
-        directory, prefix, max_samples, max_bytes, start_index: as :class:`ShardSequenceWriter`.
+        directory, prefix, max_samples, max_bytes, start_index: as :class:`ShardSequenceWriter`
+            (without either limit, shards stop at :data:`DEFAULT_BLOCK_SHARD_BYTES`).
         block_tokens: target tokens per block.
         compression: ``none`` (raw, memory-mappable) or ``zstd`` (one frame per block).
     Raises:
@@ -248,6 +250,8 @@ class TokenBlockWriter:
                  max_bytes: int | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, compression: str = "none",
                  start_index: int = 0):
         self.packer = BlockPacker(block_tokens, compression)
+        if max_samples is None and max_bytes is None:
+            max_bytes = DEFAULT_BLOCK_SHARD_BYTES
         self.shards_writer = ShardSequenceWriter(directory, prefix, max_samples, max_bytes, start_index)
 
     def add(self, doc_id: str, source: str, tokens: np.ndarray, text: str | None = None) -> None:
