@@ -2,7 +2,7 @@
 
 See ``docs/shard-format.md`` for the specification.
 """
-from .blocks import BlockMeta, decode_meta, encode_block, is_block
+from .blocks import BlockMeta, decode_meta, encode_block, is_block, iter_documents
 from .index import SampleEntry, ShardIndex, build_shard_index, read_sample
 from .keys import escape_key, unescape_key
 from .manifest import Manifest, ShardInfo, shard_url
@@ -12,7 +12,7 @@ from .validate import VerifyConfig, verify_shard
 from .writer import ShardSequenceWriter, TarShardWriter, TokenBlockWriter, shard_name
 
 __all__ = [
-    "BlockMeta", "TokenBlockWriter", "decode_meta", "encode_block", "is_block", "Manifest", "ReadStats", "SampleEntry", "ShardIndex", "ShardInfo", "ShardError", "ShardSequenceWriter",
+    "BlockMeta", "TokenBlockWriter", "decode_meta", "encode_block", "is_block", "iter_documents", "Manifest", "ReadStats", "SampleEntry", "ShardIndex", "ShardInfo", "ShardError", "ShardSequenceWriter",
     "TarShardWriter", "VerifyConfig", "build_shard_index", "encode_image_sample", "encode_text_sample",
     "escape_key", "iter_raw", "iter_samples", "read_sample", "shard_name", "shard_url", "unescape_key",
     "verify_shard",

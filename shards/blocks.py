@@ -134,8 +134,9 @@ def check_block(meta: BlockMeta, tokens: np.ndarray, where: str = "block") -> No
 def block_documents(sample: dict) -> Iterator[dict]:
     """Split a decoded block sample (``{"__key__", "json", "tokens"}``) into documents.
 
-    Yields ``{"__key__": escaped id, "id", "source", "block": block key, "tokens": 1-D view}``
-    per document, in block order (``"text"`` too when the block stored texts).
+    Yields per document, in block order, the shape of a one-sample-per-document text sample:
+    ``{"__key__": escaped id, "json": {"id", "source", "n_tokens", "block": block key},
+    "tokens": 1-D view}`` (plus ``"txt"`` when the block stored texts).
     Raises ``ValueError`` when the tokens do not match the metadata.
     """
     meta = decode_meta_dict(sample["json"], sample["__key__"])
@@ -143,11 +144,28 @@ def block_documents(sample: dict) -> Iterator[dict]:
     off = meta.offsets
     texts = sample["json"].get("texts")
     for i, (doc_id, source) in enumerate(zip(meta.ids, meta.sources)):
-        doc = {"__key__": escape_key(doc_id), "id": doc_id, "source": source, "block": sample["__key__"],
-               "tokens": sample["tokens"][off[i]:off[i + 1]]}
+        meta_i = {"id": doc_id, "source": source, "n_tokens": int(off[i + 1] - off[i]), "block": sample["__key__"]}
+        doc = {"__key__": escape_key(doc_id), "json": meta_i, "tokens": sample["tokens"][off[i]:off[i + 1]]}
         if texts is not None:
-            doc["text"] = texts[i]
+            doc["txt"] = texts[i]
         yield doc
+
+
+def iter_documents(path: str, fileobj=None, **kw) -> Iterator[dict]:
+    """Decoded documents of one text shard of either layout: a token block's documents one by one
+    (:func:`block_documents`), other samples as they are (arguments as ``shards.iter_samples``).
+
+    Raises ``ShardError`` as ``iter_samples`` does, ``ValueError`` for a block whose tokens do not
+    match its metadata.
+    """
+    from .reader import iter_samples  # the reader does not depend on blocks; keep it that way
+
+    for sample in iter_samples(path, fileobj, **kw):
+        meta = sample.get("json")
+        if isinstance(meta, dict) and meta.get("layout") == BLOCK_LAYOUT:
+            yield from block_documents(sample)
+        else:
+            yield sample
 
 
 def block_counts(fields: dict[str, bytes], where: str = "block") -> tuple[int, int]:

@@ -16,7 +16,8 @@ from pipelines.cleaning import clean_text
 from pipelines.config import CleanConfig, PipelineConfig
 from pipelines.corpus import write_corpus
 from pipelines.job import run
-from shards import Manifest, iter_samples, read_sample, unescape_key
+from shards import Manifest, iter_documents, iter_samples, read_sample, unescape_key
+from shards.blocks import block_documents
 
 MULTI = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 
@@ -77,7 +78,7 @@ def test_manifest_matches_shards(runs):
     mem, _, stats, _ = runs
     m = Manifest.load(str(mem))
     assert m.token_dtype == "uint16" and m.tokenizer == "tokenizer.model"
-    assert m.total_samples == stats["total"]["kept"]
+    assert m.layout == "token_blocks" and m.total_documents == stats["total"]["kept"]
     assert m.total_tokens == stats["total"]["tokens"]
     sp = spm.SentencePieceProcessor(model_file=str(mem / m.tokenizer))
     assert m.vocab_size == sp.get_piece_size() <= 600
@@ -86,11 +87,14 @@ def test_manifest_matches_shards(runs):
         path = mem / info.name
         assert path.stat().st_size == info.bytes
         samples = list(iter_samples(str(path)))
-        assert len(samples) == info.samples
+        assert len(samples) == info.samples == info.blocks
         assert sum(s["tokens"].size for s in samples) == info.tokens
-        keys += [s["__key__"] for s in samples]
+        docs = list(iter_documents(str(path)))
+        assert len(docs) == info.documents
+        keys += [s["__key__"] for s in docs]
     assert len(keys) == len(set(keys))
-    assert read_sample(str(mem / m.shards[1].name), 2)["__key__"] == list(iter_samples(str(mem / m.shards[1].name)))[2][
+    last = list(iter_samples(str(mem / m.shards[1].name)))[-1]
+    assert read_sample(str(mem / m.shards[1].name), -1)["__key__"] == last[
         "__key__"]  # random access through the DALI index the pipeline wrote
 
 
@@ -102,19 +106,19 @@ def test_webdataset_reads_same_tokens(runs, corpus):
     for name in ("shakespeare.jsonl", "kjv.jsonl"):
         with open(corpus / name, encoding="utf-8") as f:
             texts.update((r["id"], r["text"]) for r in map(json.loads, f))
-    ours = {s["__key__"]: s["tokens"] for info in m.shards for s in iter_samples(str(mem / info.name))}
+    ours = {s["__key__"]: s["tokens"] for info in m.shards for s in iter_documents(str(mem / info.name))}
     urls = [str(mem / info.name) for info in m.shards]
     seen = 0
-    for sample in wds.WebDataset(urls, shardshuffle=False):
-        raw = zstandard.ZstdDecompressor().decompressobj().decompress(sample["tokens.npy.zst"])
-        tokens = np.load(io.BytesIO(raw), allow_pickle=False)
-        meta = json.loads(sample["json"])
-        assert tokens.dtype == np.uint16
-        np.testing.assert_array_equal(tokens, ours[sample["__key__"]])
-        assert unescape_key(sample["__key__"]) == meta["id"]
-        assert meta["n_tokens"] == tokens.size
-        assert tokens.tolist() == sp.encode(clean_text(texts[meta["id"]], CleanConfig()))
-        seen += 1
+    for sample in wds.WebDataset(urls, shardshuffle=False):  # token blocks: raw .npy and zstd JSON metadata
+        block = np.load(io.BytesIO(sample["tokens.npy"]), allow_pickle=False)
+        meta = json.loads(zstandard.ZstdDecompressor().decompressobj().decompress(sample["json.zst"]))
+        assert block.dtype == np.uint16 and unescape_key(sample["__key__"]) == meta["ids"][0]
+        for doc in block_documents({"__key__": sample["__key__"], "json": meta, "tokens": block}):
+            tokens = doc["tokens"]
+            np.testing.assert_array_equal(tokens, ours[doc["__key__"]])
+            assert unescape_key(doc["__key__"]) == doc["json"]["id"]
+            assert tokens.tolist() == sp.encode(clean_text(texts[doc["json"]["id"]], CleanConfig()))
+            seen += 1
     assert seen == len(ours)
 
 

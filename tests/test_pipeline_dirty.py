@@ -17,7 +17,7 @@ from pipelines.neardup import minhash, shingle_hashes
 from pipelines.pii import redact
 from pipelines.quality import quality_reason
 from pipelines.tokenizer import train_sentencepiece
-from shards import Manifest, iter_samples
+from shards import Manifest, iter_documents
 
 FORTUNES = sorted(p for p in glob.glob("/usr/share/games/fortunes/*")
                   if os.path.basename(p) in ("tang300", "song100", "chinese"))
@@ -79,7 +79,7 @@ def test_fortunes_zh_and_man_pages(tmp_path):
     out = tmp_path / "out"
     sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
     docs = {s["json"]["id"]: sp.decode(s["tokens"].tolist())
-            for info in Manifest.load(str(out)).shards for s in iter_samples(str(out / info.name))}
+            for info in Manifest.load(str(out)).shards for s in iter_documents(str(out / info.name))}
     poems = [text for doc_id, text in docs.items() if doc_id.startswith("tang300/")]
     assert poems and not any("\x1b" in p or "[32m" in p for p in poems)
     assert any("床前明月光" in p for p in poems)  # 《静夜思》, colour codes gone, characters intact

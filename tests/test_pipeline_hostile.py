@@ -13,7 +13,7 @@ import zstandard
 import beam_runner
 from pipelines.config import PipelineConfig
 from pipelines.job import run
-from shards import Manifest, iter_samples
+from shards import Manifest, iter_documents
 
 GOOD_LINES = [
     b'{"id": "g1", "text": "The first good document about the sea and the sky.", "source": "web"}',
@@ -93,13 +93,13 @@ def test_cleaned_and_redacted_text_reaches_shards(hostile):
     m = Manifest.load(str(out))
     sp = spm.SentencePieceProcessor(model_file=str(out / m.tokenizer))
     docs = {s["json"]["id"]: sp.decode(s["tokens"].tolist())
-            for info in m.shards for s in iter_samples(str(out / info.name))}
+            for info in m.shards for s in iter_documents(str(out / info.name))}
     assert sorted(d for d in docs if not d.startswith("t")) == [
         "bz/00000001", "g1", "g2", "g5", "good/00000006", "h2", "l3", "notes/00000001", "notes/00000004", "z1", "z2"]
     assert docs["g2"] == "Bold text with a NUL inside and the rest."
     assert docs["g5"] == "Write to <EMAIL> or <IP> today."
     assert docs["notes/00000001"] == "First paragraph line one. line two."  # sentencepiece folds newlines
-    texts = {s["json"]["id"]: s["txt"] for info in m.shards for s in iter_samples(str(out / info.name))}
+    texts = {s["json"]["id"]: s["txt"] for info in m.shards for s in iter_documents(str(out / info.name))}
     assert texts["notes/00000001"] == "First paragraph line one.\nline two."  # shards.store_text keeps the text
 
 
@@ -124,7 +124,7 @@ def test_text_field_quality_and_near_dup(hostile, tmp_path):
     assert t["dead_letter_reasons"] == {"missing_text": 1}
     assert t["kept"] == 1 and t["balanced"]
     kept = [s["json"]["id"] for info in Manifest.load(str(tmp_path / "out")).shards
-            for s in iter_samples(str(tmp_path / "out" / info.name))]
+            for s in iter_documents(str(tmp_path / "out" / info.name))]
     assert kept == ["a"]  # the smaller id keeps its place
     listed = [json.loads(line) for p in (tmp_path / "out" / "duplicates").iterdir() for line in open(p)]
     assert listed == [{"duplicate_of": "a", "id": "b", "kind": "near", "source": "in"}]

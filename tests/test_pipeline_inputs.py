@@ -17,7 +17,7 @@ from pipelines.language import LanguageFilter
 from pipelines.reading import iter_lines, plan_splits, read_split
 from pipelines.records import DeadLetter, parse_unit
 from pipelines.tokenizer import train_sentencepiece
-from shards import Manifest, iter_samples
+from shards import Manifest, iter_documents
 
 
 def _units(path, cfg):
@@ -117,5 +117,5 @@ def test_parquet_in_row_group_splits_with_columns_and_language(tmp_path, model_p
     dups = [json.loads(line) for p in (tmp_path / "out" / "duplicates").iterdir() for line in open(p)]
     assert dups == [{"duplicate_of": "p0", "id": "p4", "kind": "exact", "source": "web"}]
     kept = sorted(s["json"]["id"] for info in Manifest.load(str(tmp_path / "out")).shards
-                  for s in iter_samples(str(tmp_path / "out" / info.name)))
+                  for s in iter_documents(str(tmp_path / "out" / info.name)))
     assert kept == ["p0", "p3", "p5"]

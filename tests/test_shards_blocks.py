@@ -8,8 +8,8 @@ import mmap
 import numpy as np
 import pytest
 
-from shards import Manifest, TokenBlockWriter, iter_raw, iter_samples, read_sample, verify_shard
-from shards.blocks import META_SUFFIX, RAW_SUFFIX, ZSTD_SUFFIX, block_documents, decode_meta, npy_data_offset
+from shards import Manifest, TokenBlockWriter, iter_documents, iter_raw, read_sample, verify_shard
+from shards.blocks import META_SUFFIX, RAW_SUFFIX, ZSTD_SUFFIX, decode_meta, npy_data_offset
 from shards.cli import main
 from shards.index import build_shard_index, dali_index_path
 from shards.keys import escape_key
@@ -40,19 +40,15 @@ def blocks(request, tmp_path_factory):
 
 
 def read_docs(d, m):
-    out = []
-    for s in m.shards:
-        for sample in iter_samples(str(d / s.name), schema="text"):
-            out += list(block_documents(sample))
-    return out
+    return [doc for s in m.shards for doc in iter_documents(str(d / s.name), schema="text")]
 
 
 def test_blocks_round_trip_and_manifest_counts(blocks):
     d, docs, m, compression = blocks
     got = read_docs(d, m)
-    assert [g["id"] for g in got] == [i for i, _, _ in docs]
+    assert [g["json"]["id"] for g in got] == [i for i, _, _ in docs]
     assert [g["__key__"] for g in got] == [escape_key(i) for i, _, _ in docs]
-    assert all(np.array_equal(g["tokens"], t) and g["source"] == s for g, (_, s, t) in zip(got, docs))
+    assert all(np.array_equal(g["tokens"], t) and g["json"]["source"] == s for g, (_, s, t) in zip(got, docs))
     assert m.total_documents == 60 and m.total_tokens == sum(len(t) for _, _, t in docs)
     assert sum(s.blocks for s in m.shards) == m.total_samples > 1
     for s in m.shards:  # every block holds whole documents of at most block_tokens (or one longer doc)
@@ -97,7 +93,7 @@ def test_verify_stats_inspect_cat_reshard(blocks, tmp_path, capsys):
     r = Manifest.load(str(tmp_path / "r"))
     assert r.layout == "token_blocks" and r.total_documents == 60 and r.total_tokens == m.total_tokens
     assert main(["verify", "-q", str(tmp_path / "r")]) == 0
-    assert [g["id"] for g in read_docs(tmp_path / "r", r)] == [i for i, _, _ in docs]
+    assert [g["json"]["id"] for g in read_docs(tmp_path / "r", r)] == [i for i, _, _ in docs]
 
 
 def test_cat_writes_a_documents_tokens(blocks, capfdbinary):
