@@ -1,7 +1,8 @@
 """Text loader throughput and packing efficiency vs a plain ``webdataset.WebDataset`` + DataLoader.
 
 Both read the same local shards (random token documents with a long-tailed, log-normal length
-distribution) with the same number of DataLoader workers and the same worker start method, and
+distribution, one sample per document) with the same number of worker processes (colaflow's own
+:mod:`loaders.workers`; the baseline's DataLoader workers started with ``--start``), and
 produce ``[B, seq_len]`` int64 ``input_ids`` and ``labels`` (-100 where no loss is taken):
 
 * colaflow: global sample-level order, exact resume state, best-fit-decreasing packing
@@ -9,10 +10,8 @@ produce ``[B, seq_len]`` int64 ``input_ids`` and ``labels`` (-100 where no loss 
 * baseline: ``WebDataset`` (shard-level split over workers, no global order, no exact resume),
   each document cut into ``seq_len`` chunks, one chunk per row, padded to ``seq_len``.
 
-Each loader runs once unmeasured (starts the forkserver, warms the page cache and colaflow's
-node-local shard index), then ``--repeats`` times; the best run is reported. Both loaders share
-the process's forkserver, which colaflow asks to preload torch (so neither pays the import per
-worker). Per loader:
+Each loader runs once unmeasured (warms the page cache and colaflow's node-local shard index),
+then ``--repeats`` times; the best run is reported. Per loader:
 start-up (seconds to the first batch: worker start, imports), steady-state samples/s and real
 tokens/s (tokens that carry a loss) after the first batch, the same end to end, and the share of
 batch slots holding document tokens. Ratios are colaflow / baseline.

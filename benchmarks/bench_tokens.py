@@ -176,13 +176,13 @@ def main() -> int:
                 "litdata": f"{base}/litdata", "litdata_zstd": f"{base}/litdata-zstd", "flat": f"{base}/flat"}
         if not have_litdata:
             del dirs["litdata"], dirs["litdata_zstd"]
-        if not os.path.exists(os.path.join(dirs["flat"], "tokens.idx")):
-            write_colaflow(dirs["colaflow_raw"], c_ids, c_src, c_tok, "none")
-            write_colaflow(dirs["colaflow_zstd"], c_ids, c_src, c_tok, "zstd")
-            if have_litdata:
-                write_litdata(dirs["litdata"], c_tok, None)
-                write_litdata(dirs["litdata_zstd"], c_tok, "zstd")
-            write_flat(dirs["flat"], c_tok)
+        writers = {"colaflow_raw": lambda d: write_colaflow(d, c_ids, c_src, c_tok, "none"),
+                   "colaflow_zstd": lambda d: write_colaflow(d, c_ids, c_src, c_tok, "zstd"),
+                   "litdata": lambda d: write_litdata(d, c_tok, None),
+                   "litdata_zstd": lambda d: write_litdata(d, c_tok, "zstd"), "flat": lambda d: write_flat(d, c_tok)}
+        for kind, d in dirs.items():  # each layout written once, kept in --work for later runs
+            if not os.path.exists(d):
+                writers[kind](d)
         bpt = {k: dir_bytes(d) / n_tok for k, d in dirs.items()}
         res = results[name] = {"documents": len(c_tok), "tokens": n_tok, "mean_doc_tokens": n_tok / len(c_tok),
                                "bytes_per_token": bpt, "vs_flat": {k: v / bpt["flat"] for k, v in bpt.items()},

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     k = sub.add_parser("keys", help="list the sample keys each rank reads, in order")
     k.add_argument("--shards", required=True, help="shard folder, manifest.json path or URL")
     k.add_argument("--world-size", type=int, default=1)
-    k.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank (0 = main process)")
+    k.add_argument("--workers", type=int, default=0, help="loader worker processes per rank (0 = main process)")
     k.add_argument("--epoch", type=int, default=0)
     k.add_argument("--resume-at", type=int, default=0, metavar="STEP", help="list what is left after STEP steps")
     k.add_argument("--config", help="YAML run config (its data: section is used)")

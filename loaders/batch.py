@@ -69,7 +69,7 @@ class TokenBatch:
         return int((self.document_ids >= 0).sum())
 
     def __reduce__(self):
-        # CPU batches travel (DataLoader worker -> trainer) as plain arrays in the pickle: one
+        # CPU batches travel (worker process -> trainer) as plain arrays in the pickle: one
         # pipe write instead of one shared-memory file and descriptor hand-over per tensor,
         # which costs more than copying a few hundred KiB.
         tensors = [getattr(self, f) for f in _FIELDS]

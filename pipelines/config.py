@@ -204,7 +204,8 @@ class ShardsConfig:
             ``docs/shard-format.md``) or ``documents`` (one sample per document, format 1).
         compression: token blocks' tokens: ``none`` (raw, memory-mapped by the loader) or
             ``zstd`` (one frame per block: smaller, decompressed per block when read).
-        block_tokens: target tokens per block (documents are never split across blocks).
+        block_tokens: target tokens per block (documents are never split across blocks); 0 picks
+            65,536 for raw blocks and 1,048,576 for zstd (compresses far better).
     """
 
     prefix: str = "shard"
@@ -214,7 +215,7 @@ class ShardsConfig:
     write_index: bool = True
     layout: str = "token_blocks"
     compression: str = "none"
-    block_tokens: int = 65536
+    block_tokens: int = 0
 
 
 @dataclass

@@ -105,7 +105,7 @@ class WriteBucketFn(beam.DoFn):
     for ``token_blocks`` are cut into blocks of ``block_tokens`` in key order.
     """
 
-    def __init__(self, output_dir: str, write_index: bool, compression: str = "none", block_tokens: int = 65536):
+    def __init__(self, output_dir: str, write_index: bool, compression: str = "none", block_tokens: int = 0):
         self.output_dir, self.write_index = output_dir, write_index
         self.compression, self.block_tokens = compression, block_tokens
 
@@ -217,9 +217,9 @@ class WriteShards(beam.PTransform):
 
     def __init__(self, output_dir: str, cfg: ShardsConfig):
         super().__init__()
-        if cfg.layout not in ("token_blocks", "documents") or cfg.compression not in COMPRESSIONS or cfg.block_tokens < 1:
+        if cfg.layout not in ("token_blocks", "documents") or cfg.compression not in COMPRESSIONS or cfg.block_tokens < 0:
             raise ValueError(f"shards.layout={cfg.layout!r}, shards.compression={cfg.compression!r}, shards.block_tokens="
-                             f"{cfg.block_tokens}: use token_blocks|documents, {'|'.join(COMPRESSIONS)} and >= 1")
+                             f"{cfg.block_tokens}: use token_blocks|documents, {'|'.join(COMPRESSIONS)} and >= 0")
         self.output_dir, self.cfg = output_dir, cfg
 
     def expand(self, tokenized):

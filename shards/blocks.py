@@ -29,7 +29,11 @@ META_SUFFIX = "json.zst"
 RAW_SUFFIX = "tokens.npy"
 ZSTD_SUFFIX = "tokens.npy.zst"
 COMPRESSIONS = ("none", "zstd")
-DEFAULT_BLOCK_TOKENS = 1 << 16
+# Tokens per block when none is given (block_tokens=0): raw blocks stay small (a consumer maps only
+# what it reads); zstd compresses far better over large blocks (demo corpus: 1.18 bytes per token
+# at 64 Ki tokens and level 3, 0.96 at 1 Mi tokens and level 9), decompressed once per block.
+DEFAULT_BLOCK_TOKENS = {"none": 1 << 16, "zstd": 1 << 20}
+BLOCK_ZSTD_LEVEL = 9  # ~40 MB/s to write, as fast to read as level 3
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,10 @@ def encode_block(docs: list[tuple[str, str, np.ndarray]], compression: str = "no
     if texts is not None:
         meta["texts"] = texts
     npy = encode_npy(tokens)
-    fields = {META_SUFFIX: zstd_compress(json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()),
+    meta_json = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()
+    fields = {META_SUFFIX: zstd_compress(meta_json, BLOCK_ZSTD_LEVEL),
               (RAW_SUFFIX if compression == "none" else ZSTD_SUFFIX): npy if compression == "none"
-              else zstd_compress(npy)}
+              else zstd_compress(npy, BLOCK_ZSTD_LEVEL)}
     return escape_key(str(docs[0][0])), fields
 
 
@@ -184,16 +189,18 @@ class BlockPacker:
     document gets a block of its own); documents are never split across blocks.
 
     Args:
-        block_tokens: target tokens per block (>= 1).
+        block_tokens: target tokens per block (>= 1; 0: :data:`DEFAULT_BLOCK_TOKENS` of the compression).
         compression: ``none`` or ``zstd`` (see :func:`encode_block`).
+    Raises:
+        ValueError: a negative ``block_tokens`` or an unknown compression.
     """
 
-    def __init__(self, block_tokens: int = DEFAULT_BLOCK_TOKENS, compression: str = "none"):
-        if block_tokens < 1:
-            raise ValueError(f"shards.block_tokens={block_tokens}: must be >= 1")
+    def __init__(self, block_tokens: int = 0, compression: str = "none"):
         if compression not in COMPRESSIONS:
             raise ValueError(f"shards.compression={compression!r}: use one of {COMPRESSIONS}")
-        self.block_tokens, self.compression = block_tokens, compression
+        if block_tokens < 0:
+            raise ValueError(f"shards.block_tokens={block_tokens}: must be >= 1, or 0 for the default")
+        self.block_tokens, self.compression = block_tokens or DEFAULT_BLOCK_TOKENS[compression], compression
         self._docs: list[tuple[str, str, np.ndarray]] = []
         self._texts: list[str] | None = None
         self._n = 0

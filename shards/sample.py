@@ -40,10 +40,10 @@ def encode_npy(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def zstd_compress(data: bytes) -> bytes:
+def zstd_compress(data: bytes, level: int = ZSTD_LEVEL) -> bytes:
     """Compress one member's bytes as a single zstd frame (content size in the frame header)."""
     # content size is written into the frame so readers can size their buffer once
-    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(data)
+    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
 
 
 def zstd_decompress(data: bytes) -> bytes:

@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .blocks import DEFAULT_BLOCK_TOKENS, BlockPacker, is_block
+from .blocks import BlockPacker, is_block
 from .keys import member_name
 from .manifest import ShardInfo
 
@@ -240,14 +240,14 @@ class TokenBlockWriter:
     Args:
         directory, prefix, max_samples, max_bytes, start_index: as :class:`ShardSequenceWriter`
             (without either limit, shards stop at :data:`DEFAULT_BLOCK_SHARD_BYTES`).
-        block_tokens: target tokens per block.
+        block_tokens: target tokens per block (0: ``shards.blocks.DEFAULT_BLOCK_TOKENS`` of the compression).
         compression: ``none`` (raw, memory-mappable) or ``zstd`` (one frame per block).
     Raises:
-        ValueError: bad limits, ``block_tokens`` < 1 or an unknown compression.
+        ValueError: bad limits, a negative ``block_tokens`` or an unknown compression.
     """
 
     def __init__(self, directory: str, prefix: str = "shard", max_samples: int | None = None,
-                 max_bytes: int | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, compression: str = "none",
+                 max_bytes: int | None = None, block_tokens: int = 0, compression: str = "none",
                  start_index: int = 0):
         self.packer = BlockPacker(block_tokens, compression)
         if max_samples is None and max_bytes is None:
