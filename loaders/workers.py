@@ -116,6 +116,8 @@ def _serve() -> int:
         pickle.dump(("end", peak_rss_mb()), out)
     except BrokenPipeError:  # the parent stopped reading (end of iteration): nothing to report
         return 0
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the trainer reports it
+        return 130
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
         pickle.dump(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"), out)
         return 1
