@@ -80,10 +80,12 @@ class ArrayPacker:
         """Best-fit-decreasing bins (lists of buffer rows) in creation order, and each bin's fill in tokens."""
         b = self.buf
         order = np.lexsort((b["idx"], b["pos"], -b["length"]))
-        bins: list[list[int]] = []
-        fill: list[int] = []
+        lengths = b["length"][order]
+        full = int(np.searchsorted(-lengths, -self.seq_len, side="right"))  # chunks of seq_len come first
+        bins: list[list[int]] = [[r] for r in order[:full].tolist()]  # each fills a bin alone: no search
+        fill: list[int] = [self.seq_len] * full
         free: list[tuple[int, int]] = []  # sorted (free tokens, bin index)
-        for row, n in zip(order.tolist(), b["length"][order].tolist()):
+        for row, n in zip(order[full:].tolist(), lengths[full:].tolist()):
             i = bisect.bisect_left(free, (n, -1))
             if i < len(free):
                 room, k = free.pop(i)
@@ -105,8 +107,8 @@ class ArrayPacker:
         """Next batch; packs the buffer first when no packed batch is waiting."""
         if not self.ready:
             bins, fill = self._bins()
-            order = sorted(range(len(bins)), key=lambda k: (-fill[k], k))
-            n_full = sum(f == self.seq_len for f in fill)
+            order = np.argsort(-np.asarray(fill, np.int64), kind="stable").tolist()  # fullest first, ties by bin
+            n_full = fill.count(self.seq_len)
             take = order[:max(1, n_full // self.rows) * self.rows]
             taken = set(take)
             self.ready = [self._batch([bins[k] for k in sorted(take[i:i + self.rows])])
