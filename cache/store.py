@@ -11,7 +11,10 @@ Layout under the cache root (shared by every process on the node)::
     global.lock         exclusive flock around accounting (reserve, evict) — held briefly
 
 Usage = sizes of ``data/`` files + per partial download max(written, reserved). A download
-reserves its bytes before writing them, so usage never exceeds ``max_bytes``. LRU order is
+reserves its bytes before writing them, so usage never exceeds ``max_bytes``. Every change that
+moves bytes between those two listings (commit = rename ``tmp/`` -> ``data/`` + drop the
+reservation) happens under ``global.lock``, like the accounting itself: otherwise a download
+finishing between the listing of ``data/`` and of ``tmp/`` would be counted in neither. LRU order is
 the data file's atime, set explicitly on every use (works on ``noatime`` mounts too).
 Lock files are never deleted: unlinking a lock file another process has open would let two
 holders lock different inodes.
@@ -29,6 +32,7 @@ from dataclasses import asdict, dataclass
 from cache.config import format_size
 from cache.errors import CacheFullError
 from cache.locks import FileLock, is_locked
+from shards.urls import split_query
 
 
 @dataclass
@@ -62,7 +66,11 @@ class Entry:
 
 
 def entry_key(url: str, decompress: bool) -> str:
-    """File-system-safe, collision-resistant name for a shard URL: ``<16 hex of sha1(url)>-<basename>``."""
+    """File-system-safe, collision-resistant name for a shard URL: ``<16 hex of sha1(url)>-<basename>``.
+
+    A signed URL's query (``?token=...``) is not part of the key, so a rotated token finds the
+    same entry."""
+    url = split_query(url)[0]
     base = url.rstrip("/").rsplit("/", 1)[-1] or "shard"
     if decompress and base.endswith(".zst"):
         base = base[: -len(".zst")]
@@ -74,15 +82,25 @@ class Store:
     """One cache directory: paths, sidecars, accounting and eviction (all processes share it).
 
     Args:
-        root: cache directory (created if missing).
+        root: cache directory.
         max_bytes: usage limit, bytes.
         min_free_bytes: free bytes to keep on the file system, bytes.
+        create: create ``root`` and its sub-folders when missing (``False``: only look).
+
+    Attributes:
+        read_only: the folder exists and this process cannot write it (read-only mount or
+            permissions); only reads of complete entries are possible.
+
+    Raises:
+        OSError: ``create`` and the folder cannot be made (e.g. its parent is read-only).
     """
 
-    def __init__(self, root: str, max_bytes: int, min_free_bytes: int):
+    def __init__(self, root: str, max_bytes: int, min_free_bytes: int, create: bool = True):
         self.root, self.max_bytes, self.min_free_bytes = root, max_bytes, min_free_bytes
-        for sub in ("data", "tmp", "locks"):
-            os.makedirs(os.path.join(root, sub), exist_ok=True)
+        self.read_only = is_read_only(root)
+        if create and not self.read_only:
+            for sub in ("data", "tmp", "locks"):
+                os.makedirs(os.path.join(root, sub), exist_ok=True)
 
     # -- paths ------------------------------------------------------------------------
     def data_path(self, key: str) -> str:
@@ -123,15 +141,20 @@ class Store:
         os.replace(tmp, self.meta_path(key))
 
     def commit(self, key: str, url: str, sha256: str | None, verified: bool) -> str:
-        """Move a finished ``tmp/KEY.part`` into ``data/KEY`` atomically and write its sidecar.
+        """Move a finished ``tmp/KEY.part`` into ``data/KEY`` atomically, drop its reservation and
+        write its sidecar.
 
-        The caller holds ``KEY``'s fetch lock and has checked size and (per policy) sha256.
+        The caller holds ``KEY``'s fetch lock and has checked size and (per policy) sha256. The
+        rename and the reservation's removal happen under the global lock, so an accounting pass
+        (``reserve``) sees the bytes either in ``tmp/`` or in ``data/``, never in neither.
         Returns the data path.
         """
         part, path = self.part_path(key), self.data_path(key)
         with open(part, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(part, path)
+        with self.global_lock():
+            os.replace(part, path)
+            self.release(key)
         st = os.stat(path)
         self.write_meta(key, EntryMeta(url, st.st_size, sha256, verified, st.st_mtime_ns))
         self.touch(key)
@@ -157,7 +180,7 @@ class Store:
     def entries(self, meta: bool = False) -> list[Entry]:
         """Complete entries, least recently used first; sidecars are read only if ``meta``."""
         out = []
-        for name in os.listdir(os.path.join(self.root, "data")):
+        for name in _listdir(os.path.join(self.root, "data")):
             if name.endswith(".meta"):
                 continue
             try:
@@ -171,7 +194,7 @@ class Store:
 
     def partials(self) -> dict[str, tuple[int, int, bool]]:
         """Partial downloads: ``{key: (bytes written, bytes reserved, live)}``; live = a process holds its fetch lock."""
-        keys = {n.rsplit(".", 1)[0] for n in os.listdir(os.path.join(self.root, "tmp"))
+        keys = {n.rsplit(".", 1)[0] for n in _listdir(os.path.join(self.root, "tmp"))
                 if n.endswith((".part", ".resv"))}
         out = {}
         for key in keys:
@@ -279,6 +302,25 @@ class Store:
                 if self.try_evict(e.key):
                     n, freed, used = n + 1, freed + e.size, used - e.size
         return n, freed
+
+
+def is_read_only(path: str) -> bool:
+    """Whether the existing folder ``path`` cannot be written by this process: a read-only mount
+    (``ST_RDONLY``, which root cannot bypass) or missing write permission. ``False`` if missing."""
+    try:
+        st = os.statvfs(path)
+    except FileNotFoundError:
+        return False
+    data = os.path.join(path, "data")
+    return (bool(st.f_flag & os.ST_RDONLY) or not os.access(path, os.W_OK)
+            or (os.path.isdir(data) and not os.access(data, os.W_OK)))
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
 
 
 def _size(path: str) -> int:
