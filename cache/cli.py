@@ -180,7 +180,14 @@ def cmd_tune(args) -> int:
         return 2
     w, r = measure_disk(cfg.path, parse_size(args.disk_bytes))
     sample = manifest.shards[: args.sample_shards]
-    lat, rate, fetched = measure_remote([shard_url(args.manifest, s.name) for s in sample], cfg.timeout_s)
+    urls = [shard_url(args.manifest, s.name) for s in sample]
+    try:
+        lat, rate, fetched = measure_remote(urls, cfg.timeout_s)
+    except Exception as e:  # noqa: BLE001 - any transport error ends the measurement with one line
+        cache.close()
+        print(f"error: cannot read {urls[0]} ({type(e).__name__}: {e}); check the manifest URL, its "
+              f"signature and credentials", file=sys.stderr)
+        return 1
     wrong = [p for p in (check_fetched(f, s.bytes) for f, s in zip(fetched, sample)) if p]
     if wrong:
         cache.close()

@@ -72,6 +72,7 @@ def keys_command(args) -> int:
             ld.dataset.start(ld.progress)
             for w in range(max(args.workers, 1)):
                 for pos, shard, local in ld.dataset.consumer_positions(w, max(args.workers, 1)):
+                    reader.retain({shard})  # one shard pinned at a time: the cache may hold less than the data
                     done = ld.progress.partial.get(pos, (0, set()))[1]
                     mark = f" partial={','.join(map(str, sorted(done)))}" if done else ""
                     print(f"rank={ld.rank} worker={w} pos={pos}{mark} "
