@@ -274,3 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CacheError, FileNotFoundError, ValueError) as e:
         print(f"error: {explain(e)}", file=sys.stderr)
         return 2
+    except PermissionError as e:
+        where = getattr(args, "manifest", None) or getattr(args, "dir", None) or ""
+        print(f"error: access denied to {where} ({e}); check the storage credentials (AWS_* variables, ~/.aws) "
+              f"or the signed URL's token", file=sys.stderr)
+        return 1
