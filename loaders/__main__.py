@@ -58,6 +58,8 @@ def keys_command(args) -> int:
             for it in its:
                 next(it, None)
         state = merge_states([ld.state_dict() for ld in loaders])
+        for it in its:
+            it.close()  # unpins the shards these loaders hold open in the cache
         loaders = _loaders(cfg, manifest, cache, args.world_size)
         for ld in loaders:
             ld.load_state_dict(state)

@@ -84,3 +84,7 @@ def test_loaders_keys_with_a_cache_smaller_than_the_data(tmp_path, monkeypatch):
         rc = loaders_cli(["keys", "--shards", d, "--world-size", "2", "--cache-dir", str(tmp_path / "cache")])
     rows = [line.split() for line in out.getvalue().splitlines() if not line.startswith("#")]
     assert rc == 0 and sorted(r[-1].split("/")[-1] for r in rows) == sorted(docs)
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = loaders_cli(["keys", "--shards", d, "--world-size", "2", "--cache-dir", str(tmp_path / "cache"),
+                          "--resume-at", "2", "data.seq_len=64", "data.micro_batch_size=2"])
+    assert rc == 0
