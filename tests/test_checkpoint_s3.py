@@ -9,7 +9,7 @@ import torch
 from trainer import parallel
 from trainer.config import ModelConfig, OptimConfig, TrainConfig, ZeroConfig
 from trainer.launch import run_local_workers
-from trainer.remote_checkpoint import list_url_checkpoints, restore_from_url, save_to_url
+from trainer.checkpointing.remote import list_url_checkpoints, restore_from_url, save_to_url
 from trainer.synthetic import synthetic_batch
 from trainer.train import build_model, train_step
 

@@ -2,10 +2,10 @@
 ``torch.distributed.checkpoint``'s fsspec storage (``FsspecWriter`` / ``FsspecReader``).
 
 Object stores cannot rename a folder atomically, so instead of the write-then-rename of
-:class:`trainer.checkpoint.Checkpointer` (local or shared file systems), every rank writes its
+:class:`trainer.checkpointing.Checkpointer` (local or shared file systems), every rank writes its
 DCP files straight into ``URL/step_XXXXXX``; after a barrier rank 0 writes ``meta.json`` and then
 ``COMPLETE``. A folder without ``COMPLETE`` is an unfinished save and is never restored. The
-state layout is :func:`trainer.checkpoint.build_state`'s, so any world size or ZeRO stage can
+state layout is :func:`trainer.checkpointing.state.build_state`'s, so any world size or ZeRO stage can
 resume, as from a local checkpoint. Credentials and endpoints come from the environment
 (``AWS_*`` for s3fs) or fsspec's configuration.
 """
@@ -19,7 +19,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
-from trainer.checkpoint import COMPLETE, Restored, _rank, apply_state, build_state, set_rng_state
+from trainer.checkpointing.checkpoint import Restored
+from trainer.checkpointing.layout import COMPLETE
+from trainer.checkpointing.state import apply_state, build_state, process_rank, set_rng_state
 
 
 def url_step_dir(root_url: str, step: int) -> str:
@@ -38,14 +40,14 @@ def save_to_url(root_url: str, step: int, model, optimizer, loader_state=None, t
     """
     url = url_step_dir(root_url, step)
     fs, path = fsspec.core.url_to_fs(url)
-    if _rank() == 0 and fs.exists(f"{path}/{COMPLETE}"):
+    if process_rank() == 0 and fs.exists(f"{path}/{COMPLETE}"):
         fs.rm(f"{path}/{COMPLETE}")  # the same step saved again after a rollback: unfinished until rewritten
     if dist.is_initialized():
         dist.barrier()
     dcp.save(build_state(model, optimizer, step, loader_state, trainer_state), storage_writer=FsspecWriter(url))
     if dist.is_initialized():
         dist.barrier()  # every rank's files are written before COMPLETE appears
-    if _rank() == 0:
+    if process_rank() == 0:
         world = dist.get_world_size() if dist.is_initialized() else 1
         fs.pipe_file(f"{path}/meta.json", json.dumps({"step": step, "kind": "full", "world_size": world}).encode())
         fs.pipe_file(f"{path}/{COMPLETE}", f"step {step}\n".encode())
@@ -75,7 +77,7 @@ def restore_from_url(url: str, model, optimizer, restore_rng: bool = True) -> Re
         raise FileNotFoundError(f"{url}: no finished checkpoint here (no {COMPLETE}); pick one listed by "
                                 f"list_url_checkpoints or set checkpoint.resume=\"\"")
     state = build_state(model, optimizer, for_load=True)
-    rng_key = f"rng_rank{_rank()}"
+    rng_key = f"rng_rank{process_rank()}"
     if rng_key not in FsspecReader(url).read_metadata().state_dict_metadata:
         del state[rng_key]  # a rank new to this world size keeps its own RNG
     dcp.load(state, storage_reader=FsspecReader(url))
