@@ -1,7 +1,6 @@
 """Checkpoints to ``s3://`` (a real S3 API: moto's server on 127.0.0.1) from 2 gloo ranks with
 ZeRO-3, restored into a fresh model: parameters, step and loader state come back exactly; an
 unfinished folder (no COMPLETE) is refused."""
-import os
 
 import pytest
 import torch
