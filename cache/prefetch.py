@@ -3,9 +3,9 @@
 The reader hands its future read order once (``set_order``); each ``get`` of a URL in that
 order advances the read position, and the prefetcher keeps at most ``depth`` shards ahead of
 the reader, downloading or downloaded. A downloaded shard the reader has not asked for yet
-stays *held* (its pin is kept) until the reader takes it: nothing on the node can evict it, so
-a later prefetch never pushes out an earlier one and no shard is fetched twice in one pass
-(the cache caps ``depth`` so that held shards plus the one in hand fit in ``max_bytes``).
+stays *held* (a shared lock) until the reader takes it: no prefetch on the node evicts it, so a
+later prefetch never pushes out an earlier one and no shard is fetched twice in one pass (the
+cache caps ``depth`` so that held shards plus the one in hand fit in ``max_bytes``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ Item = tuple  # (url, sha256 hex or None, size in bytes or None)
 
 
 class Hold(Protocol):
-    """What a prefetch returns: a held pin, dropped with ``release()``."""
+    """What a prefetch returns: a held lock on the downloaded shard, dropped with ``release()``."""
 
     def release(self) -> None: ...
 
@@ -29,8 +29,8 @@ class Prefetcher:
     """Bounded read-ahead over a thread pool.
 
     Args:
-        fetch: ``fetch(url, sha256, size) -> Hold`` makes one shard local and returns its pin, held
-            (runs in a pool thread).
+        fetch: ``fetch(url, sha256, size) -> Hold`` makes one shard local and returns its hold,
+            taken (runs in a pool thread).
         depth: most shards ahead of the reader (downloading or held); also the pool size; 0
             disables prefetch.
     """
@@ -74,7 +74,7 @@ class Prefetcher:
             self._pump()
 
     def release_holds(self) -> int:
-        """Release every held shard (the reader needs their room now). Returns how many were held."""
+        """Release every held shard. Returns how many were held."""
         with self._lock:
             n = len(self._held)
             for hold in self._held.values():

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 from cache.config import CacheConfig
-from cache.errors import CacheFullError, CacheReadOnlyError, ShardFetchError
+from cache.errors import CacheReadOnlyError, ShardFetchError
 from cache.fetch import Downloader, FetchSpec, hash_file, remote_size
 from cache.locks import FileLock
 from cache.metrics import CacheMetrics
@@ -103,12 +103,7 @@ class ShardCache:
                 self._metrics.hits.inc()
             else:
                 self._metrics.misses.inc()
-                try:
-                    path = self._materialise(key, url, sha256, size)
-                except CacheFullError:
-                    if not self._prefetcher.release_holds():
-                        raise
-                    path = self._materialise(key, url, sha256, size)  # shards held ahead gave way
+                path = self._materialise(key, url, sha256, size)
                 self._metrics.stall_seconds.inc(time.monotonic() - t0)
             self._metrics.bytes_served.inc(os.path.getsize(path))
             yield path
@@ -231,8 +226,9 @@ class ShardCache:
             self.store.touch(key)
         return path
 
-    def _materialise(self, key: str, url: str, sha256: str | None, size: int | None) -> str:
-        """Download under the entry's fetch lock (caller holds its pin); returns the data path."""
+    def _materialise(self, key: str, url: str, sha256: str | None, size: int | None, prefetch: bool = False) -> str:
+        """Download under the entry's fetch lock (caller holds its pin); returns the data path.
+        A ``prefetch`` download may not evict shards other prefetches hold."""
         with self.store.fetch_lock(key):
             path = self._ready(key, url, sha256, size, count_corrupt=False)
             if path is not None:
@@ -248,7 +244,7 @@ class ShardCache:
             cfg = self.config
             downloader = Downloader(
                 cfg.retries, cfg.backoff_s, cfg.backoff_max_s, cfg.timeout_s, cfg.chunk_bytes_int,
-                reserve=lambda total: self._metrics.evictions.inc(self.store.reserve(key, total, url)),
+                reserve=lambda total: self._metrics.evictions.inc(self.store.reserve(key, total, url, prefetch)),
                 on_bytes=self._metrics.bytes_fetched.inc, on_retry=self._metrics.retries.inc)
             spec = FetchSpec(url, self.store.part_path(key), size, sha256, decompress,
                              hash=cfg.verify != "never")
@@ -263,14 +259,12 @@ class ShardCache:
 
     def _prefetch_one(self, url: str, sha256: str | None, size: int | None) -> FileLock:
         """Make ``url`` local without the per-hit hash of ``verify: always`` (the reader's get does
-        that); returns its pin, still held, so nothing evicts it before the reader comes."""
+        that); returns its hold lock, taken, so that no prefetch on the node evicts it before the
+        reader comes (a reader's download still may, when it finds no other room)."""
         key = self.key(url)
-        pin = self.store.pin_lock(key)
-        pin.acquire()
-        try:
+        hold = self.store.hold_lock(key)
+        with self.store.pin_lock(key):
             if self._ready(key, url, sha256, size, hash_policy=False) is None:
-                self._materialise(key, url, sha256, size)
-        except BaseException:
-            pin.release()
-            raise
-        return pin
+                self._materialise(key, url, sha256, size, prefetch=True)
+            hold.acquire()  # before the pin goes: the entry is never unprotected in between
+        return hold

@@ -7,6 +7,8 @@ Layout under the cache root (shared by every process on the node)::
     tmp/KEY.part        partial download (resumed with a Range request after a crash)
     tmp/KEY.resv        bytes reserved for KEY's download; valid only while locks/KEY.fetch is held
     locks/KEY.pin       shared flock while a reader pins KEY; eviction needs it exclusive (non-blocking)
+    locks/KEY.hold      shared flock while a prefetcher holds KEY (downloaded ahead, not yet read):
+                        only a reader's download may evict it, never another prefetch
     locks/KEY.fetch     exclusive flock while one process downloads KEY
     global.lock         exclusive flock around accounting (reserve, evict) — held briefly
 
@@ -117,6 +119,9 @@ class Store:
 
     def pin_lock(self, key: str) -> FileLock:
         return FileLock(os.path.join(self.root, "locks", key + ".pin"), shared=True)
+
+    def hold_lock(self, key: str) -> FileLock:
+        return FileLock(os.path.join(self.root, "locks", key + ".hold"), shared=True)
 
     def fetch_lock(self, key: str) -> FileLock:
         return FileLock(os.path.join(self.root, "locks", key + ".fetch"))
@@ -234,8 +239,11 @@ class Store:
         return removed
 
     # -- space ------------------------------------------------------------------------
-    def reserve(self, key: str, total: int, url: str) -> int:
-        """Reserve ``total`` bytes for ``KEY``'s download, evicting LRU unpinned entries as needed.
+    def reserve(self, key: str, total: int, url: str, prefetch: bool = False) -> int:
+        """Reserve ``total`` bytes for ``KEY``'s download, evicting LRU unpinned entries as needed:
+        first those no prefetcher holds; then, for a reader's download only (``prefetch=False``),
+        held ones too (a reader waiting now beats a shard needed later; a prefetch never pushes
+        out another prefetched, unread shard).
 
         The caller holds ``KEY``'s fetch lock. Returns the number of entries evicted.
 
@@ -256,12 +264,13 @@ class Store:
                     others += max(w, r)
                     pending_others += max(0, r - w)
             evicted = 0
-            candidates = iter(entries)
+            passes = (False,) if prefetch else (False, True)  # allow_held per pass over the LRU order
+            candidates = ((e, held) for held in passes for e in entries)
             while True:
                 free = shutil.disk_usage(self.root).free - pending_others - (total - written)
                 if others + total <= self.max_bytes and free >= self.min_free_bytes:
                     break
-                victim = next(candidates, None)
+                victim, allow_held = next(candidates, (None, False))
                 if victim is None:
                     raise CacheFullError(
                         f"shard {url}: needs {format_size(total)} but the cache at {self.root} holds "
@@ -269,7 +278,7 @@ class Store:
                         f"{format_size(self.max_bytes)}, and the disk has {format_size(max(free, 0))} free "
                         f"after this download vs min_free_bytes={format_size(self.min_free_bytes)}; raise "
                         f"cache.max_bytes, free disk space, or lower cache.min_free_bytes / prefetch_shards")
-                if victim.key != key and self.try_evict(victim.key):
+                if victim.key != key and self.try_evict(victim.key, allow_held):
                     others -= victim.size
                     evicted += 1
             _write_int(self.resv_path(key), total)
@@ -279,17 +288,24 @@ class Store:
         """Drop ``KEY``'s reservation (after commit or failure)."""
         _remove(self.resv_path(key))
 
-    def try_evict(self, key: str) -> bool:
-        """Delete ``KEY`` unless a reader pins it (any process). Returns whether it was removed."""
-        pin = FileLock(self.pin_lock(key).path)  # exclusive probe of the pin file
-        if not pin.acquire(blocking=False):
-            return False
+    def try_evict(self, key: str, allow_held: bool = False) -> bool:
+        """Delete ``KEY`` unless a reader pins it or (unless ``allow_held``) a prefetcher holds it,
+        in any process. Returns whether it was removed."""
+        probes = [FileLock(self.pin_lock(key).path)]  # exclusive probes of the shared locks
+        if not allow_held:
+            probes.append(FileLock(self.hold_lock(key).path))
+        taken = []
         try:
+            for probe in probes:
+                if not probe.acquire(blocking=False):
+                    return False
+                taken.append(probe)
             existed = os.path.exists(self.data_path(key))
             self.drop(key)
             return existed
         finally:
-            pin.release()
+            for probe in taken:
+                probe.release()
 
     def evict_to(self, target_bytes: int) -> tuple[int, int]:
         """Evict LRU unpinned entries until usage <= ``target_bytes``. Returns (entries, bytes) evicted."""

@@ -1,5 +1,5 @@
-"""Prefetch near the byte limit: a prefetched shard the reader has not read yet is held (pinned)
-until it is read, and the depth is capped so that the shards ahead plus the one in hand fit —
+"""Prefetch near the byte limit: a prefetched shard the reader has not read yet is held until it
+is read (no other prefetch evicts it), and the depth is capped so that the shards ahead plus the one in hand fit —
 so every shard is fetched once per pass even when ``max_bytes`` is close to the working set."""
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import hashlib
 import os
 import time
 
+import pytest
 from test_cache_store import make_shard
 
-from cache import CacheConfig, ShardCache
+from cache import CacheConfig, CacheFullError, ShardCache
 
 KIB = 1024
 
@@ -57,3 +58,26 @@ def test_prefetched_unread_shard_survives_eviction(tmp_path):
     cache.close()
     assert cache._prefetcher.held == 0
     other.close()
+
+
+def test_a_reader_may_evict_a_held_shard_a_prefetch_may_not(tmp_path):
+    """Holds protect prefetched shards from other prefetches only: a reader that finds no other
+    room evicts a held shard rather than fail."""
+    (tmp_path / "src").mkdir()
+    shards = [make_shard(tmp_path / "src", f"r{i}.tar", 64 * KIB) for i in range(4)]
+    limit = 2 * 64 * KIB
+    a = ShardCache(_cfg(tmp_path, max_bytes=limit, prefetch_shards=1), resolve=False)
+    b = ShardCache(_cfg(tmp_path, max_bytes=limit, prefetch_shards=0), resolve=False)  # another process
+    a.prefetch(shards[:2])
+    a.get(*shards[0])
+    _wait_held(a, 1)  # shard 1: downloaded for a, not read yet
+    b.get(*shards[2])  # evicts shard 0, the only entry nobody holds
+    assert a.path_of(shards[0][0]) is None and a.path_of(shards[1][0]) is not None
+    with b.pinned(*shards[2]):
+        with pytest.raises(CacheFullError):
+            b._prefetch_one(*shards[3])  # a prefetch may not push out a's held shard
+        path = b.get(*shards[3])  # a reader may
+    assert open(path, "rb").read() == open(shards[3][0], "rb").read()
+    assert a.path_of(shards[1][0]) is None
+    a.close()
+    b.close()
