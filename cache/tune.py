@@ -154,7 +154,8 @@ def recommend(m: Measurements, consume_mbps: float, shard_bytes: float, dataset_
     notes.append(f"one shard: {fetch_s:.2f}s to fetch on one stream, {consume_s:.2f}s to consume "
                  f"-> {depth} downloads in flight" + (f" (capped at the dataset's {num_shards} shards)" if capped else ""))
     if depth * m.fetch_mbps < consume_mbps:
-        notes.append("WARNING: even 64 streams cannot match the consumption rate; expect stalls")
+        notes.append(f"WARNING: {depth} streams of {m.fetch_mbps:.0f} MB/s cannot match the consumption rate; "
+                     f"expect stalls")
     if min(m.disk_write_mbps, m.disk_read_mbps) < consume_mbps:
         notes.append(f"WARNING: the disk ({m.disk_write_mbps:.0f}/{m.disk_read_mbps:.0f} MB/s write/read) is "
                      f"slower than consumption ({consume_mbps:.0f} MB/s)")
