@@ -7,6 +7,8 @@ import mmap
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shards import Manifest, TokenBlockWriter, iter_documents, iter_raw, read_sample, verify_shard
 from shards.blocks import META_SUFFIX, RAW_SUFFIX, ZSTD_SUFFIX, decode_meta, npy_data_offset
@@ -183,3 +185,15 @@ def test_dali_reads_blocks(blocks):
         key = outs[0][i].source_info().rsplit(":", 1)[1].split(".", 1)[0]
         got[key] = {ext: np.array(outs[j][i]).tobytes() for j, ext in enumerate(exts)}
     assert got == expected(d, m)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("aZ09_-./~ %é")), min_size=1, max_size=40))
+def test_escape_key_fast_path_equals_percent_encoding(doc_id):
+    """The loader's fast path for plain ids gives exactly the RFC 3986 escape."""
+    import hashlib
+    from urllib.parse import quote
+
+    ref = quote(doc_id, safe="-_").replace(".", "%2E").replace("~", "%7E")
+    hashed = "~" + hashlib.sha256(doc_id.encode()).hexdigest()[:40]
+    assert escape_key(doc_id) == (ref if len(ref) <= 80 else hashed)
