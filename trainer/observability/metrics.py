@@ -6,7 +6,8 @@ Sinks (all optional except JSONL):
 - TensorBoard: ``torch.utils.tensorboard.SummaryWriter`` under ``run_dir/<metrics.tensorboard_dir>``,
   every numeric field as scalar ``train/<field>`` at x = optimizer step.
 - Prometheus: ``prometheus_client.start_http_server(port, addr, registry=...)`` on rank 0 when
-  ``metrics.prometheus_port`` > 0, serving gauges ``colaflow_train_<field>`` plus the cache's own
+  ``metrics.prometheus_port`` > 0, serving gauges ``colaflow_train_<field>``, the per-layer
+  statistics as ``colaflow_train_layer_<stat>{layer="blocks.N"}`` plus the cache's own
   ``colaflow_cache_*`` counters. A busy port is reported as a warning and the run goes on without it.
 """
 from __future__ import annotations
@@ -21,6 +22,16 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from tqdm import tqdm
 
 log = logging.getLogger(__name__)
+
+
+def _layer_values(record: dict) -> dict[tuple[str, str], float]:
+    """``{(layer, stat): value}`` of the finite per-layer statistics in ``record["layers"]``."""
+    layers = record.get("layers")
+    if not isinstance(layers, dict):
+        return {}
+    return {(layer, stat): float(v) for layer, stats in layers.items() if isinstance(stats, dict)
+            for stat, v in stats.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def _numeric(record: dict) -> dict[str, float]:
@@ -56,6 +67,7 @@ class PrometheusSink:
         for other in extra_registries:
             self.registry.register(_RegistryBridge(other))
         self._gauges: dict[str, Gauge] = {}
+        self._layer_gauges: dict[str, Gauge] = {}
         self.server, self._thread = start_http_server(port, addr, registry=self.registry)
         self.port = self.server.server_port
 
@@ -65,6 +77,12 @@ class PrometheusSink:
                 self._gauges[key] = Gauge(key, f"colaflow trainer metric {key} (see trainer.observability.meter)",
                                           namespace="colaflow_train", registry=self.registry)
             self._gauges[key].set(value)
+        for (layer, stat), value in _layer_values(record).items():
+            if stat not in self._layer_gauges:
+                self._layer_gauges[stat] = Gauge(f"layer_{stat}", f"per-layer {stat} on logged steps (see "
+                                                 "trainer.observability.model_stats)", ["layer"],
+                                                 namespace="colaflow_train", registry=self.registry)
+            self._layer_gauges[stat].labels(layer=layer).set(value)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -134,7 +152,7 @@ class MetricsLogger:
             self._bar.update(1)
 
     def log(self, record: dict) -> None:
-        """Write ``record`` (a flat dict of JSON values with an int ``step``) to every sink."""
+        """Write ``record`` (a dict of JSON values with an int ``step``; nested only under ``layers``) to every sink."""
         if not self.enabled:
             return
         self._file.write(json.dumps(record, sort_keys=True) + "\n")
@@ -143,6 +161,8 @@ class MetricsLogger:
             for key, value in _numeric(record).items():
                 if key != "step":
                     self._tb.add_scalar(f"train/{key}", value, record["step"])
+            for (layer, stat), value in _layer_values(record).items():
+                self._tb.add_scalar(f"layers/{layer}/{stat}", value, record["step"])
             self._tb.flush()
         if self.prometheus is not None:
             self.prometheus.update(record)
