@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import sys
+import time
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from tqdm import tqdm
@@ -107,13 +108,14 @@ class MetricsLogger:
         tensorboard_dir: TensorBoard log folder inside ``run_dir`` (``""`` = off).
         prometheus_port: serve Prometheus metrics on this port (0 = off).
         prometheus_addr: bind address of the Prometheus endpoint.
+        prometheus_linger_s: seconds :meth:`close` keeps serving the final values (for a last scrape).
         extra_registries: more prometheus registries to serve (the cache's).
     """
 
     def __init__(self, run_dir: str, jsonl: str, total_steps: int, enabled: bool, progress: bool = True,
                  initial: int = 0, tensorboard_dir: str = "", prometheus_port: int = 0,
-                 prometheus_addr: str = "127.0.0.1", extra_registries: tuple = ()):
-        self.enabled = enabled
+                 prometheus_addr: str = "127.0.0.1", extra_registries: tuple = (), prometheus_linger_s: float = 0.0):
+        self.enabled, self.linger_s = enabled, prometheus_linger_s
         self._file = self._bar = self._tb = self.prometheus = None
         if not enabled:
             return
@@ -144,7 +146,7 @@ class MetricsLogger:
                     extra_registries: tuple = ()) -> "MetricsLogger":
         """Build from a :class:`trainer.config.MetricsConfig`."""
         return cls(run_dir, cfg.jsonl, total_steps, enabled, cfg.progress, initial, cfg.tensorboard_dir,
-                   cfg.prometheus_port, cfg.prometheus_addr, extra_registries)
+                   cfg.prometheus_port, cfg.prometheus_addr, extra_registries, cfg.prometheus_linger_s)
 
     def step(self) -> None:
         """Advance the progress bar by one optimizer step (host only, no device sync)."""
@@ -185,4 +187,8 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
         if self.prometheus is not None:
+            if self.linger_s > 0:
+                log.info("serving the final metrics on port %d for %.0f s (metrics.prometheus_linger_s)",
+                         self.prometheus.port, self.linger_s)
+                time.sleep(self.linger_s)
             self.prometheus.close()
