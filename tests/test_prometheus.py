@@ -1,6 +1,7 @@
 """A real Prometheus (Debian's ``prometheus``) scrapes a training run's endpoint on 127.0.0.1 and the
 trainer, per-layer, hardware and cache series are read back from Prometheus's HTTP API with the
-values the run wrote to metrics.jsonl. Skipped only when the ``prometheus`` binary is missing
+values the run wrote to metrics.jsonl, and every query of the shipped Grafana dashboard finds its
+series. Skipped only when the ``prometheus`` binary is missing
 (``.ci/run`` installs it)."""
 import json
 import os
@@ -13,13 +14,14 @@ import urllib.request
 
 import pytest
 
+from trainer.observability.dashboard import PANELS, grafana_dashboard, promql
 from trainer.parallel import free_port
 
 from test_metrics import MODEL, ROOT, build_shards
 
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed "
-                                "(apt-get install prometheus; .ci/run installs it)")
+needs_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed "
+                                     "(apt-get install prometheus; .ci/run installs it)")
 STEPS = 6
 
 
@@ -69,6 +71,7 @@ scrape_configs:
         proc.wait(timeout=30)
 
 
+@needs_prometheus
 def test_prometheus_scrapes_trainer_series(tmp_path, prometheus):
     api, port = prometheus
     shards, run = str(tmp_path / "shards"), tmp_path / "run"
@@ -77,7 +80,7 @@ def test_prometheus_scrapes_trainer_series(tmp_path, prometheus):
                  *(f"model.{k}={v}" for k, v in MODEL.items() if k != "vocab_size"), "model.n_layers=2",
                  "data.seq_len=32", "data.micro_batch_size=2", "data.num_workers=0", "zero.stage=0",
                  "precision=fp32", "device=cpu", f"steps={STEPS}", "log_every=2", "metrics.progress=false",
-                 "metrics.layer_stats=-1", f"metrics.prometheus_port={port}",
+                 "metrics.layer_stats=-1", f"metrics.prometheus_port={port}", "metrics.peak_flops=1e12",
                  "metrics.prometheus_linger_s=120", "checkpoint.save_at_end=false"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
@@ -92,7 +95,8 @@ def test_prometheus_scrapes_trainer_series(tmp_path, prometheus):
             assert time.monotonic() < deadline, "prometheus never scraped the final step"
             time.sleep(0.5)
         with open(run / "metrics.jsonl") as f:
-            last = [json.loads(line) for line in f][-1]
+            records = [json.loads(line) for line in f]
+        last = records[-1]
         assert last["step"] == STEPS
         up = _query(api, 'up{job="colaflow"}')
         assert [float(r["value"][1]) for r in up] == [1.0]
@@ -108,9 +112,26 @@ def test_prometheus_scrapes_trainer_series(tmp_path, prometheus):
             assert set(got) == {"blocks.0", "blocks.1"} and all(v > 0 for v in got.values()), stat
         hits = _query(api, "colaflow_cache_hits_total + colaflow_cache_misses_total")
         assert hits and float(hits[0]["value"][1]) > 0
+        # every query of the shipped Grafana dashboard finds its series in this real Prometheus
+        for panel in PANELS:
+            found = []
+            for t in panel.targets:
+                got = _query(api, promql(t, ".*"))
+                logged = any((r.get("layers") if t.layer else r.get(t.field)) is not None for r in records)
+                assert bool(got) == logged, (panel.title, t.expr)
+                found += got
+            assert found or panel.gpu_only, panel.title
         # the series has history, not just the last value: a range query over the run sees several steps
         steps = _get(f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": "count_over_time(colaflow_train_step[10m])"}))
         assert float(steps["data"]["result"][0]["value"][1]) >= 1
     finally:
         trainer.terminate()
         trainer.wait(timeout=30)
+
+
+def test_shipped_dashboard_is_the_generated_one():
+    with open(os.path.join(ROOT, "docs", "grafana", "colaflow-dashboard.json"), encoding="utf-8") as f:
+        shipped = json.load(f)
+    assert shipped == grafana_dashboard()  # regenerate: python -m trainer.observability.dashboard grafana FILE
+    exprs = [t["expr"] for p in shipped["panels"] for t in p["targets"]]
+    assert len(exprs) == sum(len(p.targets) for p in PANELS) and all('job=~"$job"' in e for e in exprs)

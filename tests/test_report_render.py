@@ -92,3 +92,15 @@ def test_preprocessing_report_renders_in_chromium(tmp_path):
     screenshot(str(tmp_path / "report.html"), str(shot), 1200, 1400)
     assert ink_fraction(str(shot)) > 0.05
     assert ink_fraction(str(tmp_path / "report.png")) > 0.05
+
+
+@needs_chromium
+def test_dashboard_preview_renders_the_grafana_panels(tmp_path):
+    """The docs picture is reproducible: the committed run's metrics draw every non-GPU panel."""
+    import os
+
+    from trainer.observability.dashboard import PANELS, render_preview
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    page = render_preview(os.path.join(root, "docs", "grafana", "preview-metrics.jsonl"), str(tmp_path))
+    assert loaded_images(page) == [("dashboard-preview.png", True, 1400, 260 * ((len(PANELS) + 1) // 2))]
+    assert ink_fraction(str(tmp_path / "dashboard-preview.png"), (17, 18, 23)) > 0.05
