@@ -194,7 +194,6 @@ class Run:
     meter: IntervalMeter | None = None
     profiler: StepProfiler | None = None
     layer_stats: LayerStats | None = None
-    hardware: HardwareMonitor | None = None
     step: int = 0
     epoch: int = 0
     first_step: int = 0
@@ -245,25 +244,20 @@ def start_run(cfg: TrainConfig) -> Run:
             json.dump(to_dict(cfg), f, indent=2)
     run.log = MetricsLogger.from_config(cfg.metrics, cfg.run_dir, cfg.steps, info.is_main, run.step,
                                         (cache.registry,) if hasattr(cache, "registry") else ())
+    run.layer_stats = LayerStats(model, cfg.metrics.layer_stats, info.device, info.world_size)
     run.meter = IntervalMeter(info.device, info.world_size,
                               flops_per_token(matmul_parameters(model), cfg.model, cfg.data.seq_len),
-                              peak_flops(cfg.metrics.peak_flops, info.device), cache, loader)
+                              peak_flops(cfg.metrics.peak_flops, info.device), cache, loader, run.layer_stats,
+                              HardwareMonitor(info.device, cfg.metrics.hardware and info.is_main))
     run.profiler = StepProfiler(cfg.profile, cfg.run_dir, info.rank, info.device)
-    run.layer_stats = LayerStats(model, cfg.metrics.layer_stats, info.device, info.world_size)
-    run.hardware = HardwareMonitor(info.device, cfg.metrics.hardware and info.is_main)
     return run
 
 
 def log_interval(run: Run, lr: float, acc_loss: torch.Tensor, acc_tokens: torch.Tensor, grad_norm) -> None:
-    """The interval's one host sync: collect metrics from all ranks (plus the per-layer statistics of
-    the interval's last step under ``layers`` and rank 0's hardware metrics), log them, reset the
-    accumulators."""
+    """The interval's one host sync: collect metrics from all ranks (with the per-layer statistics of
+    the interval's last step and the hardware metrics), log them, reset the accumulators."""
     record = run.meter.collect(run.step, run.epoch, lr, acc_loss, acc_tokens, grad_norm,
                                run.guard.skipped_nonfinite + run.guard.skipped_spikes)
-    record.update(run.hardware.sample())
-    layers = run.layer_stats.collect()
-    if layers:
-        record["layers"] = layers
     run.tokens_seen += record["tokens"]
     if record["loss"] is not None:  # None: every step of the interval was skipped
         run.loss_first = record["loss"] if run.loss_first is None else run.loss_first

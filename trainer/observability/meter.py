@@ -58,11 +58,17 @@ class IntervalMeter:
         peak_flops: peak FLOP/s of one device, or ``None`` (then ``mfu`` is ``None``).
         cache: object with ``metrics()`` -> ``hits``/``misses``/``stall_seconds`` (``ShardCache``), or ``None``.
         loader: object with ``totals`` -> ``doc_tokens``/``slots`` (``TextLoader``), or ``None``.
+        layer_stats: a :class:`~trainer.observability.model_stats.LayerStats` whose values ride
+            along in the same all-gather (record field ``layers``), or ``None``.
+        hardware: a :class:`~trainer.observability.hardware.HardwareMonitor` sampled at each
+            collect (its ``hw_*`` fields; this rank's), or ``None``.
     """
 
     def __init__(self, device: torch.device, world_size: int, flops_per_token: float,
-                 peak_flops: float | None, cache=None, loader=None):
+                 peak_flops: float | None, cache=None, loader=None, layer_stats=None, hardware=None):
         self.device, self.world_size = device, world_size
+        self.layer_stats = layer_stats if layer_stats is not None and layer_stats.enabled else None
+        self.hardware = hardware
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.cache, self.loader = cache, loader
         self.timer = StepTimer(device)
@@ -113,15 +119,25 @@ class IntervalMeter:
         ``cache_hits``/``cache_misses`` (interval, all ranks), ``cache_hit_rate`` (``None``
         without lookups), ``cache_stall_s`` (interval, all ranks); ``padding_efficiency``
         (document tokens / slots of the interval's batches, all ranks; ``None`` without batches);
-        ``skipped_steps`` (cumulative).
+        ``skipped_steps`` (cumulative); ``layers`` (with ``layer_stats``: per-block statistics of
+        the interval's last step, all ranks) and ``hw_*`` (with ``hardware``: this rank's).
         """
         local = self._local_vector(loss_sum, tokens)
+        width = local.numel()
+        if self.layer_stats is not None:
+            local = torch.cat([local, self.layer_stats.local_vector().to(local.device)])
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
             parts = [torch.empty_like(local) for _ in range(self.world_size)]
             dist.all_gather(parts, local)
-            ranks = torch.stack(parts).cpu().tolist()
+            gathered = torch.stack(parts).cpu()
         else:
-            ranks = [local.cpu().tolist()]
+            gathered = local[None].cpu()
+        ranks = gathered[:, :width].tolist()
+        extra = {}
+        if self.layer_stats is not None:
+            extra["layers"] = self.layer_stats.reduce(gathered[:, width:])
+        if self.hardware is not None:
+            extra.update(self.hardware.sample())
         now = time.perf_counter()
         interval, self._t = max(now - self._t, 1e-9), now
         steps = self._steps
@@ -153,4 +169,5 @@ class IntervalMeter:
             "cache_stall_s": total["cache_stall_s"],
             "padding_efficiency": total["doc_tokens"] / total["slots"] if total["slots"] else None,
             "skipped_steps": int(skipped_steps),
+            **extra,
         }

@@ -3,8 +3,8 @@
 Only a sample of transformer blocks is watched (``metrics.layer_stats``: first and last by
 default) and only on the steps whose metrics are logged: :meth:`LayerStats.arm` puts forward hooks
 on the sampled blocks for that one step, so the other steps pay nothing. Every statistic stays in
-a device tensor until :meth:`LayerStats.collect`, which runs at the log step right after the
-interval's all-gather has synced the host anyway; it adds one small ``all_gather`` of its own.
+a device tensor until the log step, where :class:`trainer.observability.meter.IntervalMeter`
+appends them to the interval's one all-gather (:meth:`LayerStats.local_vector`, :meth:`LayerStats.reduce`).
 
 Sharding: under FSDP2 (ZeRO 2/3) parameters and gradients are ``DTensor`` shards, so each rank
 sums the squares of its local shard and the ranks' sums are added. Under DDP (ZeRO 0/1) every
@@ -52,7 +52,7 @@ class LayerStats:
 
     Call :meth:`arm` before the step to be measured, :meth:`before_step` after backward (before
     clipping: the gradient norms are pre-clip), :meth:`after_step` after ``optimizer.step()``, and
-    :meth:`collect` at the log step on every rank (collective).
+    :meth:`collect` (or the meter's collect) at the log step on every rank (collective).
     """
 
     def __init__(self, model: torch.nn.Module, n_layers: int, device: torch.device, world_size: int = 1):
@@ -90,6 +90,8 @@ class LayerStats:
         return hook
 
     def _sumsq(self, tensors) -> torch.Tensor:
+        """Squared L2 norm of ``tensors`` on this rank's share: a DTensor's local shard counts fully
+        (the shards are added over ranks), a replicated tensor by ``1/world_size``."""
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for t in tensors:
             local, sharded = _local(t.detach())
@@ -98,54 +100,47 @@ class LayerStats:
         return total
 
     def before_step(self) -> None:
-        """Record the sampled blocks' gradient squared norms and keep a copy of their weights (armed steps only)."""
+        """Record the sampled blocks' gradient and weight squared norms and keep a copy of their
+        weights (armed steps only)."""
         if not self.armed:
             return
         self._before = []
         for i, module in enumerate(self.modules):
-            params = [p for p in module.parameters() if p.grad is not None]
-            self._sums[i, 0] += self._sumsq(p.grad for p in params)
-            self._before.append([_local(p.detach())[0].clone() for p in module.parameters()])
+            params = list(module.parameters())
+            self._sums[i, 0] += self._sumsq(p.grad for p in params if p.grad is not None)
+            self._sums[i, 2] += self._sumsq(params)
+            self._before.append([_local(p.detach())[0].clone() for p in params])
 
     def after_step(self) -> None:
-        """Squared norms of the update and of the previous weights (armed steps only; 0 for a skipped step)."""
+        """Squared norm of the update (armed steps only; 0 for a skipped step)."""
         if not self.armed or self._before is None:
             return
         for i, module in enumerate(self.modules):
-            params = list(module.parameters())
-            diffs = []
-            for p, old in zip(params, self._before[i]):
-                local, sharded = _local(p.detach())
-                diffs.append((local - old, sharded))
             dw = torch.zeros((), dtype=torch.float64, device=self.device)
-            for d, sharded in diffs:
-                part = d.double().square().sum()
+            for p, old in zip(module.parameters(), self._before[i]):
+                local, sharded = _local(p.detach())
+                part = (local - old).double().square().sum()
                 dw += part if sharded else part / self.world_size
             self._sums[i, 1] += dw
-            self._sums[i, 2] += self._sumsq(params)
         self._before = None
 
-    def collect(self) -> dict[str, dict[str, float | None]]:
-        """``{block name: {grad_norm, update_ratio, act_rms, act_max}}`` of the armed step, all ranks
-        (a collective when distributed); resets and disarms. Values are ``None`` when not measured
-        (no armed step since the last call) or not finite (the anomaly guard has the details)."""
+    def local_vector(self) -> torch.Tensor:
+        """This rank's accumulators as one float64 device vector (``6 x layers`` values) for the log
+        step's all-gather; removes the hooks. :meth:`reduce` turns all ranks' vectors into values."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        if not self.enabled:
-            return {}
+        return torch.cat([self._sums.flatten(), self._max])
+
+    def reduce(self, ranks: torch.Tensor) -> dict[str, dict[str, float | None]]:
+        """``{block name: {grad_norm, update_ratio, act_rms, act_max}}`` from all ranks'
+        :meth:`local_vector` s (``ranks``: [world_size, 6 x layers]); resets and disarms. Values are
+        ``None`` when not measured (no armed step since the last call) or not finite (the anomaly
+        guard has the details)."""
+        k = len(self.names)
         measured, self.armed = self.armed, False
-        local = torch.cat([self._sums.flatten(), self._max])
-        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
-            parts = [torch.empty_like(local) for _ in range(self.world_size)]
-            dist.all_gather(parts, local)
-            ranks = torch.stack(parts)
-            k = len(self.names)
-            sums = ranks[:, :5 * k].sum(0).view(k, 5)
-            maxes = ranks[:, 5 * k:].max(0).values
-        else:
-            sums, maxes = self._sums, self._max
-        sums, maxes = sums.cpu().tolist(), maxes.cpu().tolist()
+        sums = ranks[:, :5 * k].sum(0).view(k, 5).tolist()
+        maxes = ranks[:, 5 * k:].max(0).values.tolist()
         self._sums.zero_()
         self._max.zero_()
         out = {}
@@ -154,5 +149,18 @@ class LayerStats:
                       "update_ratio": math.sqrt(dw2 / w2) if measured and w2 > 0 else None,
                       "act_rms": math.sqrt(a2 / n) if measured and n > 0 else None,
                       "act_max": amax if measured and n > 0 else None}
-            out[name] = {k: (v if v is None or math.isfinite(v) else None) for k, v in values.items()}
+            out[name] = {key: (v if v is None or math.isfinite(v) else None) for key, v in values.items()}
         return out
+
+    def collect(self) -> dict[str, dict[str, float | None]]:
+        """:meth:`local_vector` of every rank (an ``all_gather`` when distributed), :meth:`reduce` d.
+        The trainer does not call this: :class:`trainer.observability.meter.IntervalMeter` folds
+        the vector into its own all-gather."""
+        if not self.enabled:
+            return {}
+        local = self.local_vector()
+        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+            parts = [torch.empty_like(local) for _ in range(self.world_size)]
+            dist.all_gather(parts, local)
+            return self.reduce(torch.stack(parts).cpu())
+        return self.reduce(local[None].cpu())
