@@ -1,6 +1,6 @@
-"""Per-layer statistics (gradient norm, update/weight ratio, activation RMS/max) are the same whether
-the model runs in one process, on 2 gloo ranks under DDP (ZeRO 0: replicated tensors) or under FSDP2
-(ZeRO 3: DTensor shards summed over ranks), and match a direct computation on the unwrapped model."""
+"""Per-layer statistics (gradient norm, update/weight ratio, activation RMS/max) on 2 gloo ranks fed
+the same batch, under DDP (ZeRO 0: replicated tensors) and FSDP2 (ZeRO 3: DTensor shards summed
+over ranks), match a direct computation on the unwrapped model in this process."""
 import math
 
 import pytest
@@ -58,17 +58,15 @@ def _reference() -> dict:
 
 
 def test_layer_stats_agree_across_wrappings_and_with_a_direct_computation():
-    one = run_local_workers(_worker, 1, [0])[0]
     two = run_local_workers(_worker, 2, [0, 3])
     ref = _reference()
-    assert set(one[0]) == {"blocks.0", "blocks.1", "blocks.2"}
+    assert set(two[0][0]) == set(ref) == {"blocks.0", "blocks.1", "blocks.2"}
     for name, values in ref.items():
         for stat, want in values.items():
-            assert one[0][name][stat] == pytest.approx(want, rel=1e-4), (name, stat)
             for rank in (0, 1):
                 for stage in (0, 3):
                     assert two[rank][stage][name][stat] == pytest.approx(want, rel=1e-4), (rank, stage, name, stat)
-    assert all(v is None for layer in one["0-again"].values() for v in layer.values())
+    assert all(v is None for layer in two[0]["3-again"].values() for v in layer.values())
 
 
 def test_sample_blocks_spreads_from_first_to_last():
