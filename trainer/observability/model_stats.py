@@ -70,6 +70,7 @@ class LayerStats:
 
     @property
     def enabled(self) -> bool:
+        """Whether any block is watched (``metrics.layer_stats`` != 0 and the model has blocks)."""
         return bool(self.names)
 
     def arm(self) -> None:

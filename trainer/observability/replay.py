@@ -48,6 +48,7 @@ class TensorStats:
 
     @property
     def finite(self) -> bool:
+        """No NaN and no Inf in the output."""
         return self.nan == 0 and self.inf == 0
 
 
@@ -85,9 +86,11 @@ class ReplayReport:
 
     @property
     def first(self) -> Finding | None:
+        """The forward finding, else the backward one, else ``None`` (the step replays clean)."""
         return self.forward or self.backward
 
     def to_json(self) -> dict:
+        """The report as plain JSON values (NaN statistics stay ``float('nan')``)."""
         return asdict(self)
 
 
@@ -147,6 +150,7 @@ class _Watcher:
         return hook
 
     def remove(self) -> None:
+        """Take every hook off the model."""
         for h in self.handles:
             h.remove()
 
