@@ -71,3 +71,30 @@ def test_replay_cli(bad_run, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "trainer", "replay", str(bad_run), "--step", "2"], env=_env(),
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "no bad-step event at step 2" in bad.stderr and "[3]" in bad.stderr
+
+
+def test_watcher_names_a_spiking_module_and_the_loss():
+    """Spikes (output RMS over ``spike_ratio`` x the input's) and a NaN loss are found in forward order."""
+    import torch
+
+    from trainer.anomaly import injected
+    from trainer.config import ModelConfig
+    from trainer.model import GPT
+    from trainer.observability.replay import _Watcher
+    from trainer.synthetic import synthetic_batch
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2))
+    b = synthetic_batch([[20, 12]], 32, vocab=64)
+    for layer, value, want in (("blocks.0.mlp.down", 1e6, ("blocks.0.mlp.down", "Linear", "spike")),
+                               ("", float("nan"), ("", "GPT", "nonfinite"))):
+        with injected(model, layer, value):
+            watcher = _Watcher(model, spike_ratio=100.0)
+            model(b.input_ids, b.position_ids, b.document_ids, b.labels)
+            watcher.remove()
+        f = watcher.found["forward"]
+        assert (f.module, f.module_type, f.kind) == want
+    clean = _Watcher(model, spike_ratio=100.0)
+    model(b.input_ids, b.position_ids, b.document_ids, b.labels).backward()
+    clean.remove()
+    called = sum(1 for m in model.modules() if not isinstance(m, torch.nn.ModuleList))  # a ModuleList never runs
+    assert clean.found == {} and clean.calls["forward"] == called and clean.calls["backward"] > 0
