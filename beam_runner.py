@@ -5,11 +5,15 @@ Usage::
     python beam_runner.py --input 'data/corpus/*.jsonl' --output data/shards [--overwrite] \\
         [--tokenizer PATH] [--config configs/pipeline.yaml] [section.key=value ...] [Beam options]
 
-An output folder that holds an earlier run is refused unless ``--overwrite`` is given.
+An output folder that holds an earlier run is refused unless ``--overwrite`` is given; a run
+that fails or is interrupted removes what it wrote. Exit codes: 0 done, 1 runtime/data error,
+2 usage/config error, 130 interrupted (Ctrl-C).
 
-Anything that is neither one of our flags nor ``key=value`` is passed to Beam, e.g.
-``--direct_running_mode=multi_processing --direct_num_workers=2`` or
-``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``).
+Anything that is neither one of our flags nor ``key=value`` is passed to Beam, written
+``--name=value``, e.g. ``--direct_running_mode=multi_processing --direct_num_workers=2`` or
+``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``). Any other bare word
+is refused: it is nearly always the second file of an unquoted ``--input`` glob that the shell
+expanded.
 """
 from __future__ import annotations
 
@@ -22,14 +26,20 @@ import sys
 logging.getLogger().setLevel(logging.ERROR)
 from pipelines.config import PipelineConfig  # noqa: E402
 from pipelines.corpus import CorpusNotInstalled  # noqa: E402
-from pipelines.job import run  # noqa: E402
-from pipelines.output import OutputExistsError  # noqa: E402
+from pipelines.job import InputError, run  # noqa: E402
+from pipelines.output import OutputExistsError, OutputNotWritableError  # noqa: E402
+from pipelines.records import input_root  # noqa: E402
 from pipelines.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
 from shards.config import ConfigError, load_config  # noqa: E402
 
 
 def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
-    """Split ``argv`` into our flags, ``key=value`` config overrides and Beam pipeline options."""
+    """Split ``argv`` into our flags, ``key=value`` config overrides and Beam pipeline options.
+
+    Raises:
+        SystemExit: (code 2, argparse's usage error) a required flag is missing, or a bare word
+            that is neither ``key=value`` nor a ``--flag`` remains (an unquoted glob's extra files).
+    """
     ap = argparse.ArgumentParser(description="Preprocess JSONL/text/Parquet into tokenised WebDataset shards.")
     ap.add_argument("--input", required=True, help="input file glob (local, gs://, s3://, hdfs://)")
     ap.add_argument("--output", required=True, help="output folder or fsspec URL")
@@ -38,9 +48,24 @@ def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
     ap.add_argument("--overwrite", action="store_true",
                     help="replace an earlier run in --output (default: refuse to touch it)")
     args, rest = ap.parse_known_args(argv)
+    stray = [a for a in rest if not a.startswith("-") and "=" not in a]
+    if stray:
+        ap.error(f"unexpected argument{'s' if len(stray) > 1 else ''} {' '.join(stray[:3])}"
+                 f"{' ...' if len(stray) > 3 else ''}: quote the --input glob (--input '{args.input}') so the "
+                 "shell does not expand it into many files; write Beam options as --name=value")
     overrides = [a for a in rest if not a.startswith("-") and "=" in a]
     beam_args = [a for a in rest if a not in overrides]
     return args, overrides, beam_args
+
+
+def _os_error_hint(e: OSError, input_glob: str, output: str) -> str:
+    """Which flag an ``OSError`` from the run points at, from the path it names."""
+    name = str(e.filename or "")
+    if name and name.startswith(output.rstrip("/")):
+        return " (check --output: it must be a writable folder)"
+    if name and name.startswith(input_root(input_glob) or input_glob):
+        return " (check --input)"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,11 +82,23 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     try:
         stats = run(args.input, args.output, cfg, beam_args, overwrite=args.overwrite)
-    except (CorpusNotInstalled, OutputExistsError) as e:
+    except KeyboardInterrupt:
+        print(f"interrupted; removed this run's partial output from {args.output}", file=sys.stderr)
+        return 130
+    except (CorpusNotInstalled, OutputExistsError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except FileNotFoundError as e:
+        if e.filename is None:  # nothing matches the glob
+            print(f"error: {e} (check --input, and quote the glob)", file=sys.stderr)
+            return 2
+        print(f"error: {e}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)
+        return 1
+    except OutputNotWritableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
-        print(f"error: {e}\n(check --input; quote the glob so the shell does not expand it)", file=sys.stderr)
+        print(f"error: {e}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)
         return 1
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
