@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 
 # Importing Beam logs a notice that its optional Google Cloud clients are missing; they are not
 # needed unless the job runs on Dataflow, so the notice is held back for the imports alone.
@@ -68,7 +70,45 @@ def _os_error_hint(e: OSError, input_glob: str, output: str) -> str:
     return ""
 
 
+class _Interrupt:
+    """SIGINT handler for one clean exit: remember the interrupt, silence logging (Beam logs the
+    ``KeyboardInterrupt`` it catches inside a DoFn with a traceback, then re-raises it wrapped),
+    and raise ``KeyboardInterrupt`` so :func:`pipelines.job.run` removes its partial output. A
+    second Ctrl-C interrupts at once."""
+
+    seen = False
+
+    def __call__(self, signum, frame):
+        self.seen = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        logging.disable(logging.CRITICAL)
+        raise KeyboardInterrupt
+
+
+def _failure(e: BaseException, args: argparse.Namespace) -> int:
+    """Print the one-line error for an exception of :func:`pipelines.job.run`; return the exit code
+    (2 usage, 1 runtime/data). Re-raises exceptions it does not know (a bug: keep the traceback)."""
+    if isinstance(e, (CorpusNotInstalled, OutputExistsError, InputError)):
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if isinstance(e, FileNotFoundError) and e.filename is None:  # nothing matches the glob
+        print(f"error: {e} (check --input, and quote the glob)", file=sys.stderr)
+        return 2
+    if isinstance(e, OutputNotWritableError):
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if isinstance(e, OSError):
+        print(f"error: {e}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)
+        return 1
+    if isinstance(e, (ValueError, RuntimeError)):
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    raise e
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line (``argv`` without the program name; ``sys.argv[1:]`` when ``None``);
+    returns the exit code: 0 done, 1 runtime/data error, 2 usage/config error, 130 interrupted."""
     args, overrides, beam_args = split_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
     try:
@@ -80,29 +120,20 @@ def main(argv: list[str] | None = None) -> int:
         cfg.tokenizer.path = args.tokenizer
     print(f"preprocessing {args.input} -> {args.output} (beam options: {' '.join(beam_args) or 'DirectRunner'})",
           file=sys.stderr)
+    interrupt = _Interrupt()
+    in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGINT, interrupt) if in_main else None
     try:
         stats = run(args.input, args.output, cfg, beam_args, overwrite=args.overwrite)
-    except KeyboardInterrupt:
-        print(f"interrupted; removed this run's partial output from {args.output}", file=sys.stderr)
-        return 130
-    except (CorpusNotInstalled, OutputExistsError, InputError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        if e.filename is None:  # nothing matches the glob
-            print(f"error: {e} (check --input, and quote the glob)", file=sys.stderr)
-            return 2
-        print(f"error: {e}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)
-        return 1
-    except OutputNotWritableError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"error: {e}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)
-        return 1
-    except (ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except BaseException as e:  # noqa: B036 - Ctrl-C arrives wrapped in whatever Beam raises
+        if interrupt.seen or isinstance(e, KeyboardInterrupt):
+            print(f"interrupted; removed this run's partial output from {args.output}", file=sys.stderr)
+            return 130
+        return _failure(e, args)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+        logging.disable(logging.NOTSET)
     out = args.output.rstrip("/")
     print(report_text(stats), end="")
     print(f"done in {stats['seconds']:.1f} s; manifest: {out}/manifest.json; report: {out}/{REPORT_TXT}, "
