@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -50,7 +51,7 @@ def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
     ap.add_argument("--overwrite", action="store_true",
                     help="replace an earlier run in --output (default: refuse to touch it)")
     args, rest = ap.parse_known_args(argv)
-    stray = [a for a in rest if not a.startswith("-") and "=" not in a]
+    stray = [a for i, a in enumerate(rest) if _is_stray(a, rest[i - 1] if i else "", args.input)]
     if stray:
         ap.error(f"unexpected argument{'s' if len(stray) > 1 else ''} {' '.join(stray[:3])}"
                  f"{' ...' if len(stray) > 3 else ''}: quote the --input glob (--input '{args.input}') so the "
@@ -58,6 +59,18 @@ def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
     overrides = [a for a in rest if not a.startswith("-") and "=" in a]
     beam_args = [a for a in rest if a not in overrides]
     return args, overrides, beam_args
+
+
+def _is_stray(word: str, before: str, input_glob: str) -> bool:
+    """Whether a leftover argument is a file the shell expanded from an unquoted ``--input`` glob:
+    a bare word that is not the value of a preceding ``--flag`` (Beam allows ``--flag value``),
+    or that sits in the same folder as a wildcard-free ``--input`` (what an expanded glob gives)."""
+    if word.startswith("-") or "=" in word:
+        return False
+    if not (before.startswith("-") and "=" not in before):
+        return True
+    plain = not any(ch in input_glob for ch in "*?[")
+    return plain and os.path.dirname(os.path.abspath(word)) == os.path.dirname(os.path.abspath(input_glob))
 
 
 def _os_error_hint(e: OSError, input_glob: str, output: str) -> str:

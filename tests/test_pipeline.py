@@ -101,7 +101,7 @@ def test_webdataset_reads_same_tokens(runs, corpus):
     texts = {}
     for name in ("shakespeare.jsonl", "kjv.jsonl"):
         with open(corpus / name, encoding="utf-8") as f:
-            texts.update((r["id"], r["text"]) for r in map(json.loads, f))
+            texts.update((f"{name}/{r['id']}", r["text"]) for r in map(json.loads, f))
     ours = {s["__key__"]: s["tokens"] for info in m.shards for s in iter_samples(str(mem / info.name))}
     urls = [str(mem / info.name) for info in m.shards]
     seen = 0
