@@ -169,11 +169,12 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     first (:func:`pipelines.output.remove_artifacts`), so a rerun needs no ``overwrite``.
     """
     cfg = cfg or PipelineConfig()
+    options = PipelineOptions(beam_args or [])
+    FileSystems.set_options(options)  # the driver's own listing of s3:// inputs needs e.g. --s3_endpoint_url
     matched, skipped = match_input(input_glob, cfg)
     if skipped:
         _warn_skipped(skipped)
     prepare_output(output_dir, cfg.shards.prefix, overwrite)
-    options = PipelineOptions(beam_args or [])
     runner = None
     if options.view_as(StandardOptions).runner in (None, "DirectRunner"):
         # The DirectRunner first tries Prism, a binary it downloads from GitHub at run time;

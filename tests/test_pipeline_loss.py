@@ -228,6 +228,13 @@ def test_output_to_s3(s3_server, tmp_path):
     assert stats["total"]["kept"] == 40 and _balanced(stats) and not fs.exists("loss-bucket/run1/dead_letter")
     assert sum(s["samples"] for s in manifest["shards"]) == 40
     assert all(fs.exists(f"loss-bucket/run1/{s['name']}") for s in manifest["shards"])
+    fs.put(str(tmp_path / "in.jsonl"), "loss-bucket/raw/in.jsonl")  # s3:// input too (Beam's S3 filesystem)
+    rc = subprocess.run([sys.executable, "beam_runner.py", "--input", "s3://loss-bucket/raw/*.jsonl",
+                         "--output", "s3://loss-bucket/run2", "tokenizer.vocab_size=300"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert rc.returncode == 0, rc.stderr
+    fs.invalidate_cache()
+    assert json.loads(fs.cat("loss-bucket/run2/stats.json"))["sources"]["in"]["kept"] == 40
 
 
 @settings(max_examples=200, deadline=None)
