@@ -55,7 +55,8 @@ class EventTally:
 
 def _empty() -> dict:
     return {"input_records": 0, "kept": 0, "filtered": {}, "duplicates": 0, "dead_letter": 0,
-            "dead_letter_reasons": {}, "redactions": {}, "tokens": 0, "text_bytes": 0, "length_tokens": {}, "skipped_files": 0}
+            "dead_letter_reasons": {}, "redactions": {}, "tokens": 0, "text_bytes": 0, "length_tokens": {},
+            "skipped_files": 0}
 
 
 def _add(entry: dict, name: str, n: int) -> None:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from .cleaning import content_hash, hash_fraction
 from .config import TokenizerConfig
 from .records import Doc
-from .stats import EVENTS, EventTally
+from .stats import EventTally
 
 
 class SmallestHashSample(beam.CombineFn):
