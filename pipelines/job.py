@@ -129,7 +129,8 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
         raise InputError(f"{len(skipped)} input files have no known format (.jsonl, .ndjson, .txt, .text, .parquet, "
                          f"optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
                          "input.format=jsonl|text|parquet, or input.unknown_files=skip|text")
-    return [m for m in matched if m.path not in set(skipped)], skipped
+    skip = set(skipped)
+    return [m for m in matched if m.path not in skip], skipped
 
 
 def _warn_skipped(skipped: list[str]) -> None:

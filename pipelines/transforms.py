@@ -25,7 +25,8 @@ DEAD = "dead"
 
 
 class ReadRecords(beam.PTransform):
-    """``PBegin`` → units ``(path, line, offset, raw, format, size)`` of every file matching ``glob``.
+    """``PBegin`` → ``{"units": units, "events": events}``: units ``(path, line, offset, raw, format,
+    size)`` of every file matching ``glob``.
 
     Files are planned into splits (:func:`pipelines.reading.plan_splits`), the splits are
     redistributed, and each is read by one worker (:func:`pipelines.reading.read_split`), so a

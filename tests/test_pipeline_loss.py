@@ -22,8 +22,8 @@ import beam_runner
 from pipelines.config import PipelineConfig, TokenizerConfig
 from pipelines.corpus import write_corpus
 from pipelines.job import run
-from pipelines.records import qualify_id
-from pipelines.tokenizer import SmallestHashSample, train_sentencepiece
+from pipelines.records import Doc, qualify_id
+from pipelines.tokenizer import SmallestHashSample, TokenizeFn, train_sentencepiece
 from shards import Manifest, iter_samples
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,6 +115,16 @@ def test_invisible_only_document_is_filtered_not_kept(mixed):
     _, out, stats = mixed
     assert stats["sources"]["invisible"]["filtered"] == {"empty": 1} and stats["sources"]["invisible"]["kept"] == 0
     assert all(s["json"]["n_tokens"] > 0 for s in _samples(out).values())
+
+
+def test_a_document_without_tokens_is_filtered_not_written():
+    model = train_sentencepiece(["the river ran past old stone walls"] * 50, TokenizerConfig(vocab_size=300))
+    fn = TokenizeFn()
+    fn.setup()
+    fn.start_bundle()
+    (batch,) = fn.process([Doc("a", "\u200b", "s"), Doc("b", "river", "s")], model)
+    assert [d.id for d, _ in batch] == ["b"]  # the normaliser leaves nothing of "\u200b"
+    assert [e.value.value for e in fn.finish_bundle()] == [(("s", "filtered:no_tokens"), 1)]
 
 
 def test_code_is_not_rewritten_and_redactions_are_reported_per_source(mixed):
