@@ -53,8 +53,10 @@ def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
     args, rest = ap.parse_known_args(argv)
     stray = [a for i, a in enumerate(rest) if _is_stray(a, rest[i - 1] if i else "", args.input)]
     if stray:
+        folder, name = os.path.split(args.input)
+        example = os.path.join(folder, "*" + ("." + name.split(".", 1)[1] if "." in name else ""))
         ap.error(f"unexpected argument{'s' if len(stray) > 1 else ''} {' '.join(stray[:3])}"
-                 f"{' ...' if len(stray) > 3 else ''}: quote the --input glob (--input '{args.input}') so the "
+                 f"{' ...' if len(stray) > 3 else ''}: quote the --input glob (e.g. --input '{example}') so the "
                  "shell does not expand it into many files; write Beam options as --name=value")
     overrides = [a for a in rest if not a.startswith("-") and "=" in a]
     beam_args = [a for a in rest if a not in overrides]
