@@ -1,11 +1,11 @@
 """The human-readable end-of-job report: ``report.txt`` and ``report.png`` next to ``stats.json``.
 
 Built from ``stats.json`` alone, so it is the same for every runner. The text gives the
-record balance, the top filter reasons, the duplicate rate, tokens and UTF-8 bytes per token,
-PII redactions per source and the document-length histogram (kept documents per power-of-two
-token bin); the PNG plots that histogram, the removed records and the redactions per source, each
-only when it has something to show (matplotlib, Agg backend: no display needed); ``report.html``
-shows both in a browser.
+record balance, the top filter reasons, PII redactions per source, skipped input files, the
+duplicate rate, tokens and UTF-8 bytes per token, and the document-length histogram (kept
+documents per power-of-two token bin). The PNG plots that histogram, the removed records and the
+redactions per source, each only when it has something to show (matplotlib, Agg backend: no
+display needed); ``report.html`` shows text and picture in a browser.
 """
 from __future__ import annotations
 
@@ -49,14 +49,17 @@ def report_text(stats: dict) -> str:
     ]
     reasons = sorted(t["filtered"].items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS]
     lines += [f"  {reason:<24} {count:>10,}  {_pct(count, n)}" for reason, count in reasons] or ["  none"]
+    redacted = redactions_per_source(stats)
+    if redacted:
+        lines += ["", "PII redactions by source:"]
+        lines += [f"  {source:<24} {sum(counts.values()):>10,}  "
+                  + ", ".join(f"{kind} {n:,}" for kind, n in sorted(counts.items()))
+                  for source, counts in redacted.items()]
+    if t.get("skipped_files"):
+        lines += ["", f"skipped files    {t['skipped_files']:>12,}  (unknown format; see input.unknown_files)"]
     if t["dead_letter_reasons"]:
         lines += ["", "dead-letter reasons:"]
         lines += [f"  {r:<24} {c:>10,}" for r, c in sorted(t["dead_letter_reasons"].items(), key=lambda kv: -kv[1])]
-    per = redactions_per_source(stats)
-    if per:
-        lines += ["", "PII redactions per source:"]
-        lines += [f"  {src:<24} {sum(kinds.values()):>10,}  " + ", ".join(f"{k} {n:,}" for k, n in sorted(kinds.items()))
-                  for src, kinds in per.items()]
     hist = {int(k): v for k, v in t.get("length_tokens", {}).items()}
     lines += ["", "document length (tokens), kept documents:"]
     peak = max(hist.values(), default=0)

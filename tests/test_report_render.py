@@ -78,7 +78,7 @@ def test_preprocessing_report_draws_no_empty_panel():
     some = _stats(removed=True)
     assert report_panels(some) == ["lengths", "removed", "redactions"]
     text = report_text(some)
-    assert "PII redactions per source:" in text and "clean.jsonl" not in text
+    assert "PII redactions by source:" in text and "clean.jsonl" not in text
     assert [line.split()[:2] for line in text.splitlines() if "jsonl" in line] == [["books.jsonl", "2"],
                                                                                    ["web.jsonl", "5"]]
 
