@@ -130,6 +130,10 @@ class WriteJsonl(beam.PTransform):
         self.folder_url = folder_url.rstrip("/")
 
     def expand(self, lines):
+        """``lines`` (PCollection of str, one JSON object each) → ``part-NNNNN.jsonl`` files under the folder.
+
+        Lines are spread over a fixed number of parts by a stable hash, so reruns write the same files;
+        an empty part is never written (no file at all when there is no line)."""
         return (lines
                 | "Part" >> beam.Map(lambda line: (stable_bucket(line, JSONL_PARTS), line))
                 | "GroupPart" >> beam.GroupByKey()
