@@ -35,7 +35,7 @@ def _nvml_handle(device: torch.device):
         import pynvml
         pynvml.nvmlInit()
         props = torch.cuda.get_device_properties(device)
-        bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        bus = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"  # NVML's busId format
         return pynvml.nvmlDeviceGetHandleByPciBusId(bus)
     except Exception as e:  # noqa: BLE001 - NVML absent or unusable: the run goes on with allocator metrics
         log.warning("NVML unavailable (%s: %s): no GPU utilisation/power/temperature metrics "
