@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from hashlib import sha256
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -69,7 +69,9 @@ class TextLoader:
         self.progress = Progress(0, self.order_key, manifest.total_documents, world_size)
         self.data_wait_seconds = 0.0
         self.last_split = None  # loaders.order.Split of the current epoch (drop/pad counts)
-        self.totals = {"batches": 0, "doc_tokens": 0, "slots": 0, "data_wait_seconds": 0.0}
+        # queue_depth_sum / queue_samples: mean ready batches in the prefetch thread's queue
+        self.totals = {"batches": 0, "doc_tokens": 0, "slots": 0, "data_wait_seconds": 0.0, "queue_depth_sum": 0,
+                       "queue_samples": 0}
         self.pool: WorkerPool | None = None  # this epoch's worker processes
 
     # -- epochs and state -------------------------------------------------------------
@@ -162,7 +164,12 @@ class TextLoader:
         batches = _expand(packed)
         if self.in_process:
             return batches
-        return _thread_prefetch(batches, cfg.prefetch_batches * max(cfg.num_workers, 1), pin)
+        return _thread_prefetch(batches, cfg.prefetch_batches * max(cfg.num_workers, 1), pin, self._queue_depth)
+
+    def _queue_depth(self, ready: int) -> None:
+        """Count the batches ready in the prefetch queue when the trainer asks for one (metric)."""
+        self.totals["queue_depth_sum"] += ready
+        self.totals["queue_samples"] += 1
 
     def __iter__(self) -> Iterator[TokenBatch]:
         if self.rank in self.progress.complete_ranks or self._nothing_left(self.progress):
@@ -216,8 +223,10 @@ def _expand(packed: Iterator) -> Iterator[TokenBatch]:
             packed.close()
 
 
-def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool) -> Iterator[TokenBatch]:
-    """Run ``it`` in a background thread, ``depth`` batches ahead; stops when the consumer stops."""
+def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool,
+                     on_get: Callable[[int], None] | None = None) -> Iterator[TokenBatch]:
+    """Run ``it`` in a background thread, ``depth`` batches ahead; stops when the consumer stops.
+    ``on_get(n)`` is told the number of batches ready in the queue each time the consumer asks."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
     end = object()
@@ -244,7 +253,11 @@ def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool) -> Iterato
     thread = threading.Thread(target=run, name="colaflow-batch-prefetch", daemon=True)
     thread.start()
     try:
-        while (item := q.get()) is not end:
+        while True:
+            if on_get is not None:
+                on_get(q.qsize())
+            if (item := q.get()) is end:
+                break
             if isinstance(item, BaseException):
                 raise item
             yield item
