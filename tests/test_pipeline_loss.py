@@ -24,7 +24,7 @@ from pipelines.corpus import write_corpus
 from pipelines.job import run
 from pipelines.records import Doc, qualify_id
 from pipelines.tokenizer import SmallestHashSample, TokenizeFn, train_sentencepiece
-from shards import Manifest, iter_samples
+from shards import Manifest, iter_documents
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE = ["std::vector<int> v; v.push_back(1);", "use std::io::Read;", "For example::\n\n   x = a[1::2]",
@@ -38,7 +38,7 @@ def _jsonl(path, records):
 
 
 def _samples(out) -> dict[str, dict]:
-    return {s["json"]["id"]: s for info in Manifest.load(str(out)).shards for s in iter_samples(str(out / info.name))}
+    return {s["json"]["id"]: s for info in Manifest.load(str(out)).shards for s in iter_documents(str(out / info.name))}
 
 
 def _balanced(stats) -> bool:
@@ -236,7 +236,7 @@ def test_output_to_s3(s3_server, tmp_path):
     manifest = json.loads(fs.cat("loss-bucket/run1/manifest.json"))
     stats = json.loads(fs.cat("loss-bucket/run1/stats.json"))
     assert stats["total"]["kept"] == 40 and _balanced(stats) and not fs.exists("loss-bucket/run1/dead_letter")
-    assert sum(s["samples"] for s in manifest["shards"]) == 40
+    assert sum(s["documents"] for s in manifest["shards"]) == 40 and manifest["layout"] == "token_blocks"
     assert all(fs.exists(f"loss-bucket/run1/{s['name']}") for s in manifest["shards"])
     fs.put(str(tmp_path / "in.jsonl"), "loss-bucket/raw/in.jsonl")  # s3:// input too (Beam's S3 filesystem)
     rc = subprocess.run([sys.executable, "beam_runner.py", "--input", "s3://loss-bucket/raw/*.jsonl",
