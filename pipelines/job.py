@@ -40,6 +40,10 @@ from .tokenizer import TokenizeFn, build_model
 from .transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, key_by_hash
 
 
+# Beam's own DaskRunner mistranslates the job (pipelines/dask_runner.py); these names get ours
+DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner")
+
+
 def _write_jsonl(lines, out: str, folder: str, label: str) -> None:
     lines | label >> beam.io.WriteToText(f"{out}/{folder}/records", file_name_suffix=".jsonl", num_shards=1,
                                          shard_name_template="-SSSSS-of-NNNNN")
@@ -130,6 +134,9 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         # marking it interactive skips that, so runs are offline and the same everywhere.
         runner = DirectRunner()
         runner.is_interactive()
+    elif options.view_as(StandardOptions).runner in DASK_RUNNER_NAMES:
+        from .dask_runner import ColaflowDaskRunner  # dask is optional (colaflow[dask])
+        runner = ColaflowDaskRunner()
     total_bytes = sum(m.size_in_bytes for m in matched)
     print(f"reading {len(matched)} files, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
     start = time.perf_counter()
