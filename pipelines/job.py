@@ -30,6 +30,7 @@ from apache_beam.runners.direct.direct_runner import DirectRunner
 from apache_beam.runners.runner import PipelineState
 
 from .config import PipelineConfig
+from .jsonl_sink import WriteSortedJsonl
 from .neardup import NearDedup
 from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, prepare_output
 from .records import DUPLICATES
@@ -45,8 +46,7 @@ DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRun
 
 
 def _write_jsonl(lines, out: str, folder: str, label: str) -> None:
-    lines | label >> beam.io.WriteToText(f"{out}/{folder}/records", file_name_suffix=".jsonl", num_shards=1,
-                                         shard_name_template="-SSSSS-of-NNNNN")
+    lines | label >> WriteSortedJsonl(f"{out}/{folder}")
 
 
 def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0) -> None:
