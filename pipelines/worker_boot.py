@@ -90,7 +90,8 @@ def install(staged: str, names: list[str], site: str) -> None:
     """``pip install`` the staged extra packages (and ``requirements.txt``) into ``site``; a package's
     dependencies already satisfied in this environment are not installed again."""
     pip = [sys.executable] + (["-S"] if sys.flags.no_site else []) + [
-        "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-warn-conflicts", "--target", site]
+        "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-warn-conflicts", "--root-user-action=ignore",
+        "--target", site]
     if REQUIREMENTS_FILE in names:
         with open(os.path.join(staged, REQUIREMENTS_FILE), encoding="utf-8") as f:
             wanted = _missing([r.strip() for r in f if r.strip() and not r.startswith("#")])
