@@ -43,7 +43,7 @@ def test_50k_near_copies_hold_a_bounded_number_per_key():
     result = p.run()
     result.wait_until_finish()
     steps = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE).with_name(HELD_METRIC))["distributions"]
-    assert {d.key.step.rsplit("/", 1)[-1] for d in steps} == {"SigPerPair", "HotKeepers", "Drop"}  # every grouping
+    assert all(any(f"/{name}" in d.key.step for d in steps) for name in ("SigPerPair", "HotKeepers", "Drop"))
     held = max(d.committed.max for d in steps)
     bound = cfg.bands * (LIST_MAX + 1) + 1
     assert 1 <= held <= bound < COPIES // 100  # the old join held ~all 50,000 for the keeper
