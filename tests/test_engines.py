@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,9 +65,14 @@ def test_dask_cluster_output_is_byte_identical(direct, tmp_path):
 
 def test_external_worker_pool_installs_the_staged_wheel(direct, tmp_path):
     corpus, expected, _ = direct
-    dist = tmp_path / "dist"
+    dist, src = tmp_path / "dist", tmp_path / "src"  # built from a copy: no build/ left in the checkout
+    for name in ("pyproject.toml", "beam_runner.py"):
+        src.mkdir(exist_ok=True)
+        shutil.copy(ROOT / name, src / name)
+    for package in ("pipelines", "shards", "cache", "loaders", "trainer"):
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(dist), str(ROOT)], check=True, cwd=tmp_path)
+                    str(dist), str(src)], check=True, cwd=tmp_path)
     (wheel,) = dist.glob("colaflow-*.whl")
     # The pool runs without site processing and only the dependencies' folder on its path, so
     # colaflow (installed editable here) is not importable there until the boot installs the wheel.
