@@ -183,14 +183,17 @@ class _Translator(PipelineVisitor):
 class ColaflowDaskRunner(DaskRunner):
     """Beam's :class:`~apache_beam.runners.dask.dask_runner.DaskRunner` with the fixes listed in the
     module docstring. Options: ``--dask_client_address=HOST:PORT`` (a running ``dask scheduler``;
-    without it a local cluster is started), ``--dask_npartitions`` (bag partitions of
-    created and reshuffled data and of groups; default twice the cluster's worker threads, at least ``MIN_PARTITIONS``).
+    without it a local cluster is started), ``--dask_npartitions`` (bag partitions of created and
+    reshuffled data and of groups; default twice the cluster's worker threads, at least
+    ``MIN_PARTITIONS``). ``--dask_partition_size`` is not used.
 
-    Raises ``ImportError`` (at run time) when ``dask``/``distributed`` are not installed
+    Importing this module raises ``ImportError`` when ``dask``/``distributed`` are not installed
     (``pip install colaflow[dask]``).
     """
 
     def run_pipeline(self, pipeline, options):
+        """Translate ``pipeline`` into one ``dask.bag`` graph and submit it to the cluster; returns a
+        result whose ``wait_until_finish`` raises the first task error and then closes the client."""
         import dask.distributed as ddist
 
         dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True, current_only=True)
