@@ -8,6 +8,7 @@ for the stages)::
       → ExactDedup (CombinePerKey, min id) ──duplicates──▶ duplicates/*.jsonl
       → [NearDedup (MinHash-LSH)]     Tokenizer (sample of cleaned docs → train) ─side input─┐
       → Tokenize ◀────────────────────────────────────────────────────────────────────┘
+      → [Split by content hash ──val──▶ the same shard writing into OUT/val/]
       → Encode → bucket = sha256(key) mod N → GroupByKey → write bucket tars
       → Finalize (single element): rename shards, indexes, manifest.json, tokenizer.model, stats.json
     then, on the driver: report.txt + report.png (:mod:`pipelines.report`)
@@ -35,6 +36,7 @@ from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, prepare_output
 from .records import DUPLICATES
 from .report import write_report
 from .sharding import WriteShards, finalize
+from .splits import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from .stats import EVENTS, NAMESPACE
 from .tokenizer import TokenizeFn, build_model
 from .transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, key_by_hash
@@ -73,6 +75,13 @@ def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfi
     tokenized = (docs
                  | "BatchDocs" >> beam.BatchElements(min_batch_size=64, max_batch_size=1024)
                  | "Tokenize" >> beam.ParDo(TokenizeFn(), beam.pvalue.AsSingleton(model)))
+    val_shards = None
+    if cfg.split.val_fraction > 0:
+        parts = tokenized | "Split" >> beam.ParDo(SplitBatchFn(cfg.split.val_fraction)).with_outputs(VAL, main="train")
+        tokenized = parts.train
+        val_written = parts[VAL] | "ValShards" >> WriteShards(f"{out}/{VAL_DIR}", val_shard_config(cfg.shards))
+        events.append(val_written[EVENTS])
+        val_shards = beam.pvalue.AsList(val_written.shards)
     written = tokenized | "Shards" >> WriteShards(out, cfg.shards)
     events.append(written[EVENTS])
     counts = events | "AllEvents" >> beam.Flatten() | "SumEvents" >> beam.CombinePerKey(sum)
@@ -80,7 +89,7 @@ def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfi
     (p
      | "Start" >> beam.Create([None])
      | "Finalize" >> beam.Map(finalize, out, cfg.shards, beam.pvalue.AsList(written.shards),
-                              beam.pvalue.AsList(counts), beam.pvalue.AsSingleton(model)))
+                              beam.pvalue.AsList(counts), beam.pvalue.AsSingleton(model), val_shards))
 
 
 def counters(result) -> dict[str, int]:
@@ -119,6 +128,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             or the pipeline did not finish.
     """
     cfg = cfg or PipelineConfig()
+    cfg.split.validate()
     matched = FileSystems.match([input_glob])[0].metadata_list
     if not matched:
         raise FileNotFoundError(f"no input file matches {input_glob!r}")

@@ -1,7 +1,7 @@
 """The output folder of a run: refuse to mix two runs, or clear the earlier one on ``--overwrite``.
 
 A finished run is marked by ``manifest.json`` (written last); an unfinished (killed) run by
-``_tmp_buckets/``; shards, ``stats.json``, ``dead_letter/`` or ``duplicates/`` without a
+``_tmp_buckets/``; shards, ``val/``, ``stats.json``, ``dead_letter/`` or ``duplicates/`` without a
 manifest are leftovers of an interrupted commit. Any of these makes a new run refuse unless
 ``overwrite`` is set, which removes exactly these artifacts (nothing else in the folder).
 """
@@ -20,9 +20,10 @@ class OutputExistsError(FileExistsError):
 def _artifacts(fs, root: str, prefix: str) -> list[str]:
     from .report import REPORT_PNG, REPORT_TXT
     from .sharding import TMP_DIR, TOKENIZER_FILE
+    from .splits import VAL_DIR
 
     names = ["manifest.json", "stats.json", TOKENIZER_FILE, "shardindex.json", REPORT_TXT, REPORT_PNG,
-             TMP_DIR, DEAD_LETTER_DIR, DUPLICATES_DIR]
+             TMP_DIR, DEAD_LETTER_DIR, DUPLICATES_DIR, VAL_DIR]
     found = [f"{root}/{n}" for n in names if fs.exists(f"{root}/{n}")]
     return found + sorted(fs.glob(f"{root}/{prefix}-*.tar") + fs.glob(f"{root}/{prefix}-*.idx"))
 
