@@ -75,7 +75,7 @@ def read_metrics(path: str) -> RunMetrics:
             if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
                 bad.append((n, "not an object with an integer 'step'"))
                 continue
-            by_step[rec["step"]] = rec
+            by_step.setdefault(rec["step"], {}).update(rec)  # a validation record may share a step
     return RunMetrics([by_step[s] for s in sorted(by_step)], bad, path)
 
 
@@ -109,7 +109,11 @@ def plot_loss(m: RunMetrics, out_dir: str) -> str | None:
     if not x:
         return None
     fig, ax = _figure("Training loss", "loss (nats / token)")
-    ax.plot(x, y, marker=".", color="tab:blue")
+    ax.plot(x, y, marker=".", color="tab:blue", label="train")
+    vx, vy = m.series("val_loss")
+    if vx:
+        ax.plot(vx, vy, marker="o", color="tab:orange", label="validation")
+        ax.legend()
     return _save(fig, out_dir, "loss.png")
 
 
