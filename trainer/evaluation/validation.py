@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from loaders.batch import TokenBatch
 from trainer import parallel
 from trainer.config import TrainConfig
 
