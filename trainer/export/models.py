@@ -10,8 +10,11 @@ Integer-Arithmetic-Only Inference"). Provenance goes into the ONNX ``metadata_pr
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -44,6 +47,24 @@ def torch_runner(model: torch.nn.Module):
     return run
 
 
+@contextlib.contextmanager
+def quiet_converters():
+    """Hold back the exporters' and quantizer's advisory output (torchvision-op notices, deprecation
+    and axis-naming warnings, onnxruntime's pre-processing hint) so the export prints its own table;
+    errors still raise."""
+    root, onnx_log = logging.getLogger(), logging.getLogger("torch.onnx")
+    levels = root.level, onnx_log.level
+    root.setLevel(logging.ERROR)
+    onnx_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(levels[0])
+        onnx_log.setLevel(levels[1])
+
+
 def export_onnx(model: torch.nn.Module, path: str, example: tuple[np.ndarray, ...], opset: int = 0) -> None:
     """Write ``model``'s logits graph to ``path`` (one file, weights inside) with dynamic ``batch``
     and ``seq`` axes on every input; ``example``: numpy int64 ``(input_ids, position_ids,
@@ -54,10 +75,11 @@ def export_onnx(model: torch.nn.Module, path: str, example: tuple[np.ndarray, ..
     """
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
     args = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in example)
-    program = torch.onnx.export(LogitsModule(model).eval(), args, dynamo=True, input_names=list(INPUTS),
-                                output_names=["logits"], dynamic_shapes={n: {0: batch, 1: seq} for n in INPUTS},
-                                opset_version=opset or None, external_data=False, verbose=False)
-    program.save(path, external_data=False)
+    with quiet_converters():
+        program = torch.onnx.export(LogitsModule(model).eval(), args, dynamo=True, input_names=list(INPUTS),
+                                    output_names=["logits"], dynamic_shapes={n: {0: batch, 1: seq} for n in INPUTS},
+                                    opset_version=opset or None, external_data=False, verbose=False)
+        program.save(path, external_data=False)
 
 
 def convert_fp16(src: str, dst: str) -> None:
@@ -70,7 +92,8 @@ def convert_fp16(src: str, dst: str) -> None:
 def quantize_int8(src: str, dst: str) -> None:
     """Dynamic INT8 copy of ONNX model ``src`` at ``dst`` (signed int8 weights)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+    with quiet_converters():
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
 
 
 def set_provenance(path: str, record: dict) -> None:
