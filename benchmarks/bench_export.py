@@ -3,7 +3,9 @@ against the PyTorch fp32 model (the baseline) on the same validation batches, on
 
 Uses the newest checkpoint of ``make demo`` (``runs/demo/train/checkpoints``) and its validation
 split (``runs/demo/shards`` → ``val/``) unless told otherwise. Prints the conversion table and, per
-batch size, onnxruntime latency / PyTorch eager latency.
+batch size, PyTorch eager latency / onnxruntime latency, both with ``--threads`` threads (1 by
+default: on a shared machine OpenMP threads that spin-wait for busy cores inflate PyTorch's
+latency many times over).
 
 Run: ``.venv/bin/python benchmarks/bench_export.py [--checkpoint DIR --data MANIFEST --batch-sizes 1,8]``
 """
@@ -28,6 +30,8 @@ def main() -> int:
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--batches", type=int, default=4, help="validation batches of 8 rows compared")
     ap.add_argument("--runs", type=int, default=10, help="timed runs per batch size (median)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads of onnxruntime and of PyTorch (same for both; 0 = defaults)")
     args = ap.parse_args()
     ckpt = args.checkpoint or latest_checkpoint("runs/demo/train/checkpoints")
     if not ckpt or not os.path.isdir(ckpt):
@@ -35,7 +39,7 @@ def main() -> int:
         return 0
     cfg = ExportConfig(format="onnx", precisions=args.precisions.split(","),
                        batch_sizes=[int(b) for b in args.batch_sizes.split(",")], data=args.data,
-                       batches=args.batches, latency_runs=args.runs)
+                       batches=args.batches, latency_runs=args.runs, threads=args.threads)
     with tempfile.TemporaryDirectory(prefix="colaflow-export-") as out:
         report = run_export(ckpt, out, cfg)
     print(f"checkpoint {ckpt}, validation {report.validation['tokens']:,} tokens "

@@ -28,14 +28,15 @@ class Tolerance:
 class ToleranceConfig:
     """Per-variant tolerances (``tolerance.int8.ppl_delta=0.05`` on the command line).
 
-    Defaults: fp32 ONNX matches to 1e-4 in logits; fp16 to 0.1 (half precision keeps ~3 decimal
-    digits of logits of magnitude ~10) and 0.5 % in perplexity; dynamic INT8 (per-tensor weight
+    Defaults: fp32 ONNX matches to 1e-4 in logits; fp16 to 1.0 (half precision keeps ~3
+    significant digits: the demo model's logits, up to ~30 in magnitude, differ by up to 0.4 at
+    0.002 % perplexity change) and 0.5 % in perplexity; dynamic INT8 (per-tensor weight
     quantization) is judged by perplexity (2 %) and top-1 agreement, not logits; the consolidated
     ``.pt`` must reproduce the checkpoint exactly.
     """
 
     fp32: Tolerance = field(default_factory=Tolerance)
-    fp16: Tolerance = field(default_factory=lambda: Tolerance(0.1, 0.005, 0.98))
+    fp16: Tolerance = field(default_factory=lambda: Tolerance(1.0, 0.005, 0.99))
     int8: Tolerance = field(default_factory=lambda: Tolerance(float("inf"), 0.02, 0.9))
     pt: Tolerance = field(default_factory=lambda: Tolerance(1e-6, 1e-6, 1.0))
 
@@ -57,7 +58,8 @@ class ExportConfig:
         batches: validation batches compared (the same for every variant).
         latency_runs: timed runs per batch size (after one warm-up run); the median is reported.
         opset: ONNX opset version (0 = the exporter's default).
-        threads: onnxruntime intra-op threads (0 = its default, all cores).
+        threads: onnxruntime intra-op threads and PyTorch threads of the reference (0 = their
+            defaults, all cores; 1 gives steadier latencies on a shared machine).
         tolerance: per-variant limits (:class:`ToleranceConfig`).
     """
 

@@ -196,6 +196,8 @@ def run_export(checkpoint: str, out_dir: str, cfg: ExportConfig, pt_name: str = 
         ValueError: invalid ``cfg``; FileNotFoundError: no checkpoint, or ``cfg.data`` is missing.
     """
     cfg.validate()
+    if cfg.threads:  # the PyTorch reference runs with as many threads as onnxruntime, for fair latency
+        torch.set_num_threads(cfg.threads)
     model, train_cfg, config = load_model(checkpoint)
     seq_len = cfg.seq_len or min(train_cfg.data.seq_len, train_cfg.model.max_seq_len)
     data = cfg.data or train_cfg.data.manifest
