@@ -151,3 +151,13 @@ def test_consolidated_pt_is_verified_and_a_failing_tolerance_exits_nonzero(expor
         report = json.load(f)
     assert not report["passed"] and "argmax_agreement" in report["variants"][0]["failures"][0]
     assert "REJECTED" in capsys.readouterr().out
+
+
+def test_validation_data_of_another_vocabulary_is_a_clear_error(exported, tmp_path, capsys):
+    """Data tokenized for a larger vocabulary would index past the embedding: refused by name."""
+    _, _, _, ckpt, _ = exported
+    other = str(tmp_path / "other")
+    write_counting_shards(other, 4, max_samples=4, vocab=1000, max_len=20, seed=0)
+    rc = main(["export", ckpt, str(tmp_path / "out"), "--format", "pt", "--data", other])
+    assert rc == 1 and f"{other}: vocabulary of 1000 tokens does not fit the model's {VOCAB}" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "out" / "model.pt")

@@ -106,6 +106,16 @@ def resolve_validation(data: str) -> tuple[str, bool]:
     return data, False
 
 
+def check_vocab(manifest_url: str, vocab_size: int) -> None:
+    """Raise ``ValueError`` when the data's vocabulary does not fit a model of ``vocab_size`` tokens
+    (validation data of another dataset)."""
+    from shards.manifest import Manifest
+    data_vocab = Manifest.load(manifest_url).vocab_size
+    if data_vocab > vocab_size:
+        raise ValueError(f"{manifest_url}: vocabulary of {data_vocab} tokens does not fit the model's {vocab_size}; "
+                         "pass --data with the dataset the model was trained on")
+
+
 def synthetic_batches(vocab: int, seq_len: int, rows: int) -> list[ValidationBatch]:
     """Random-token rows (seed 0), for a parity check when no validation data can be reached."""
     from trainer.synthetic import synthetic_batch
@@ -203,6 +213,7 @@ def run_export(checkpoint: str, out_dir: str, cfg: ExportConfig, pt_name: str = 
     data = cfg.data or train_cfg.data.manifest
     try:
         val_url, held_out = resolve_validation(data)
+        check_vocab(val_url, train_cfg.model.vocab_size)
         batches = validation_batches(val_url, seq_len, cfg.rows, cfg.batches)
     except (FileNotFoundError, OSError, ValueError) as e:
         if cfg.data:
