@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 import fsspec
 
+from shards.urls import shard_url  # noqa: F401  (re-exported: shard URLs beside a manifest)
+
 FORMAT_VERSION = 1
 
 
@@ -129,9 +131,3 @@ def split_manifest_url(manifest_url: str, manifest: Manifest, split: str) -> str
         raise KeyError(f"{manifest_url}: the manifest has no {split!r} split (splits: {sorted(manifest.splits) or 'none'});"
                        " preprocess with split.val_fraction > 0")
     return shard_url(manifest_url, manifest.splits[split]["manifest"])
-
-
-def shard_url(manifest_url: str, shard_name: str) -> str:
-    """URL of a shard given the manifest's URL (or its folder) and the shard's name."""
-    base = manifest_url[: -len("manifest.json")] if manifest_url.endswith("manifest.json") else manifest_url
-    return base.rstrip("/") + "/" + shard_name
