@@ -74,7 +74,7 @@ def test_validation_split_in_the_pipeline(tmp_path):
     for name in ("shakespeare", "kjv"):
         for line in (corpus / f"{name}.jsonl").read_text(encoding="utf-8").splitlines():
             rec = json.loads(line)
-            texts[rec["id"]] = rec["text"]
+            texts[f"{name}.jsonl/{rec['id']}"] = rec["text"]  # ids are qualified by their input file
     assert all(is_validation(texts[i], 0.1) for i in val_ids)
     assert not any(is_validation(texts[i], 0.1) for i in train_ids)
 
