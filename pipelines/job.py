@@ -43,6 +43,10 @@ from .tokenizer import TokenizeFn, build_model
 from .transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, UniqueIds, key_by_hash
 
 
+# Beam's own DaskRunner mistranslates the job (pipelines/dask_runner.py); these names get ours
+DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner")
+
+
 class InputError(ValueError):
     """``--input`` names no readable set of files (a folder, or files of unknown format under
     ``input.unknown_files: error``); the message says what to pass instead."""
@@ -193,6 +197,9 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         # marking it interactive skips that, so runs are offline and the same everywhere.
         runner = DirectRunner()
         runner.is_interactive()
+    elif options.view_as(StandardOptions).runner in DASK_RUNNER_NAMES:
+        from .dask_runner import ColaflowDaskRunner  # dask is optional (colaflow[dask])
+        runner = ColaflowDaskRunner()
     total_bytes = sum(m.size_in_bytes for m in matched)
     print(f"reading {len(matched)} files, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
     start = time.perf_counter()
