@@ -23,6 +23,7 @@ from trainer.export import ExportConfig, run_export  # noqa: E402
 
 
 def main() -> int:
+    """Export the demo checkpoint in each precision and print perplexity and latency per batch size."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default="", help="checkpoint folder (default: newest of runs/demo)")
     ap.add_argument("--data", default="runs/demo/shards", help="dataset manifest with a val split")

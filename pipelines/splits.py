@@ -45,6 +45,7 @@ class SplitBatchFn(beam.DoFn):
         self.val_fraction = val_fraction
 
     def process(self, batch):
+        """Split one batch of ``(Doc, tokens)`` by :func:`is_validation` of each text."""
         train, val = [], []
         for item in batch:
             (val if is_validation(item[0].text, self.val_fraction) else train).append(item)

@@ -35,6 +35,9 @@ def _run(step: str, cmd: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """``make demo``: corpus → Beam preprocessing → HTTP storage → torchrun training → report and
+    export; returns the summary written to ``RUN_DIR/summary.json``. Exits with a one-line
+    message naming the failed step."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", default="runs/demo", help="where everything is written (recreated)")
     ap.add_argument("--nproc", type=int, default=2, help="training processes (world size)")

@@ -32,6 +32,7 @@ class LogitsModule(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids, position_ids, document_ids):
+        """int64 ``[B, T]`` ids, positions, document ids → fp32 logits ``[B, T, vocab]``."""
         return self.model.logits(input_ids, position_ids, document_ids).float()
 
 

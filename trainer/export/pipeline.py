@@ -53,9 +53,11 @@ class ConversionReport:
 
     @property
     def passed(self) -> bool:
+        """Whether every written variant met its tolerances."""
         return all(v.passed for v in self.variants)
 
     def to_dict(self) -> dict:
+        """The report as JSON-ready dict (``conversion_report.json``)."""
         return {"checkpoint": self.checkpoint, "out_dir": self.out_dir, "format": self.format, "passed": self.passed,
                 "validation": self.validation, "reference": self.reference,
                 "variants": [v.to_dict() for v in self.variants], "provenance": self.provenance}

@@ -78,6 +78,7 @@ class Reference:
 
     @property
     def perplexity(self) -> float:
+        """``exp(nll)``: perplexity of the fp32 PyTorch model on the validation tokens."""
         return math.exp(self.nll)
 
 
