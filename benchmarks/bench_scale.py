@@ -94,6 +94,7 @@ def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the job at each scale and runner; print wall s, CPU s per MB and peak RSS per worker."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scales", default="1,4,16", help="comma-separated copies of the corpus")
     ap.add_argument("--fraction", type=float, default=0.25, help="fraction of the demo corpus per copy")

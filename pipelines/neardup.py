@@ -132,6 +132,7 @@ class BucketTable(beam.CombineFn):
         self.list_max = list_max
 
     def create_accumulator(self):
+        """An empty table ``{bucket bytes: entry}``."""
         return {}
 
     def _add(self, table: dict, bucket: bytes, entry) -> None:
@@ -148,10 +149,12 @@ class BucketTable(beam.CombineFn):
         table[bucket] = [old[0] + entry[0], ids, min(old[2], entry[2])]
 
     def add_input(self, acc, member):
+        """Add one membership ``(bucket, doc id)`` to the table."""
         self._add(acc, member[0], member[1])
         return acc
 
     def merge_accumulators(self, accumulators):
+        """Merge partial tables bucket by bucket (member lists capped at ``list_max``)."""
         accumulators = iter(accumulators)
         out = next(accumulators)
         for acc in accumulators:
@@ -160,6 +163,7 @@ class BucketTable(beam.CombineFn):
         return out
 
     def extract_output(self, acc):
+        """The partition's table: per bucket a doc id, or ``[count, ids or None, smallest id]``."""
         return acc
 
 
@@ -284,6 +288,8 @@ class NearDedup(beam.PTransform):
         self.cfg = cfg
 
     def expand(self, docs):
+        """``Doc`` → ``{"docs", "events", "duplicates"}``: documents whose MinHash signature is near an
+        earlier (smaller-id) document's are dropped, counted and listed."""
         sigs = (docs
                 | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=512)
                 | "Signature" >> beam.FlatMap(_signatures, self.cfg))

@@ -54,6 +54,10 @@ class Manifest:
         format_version: integer format version, bumped on incompatible change.
         layout: ``documents`` (one tar sample per document or image) or ``token_blocks`` (text:
             one tar sample per block of documents, ``shards.blocks``).
+        splits: other shard sets of the same dataset, by split name (e.g. ``val``): each
+            ``{"manifest": path of its manifest.json relative to this manifest's folder, "shards",
+            "samples", "tokens", "sha256": hex digest of that manifest file}``; written only when
+            non-empty (see :mod:`pipelines.splits`).
     """
 
     shards: list[ShardInfo] = field(default_factory=list)
@@ -62,6 +66,7 @@ class Manifest:
     token_dtype: str = "uint16"
     format_version: int = FORMAT_VERSION
     layout: str = "documents"
+    splits: dict = field(default_factory=dict)
 
     @property
     def total_samples(self) -> int:
@@ -88,6 +93,8 @@ class Manifest:
         d = asdict(self)
         d["total_samples"], d["total_tokens"], d["total_bytes"], d["total_documents"] = (
             self.total_samples, self.total_tokens, self.total_bytes, self.total_documents)
+        if not self.splits:  # manifests without splits keep their earlier bytes
+            d.pop("splits")
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     def save(self, directory: str) -> str:
@@ -122,6 +129,7 @@ class Manifest:
             token_dtype=d.get("token_dtype", "uint16"),
             format_version=version,
             layout=layout,
+            splits=dict(d.get("splits") or {}),
         )
 
     @classmethod
@@ -140,3 +148,15 @@ class Manifest:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{url}: not a JSON manifest ({e})") from e
         return cls.from_dict(d)
+
+
+def split_manifest_url(manifest_url: str, manifest: Manifest, split: str) -> str:
+    """URL of the manifest of split ``split`` (e.g. ``val``) of the dataset at ``manifest_url``.
+
+    Raises:
+        KeyError: the manifest lists no such split (the message names the splits it has).
+    """
+    if split not in manifest.splits:
+        raise KeyError(f"{manifest_url}: the manifest has no {split!r} split (splits: {sorted(manifest.splits) or 'none'});"
+                       " preprocess with split.val_fraction > 0")
+    return shard_url(manifest_url, manifest.splits[split]["manifest"])
