@@ -214,7 +214,7 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
                  layout=manifest.layout, shard_bytes=manifest.total_bytes, index_bytes=index_bytes,
                  shard_bytes_per_token=(manifest.total_bytes + index_bytes) / max(manifest.total_tokens, 1))
     if splits:
-        stats["splits"] = {"train": {"shards": len(manifest.shards), "samples": manifest.total_samples,
+        stats["splits"] = {"train": {"shards": len(manifest.shards), "samples": manifest.total_documents,
                                      "tokens": manifest.total_tokens},
                            **{name: {k: e[k] for k in ("shards", "samples", "tokens")} for name, e in splits.items()}}
     fs.pipe_file(f"{root}/stats.json", (json.dumps(stats, indent=2, sort_keys=True) + "\n").encode("utf-8"))

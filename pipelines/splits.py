@@ -64,7 +64,7 @@ def val_shard_config(cfg: ShardsConfig) -> ShardsConfig:
 
 def split_entry(manifest: Manifest, manifest_path: str, manifest_bytes: bytes) -> dict:
     """The manifest's ``splits`` entry of one shard set: ``manifest`` (path relative to the
-    top-level folder), ``shards``, ``samples``, ``tokens`` and ``sha256`` (hex, of the split's
-    ``manifest.json`` bytes)."""
-    return {"manifest": manifest_path, "shards": len(manifest.shards), "samples": manifest.total_samples,
+    top-level folder), ``shards``, ``samples`` (documents: a token block holds many), ``tokens`` and
+    ``sha256`` (hex, of the split's ``manifest.json`` bytes)."""
+    return {"manifest": manifest_path, "shards": len(manifest.shards), "samples": manifest.total_documents,
             "tokens": manifest.total_tokens, "sha256": hashlib.sha256(manifest_bytes).hexdigest()}

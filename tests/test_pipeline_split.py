@@ -13,7 +13,7 @@ from pipelines.config import PipelineConfig
 from pipelines.corpus import write_corpus
 from pipelines.job import run
 from pipelines.splits import is_validation, split_position
-from shards import Manifest, iter_samples
+from shards import Manifest, iter_documents
 from shards.manifest import split_manifest_url
 
 MULTI = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -29,7 +29,7 @@ def _config() -> PipelineConfig:
 
 def _ids(folder) -> set[str]:
     m = Manifest.load(str(folder))
-    return {s["json"]["id"] for sh in m.shards for s in iter_samples(os.path.join(folder, sh.name))}
+    return {s["json"]["id"] for sh in m.shards for s in iter_documents(os.path.join(folder, sh.name))}
 
 
 @given(st.text(min_size=1, max_size=200), st.floats(0.0, 0.99))
@@ -59,7 +59,7 @@ def test_validation_split_in_the_pipeline(tmp_path):
     assert val_url == f"{mem}/val/manifest.json"
     val = Manifest.load(val_url)
     entry = top.splits["val"]
-    assert entry["samples"] == val.total_samples > 0 and entry["tokens"] == val.total_tokens > 0
+    assert entry["samples"] == val.total_documents > 0 and entry["tokens"] == val.total_tokens > 0
     assert (mem / "val" / "tokenizer.model").read_bytes() == (mem / "tokenizer.model").read_bytes()
 
     train_ids, val_ids = _ids(mem), _ids(mem / "val")
