@@ -15,7 +15,7 @@ import time
 from tqdm import tqdm
 
 from shards.config import ConfigError
-from shards.errors import explain
+from shards.errors import exit_status, explain
 
 from cache.config import format_size, load_cache_config, parse_size
 from cache.errors import CacheError
@@ -134,7 +134,7 @@ def cmd_tune(args) -> int:
     manifest = Manifest.load(args.manifest)
     if not manifest.shards:
         print(f"{args.manifest}: the manifest lists no shards", file=sys.stderr)
-        return 2
+        return 1
     w, r = measure_disk(cfg.path, parse_size(args.disk_bytes))
     sample = manifest.shards[: args.sample_shards]
     lat, rate = measure_remote([shard_url(args.manifest, s.name) for s in sample], cfg.timeout_s)
@@ -205,4 +205,4 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except (ConfigError, CacheError, FileNotFoundError, ValueError) as e:
         print(f"error: {explain(e)}", file=sys.stderr)
-        return 2
+        return exit_status(e)

@@ -101,7 +101,11 @@ class CheckpointConfig:
         async_save: write with ``dcp.async_save`` (the state is staged to CPU memory and written
             in a background thread; verification and commit happen at the next save or at the end).
         save_at_end: save after the last step.
-        resume: checkpoint folder to resume from, ``latest`` (newest under ``dir``) or ``""``.
+        resume: checkpoint folder to resume from, or ``latest``/``""``: the newest finished one
+            under ``dir`` when there is one (a run folder with earlier output but no compatible
+            checkpoint is refused; see :mod:`trainer.run_folder`).
+        overwrite: remove an earlier run's checkpoints, metrics and summary in ``run_dir`` and
+            start at step 0 instead of resuming or refusing.
     """
 
     dir: str = "checkpoints"
@@ -111,6 +115,7 @@ class CheckpointConfig:
     async_save: bool = False
     save_at_end: bool = True
     resume: str = ""
+    overwrite: bool = False
 
 
 @dataclass

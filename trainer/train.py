@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from loaders.batch import TokenBatch
 from trainer import checkpointing as ckpt
+from trainer.announce import data_summary, start_line
 from trainer.anomaly import AnomalyGuard
 from trainer import parallel
 from trainer.config import TrainConfig
@@ -31,6 +32,7 @@ from trainer.observability.meter import IntervalMeter
 from trainer.observability.metrics import MetricsLogger
 from trainer.observability.mfu import flops_per_token, matmul_parameters, peak_flops
 from trainer.model import GPT, count_parameters
+from trainer.run_folder import checkpoint_root, prepare_run
 from trainer.optim import clip_grad_norm, lr_at, set_lr
 from trainer.observability.profiling import StepProfiler
 from shards.config import to_dict
@@ -206,18 +208,24 @@ def resume(run: Run, path: str) -> None:
 
 def start_run(cfg: TrainConfig) -> Run:
     """Validate ``cfg``, join the process group, build data, model, optimizer, checkpointer and
-    metric sinks, and resume from ``checkpoint.resume`` when set."""
+    metric sinks; resume, refuse or overwrite per :func:`trainer.run_folder.plan_run`, and print
+    the run's start line (:mod:`trainer.announce`).
+
+    Raises:
+        trainer.run_folder.RunFolderError: ``run_dir`` holds a run this config must not continue.
+    """
     cfg.validate()
     info = parallel.init_distributed(cfg.device)
     resolve_vocab_size(cfg)
+    plan = prepare_run(cfg, info.is_main)
+    if info.is_main:
+        print(start_line(cfg, data_summary(cfg.data.manifest), info.world_size, plan), flush=True)
     cache, loader = build_data(cfg, info)
     model, wrapped, optimizer = build_model(cfg, info)
-    ckpt_root = os.path.join(cfg.run_dir, cfg.checkpoint.dir)
-    run = Run(cfg, info, cache, loader, model, wrapped, optimizer, build_checkpointer(cfg, info, ckpt_root),
+    run = Run(cfg, info, cache, loader, model, wrapped, optimizer, build_checkpointer(cfg, info, checkpoint_root(cfg)),
               AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device))
-    path = ckpt.latest_checkpoint(ckpt_root) if cfg.checkpoint.resume == "latest" else cfg.checkpoint.resume
-    if path:
-        resume(run, path)
+    if plan.checkpoint:
+        resume(run, plan.checkpoint)
     if info.is_main:
         os.makedirs(cfg.run_dir, exist_ok=True)
         with open(os.path.join(cfg.run_dir, "config.json"), "w", encoding="utf-8") as f:
