@@ -25,7 +25,7 @@ def data_summary(manifest_url: str) -> DataSummary:
     """
     from shards.manifest import Manifest
     m = Manifest.load(manifest_url)
-    return DataSummary(len(m.shards), m.total_samples(), m.total_tokens())
+    return DataSummary(len(m.shards), m.total_samples, m.total_tokens)
 
 
 def planned_epochs(cfg: TrainConfig, data: DataSummary, world_size: int) -> float:
