@@ -142,8 +142,8 @@ def build_model(cfg: TrainConfig, info: parallel.DistInfo):
 
 
 def build_checkpointer(cfg: TrainConfig, info: parallel.DistInfo, root: str) -> ckpt.Checkpointer:
-    """Checkpoints of this run, verified against a freshly built model of the same wrapping."""
-    return ckpt.Checkpointer(root, lambda: build_model(cfg, info)[1:], info.device, cfg.precision, cfg.zero.stage,
+    """Checkpoints of this run (verified from the stored bytes before they become visible)."""
+    return ckpt.Checkpointer(root, info.device, cfg.precision, cfg.zero.stage,
                              cfg.model.vocab_size, min(cfg.data.seq_len, cfg.model.max_seq_len), to_dict(cfg),
                              cfg.checkpoint.keep_last, cfg.checkpoint.async_save)
 
