@@ -148,9 +148,11 @@ def build_checkpointer(cfg: TrainConfig, info: parallel.DistInfo, root: str) -> 
                              cfg.checkpoint.keep_last, cfg.checkpoint.async_save)
 
 
-def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, step: int) -> int:
+def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, step: int,
+              micro_batches_per_step: int) -> int:
     """Reload the newest finished full checkpoint (model, optimizer, RNG; the loader keeps going
-    forward) after ``guard.max_consecutive`` bad steps; returns the step to continue from.
+    forward) after ``guard.max_consecutive`` bad steps; returns the step to continue from. The good
+    steps undone are counted (``micro_batches_per_step``: all ranks' micro-batches of one step).
 
     Raises:
         RuntimeError: there is no checkpoint to go back to.
@@ -161,7 +163,7 @@ def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, s
         raise RuntimeError(f"{guard.consecutive} bad steps in a row at step {step} and no checkpoint to roll back "
                            "to; set checkpoint.every, lower optim.lr or inspect events.jsonl")
     restored = ckpt.restore(path, model, optimizer)
-    guard.rolled_back(step, restored.step, path)
+    guard.rolled_back(step, restored.step, path, micro_batches_per_step)
     return restored.step
 
 
@@ -258,6 +260,7 @@ def save_checkpoints(run: Run) -> None:
     if cfg.every and step % cfg.every == 0 and step < run.cfg.steps:
         run.saved = run.ckpts.save(step, run.wrapped, run.optimizer, loader_state(run.loader, run.epoch),
                                    run.trainer_state())
+        run.guard.checkpointed()
     if cfg.weights_every and step % cfg.weights_every == 0:
         run.ckpts.save(step, run.wrapped, None, kind="weights")
 
@@ -282,9 +285,12 @@ def finish_run(run: Run, elapsed: float) -> dict:
         if run.loss_first is None:
             print(f"nothing to train: the run is already at step {run.step} of steps={cfg.steps}")
         else:
+            lost = run.guard.summary()
+            rolled = (f"; {lost['rollbacks']} rollback(s) undid {lost['good_steps_lost']} good steps "
+                      f"({lost['good_micro_batches_lost']} micro-batches not revisited)" if lost["rollbacks"] else "")
             print(f"trained {summary['train_steps']} steps on {info.world_size} rank(s): loss "
                   f"{run.loss_first:.3f} -> {run.loss_last:.3f}, {summary['tokens_per_second']:.0f} tokens/s, "
-                  f"checkpoint {run.saved}")
+                  f"checkpoint {run.saved}{rolled}")
     return summary
 
 
@@ -324,7 +330,8 @@ def train(cfg: TrainConfig) -> dict:
         if run.step % cfg.log_every == 0 or run.step == cfg.steps or run.step == run.first_step + 1:
             log_interval(run, lr, acc_loss, acc_tokens, grad_norm)
         if guard.needs_rollback:
-            run.step = roll_back(run.ckpts, run.wrapped, run.optimizer, guard, run.step)
+            run.step = roll_back(run.ckpts, run.wrapped, run.optimizer, guard, run.step,
+                                 cfg.optim.grad_accum_steps * info.world_size)
             continue
         save_checkpoints(run)
     run.profiler.stop()
