@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cache.config import CacheConfig
+from trainer.kernels.reference import NORM_EPS
 from loaders.config import DataConfig
 
 
@@ -37,7 +38,7 @@ class ModelConfig:
     norm: str = "rmsnorm"
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
+    norm_eps: float = NORM_EPS
 
 
 @dataclass
