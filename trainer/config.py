@@ -89,8 +89,9 @@ class OptimConfig:
 class CheckpointConfig:
     """``torch.distributed.checkpoint`` settings.
 
-    Every checkpoint is verified after it is written (reload into a fresh model, per-tensor
-    checksums, one forward pass) and only then becomes visible (see :mod:`trainer.checkpointing`).
+    Every checkpoint is verified after it is written (its stored bytes read back: per-tensor
+    checksums, digests of step, loader, trainer and RNG state) and only then becomes visible (see
+    :mod:`trainer.checkpointing`).
 
     Attributes:
         dir: checkpoint root, relative to ``run_dir`` unless absolute.
