@@ -33,7 +33,7 @@ from trainer.synthetic import synthetic_batch
 
 _WORD = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _MOD = 65521
-LOSS_RTOL = {"same": 1e-6, "fp32": 1e-4, "bf16": 3e-2}
+LOSS_RTOL = {"fp32": 1e-4, "bf16": 3e-2}  # offline forward pass vs the live loss in meta.json
 
 
 class CheckpointVerifyError(RuntimeError):
