@@ -138,7 +138,12 @@ def test_cli_errors_are_one_line_with_the_exit_code_convention(tmp_path, common)
     assert missing.returncode == 1 and missing.stderr.strip().count("\n") == 0, missing.stderr
     loaders = subprocess.run([sys.executable, "-m", "loaders", "keys", "--shards", "http://127.0.0.1:9/x"],
                              cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
-    assert loaders.returncode == 1, loaders.stderr  # the same 404 exits 1 everywhere
+    assert loaders.returncode == 1, loaders.stderr  # the same missing data exits 1 everywhere
+    for cli in (["shards", "inspect", str(tmp_path / "absent.tar")],
+                ["cache", "--dir", str(tmp_path / "c"), "warm", "http://127.0.0.1:9/manifest.json"]):
+        p = subprocess.run([sys.executable, "-m", *cli], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 1 and p.stderr.strip().count("\n") == 0, (cli, p.returncode, p.stderr)
 
 
 def test_torchrun_ranks_report_a_refusal_once_with_exit_2(tmp_path, common):
