@@ -119,6 +119,13 @@ def test_rerun_resumes_never_restarts_and_logs_each_step_once(tmp_path, common):
     assert _steps(tmp_path) == [1, 2, 4, 5, 6]
     dry = _train(common + ["steps=6", "--dry-run"], tmp_path)
     assert dry.returncode == 0 and "resumed from step 6" in dry.stdout and "nothing was trained" in dry.stdout
+    ckpt6 = tmp_path / "run" / "checkpoints" / "step_000006"
+    data = next(f for f in os.listdir(ckpt6) if f.endswith(".distcp"))
+    os.rename(ckpt6 / data, tmp_path / "saved.distcp")
+    (ckpt6 / data).write_bytes(b"damaged")
+    damaged = _train(common + ["steps=6", "--dry-run"], tmp_path)
+    assert damaged.returncode == 1 and "do not load" in damaged.stderr and data in damaged.stderr, damaged.stderr
+    os.replace(tmp_path / "saved.distcp", ckpt6 / data)
     other = _train(common + ["steps=6", "model.d_model=64"], tmp_path)
     assert other.returncode == 2 and "Traceback" not in other.stderr
     assert other.stderr.strip().count("\n") == 0 and "model.d_model=32 (now 64)" in other.stderr

@@ -52,12 +52,24 @@ def _load(args):
 
 
 def _dry_run(cfg) -> int:
-    """Check data (manifest), run folder and checkpoint compatibility; print the start line."""
+    """Check data (manifest), run folder, checkpoint compatibility and the checkpoint's stored
+    bytes against its checksums (one stored item in memory at a time); print the start line.
+
+    Raises:
+        trainer.checkpointing.verify.CheckpointVerifyError: the checkpoint to resume from is damaged.
+    """
+    import torch
+
     from trainer.announce import data_summary, start_line
+    from trainer.checkpointing import read_meta
+    from trainer.checkpointing.verify import check_stored
     from trainer.run_folder import plan_run
     from trainer.train import resolve_vocab_size
     resolve_vocab_size(cfg)
     plan = plan_run(cfg)
+    if plan.checkpoint:
+        meta = read_meta(plan.checkpoint)
+        check_stored(plan.checkpoint, plan.checkpoint, meta["checksums"], meta.get("digests", {}), torch.device("cpu"))
     print(start_line(cfg, data_summary(cfg.data.manifest), int(os.environ.get("WORLD_SIZE", "1")), plan))
     print("dry run: config, data and run folder are fine; nothing was trained")
     return 0
@@ -87,7 +99,8 @@ def _train(argv: list[str]) -> int:
     except Exception as e:  # noqa: BLE001 - expected user/data errors end in one line; others re-raise
         from cache.errors import CacheError
         from trainer.train import NoDataError
-        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError)):
+        from trainer.checkpointing.verify import CheckpointVerifyError
+        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, CheckpointVerifyError)):
             raise
         where = "config" if "cfg" not in locals() else "run" if isinstance(e, ValueError) else "data"
         _say(f"error: {where}: {explain(e)}")
