@@ -81,6 +81,7 @@ def _train(argv: list[str]) -> int:
         _say("error: give --config FILE and/or key=value overrides (python -m trainer --help for more)")
         return USAGE
     args = _parser().parse_args(argv)
+    cfg = None  # set once the config loads: later errors are about the run or its data
     try:
         cfg = _load(args)
         if args.dry_run:
@@ -94,7 +95,7 @@ def _train(argv: list[str]) -> int:
     except KeyboardInterrupt:
         _say(f"interrupted; run the same command again to resume from the last checkpoint "
              f"(in {cfg.run_dir}/{cfg.checkpoint.dir}, every {cfg.checkpoint.every or 'no'} steps)"
-             if "cfg" in locals() else "interrupted")
+             if cfg is not None else "interrupted")
         return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - expected user/data errors end in one line; others re-raise
         from cache.errors import CacheError
@@ -102,7 +103,7 @@ def _train(argv: list[str]) -> int:
         from trainer.checkpointing.verify import CheckpointVerifyError
         if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, CheckpointVerifyError)):
             raise
-        where = "config" if "cfg" not in locals() else "run" if isinstance(e, ValueError) else "data"
+        where = "config" if cfg is None else "run" if isinstance(e, ValueError) else "data"
         _say(f"error: {where}: {explain(e)}")
         return exit_status(e)
     finally:
