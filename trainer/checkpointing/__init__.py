@@ -4,6 +4,7 @@
 - :mod:`.state`: what a checkpoint holds and how it moves to and from a live model/optimizer.
 - :mod:`.verify`: per-tensor checksums and reload checks (online and ``python -m trainer verify``).
 - :mod:`.checkpoint`: :class:`Checkpointer` (save, verify, commit, prune) and :func:`restore`.
+- :mod:`.remote`: checkpoints on object storage (``s3://``, ``gs://``) through DCP's fsspec storage.
 """
 from trainer.checkpointing.checkpoint import Checkpointer, Restored, load_checkpoint, restore, save_checkpoint
 from trainer.checkpointing.layout import COMPLETE, latest_checkpoint, list_checkpoints, read_meta, step_dir
