@@ -15,7 +15,7 @@ import tarfile
 from collections import Counter
 
 from .blocks import BLOCK_LAYOUT, META_SUFFIX, block_documents, decode_meta, is_block
-from .errors import explain
+from .errors import exit_status, explain
 from .index import WIDS_FILE, build_shard_index, dali_index_path, read_sample, write_dali_index, write_wids_index
 from .reader import ReadStats, ShardError, decode_sample, iter_raw, iter_samples
 from .reshard import reshard
@@ -247,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (1 on a malformed shard, 2 on a missing file)."""
+    """Run the CLI; returns the exit status (1 on a malformed shard or a missing/unreachable file,
+    2 on a usage or config error; see :func:`shards.errors.exit_status`)."""
     args = build_parser().parse_args(argv)
     if args.cmd == "reshard" and not (args.max_samples or args.max_bytes):
         print("reshard: give --max-samples and/or --max-bytes", file=sys.stderr)
@@ -259,4 +260,4 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {explain(e)}", file=sys.stderr)
-        return 2
+        return exit_status(e)

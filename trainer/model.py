@@ -18,14 +18,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from trainer import ops
+from trainer import kernels
 from trainer.config import ModelConfig
 
 
 class Norm(nn.Module):
-    """RMSNorm (through ``trainer.ops.rms_norm``) or LayerNorm over the last dim [..., D]."""
+    """RMSNorm or LayerNorm over the last dim [..., D], through :mod:`trainer.kernels` (fused Triton
+    kernels on CUDA, PyTorch otherwise)."""
 
-    def __init__(self, dim: int, kind: str = "rmsnorm", eps: float = 1e-5):
+    def __init__(self, dim: int, kind: str = "rmsnorm", eps: float = kernels.NORM_EPS):
         super().__init__()
         self.kind, self.eps = kind, eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -33,8 +34,8 @@ class Norm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "rmsnorm":
-            return ops.rms_norm(x, self.weight, self.eps)
-        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+            return kernels.rms_norm(x, self.weight, self.eps)
+        return kernels.layer_norm(x, self.weight, self.bias, self.eps)
 
 
 def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,7 +172,7 @@ class GPT(nn.Module):
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
         # the loss op gets inputs of one dtype and runs outside autocast (it keeps its own fp32 math)
         with torch.autocast(kind, enabled=False):
-            return ops.linear_cross_entropy(h.to(dtype).flatten(0, 1), self.output_weight.to(dtype),
+            return kernels.linear_cross_entropy(h.to(dtype).flatten(0, 1), self.output_weight.to(dtype),
                                             labels.flatten(), ignore_index=-100, reduction="sum")
 
 
