@@ -66,6 +66,7 @@ def _show(sample: dict, sp, out) -> None:
 
 
 def cmd_ls(args) -> int:
+    """``ls PATHS``: shards of a dataset, or each member (data offset, size, name) of a ``.tar``. Returns 0."""
     for path in args.paths:
         if path.endswith(".tar"):
             with tarfile.open(path, "r:") as tar:
@@ -91,6 +92,8 @@ def _documents(samples):
 
 
 def cmd_inspect(args) -> int:
+    """``inspect SHARD``: print decoded documents (a block is shown document by document), detokenised
+    when a tokenizer is found. Returns 0."""
     sp = _tokenizer(args.tokenizer, args.shard)
     if args.at is not None:
         sample = read_sample(args.shard, args.at)
@@ -112,6 +115,8 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    """``verify PATHS``: check shards against the spec and the manifest (checksums, token counts,
+    block lengths); prints one line per faulty shard. Returns 0 when all pass, 1 otherwise."""
     logging.getLogger("shards").setLevel(logging.ERROR)  # faults are printed below, per shard
     cfg = VerifyConfig(strict=not args.lenient, schema=args.schema, checksums=not args.no_checksums)
     reports = verify_paths(args.paths, cfg, progress=not args.quiet)
@@ -132,6 +137,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_stats(args) -> int:
+    """``stats PATHS``: samples, documents, tokens, bytes per token and bytes per field. Returns 0."""
     stats, n_shards, tok, file_bytes = ReadStats(), 0, [], 0
     field_bytes: Counter = Counter()
     for path, _, _ in resolve(args.paths):
@@ -158,6 +164,7 @@ def cmd_stats(args) -> int:
 
 
 def cmd_index(args) -> int:
+    """``index PATHS``: write the wids JSON index and a DALI ``.idx`` beside each shard. Returns 0."""
     items = resolve(args.paths)
     out = args.out or os.path.join(os.path.dirname(items[0][0]) or ".", WIDS_FILE)
     base = os.path.dirname(os.path.abspath(out))
@@ -173,6 +180,8 @@ def cmd_index(args) -> int:
 
 
 def cmd_reshard(args) -> int:
+    """``reshard PATHS --out DIR``: rewrite the samples into new shards by sample count or bytes,
+    with a fresh manifest. Returns 0."""
     m = reshard(args.paths, args.out, max_samples=args.max_samples,
                 max_bytes=_size(args.max_bytes) if args.max_bytes else None, prefix=args.prefix,
                 progress=not args.quiet)
@@ -181,6 +190,8 @@ def cmd_reshard(args) -> int:
 
 
 def cmd_cat(args) -> int:
+    """``cat SHARD [MEMBER...]``: write member bytes to stdout (``--decompress`` for ``.zst``); a document
+    key inside a token block writes that document's tokens (little-endian). Returns 0."""
     want = set(args.members)
     out = sys.stdout.buffer
     for key, fields in iter_raw(args.shard):
@@ -202,6 +213,7 @@ def cmd_cat(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m shards`` argument parser with one subcommand per ``cmd_*`` function."""
     p = argparse.ArgumentParser(prog="python -m shards", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("ls", help="list shards of a dataset, or members (data offset, size, name) of a .tar")

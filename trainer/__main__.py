@@ -193,6 +193,8 @@ def _replay(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer [verify|export|report|replay] ...``: dispatch to the subcommand, else train;
+    returns the exit code (2 usage/config, 1 runtime/data, 130 Ctrl-C)."""
     argv = sys.argv[1:] if argv is None else argv
     commands = {"verify": _verify, "export": _export, "report": _report, "replay": _replay}
     if argv and argv[0] in commands:

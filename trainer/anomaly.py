@@ -65,6 +65,7 @@ class EventLog:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
     def write(self, record: dict) -> None:
+        """Append ``record`` as one JSON line (keys sorted) with a single ``os.write``."""
         line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -158,6 +159,7 @@ class AnomalyGuard:
 
     @property
     def needs_rollback(self) -> bool:
+        """Whether ``anomaly.max_consecutive`` bad steps in a row call for a rollback."""
         return self.cfg.max_consecutive > 0 and self.consecutive >= self.cfg.max_consecutive
 
     def rolled_back(self, from_step: int, to_step: int, checkpoint: str, micro_batches_per_step: int) -> None:
@@ -179,17 +181,20 @@ class AnomalyGuard:
 
     # -- persistence ---------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The guard's counters and learning-rate scale, saved in checkpoints under ``trainer``."""
         return {"lr_scale": self.lr_scale, "ema": self.ema, "good_steps": self.good_steps,
                 "skipped_nonfinite": self.skipped_nonfinite, "skipped_spikes": self.skipped_spikes,
                 "rollbacks": self.rollbacks, "good_steps_lost": self.good_steps_lost,
                 "good_micro_batches_lost": self.good_micro_batches_lost}
 
     def load_state_dict(self, state: dict | None) -> None:
+        """Restore :meth:`state_dict` output (``None``: keep the fresh state)."""
         if state:
             for k, v in state.items():
                 setattr(self, k, v)
 
     def summary(self) -> dict:
+        """Counts for the run summary: skipped steps, rollbacks, lr scale, good steps/micro-batches lost."""
         return {"skipped_nonfinite": self.skipped_nonfinite, "skipped_spikes": self.skipped_spikes,
                 "rollbacks": self.rollbacks, "lr_scale": self.lr_scale, "good_steps_lost": self.good_steps_lost,
                 "good_micro_batches_lost": self.good_micro_batches_lost}

@@ -45,6 +45,7 @@ class DistInfo:
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0 (the rank that writes logs and reports)."""
         return self.rank == 0
 
 

@@ -69,6 +69,8 @@ def compile_all(arch: int = 90, dtypes: tuple[str, ...] = ("bf16", "fp32")) -> l
 
 
 def main() -> None:
+    """``python -m trainer.kernels.compile_check [--arch 90]``: compile every Triton kernel for that GPU
+    architecture without a GPU; exits non-zero naming the kernel that failed."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 80, 90")
     args = p.parse_args()
