@@ -11,13 +11,16 @@ Text::
     state = loader.global_state_dict()   # every rank calls it; save it with the checkpoint
     loader.load_state_dict(state)        # any world size / worker count
 
-See ``loaders.order`` (sample order and split), ``loaders.packing``, ``loaders.progress``
+A weighted mixture of datasets (``data.mixture``) gives a ``loaders.mixture.MixtureLoader``
+with the same interface. See ``loaders.order`` (sample order and split), ``loaders.packing``, ``loaders.progress``
 (resume state), ``loaders.steps`` (equal step counts across ranks: ``data.step_policy``),
 ``loaders.member_index`` (per-node shard member offsets) and ``python -m loaders keys --help``.
 """
 from .batch import TokenBatch
 from .config import DataConfig
-from .dataset import TextLoader, build_text_loader
+from .build import build_text_loader
+from .dataset import TextLoader
+from .mixture import MixtureLoader
 from .progress import merge_states
 
-__all__ = ["DataConfig", "TextLoader", "TokenBatch", "build_text_loader", "merge_states"]
+__all__ = ["DataConfig", "MixtureLoader", "TextLoader", "TokenBatch", "build_text_loader", "merge_states"]
