@@ -168,9 +168,11 @@ class MixtureLoader(TextLoader):
             log.info("mixture shares changed on resume to %s (from mixture epoch %d on; consumed items kept)",
                      dict(zip(self.names, np.round(plan.shares, 4).tolist())), epoch)
         self.plan = self.dataset.plan = plan
-        self.tokens_base = [int(s["tokens"]) for s in sources]
+        # an unmerged one-rank state still holds its own counts in *_new
+        self.tokens_base = [int(s["tokens"]) + int(s["tokens_new"]) for s in sources]
         self.tokens_new = [0] * len(sources)
-        self.bad_base, self.empty_base, self.bad_new, self.empty_new = int(state["bad"]), int(state["empty"]), 0, 0
+        self.bad_base = int(state["bad"]) + int(state["bad_new"])
+        self.empty_base, self.bad_new, self.empty_new = int(state["empty"]) + int(state["empty_new"]), 0, 0
         self.source_epochs = [max(0, h) // src.items for h, src in zip(highest, self.sources)]
         self.progress = to_progress(sources, plan, epoch, self.order_key, self.world_size)
 
