@@ -5,31 +5,44 @@ Usage::
     python beam_runner.py --input 'data/corpus/*.jsonl' --output data/shards [--overwrite] \\
         [--tokenizer PATH] [--config configs/pipeline.yaml] [section.key=value ...] [Beam options]
 
-An output folder that holds an earlier run is refused unless ``--overwrite`` is given.
+An output folder that holds an earlier run is refused unless ``--overwrite`` is given; a run
+that fails or is interrupted removes what it wrote. Exit codes: 0 done, 1 runtime/data error,
+2 usage/config error, 130 interrupted (Ctrl-C).
 
-Anything that is neither one of our flags nor ``key=value`` is passed to Beam, e.g.
-``--direct_running_mode=multi_processing --direct_num_workers=2`` or
-``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``).
+Anything that is neither one of our flags nor ``key=value`` is passed to Beam, written
+``--name=value``, e.g. ``--direct_running_mode=multi_processing --direct_num_workers=2`` or
+``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``). Any other bare word
+is refused: it is nearly always the second file of an unquoted ``--input`` glob that the shell
+expanded.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
+import threading
 
 # Importing Beam logs a notice that its optional Google Cloud clients are missing; they are not
 # needed unless the job runs on Dataflow, so the notice is held back for the imports alone.
 logging.getLogger().setLevel(logging.ERROR)
 from pipelines.config import PipelineConfig  # noqa: E402
 from pipelines.corpus import CorpusNotInstalled  # noqa: E402
-from pipelines.job import run  # noqa: E402
-from pipelines.output import OutputExistsError  # noqa: E402
+from pipelines.job import InputError, run  # noqa: E402
+from pipelines.output import OutputExistsError, OutputNotWritableError  # noqa: E402
+from pipelines.records import input_root  # noqa: E402
 from pipelines.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
 from shards.config import ConfigError, load_config  # noqa: E402
 
 
 def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
-    """Split ``argv`` into our flags, ``key=value`` config overrides and Beam pipeline options."""
+    """Split ``argv`` into our flags, ``key=value`` config overrides and Beam pipeline options.
+
+    Raises:
+        SystemExit: (code 2, argparse's usage error) a required flag is missing, or a bare word
+            that is neither ``key=value`` nor a ``--flag`` remains (an unquoted glob's extra files).
+    """
     ap = argparse.ArgumentParser(description="Preprocess JSONL/text/Parquet into tokenised WebDataset shards.")
     ap.add_argument("--input", required=True, help="input file glob (local, gs://, s3://, hdfs://)")
     ap.add_argument("--output", required=True, help="output folder or fsspec URL")
@@ -38,12 +51,79 @@ def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
     ap.add_argument("--overwrite", action="store_true",
                     help="replace an earlier run in --output (default: refuse to touch it)")
     args, rest = ap.parse_known_args(argv)
+    stray = [a for i, a in enumerate(rest) if _is_stray(a, rest[i - 1] if i else "", args.input)]
+    if stray:
+        folder, name = os.path.split(args.input)
+        example = os.path.join(folder, "*" + ("." + name.split(".", 1)[1] if "." in name else ""))
+        ap.error(f"unexpected argument{'s' if len(stray) > 1 else ''} {' '.join(stray[:3])}"
+                 f"{' ...' if len(stray) > 3 else ''}: quote the --input glob (e.g. --input '{example}') so the "
+                 "shell does not expand it into many files; write Beam options as --name=value")
     overrides = [a for a in rest if not a.startswith("-") and "=" in a]
     beam_args = [a for a in rest if a not in overrides]
     return args, overrides, beam_args
 
 
+def _is_stray(word: str, before: str, input_glob: str) -> bool:
+    """Whether a leftover argument is a file the shell expanded from an unquoted ``--input`` glob:
+    a bare word that is not the value of a preceding ``--flag`` (Beam allows ``--flag value``),
+    or that sits in the same folder as a wildcard-free ``--input`` (what an expanded glob gives)."""
+    if word.startswith("-") or "=" in word:
+        return False
+    if not (before.startswith("-") and "=" not in before):
+        return True
+    plain = not any(ch in input_glob for ch in "*?[")
+    return plain and os.path.dirname(os.path.abspath(word)) == os.path.dirname(os.path.abspath(input_glob))
+
+
+def _os_error_hint(e: OSError, input_glob: str, output: str) -> str:
+    """Which flag an ``OSError`` from the run points at, from the path it names."""
+    name = str(e.filename or "")
+    if name and name.startswith(output.rstrip("/")):
+        return " (check --output: it must be a writable folder)"
+    if name and name.startswith(input_root(input_glob) or input_glob):
+        return " (check --input)"
+    return ""
+
+
+class _Interrupt:
+    """SIGINT handler for one clean exit: remember the interrupt, silence logging (Beam logs the
+    ``KeyboardInterrupt`` it catches inside a DoFn with a traceback, then re-raises it wrapped),
+    and raise ``KeyboardInterrupt`` so :func:`pipelines.job.run` removes its partial output. A
+    second Ctrl-C interrupts at once."""
+
+    seen = False
+
+    def __call__(self, signum, frame):
+        self.seen = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        logging.disable(logging.CRITICAL)
+        raise KeyboardInterrupt
+
+
+def _failure(e: BaseException, args: argparse.Namespace) -> int:
+    """Print the one-line error for an exception of :func:`pipelines.job.run`; return the exit code
+    (2 usage, 1 runtime/data). Re-raises exceptions it does not know (a bug: keep the traceback)."""
+    if isinstance(e, (CorpusNotInstalled, OutputExistsError, InputError)):
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if isinstance(e, FileNotFoundError) and e.filename is None:  # nothing matches the glob
+        print(f"error: {e} (check --input, and quote the glob)", file=sys.stderr)
+        return 2
+    if isinstance(e, OutputNotWritableError):
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if isinstance(e, OSError):
+        print(f"error: {e}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)
+        return 1
+    if isinstance(e, (ValueError, RuntimeError)):
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    raise e
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line (``argv`` without the program name; ``sys.argv[1:]`` when ``None``);
+    returns the exit code: 0 done, 1 runtime/data error, 2 usage/config error, 130 interrupted."""
     args, overrides, beam_args = split_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
     try:
@@ -55,17 +135,20 @@ def main(argv: list[str] | None = None) -> int:
         cfg.tokenizer.path = args.tokenizer
     print(f"preprocessing {args.input} -> {args.output} (beam options: {' '.join(beam_args) or 'DirectRunner'})",
           file=sys.stderr)
+    interrupt = _Interrupt()
+    in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGINT, interrupt) if in_main else None
     try:
         stats = run(args.input, args.output, cfg, beam_args, overwrite=args.overwrite)
-    except (CorpusNotInstalled, OutputExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e}\n(check --input; quote the glob so the shell does not expand it)", file=sys.stderr)
-        return 1
-    except (ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except BaseException as e:  # noqa: B036 - Ctrl-C arrives wrapped in whatever Beam raises
+        if interrupt.seen or isinstance(e, KeyboardInterrupt):
+            print(f"interrupted; removed this run's partial output from {args.output}", file=sys.stderr)
+            return 130
+        return _failure(e, args)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+        logging.disable(logging.NOTSET)
     out = args.output.rstrip("/")
     print(report_text(stats), end="")
     print(f"done in {stats['seconds']:.1f} s; manifest: {out}/manifest.json; report: {out}/{REPORT_TXT}, "

@@ -1,7 +1,10 @@
 """``python -m cache``: inspect, fill, trim, check and tune a node's shard cache; serve a folder.
 
-Every command reads the cache settings like a job does (``--config`` YAML, node and
-``COLAFLOW_CACHE_*`` environment overrides, then ``--set key=value``).
+Every command reads the cache settings like a job does (``--config`` YAML — a training config
+with a ``cache:`` section or the section alone —, node and ``COLAFLOW_CACHE_*`` environment
+overrides, then ``--set key=value`` and ``--dir``); the options go before or after the command.
+``status`` and ``verify`` only read, so they work on a read-only cache folder; the other
+commands say in one line that they must write.
 """
 from __future__ import annotations
 
@@ -17,29 +20,61 @@ from tqdm import tqdm
 from shards.config import ConfigError
 from shards.errors import explain
 
-from cache.config import format_size, load_cache_config, parse_size
-from cache.errors import CacheError
+from cache.config import CacheConfig, format_size, load_cache_config, parse_size
+from cache.errors import CacheError, CacheReadOnlyError
 from cache.fetch import hash_file
 from cache.locks import is_locked
 from cache.shard_cache import ShardCache
+from cache.store import Entry, Store
 
 
-def _open(args) -> ShardCache:
+def _config(args) -> CacheConfig:
     overrides = list(args.set or [])
     if args.dir:
         overrides.append(f"dir={args.dir}")
-    return ShardCache(load_cache_config(args.config, overrides), resolve=False)
+    return load_cache_config(args.config, overrides)
+
+
+def _open(args, writes: bool = True) -> ShardCache:
+    """The cache of ``args``; ``writes``: the command must write, so a read-only folder is an error.
+
+    Raises:
+        CacheReadOnlyError: ``writes`` and the folder is read-only (one line naming the command).
+    """
+    cache = ShardCache(_config(args), resolve=False)
+    if writes and cache.read_only:
+        cache.close()
+        raise CacheReadOnlyError(f"the cache folder {cache.config.path} is read-only and `{args.command}` must "
+                                 f"write there; run it where the folder is mounted read-write, or pass --dir")
+    return cache
+
+
+def _by_dataset(entries: list[Entry]) -> dict[str, list[Entry]]:
+    """Entries grouped by dataset: the folder of their source URL (``?`` for entries without a sidecar)."""
+    out: dict[str, list[Entry]] = {}
+    for e in entries:
+        out.setdefault(e.meta.url.rsplit("/", 1)[0] if e.meta else "?", []).append(e)
+    return dict(sorted(out.items()))
 
 
 def cmd_status(args) -> int:
-    cache = _open(args)
-    st, cfg = cache.store, cache.config
+    cfg = _config(args)
+    print(f"cache dir      {cfg.path}")
+    if not os.path.isdir(cfg.path):
+        print(f"entries        none: the folder does not exist yet (a job or `warm` creates it); "
+              f"max_bytes {format_size(cfg.max_bytes_int)}")
+        return 0
+    st = Store(cfg.path, cfg.max_bytes_int, cfg.min_free_bytes_int, create=False)  # looks only
     entries, partials = st.entries(meta=True), st.partials()
     used = st.usage()
     pinned = sum(is_locked(st.pin_lock(e.key).path) for e in entries)
     verified = sum(1 for e in entries if e.meta and e.meta.verified)
-    print(f"cache dir      {cfg.path}")
+    if st.read_only:
+        print("access         read-only: verified entries are served; nothing can be downloaded or evicted")
     print(f"entries        {len(entries)} ({verified} verified, {pinned} pinned now)")
+    for dataset, group in _by_dataset(entries).items():
+        print(f"  {dataset}: {len(group)} entries, {format_size(sum(e.size for e in group))}, "
+              f"{sum(1 for e in group if e.meta and e.meta.verified)} verified")
     print(f"used           {format_size(used)} of max_bytes {format_size(cfg.max_bytes_int)}"
           f" ({100 * used / max(cfg.max_bytes_int, 1):.1f}%)")
     print(f"partial        {len(partials)} downloads ({sum(1 for p in partials.values() if p[2])} running), "
@@ -48,7 +83,6 @@ def cmd_status(args) -> int:
           f"{format_size(cfg.min_free_bytes_int)})")
     print(f"settings       prefetch_shards={cfg.prefetch_shards} verify={cfg.verify} retries={cfg.retries} "
           f"timeout_s={cfg.timeout_s}")
-    cache.close()
     return 0
 
 
@@ -62,6 +96,11 @@ def cmd_warm(args) -> int:
     while fit < len(items) and sum(size for _, _, size in items[:fit + 1]) <= limit:
         fit += 1
     skipped = len(items) - fit
+    if items and not fit:
+        cache.close()
+        print(f"error: max_bytes={format_size(limit)} is smaller than the first shard ({format_size(items[0][2])}): "
+              f"nothing can be cached; raise cache.max_bytes", file=sys.stderr)
+        return 2
     items = items[:fit]  # warming more than fits would only evict what was just fetched
     t0 = time.monotonic()
     cache.prefetch(items)
@@ -106,7 +145,7 @@ def cmd_clear(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    cache = _open(args)
+    cache = _open(args, writes=False)
     st = cache.store
     bad = unknown = 0
     entries = st.entries(meta=True)
@@ -116,6 +155,9 @@ def cmd_verify(args) -> int:
             continue
         if hash_file(e.path, cache.config.chunk_bytes_int) != e.meta.sha256.lower():
             bad += 1
+            if cache.read_only:
+                print(f"CORRUPT {e.meta.url} ({e.path}): read-only folder, not removed", file=sys.stderr)
+                continue
             removed = st.try_evict(e.key)
             print(f"CORRUPT {e.meta.url} ({e.path}): " + ("removed" if removed else "pinned now, not removed"),
                   file=sys.stderr)
@@ -127,22 +169,36 @@ def cmd_verify(args) -> int:
 def cmd_tune(args) -> int:
     from shards.manifest import Manifest, shard_url
 
-    from cache.tune import Measurements, measure_disk, measure_remote, recommend, render
+    from cache.tune import Measurements, check_fetched, describe_disk, measure_disk, measure_remote, recommend, render
 
     cache = _open(args)
     cfg = cache.config
     manifest = Manifest.load(args.manifest)
     if not manifest.shards:
+        cache.close()
         print(f"{args.manifest}: the manifest lists no shards", file=sys.stderr)
         return 2
     w, r = measure_disk(cfg.path, parse_size(args.disk_bytes))
     sample = manifest.shards[: args.sample_shards]
-    lat, rate = measure_remote([shard_url(args.manifest, s.name) for s in sample], cfg.timeout_s)
+    urls = [shard_url(args.manifest, s.name) for s in sample]
+    try:
+        lat, rate, fetched = measure_remote(urls, cfg.timeout_s)
+    except Exception as e:  # noqa: BLE001 - any transport error ends the measurement with one line
+        cache.close()
+        print(f"error: cannot read {urls[0]} ({type(e).__name__}: {e}); check the manifest URL, its "
+              f"signature and credentials", file=sys.stderr)
+        return 1
+    wrong = [p for p in (check_fetched(f, s.bytes) for f, s in zip(fetched, sample)) if p]
+    if wrong:
+        cache.close()
+        print(f"error: {wrong[0]}: the measured URL is not the manifest's shard, so the numbers mean nothing; "
+              f"check the manifest URL and that the shards sit beside it", file=sys.stderr)
+        return 1
     m = Measurements(w, r, rate, lat)
     free = shutil.disk_usage(cfg.path).free + cache.store.usage()
     snippet, notes = recommend(m, args.consume_mbps, manifest.total_bytes / len(manifest.shards),
-                               manifest.total_bytes, free, cfg.min_free_bytes_int)
-    print(render(snippet, m, notes), end="")
+                               manifest.total_bytes, free, cfg.min_free_bytes_int, num_shards=len(manifest.shards))
+    print(render(snippet, m, notes, describe_disk(cfg.path)), end="")
     cache.close()
     return 0
 
@@ -168,33 +224,45 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _common_options(parser: argparse.ArgumentParser, top: bool) -> None:
+    """Options every command takes, before or after its name (after: only when given, so they do
+    not reset a value given before)."""
+    kw = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument("--config", help="YAML config (a training config with a cache: section, or the section)", **kw)
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. max_bytes=200GiB", **kw)
+    parser.add_argument("--dir", help="cache directory (same as --set dir=...)", **kw)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log retries and evictions", **kw)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m cache`` argument parser."""
     p = argparse.ArgumentParser(prog="python -m cache", description=__doc__.split("\n")[0])
-    p.add_argument("--config", help="YAML config (a colaflow config with a cache: section, or the section)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. max_bytes=200GiB")
-    p.add_argument("--dir", help="cache directory (same as --set dir=...)")
-    p.add_argument("-v", "--verbose", action="store_true", help="log retries and evictions")
+    _common_options(p, top=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _common_options(common, top=False)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="entries, usage, partial downloads, free disk").set_defaults(fn=cmd_status)
-    w = sub.add_parser("warm", help="download every shard of a manifest into the cache")
+
+    def command(name: str, help_: str, fn) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help_, parents=[common])
+        c.set_defaults(fn=fn)
+        return c
+
+    command("status", "entries per dataset, usage, partial downloads, free disk (read-only)", cmd_status)
+    w = command("warm", "download every shard of a manifest into the cache", cmd_warm)
     w.add_argument("manifest", help="manifest URL or folder")
-    w.set_defaults(fn=cmd_warm)
-    e = sub.add_parser("evict", help="evict LRU unpinned entries down to a size")
+    e = command("evict", "evict LRU unpinned entries down to a size", cmd_evict)
     e.add_argument("--to", help="target usage (default: max_bytes), e.g. 50GiB")
-    e.set_defaults(fn=cmd_evict)
-    sub.add_parser("clear", help="remove every unpinned entry and stale temp file").set_defaults(fn=cmd_clear)
-    sub.add_parser("verify", help="hash every entry; remove corrupt ones (exit 1 if any)").set_defaults(fn=cmd_verify)
-    t = sub.add_parser("tune", help="measure disk/remote speed; print a node config snippet")
+    command("clear", "remove every unpinned entry and stale temp file", cmd_clear)
+    command("verify", "hash every entry; remove corrupt ones (exit 1 if any)", cmd_verify)
+    t = command("tune", "measure disk/remote speed; print a node config snippet", cmd_tune)
     t.add_argument("manifest", help="manifest URL or folder to measure against")
     t.add_argument("--consume-mbps", type=float, required=True, help="trainer read rate on this node, MB/s")
     t.add_argument("--sample-shards", type=int, default=2, help="shards to download for the fetch rate")
     t.add_argument("--disk-bytes", default="256MiB", help="bytes written/read for the disk test")
-    t.set_defaults(fn=cmd_tune)
-    s = sub.add_parser("serve", help="serve a folder over HTTP with Range support")
+    s = command("serve", "serve a folder over HTTP with Range support", cmd_serve)
     s.add_argument("directory")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--host", default="127.0.0.1")
-    s.set_defaults(fn=cmd_serve)
     return p
 
 
@@ -206,3 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CacheError, FileNotFoundError, ValueError) as e:
         print(f"error: {explain(e)}", file=sys.stderr)
         return 2
+    except PermissionError as e:
+        where = getattr(args, "manifest", None) or getattr(args, "dir", None) or ""
+        print(f"error: access denied to {where} ({e}); check the storage credentials (AWS_* variables, ~/.aws) "
+              f"or the signed URL's token", file=sys.stderr)
+        return 1

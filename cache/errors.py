@@ -25,3 +25,8 @@ class ShardVerifyError(ShardFetchError):
 
 class CacheFullError(CacheError):
     """The cache cannot make room for a shard within ``max_bytes`` / ``min_free_bytes``."""
+
+
+class CacheReadOnlyError(CacheError):
+    """The cache folder cannot be written (read-only mount or permissions) and the request needs
+    a write: a download, an eviction, or a shard that is not cached there."""

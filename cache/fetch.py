@@ -115,8 +115,8 @@ class Downloader:
             the verified result; ``spec.part`` then holds the complete file.
 
         Raises:
-            ShardFetchError: the source is missing, or every attempt failed (the message names the
-                URL, the attempts and the last error).
+            ShardFetchError: the source is missing or refuses access (401/403, wrong credentials: not
+                retried), or every attempt failed (the message names the URL, the attempts and the last error).
             ShardVerifyError: every attempt produced bytes with the wrong size or sha256.
             CacheFullError: no room for the shard (not retried; the partial file is removed).
         """
@@ -131,6 +131,12 @@ class Downloader:
             except FileNotFoundError as e:
                 raise ShardFetchError(f"shard {spec.url}: not found at the source ({e}); check the manifest "
                                       f"URL and that the shard was uploaded", spec.url, attempt + 1) from e
+            except (PermissionError, aiohttp.ClientResponseError) as e:
+                if isinstance(e, PermissionError) or e.status in (401, 403):  # retrying cannot fix credentials
+                    raise ShardFetchError(f"shard {spec.url}: access denied by the source ({e}); check the storage "
+                                          f"credentials (AWS_* variables, ~/.aws) or the signed URL's token",
+                                          spec.url, attempt + 1) from e
+                last = e
             except CacheFullError:
                 _remove(spec.part)
                 raise

@@ -3,7 +3,8 @@
 Built on ``http.server`` (``ThreadingHTTPServer`` + ``SimpleHTTPRequestHandler``) with single
 byte-range requests answered ``206 Partial Content`` (RFC 9110 §14). For tests it can also
 misbehave on purpose (``Faults``): HTTP 500s, connections dropped mid-body, truncated or
-corrupted bodies, stalls, ignored Range headers, plus added latency and a bandwidth cap.
+corrupted bodies, stalls, ignored Range headers, plus added latency and a bandwidth cap; and
+it can stand in for signed-URL storage (``Faults.require_query``).
 Not meant for untrusted networks.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +40,15 @@ class Faults:
         latency_s: delay before every response, seconds.
         rate_bytes_per_s: bandwidth cap per response, bytes/second (``None`` = unlimited).
         stall_s: how long ``stall`` waits, seconds.
+        require_query: if set, a request whose URL query differs (e.g. not ``token=abc``) gets
+            HTTP 403, like signed-URL storage with an expired or missing signature.
     """
 
     plan: dict[str, list[str]] = field(default_factory=dict)
     latency_s: float = 0.0
     rate_bytes_per_s: float | None = None
     stall_s: float = 5.0
+    require_query: str | None = None
 
     def take(self, name: str) -> str | None:
         queue = self.plan.get(name)
@@ -52,13 +57,15 @@ class Faults:
 
 @dataclass
 class Request:
-    """One served request, for assertions: method, file name, Range header, status, body bytes sent."""
+    """One served request, for assertions: method, file name, Range header, status, body bytes sent,
+    URL query (without ``?``)."""
 
     method: str
     name: str
     range: str | None
     status: int
     sent: int
+    query: str = ""
 
 
 class _Handler(SimpleHTTPRequestHandler):
@@ -80,6 +87,11 @@ class _Handler(SimpleHTTPRequestHandler):
             return super().do_HEAD() if head else super().do_GET()
         server = self.server
         name = os.path.relpath(path, self.directory).replace(os.sep, "/")
+        query = urlsplit(self.path).query
+        if server.faults.require_query is not None and query != server.faults.require_query:
+            server.record(Request(self.command, name, self.headers.get("Range"), 403, 0, query))
+            self.send_error(HTTPStatus.FORBIDDEN, "signature missing or expired")
+            return
         fault = None if head else server.faults.take(name)
         if server.faults.latency_s:
             time.sleep(server.faults.latency_s)
@@ -119,7 +131,7 @@ class _Handler(SimpleHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
         # logged before the body goes out: a client may act on the response before this thread resumes
-        req = Request(self.command, name, rng, status, 0)
+        req = Request(self.command, name, rng, status, 0, query)
         server.record(req)
         if not head:
             limit = length // 2 if fault == "drop" else length

@@ -6,16 +6,21 @@ holder dies, ``kill -9`` included — no stale lock files to clean up.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
+
+_READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class FileLock:
     """A lock file held shared or exclusive.
 
     Args:
-        path: lock file path; created (empty) if missing.
+        path: lock file path; created (empty) if missing. On a read-only folder an existing lock
+            file is opened read-only (``flock`` needs no write access), so readers of a read-only
+            cache still see each other's locks.
         shared: take ``LOCK_SH`` (many holders) instead of ``LOCK_EX`` (one holder).
     """
 
@@ -37,10 +42,13 @@ class FileLock:
 
         Returns:
             ``True`` if the lock is now held, ``False`` if it was busy (non-blocking or timed out).
+
+        Raises:
+            OSError: the lock file is missing and cannot be created (e.g. ``EROFS`` on a read-only mount).
         """
         if self._fd is not None:
             raise RuntimeError(f"lock {self.path} is already held by this object")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock_file(self.path)
         op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
         try:
             if blocking and timeout_s is None:
@@ -78,6 +86,17 @@ class FileLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+def _open_lock_file(path: str) -> int:
+    """File descriptor of the lock file at ``path``: created read-write, or read-only if it exists
+    on a folder this process cannot write."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        if e.errno not in _READ_ONLY_ERRNOS or not os.path.exists(path):
+            raise
+        return os.open(path, os.O_RDONLY)
 
 
 def is_locked(path: str) -> bool:

@@ -5,6 +5,10 @@ it is missing or bad, takes the entry's fetch lock (exclusive flock) so that exa
 process on the node downloads it while the others wait; a waiter then finds the entry ready.
 Downloads go to ``tmp/KEY.part`` and are renamed into ``data/`` after the size and sha256
 checks, so a reader never sees a partial or unverified file.
+
+A folder this process cannot write (a pre-filled cache on a read-only mount) is opened
+read-only: complete, verified entries are served without locks or writes (nobody on the node
+can evict from it), and anything needing a download raises ``CacheReadOnlyError``.
 """
 from __future__ import annotations
 
@@ -15,11 +19,13 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 from cache.config import CacheConfig
-from cache.errors import ShardFetchError
+from cache.errors import CacheReadOnlyError, ShardFetchError
 from cache.fetch import Downloader, FetchSpec, hash_file, remote_size
+from cache.locks import FileLock
 from cache.metrics import CacheMetrics
 from cache.prefetch import Prefetcher
 from cache.store import EntryMeta, Store, entry_key
+from shards.urls import split_query, url_name
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +38,28 @@ class ShardCache:
             are applied unless ``resolve=False``. The resolved config is ``self.config``.
         resolve: apply ``config.resolved()``.
 
-    Opening a cache creates its directory and removes stale temp files (see ``Store.cleanup``).
+    Opening a cache creates its directory and removes stale temp files (see ``Store.cleanup``);
+    an existing folder this process cannot write is opened read-only (``self.read_only``).
     All methods are thread-safe; any number of processes may share ``config.dir``.
+
+    Raises:
+        CacheReadOnlyError: the folder is missing and cannot be created.
     """
 
     def __init__(self, config: CacheConfig | None = None, resolve: bool = True):
         cfg = config or CacheConfig()
         self.config = cfg.resolved() if resolve else cfg
-        self.store = Store(self.config.path, self.config.max_bytes_int, self.config.min_free_bytes_int)
-        self.store.cleanup(self.config.partial_ttl_s)
+        try:
+            self.store = Store(self.config.path, self.config.max_bytes_int, self.config.min_free_bytes_int)
+        except OSError as e:
+            raise CacheReadOnlyError(f"cannot create the cache folder {self.config.path} ({e.strerror}); "
+                                     f"set cache.dir to a writable folder") from e
+        self.read_only = self.store.read_only
+        if not self.read_only:
+            self.store.cleanup(self.config.partial_ttl_s)
         self._metrics = CacheMetrics()
         self._pid = os.getpid()
-        self._prefetcher = Prefetcher(self._prefetch_one, self.config.prefetch_shards)
+        self._prefetcher = self._new_prefetcher()
 
     # -- public API ---------------------------------------------------------------------
     def get(self, url: str, sha256: str | None = None, size: int | None = None) -> str:
@@ -68,13 +84,19 @@ class ShardCache:
 
     @contextmanager
     def pinned(self, url: str, sha256: str | None = None, size: int | None = None) -> Iterator[str]:
-        """Like ``get``, and no process on the node can evict the entry until the block exits."""
+        """Like ``get``, and no process on the node can evict the entry until the block exits.
+
+        Raises (besides ``get``'s): CacheReadOnlyError: a read-only cache does not hold a valid copy.
+        """
         self._after_fork()
-        self._prefetcher.consumed(url)
         key = self.key(url)
+        if self.read_only:
+            yield self._read_only_path(key, url, sha256, size)
+            return
         pin = self.store.pin_lock(key)
         pin.acquire()
         try:
+            self._prefetcher.consumed(url)  # after our own pin: the prefetcher's hold on it can go
             t0 = time.monotonic()
             path = self._ready(key, url, sha256, size)
             if path is not None:
@@ -89,11 +111,25 @@ class ShardCache:
             pin.release()
 
     def prefetch(self, items: Iterable[tuple]) -> None:
-        """Hand the future read order ``[(url, sha256, size), ...]``; keeps ``prefetch_shards``
-        downloads in flight, at most that many shards ahead of the last ``get``. Replaces any
-        earlier order. Prefetch failures are logged; the later ``get`` retries and raises."""
+        """Hand the future read order ``[(url, sha256, size), ...]``; keeps up to ``prefetch_shards``
+        shards downloading or downloaded ahead of the last ``get`` and holds the downloaded ones
+        until they are read. The depth is capped so that the shards ahead plus the one in hand fit
+        in ``max_bytes`` (largest known size in ``items``). Replaces any earlier order. Prefetch
+        failures are logged; the later ``get`` retries and raises."""
         self._after_fork()
-        self._prefetcher.set_order(list(items))
+        items = list(items)
+        self._prefetcher.set_order(items, self.prefetch_depth(items))
+
+    def prefetch_depth(self, items: Iterable[tuple]) -> int:
+        """Prefetch depth used for ``items``: ``prefetch_shards`` capped at ``max_bytes // largest
+        shard - 1`` (0 in a read-only cache). Shard sizes are bytes; unknown sizes do not cap."""
+        if self.read_only:
+            return 0
+        largest = max((int(i[2]) for i in items if len(i) > 2 and i[2]), default=0)
+        depth = self.config.prefetch_shards
+        if largest:
+            depth = min(depth, max(0, self.store.max_bytes // largest - 1))
+        return depth
 
     def metrics(self) -> dict:
         """This process's counters: ``hits``, ``misses``, ``evictions``, ``corrupt``, ``retries``,
@@ -124,7 +160,7 @@ class ShardCache:
 
     def key(self, url: str) -> str:
         """Entry name of ``url`` in this cache."""
-        return entry_key(url, self._decompress(url))
+        return entry_key(url, self._decompress(url))  # a signed URL's query is not part of the key
 
     def path_of(self, url: str) -> str | None:
         """Local path of ``url`` if it is cached now (no verification, no download), else ``None``."""
@@ -132,18 +168,36 @@ class ShardCache:
         return path if os.path.exists(path) else None
 
     # -- internals ----------------------------------------------------------------------
+    def _new_prefetcher(self) -> Prefetcher:
+        return Prefetcher(self._prefetch_one, 0 if self.read_only else self.config.prefetch_shards)
+
     def _after_fork(self) -> None:
         """A forked child (e.g. a DataLoader worker) inherits no pool threads: start its own prefetcher."""
         if os.getpid() != self._pid:
             self._pid = os.getpid()
-            self._prefetcher = Prefetcher(self._prefetch_one, self.config.prefetch_shards)
+            self._prefetcher = self._new_prefetcher()
 
     def _decompress(self, url: str) -> bool:
-        return self.config.decompress and url.endswith(".zst")
+        return self.config.decompress and url_name(url).endswith(".zst")
+
+    def _read_only_path(self, key: str, url: str, sha256: str | None, size: int | None) -> str:
+        """Path of a valid entry of a read-only cache (checked per the verify policy, nothing written)."""
+        path = self._ready(key, url, sha256, size)
+        if path is None:
+            self._metrics.misses.inc()
+            raise CacheReadOnlyError(
+                f"shard {split_query(url)[0]} is not in the read-only cache at {self.config.path} (or fails "
+                f"its size/sha256 check) and cannot be downloaded there; warm it on a writable mount or "
+                f"set cache.dir to a writable folder")
+        self._metrics.hits.inc()
+        self._metrics.bytes_served.inc(os.path.getsize(path))
+        return path
 
     def _ready(self, key: str, url: str, sha256: str | None, size: int | None,
                hash_policy: bool = True, count_corrupt: bool = True) -> str | None:
-        """Path of a usable entry (checked per the verify policy), or ``None`` if it must be fetched."""
+        """Path of a usable entry (checked per the verify policy), or ``None`` if it must be fetched.
+        A read-only cache hashes an unverified entry on each use and records nothing."""
+        url = split_query(url)[0]  # entries record the URL without a signed URL's query
         path = self.store.data_path(key)
         try:
             st = os.stat(path)
@@ -166,13 +220,15 @@ class ShardCache:
                     self._metrics.corrupt.inc()
                     log.warning("cached shard %s (%s) fails sha256 (%s != %s); refetching", url, path, got, want)
                 return None
-            if not fresh:
+            if not fresh and not self.read_only:
                 self.store.write_meta(key, EntryMeta(url, st.st_size, want, True, st.st_mtime_ns))
-        self.store.touch(key)
+        if not self.read_only:
+            self.store.touch(key)
         return path
 
-    def _materialise(self, key: str, url: str, sha256: str | None, size: int | None) -> str:
-        """Download under the entry's fetch lock (caller holds its pin); returns the data path."""
+    def _materialise(self, key: str, url: str, sha256: str | None, size: int | None, prefetch: bool = False) -> str:
+        """Download under the entry's fetch lock (caller holds its pin); returns the data path.
+        A ``prefetch`` download may not evict shards other prefetches hold."""
         with self.store.fetch_lock(key):
             path = self._ready(key, url, sha256, size, count_corrupt=False)
             if path is not None:
@@ -188,25 +244,27 @@ class ShardCache:
             cfg = self.config
             downloader = Downloader(
                 cfg.retries, cfg.backoff_s, cfg.backoff_max_s, cfg.timeout_s, cfg.chunk_bytes_int,
-                reserve=lambda total: self._metrics.evictions.inc(self.store.reserve(key, total, url)),
+                reserve=lambda total: self._metrics.evictions.inc(self.store.reserve(key, total, url, prefetch)),
                 on_bytes=self._metrics.bytes_fetched.inc, on_retry=self._metrics.retries.inc)
             spec = FetchSpec(url, self.store.part_path(key), size, sha256, decompress,
                              hash=cfg.verify != "never")
             self._metrics.inflight.inc()
             try:
                 result = downloader.fetch(spec)
-                return self.store.commit(key, url, (sha256 or result.sha256 or None), result.sha256 is not None)
+                return self.store.commit(key, split_query(url)[0], (sha256 or result.sha256 or None),
+                                         result.sha256 is not None)
             finally:
                 self.store.release(key)
                 self._metrics.inflight.dec()
 
-    def _prefetch_one(self, url: str, sha256: str | None, size: int | None) -> None:
-        """Make ``url`` local without the per-hit hash of ``verify: always`` (the reader's get does that)."""
+    def _prefetch_one(self, url: str, sha256: str | None, size: int | None) -> FileLock:
+        """Make ``url`` local without the per-hit hash of ``verify: always`` (the reader's get does
+        that); returns its hold lock, taken, so that no prefetch on the node evicts it before the
+        reader comes (a reader's download still may, when it finds no other room)."""
         key = self.key(url)
-        pin = self.store.pin_lock(key)
-        pin.acquire()
-        try:
+        hold = self.store.hold_lock(key)
+        with self.store.pin_lock(key):
             if self._ready(key, url, sha256, size, hash_policy=False) is None:
-                self._materialise(key, url, sha256, size)
-        finally:
-            pin.release()
+                self._materialise(key, url, sha256, size, prefetch=True)
+            hold.acquire()  # before the pin goes: the entry is never unprotected in between
+        return hold

@@ -7,11 +7,16 @@ Layout under the cache root (shared by every process on the node)::
     tmp/KEY.part        partial download (resumed with a Range request after a crash)
     tmp/KEY.resv        bytes reserved for KEY's download; valid only while locks/KEY.fetch is held
     locks/KEY.pin       shared flock while a reader pins KEY; eviction needs it exclusive (non-blocking)
+    locks/KEY.hold      shared flock while a prefetcher holds KEY (downloaded ahead, not yet read):
+                        only a reader's download may evict it, never another prefetch
     locks/KEY.fetch     exclusive flock while one process downloads KEY
     global.lock         exclusive flock around accounting (reserve, evict) — held briefly
 
 Usage = sizes of ``data/`` files + per partial download max(written, reserved). A download
-reserves its bytes before writing them, so usage never exceeds ``max_bytes``. LRU order is
+reserves its bytes before writing them, so usage never exceeds ``max_bytes``. Every change that
+moves bytes between those two listings (commit = rename ``tmp/`` -> ``data/`` + drop the
+reservation) happens under ``global.lock``, like the accounting itself: otherwise a download
+finishing between the listing of ``data/`` and of ``tmp/`` would be counted in neither. LRU order is
 the data file's atime, set explicitly on every use (works on ``noatime`` mounts too).
 Lock files are never deleted: unlinking a lock file another process has open would let two
 holders lock different inodes.
@@ -29,6 +34,7 @@ from dataclasses import asdict, dataclass
 from cache.config import format_size
 from cache.errors import CacheFullError
 from cache.locks import FileLock, is_locked
+from shards.urls import split_query
 
 
 @dataclass
@@ -62,7 +68,11 @@ class Entry:
 
 
 def entry_key(url: str, decompress: bool) -> str:
-    """File-system-safe, collision-resistant name for a shard URL: ``<16 hex of sha1(url)>-<basename>``."""
+    """File-system-safe, collision-resistant name for a shard URL: ``<16 hex of sha1(url)>-<basename>``.
+
+    A signed URL's query (``?token=...``) is not part of the key, so a rotated token finds the
+    same entry."""
+    url = split_query(url)[0]
     base = url.rstrip("/").rsplit("/", 1)[-1] or "shard"
     if decompress and base.endswith(".zst"):
         base = base[: -len(".zst")]
@@ -74,15 +84,25 @@ class Store:
     """One cache directory: paths, sidecars, accounting and eviction (all processes share it).
 
     Args:
-        root: cache directory (created if missing).
+        root: cache directory.
         max_bytes: usage limit, bytes.
         min_free_bytes: free bytes to keep on the file system, bytes.
+        create: create ``root`` and its sub-folders when missing (``False``: only look).
+
+    Attributes:
+        read_only: the folder exists and this process cannot write it (read-only mount or
+            permissions); only reads of complete entries are possible.
+
+    Raises:
+        OSError: ``create`` and the folder cannot be made (e.g. its parent is read-only).
     """
 
-    def __init__(self, root: str, max_bytes: int, min_free_bytes: int):
+    def __init__(self, root: str, max_bytes: int, min_free_bytes: int, create: bool = True):
         self.root, self.max_bytes, self.min_free_bytes = root, max_bytes, min_free_bytes
-        for sub in ("data", "tmp", "locks"):
-            os.makedirs(os.path.join(root, sub), exist_ok=True)
+        self.read_only = is_read_only(root)
+        if create and not self.read_only:
+            for sub in ("data", "tmp", "locks"):
+                os.makedirs(os.path.join(root, sub), exist_ok=True)
 
     # -- paths ------------------------------------------------------------------------
     def data_path(self, key: str) -> str:
@@ -99,6 +119,9 @@ class Store:
 
     def pin_lock(self, key: str) -> FileLock:
         return FileLock(os.path.join(self.root, "locks", key + ".pin"), shared=True)
+
+    def hold_lock(self, key: str) -> FileLock:
+        return FileLock(os.path.join(self.root, "locks", key + ".hold"), shared=True)
 
     def fetch_lock(self, key: str) -> FileLock:
         return FileLock(os.path.join(self.root, "locks", key + ".fetch"))
@@ -123,15 +146,20 @@ class Store:
         os.replace(tmp, self.meta_path(key))
 
     def commit(self, key: str, url: str, sha256: str | None, verified: bool) -> str:
-        """Move a finished ``tmp/KEY.part`` into ``data/KEY`` atomically and write its sidecar.
+        """Move a finished ``tmp/KEY.part`` into ``data/KEY`` atomically, drop its reservation and
+        write its sidecar.
 
-        The caller holds ``KEY``'s fetch lock and has checked size and (per policy) sha256.
+        The caller holds ``KEY``'s fetch lock and has checked size and (per policy) sha256. The
+        rename and the reservation's removal happen under the global lock, so an accounting pass
+        (``reserve``) sees the bytes either in ``tmp/`` or in ``data/``, never in neither.
         Returns the data path.
         """
         part, path = self.part_path(key), self.data_path(key)
         with open(part, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(part, path)
+        with self.global_lock():
+            os.replace(part, path)
+            self.release(key)
         st = os.stat(path)
         self.write_meta(key, EntryMeta(url, st.st_size, sha256, verified, st.st_mtime_ns))
         self.touch(key)
@@ -157,7 +185,7 @@ class Store:
     def entries(self, meta: bool = False) -> list[Entry]:
         """Complete entries, least recently used first; sidecars are read only if ``meta``."""
         out = []
-        for name in os.listdir(os.path.join(self.root, "data")):
+        for name in _listdir(os.path.join(self.root, "data")):
             if name.endswith(".meta"):
                 continue
             try:
@@ -171,7 +199,7 @@ class Store:
 
     def partials(self) -> dict[str, tuple[int, int, bool]]:
         """Partial downloads: ``{key: (bytes written, bytes reserved, live)}``; live = a process holds its fetch lock."""
-        keys = {n.rsplit(".", 1)[0] for n in os.listdir(os.path.join(self.root, "tmp"))
+        keys = {n.rsplit(".", 1)[0] for n in _listdir(os.path.join(self.root, "tmp"))
                 if n.endswith((".part", ".resv"))}
         out = {}
         for key in keys:
@@ -211,8 +239,11 @@ class Store:
         return removed
 
     # -- space ------------------------------------------------------------------------
-    def reserve(self, key: str, total: int, url: str) -> int:
-        """Reserve ``total`` bytes for ``KEY``'s download, evicting LRU unpinned entries as needed.
+    def reserve(self, key: str, total: int, url: str, prefetch: bool = False) -> int:
+        """Reserve ``total`` bytes for ``KEY``'s download, evicting LRU unpinned entries as needed:
+        first those no prefetcher holds; then, for a reader's download only (``prefetch=False``),
+        held ones too (a reader waiting now beats a shard needed later; a prefetch never pushes
+        out another prefetched, unread shard).
 
         The caller holds ``KEY``'s fetch lock. Returns the number of entries evicted.
 
@@ -233,12 +264,13 @@ class Store:
                     others += max(w, r)
                     pending_others += max(0, r - w)
             evicted = 0
-            candidates = iter(entries)
+            passes = (False,) if prefetch else (False, True)  # allow_held per pass over the LRU order
+            candidates = ((e, held) for held in passes for e in entries)
             while True:
                 free = shutil.disk_usage(self.root).free - pending_others - (total - written)
                 if others + total <= self.max_bytes and free >= self.min_free_bytes:
                     break
-                victim = next(candidates, None)
+                victim, allow_held = next(candidates, (None, False))
                 if victim is None:
                     raise CacheFullError(
                         f"shard {url}: needs {format_size(total)} but the cache at {self.root} holds "
@@ -246,7 +278,7 @@ class Store:
                         f"{format_size(self.max_bytes)}, and the disk has {format_size(max(free, 0))} free "
                         f"after this download vs min_free_bytes={format_size(self.min_free_bytes)}; raise "
                         f"cache.max_bytes, free disk space, or lower cache.min_free_bytes / prefetch_shards")
-                if victim.key != key and self.try_evict(victim.key):
+                if victim.key != key and self.try_evict(victim.key, allow_held):
                     others -= victim.size
                     evicted += 1
             _write_int(self.resv_path(key), total)
@@ -256,17 +288,24 @@ class Store:
         """Drop ``KEY``'s reservation (after commit or failure)."""
         _remove(self.resv_path(key))
 
-    def try_evict(self, key: str) -> bool:
-        """Delete ``KEY`` unless a reader pins it (any process). Returns whether it was removed."""
-        pin = FileLock(self.pin_lock(key).path)  # exclusive probe of the pin file
-        if not pin.acquire(blocking=False):
-            return False
+    def try_evict(self, key: str, allow_held: bool = False) -> bool:
+        """Delete ``KEY`` unless a reader pins it or (unless ``allow_held``) a prefetcher holds it,
+        in any process. Returns whether it was removed."""
+        probes = [FileLock(self.pin_lock(key).path)]  # exclusive probes of the shared locks
+        if not allow_held:
+            probes.append(FileLock(self.hold_lock(key).path))
+        taken = []
         try:
+            for probe in probes:
+                if not probe.acquire(blocking=False):
+                    return False
+                taken.append(probe)
             existed = os.path.exists(self.data_path(key))
             self.drop(key)
             return existed
         finally:
-            pin.release()
+            for probe in taken:
+                probe.release()
 
     def evict_to(self, target_bytes: int) -> tuple[int, int]:
         """Evict LRU unpinned entries until usage <= ``target_bytes``. Returns (entries, bytes) evicted."""
@@ -279,6 +318,25 @@ class Store:
                 if self.try_evict(e.key):
                     n, freed, used = n + 1, freed + e.size, used - e.size
         return n, freed
+
+
+def is_read_only(path: str) -> bool:
+    """Whether the existing folder ``path`` cannot be written by this process: a read-only mount
+    (``ST_RDONLY``, which root cannot bypass) or missing write permission. ``False`` if missing."""
+    try:
+        st = os.statvfs(path)
+    except FileNotFoundError:
+        return False
+    data = os.path.join(path, "data")
+    return (bool(st.f_flag & os.ST_RDONLY) or not os.access(path, os.W_OK)
+            or (os.path.isdir(data) and not os.access(data, os.W_OK)))
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
 
 
 def _size(path: str) -> int:

@@ -73,6 +73,8 @@ def keys_command(args) -> int:
             for it in its:
                 next(it, None)
         state = loaders[0]._merge([ld.state_dict() for ld in loaders])
+        for it in its:
+            it.close()  # unpins the shards these loaders hold open in the cache
         loaders = _loaders(cfg, cache, args.world_size)
         for ld in loaders:
             ld.load_state_dict(state)
@@ -87,6 +89,7 @@ def keys_command(args) -> int:
             ld.dataset.start(ld.progress)
             for w in range(max(args.workers, 1)):
                 for pos, shard, local in ld.dataset.consumer_positions(w, max(args.workers, 1)):
+                    reader.retain({shard})  # one shard pinned at a time: the cache may hold less than the data
                     done = ld.progress.partial.get(pos, (0, set()))[1]
                     mark = f" partial={','.join(map(str, sorted(done)))}" if done else ""
                     print(f"rank={ld.rank} worker={w} pos={pos}{_source(ld, pos)}{mark} "

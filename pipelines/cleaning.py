@@ -5,8 +5,10 @@ Pure functions on ``str`` so the Beam transforms and the plain-Python baseline
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+import sys
 import unicodedata
 
 import ftfy
@@ -73,9 +75,31 @@ def clean_text(text: str, cfg: CleanConfig) -> str:
     return text.strip()
 
 
+# Characters that draw nothing: format (zero-width space/joiners, soft hyphen, bidi marks), other
+# controls, separators, combining marks without a base, and letters/symbols that render blank.
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp", "Mn", "Me"})
+_BLANK_GLYPHS = "\u115f\u1160\u2800\u3164\uffa0"  # Hangul fillers, braille blank
+
+
+@functools.cache
+def _visible_pattern() -> re.Pattern:
+    """Regex matching one visible character (built once per process, about 0.2 s)."""
+    invisible = [chr(c) for c in range(sys.maxunicode + 1)
+                 if unicodedata.category(chr(c)) in _INVISIBLE_CATEGORIES] + list(_BLANK_GLYPHS)
+    return re.compile("[^" + "".join(re.escape(c) for c in invisible) + "\\s]")
+
+
+def has_visible(text: str) -> bool:
+    """Whether ``text`` holds at least one character that draws something (not whitespace, a
+    format/control character such as U+200B or U+00AD, a lone combining mark or a blank glyph).
+    Stops at the first visible character, so it costs nothing on ordinary text."""
+    return _visible_pattern().search(text) is not None
+
+
 def length_reason(text: str, cfg: CleanConfig) -> str | None:
-    """Why a cleaned text is filtered by length: ``empty``, ``too_short``, ``too_long``, or ``None``."""
-    if not text:
+    """Why a cleaned text is filtered by length: ``empty`` (nothing visible, see
+    :func:`has_visible`), ``too_short``, ``too_long``, or ``None``."""
+    if not text or not has_visible(text):
         return "empty"
     if len(text) < cfg.min_chars:
         return "too_short"

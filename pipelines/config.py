@@ -13,13 +13,19 @@ class InputConfig:
     """How input files are read.
 
     Attributes:
-        format: ``auto`` (by extension: ``.jsonl``/``.json``/``.ndjson`` → jsonl, ``.parquet`` →
-            parquet, anything else → text), ``jsonl``, ``text`` or ``parquet``. ``.gz``/``.bz2``/``.zst``
-            files are decompressed by extension.
+        format: ``auto`` (by extension: ``.jsonl``/``.ndjson`` → jsonl, ``.txt``/``.text`` → text,
+            ``.parquet`` → parquet, anything else → ``unknown_files``), ``jsonl``, ``text`` or
+            ``parquet`` (every matched file read so). ``.gz``/``.bz2``/``.zst`` files are
+            decompressed by extension.
+        unknown_files: what ``format: auto`` does with any other file (``README.md``, ``.csv``,
+            ``.json``): ``skip`` (default: counted as ``skipped_files`` in ``stats.json`` and named
+            in a warning), ``error`` (refuse the run before it starts) or ``text`` (read as text).
         text_field: JSON field / Parquet column holding the document text.
-        id_field: JSON field / Parquet column holding the document id; a missing id becomes
-            ``{file stem}/{line:08d}`` (line or Parquet row, 1-based), or ``{file stem}/@{byte offset}``
-            for records of a split that does not start the file (line unknown there).
+        id_field: JSON field / Parquet column holding the document id. Ids are qualified by the
+            file's path relative to the input root (``sub/a.jsonl/{id}``), so ids need only be
+            unique within a file; a missing id becomes ``sub/a.jsonl#{line:08d}`` (line or Parquet
+            row, 1-based), or ``sub/a.jsonl#@{byte offset:012d}`` for records of a split that does
+            not start the file (line unknown there). See :func:`pipelines.records.qualify_id`.
         source_field: JSON field / Parquet column naming the source; missing → the file stem.
         split_bytes: uncompressed JSONL files are read in byte ranges of this size (and Parquet in
             row groups up to this size) by different workers; compressed and text files in one piece,
@@ -31,6 +37,7 @@ class InputConfig:
     """
 
     format: str = "auto"
+    unknown_files: str = "skip"
     text_field: str = "text"
     id_field: str = "id"
     source_field: str = "source"
@@ -177,6 +184,9 @@ class TokenizerConfig:
         normalization_rule: sentencepiece normaliser: ``nmt_nfkc`` (folds full-width forms and
             CJK punctuation, newlines become spaces) or ``identity`` (tokens decode to the text).
         remove_extra_whitespaces: sentencepiece collapses runs of spaces and strips the ends.
+        max_sentence_bytes: training lines longer than this (UTF-8 bytes) are cut into pieces of at
+            most this size at spaces (sentencepiece's ``max_sentence_length`` would skip them
+            whole), so long one-line documents reach training. Memory per line, not per corpus.
     """
 
     path: str | None = None
@@ -188,6 +198,7 @@ class TokenizerConfig:
     byte_fallback: bool = True
     normalization_rule: str = "nmt_nfkc"
     remove_extra_whitespaces: bool = True
+    max_sentence_bytes: int = 4096
 
 
 @dataclass

@@ -3,9 +3,9 @@
 Graph (each arrow a Beam transform; see ``docs/cluster.md`` for runners, ``docs/preprocessing.md``
 for the stages)::
 
-    MatchFiles → plan splits → Reshuffle → read split → Parse ──dead──▶ dead_letter/*.jsonl
+    MatchFiles → plan splits (unknown formats skipped) → Reshuffle → read split → Parse ──dead──▶ dead_letter/*.jsonl
       → Clean (Unicode repair, NFC, controls, whitespace, length, language, quality, PII)
-      → ExactDedup (CombinePerKey, min id) ──duplicates──▶ duplicates/*.jsonl
+      → UniqueIds (one id, one text) → ExactDedup (CombinePerKey, min id) ──duplicates──▶ duplicates/*.jsonl
       → [NearDedup (MinHash-LSH)]     Tokenizer (sample of cleaned docs → train) ─side input─┐
       → Tokenize ◀────────────────────────────────────────────────────────────────────┘
       → Encode → bucket = sha256(key) mod N → GroupByKey → write bucket tars
@@ -13,7 +13,8 @@ for the stages)::
     then, on the driver: report.txt + report.png (:mod:`pipelines.report`)
 
 Every stage also emits ``((source, event), n)`` records that are summed into ``stats.json``.
-An output folder holding an earlier run is refused unless ``overwrite`` (:mod:`pipelines.output`).
+An output folder holding an earlier run is refused unless ``overwrite`` (:mod:`pipelines.output`);
+a run that fails or is interrupted removes what it wrote.
 """
 from __future__ import annotations
 
@@ -31,52 +32,58 @@ from apache_beam.runners.runner import PipelineState
 
 from .config import PipelineConfig
 from .neardup import NearDedup
-from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, prepare_output
-from .records import DUPLICATES
+from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, prepare_output, remove_artifacts
+from .records import DUPLICATES, file_format
 from .report import write_report
 from .sharding import WriteShards, finalize
 from .stats import EVENTS, NAMESPACE
 from .tokenizer import TokenizeFn, build_model
-from .transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, key_by_hash
+from .transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, UniqueIds, key_by_hash
 
 
-def _write_jsonl(lines, out: str, folder: str, label: str) -> None:
-    lines | label >> beam.io.WriteToText(f"{out}/{folder}/records", file_name_suffix=".jsonl", num_shards=1,
-                                         shard_name_template="-SSSSS-of-NNNNN")
+class InputError(ValueError):
+    """``--input`` names no readable set of files (a folder, or files of unknown format under
+    ``input.unknown_files: error``); the message says what to pass instead."""
 
 
 def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0) -> None:
     """Add the whole preprocessing graph to pipeline ``p`` (outputs go to ``output_dir``;
     ``total_bytes`` of input sizes the progress bar)."""
     out = output_dir.rstrip("/")
-    parsed = (p
-              | "Read" >> ReadRecords(input_glob, cfg.input, total_bytes)
-              | "Parse" >> beam.ParDo(ParseFn(cfg.input)).with_outputs(DEAD, EVENTS, main="docs"))
+    read = p | "Read" >> ReadRecords(input_glob, cfg.input, total_bytes)
+    parsed = read["units"] | "Parse" >> beam.ParDo(ParseFn(cfg.input, input_glob)).with_outputs(
+        DEAD, EVENTS, main="docs")
     cleaned = parsed.docs | "Clean" >> beam.ParDo(CleanFn(cfg)).with_outputs(EVENTS, main="docs")
-    docs, events, duplicates = cleaned.docs, [parsed[EVENTS], cleaned[EVENTS]], []
-    hashed = docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
+    events, duplicates = [read[EVENTS], parsed[EVENTS], cleaned[EVENTS]], []
+    hashed = cleaned.docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
+    unique = hashed | "UniqueIds" >> UniqueIds()
     if cfg.dedup.exact:
-        exact = hashed | "ExactDedup" >> ExactDedup(cfg.dedup.write_duplicates, keyed_input=True)
+        exact = unique | "ExactDedup" >> ExactDedup(cfg.dedup.write_duplicates, keyed_input=True)
         docs = exact["docs"]
         events.append(exact[EVENTS])
         duplicates.append(exact[DUPLICATES])
+    else:
+        docs = unique | "Docs" >> beam.Values()
     if cfg.dedup.near:
         near = docs | "NearDedup" >> NearDedup(cfg.dedup)
         docs = near.docs
         events.append(near[EVENTS])
         duplicates.append(near[DUPLICATES])
     if duplicates and cfg.dedup.write_duplicates:
-        _write_jsonl(duplicates | "AllDuplicates" >> beam.Flatten(), out, DUPLICATES_DIR, "DuplicatesWrite")
+        duplicates | "AllDuplicates" >> beam.Flatten() | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}")
     # Trained on the cleaned documents before dedup (the sample counts a repeated text once), so
     # the model is ready before dedup ends and tokenising fuses with the last dedup stage.
     model = build_model(hashed, cfg.tokenizer, keyed=True)
     tokenized = (docs
                  | "BatchDocs" >> beam.BatchElements(min_batch_size=64, max_batch_size=1024)
-                 | "Tokenize" >> beam.ParDo(TokenizeFn(), beam.pvalue.AsSingleton(model)))
-    written = tokenized | "Shards" >> WriteShards(out, cfg.shards)
-    events.append(written[EVENTS])
+                 | "Tokenize" >> beam.ParDo(TokenizeFn(), beam.pvalue.AsSingleton(model)).with_outputs(
+                     EVENTS, main="batches"))
+    written = tokenized.batches | "Shards" >> WriteShards(out, cfg.shards)
+    events += [tokenized[EVENTS], written[EVENTS]]
     counts = events | "AllEvents" >> beam.Flatten() | "SumEvents" >> beam.CombinePerKey(sum)
-    _write_jsonl(parsed[DEAD] | "DeadJson" >> beam.Map(lambda d: d.to_json()), out, DEAD_LETTER_DIR, "DeadWrite")
+    (parsed[DEAD]
+     | "DeadJson" >> beam.Map(lambda d: d.to_json())
+     | "DeadWrite" >> WriteJsonl(f"{out}/{DEAD_LETTER_DIR}"))
     (p
      | "Start" >> beam.Create([None])
      | "Finalize" >> beam.Map(finalize, out, cfg.shards, beam.pvalue.AsList(written.shards),
@@ -95,13 +102,52 @@ def counters(result) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
+    """The files ``input_glob`` matches, split into ``(metadata of files to read, paths skipped)``.
+
+    A skipped file has an unknown format (:func:`pipelines.records.file_format`) under
+    ``input.unknown_files: skip``.
+
+    Raises:
+        InputError: ``input_glob`` is a folder, or unknown files under ``input.unknown_files: error``.
+        FileNotFoundError: nothing matches ``input_glob``.
+    """
+    try:
+        matched = FileSystems.match([input_glob])[0].metadata_list
+        inside = [] if any(ch in input_glob for ch in "*?[") else FileSystems.match(
+            [input_glob.rstrip("/") + "/*"])[0].metadata_list
+    except OSError as e:  # Beam's BeamIOError: a missing bucket, no permission, no filesystem for the scheme
+        raise InputError(f"cannot list --input {input_glob}: {e}") from e
+    if inside:
+        folder = input_glob.rstrip("/")
+        raise InputError(f"--input {input_glob} is a folder; give a quoted glob of its files, e.g. "
+                         f"--input '{folder}/*.jsonl' (or '{folder}/**' to include subfolders)")
+    if not matched:
+        raise FileNotFoundError(f"no input file matches {input_glob!r}")
+    skipped = [m.path for m in matched if file_format(m.path, cfg.input) is None]
+    if skipped and cfg.input.unknown_files == "error":
+        raise InputError(f"{len(skipped)} input files have no known format (.jsonl, .ndjson, .txt, .text, .parquet, "
+                         f"optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
+                         "input.format=jsonl|text|parquet, or input.unknown_files=skip|text")
+    skip = set(skipped)
+    return [m for m in matched if m.path not in skip], skipped
+
+
+def _warn_skipped(skipped: list[str]) -> None:
+    names = ", ".join(path.rsplit("/", 1)[-1] for path in skipped[:5])
+    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    print(f"warning: skipping {len(skipped)} input files of unknown format ({names}{more}); counted as "
+          "skipped_files in stats.json. Set input.unknown_files=text to read them as text, or =error to refuse.",
+          file=sys.stderr, flush=True)
+
+
 def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         beam_args: list[str] | None = None, overwrite: bool = False, report: bool = True) -> dict:
     """Run the pipeline to completion and return the contents of ``stats.json``.
 
     Args:
-        input_glob: file pattern (local path or ``gs://``/``s3://``/``hdfs://``), JSONL or text,
-            optionally ``.gz``/``.bz2``/``.zst``.
+        input_glob: file pattern (local path or ``gs://``/``s3://``/``hdfs://``): JSONL, text or
+            Parquet, optionally ``.gz``/``.bz2``/``.zst``; other files follow ``input.unknown_files``.
         output_dir: folder or fsspec URL receiving shards, ``manifest.json``, ``tokenizer.model``,
             ``stats.json``, ``report.txt``/``report.png``, ``dead_letter/`` and ``duplicates/``.
         cfg: pipeline configuration (defaults when ``None``).
@@ -114,16 +160,22 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         ``metrics`` (Beam counters, see :func:`counters`).
     Raises:
         FileNotFoundError: no file matches ``input_glob``.
+        InputError: ``input_glob`` names a folder, or unknown files are refused (see :func:`match_input`).
         pipelines.output.OutputExistsError: ``output_dir`` holds an earlier run and not ``overwrite``.
+        pipelines.output.OutputNotWritableError: ``output_dir`` cannot be written.
         ValueError / RuntimeError: the tokenizer cannot be trained (e.g. nothing survived cleaning),
             or the pipeline did not finish.
+        KeyboardInterrupt: re-raised after the output folder is cleaned.
+    On any error after the output folder was prepared, the artifacts this run wrote are removed
+    first (:func:`pipelines.output.remove_artifacts`), so a rerun needs no ``overwrite``.
     """
     cfg = cfg or PipelineConfig()
-    matched = FileSystems.match([input_glob])[0].metadata_list
-    if not matched:
-        raise FileNotFoundError(f"no input file matches {input_glob!r}")
-    prepare_output(output_dir, cfg.shards.prefix, overwrite)
     options = PipelineOptions(beam_args or [])
+    FileSystems.set_options(options)  # the driver's own listing of s3:// inputs needs e.g. --s3_endpoint_url
+    matched, skipped = match_input(input_glob, cfg)
+    if skipped:
+        _warn_skipped(skipped)
+    prepare_output(output_dir, cfg.shards.prefix, overwrite)
     runner = None
     if options.view_as(StandardOptions).runner in (None, "DirectRunner"):
         # The DirectRunner first tries Prism, a binary it downloads from GitHub at run time;
@@ -133,16 +185,20 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     total_bytes = sum(m.size_in_bytes for m in matched)
     print(f"reading {len(matched)} files, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    p = beam.Pipeline(runner=runner, options=options)
-    build(p, input_glob, output_dir, cfg, total_bytes)
-    result = p.run()
-    state = result.wait_until_finish()
-    if state != PipelineState.DONE:
-        raise RuntimeError(f"pipeline ended in state {state}; see the Beam log above")
-    with fsspec.open(f"{output_dir.rstrip('/')}/stats.json", "r", encoding="utf-8") as f:
-        stats = json.load(f)
-    if report:
-        write_report(output_dir, stats)
+    try:
+        p = beam.Pipeline(runner=runner, options=options)
+        build(p, input_glob, output_dir, cfg, total_bytes)
+        result = p.run()
+        state = result.wait_until_finish()
+        if state != PipelineState.DONE:
+            raise RuntimeError(f"pipeline ended in state {state}; see the Beam log above")
+        with fsspec.open(f"{output_dir.rstrip('/')}/stats.json", "r", encoding="utf-8") as f:
+            stats = json.load(f)
+        if report:
+            write_report(output_dir, stats)
+    except BaseException:
+        remove_artifacts(output_dir, cfg.shards.prefix)
+        raise
     stats["seconds"] = time.perf_counter() - start
     stats["metrics"] = counters(result)
     return stats

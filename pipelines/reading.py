@@ -14,7 +14,9 @@ workers read (:func:`read_split`) into raw units ``(path, line, offset, raw, fmt
 
 Lines are read with a length limit (``input.max_record_bytes``); a longer record is skipped
 in 1 MiB steps and becomes one ``too_large`` unit, so memory stays bounded by the limit
-however long a line is. A read error ends the split with one ``unreadable`` unit.
+however long a line is. A read error, or a compressed stream that ends before its end marker
+(a truncated download), ends the split with one ``unreadable`` unit naming how far it was read.
+A file whose format is unknown (:func:`pipelines.records.file_format` is ``None``) has no splits.
 """
 from __future__ import annotations
 
@@ -53,25 +55,72 @@ def _open(path: str) -> BinaryIO:
                             compression_type=CompressionTypes.UNCOMPRESSED)
 
 
+class ZstdReader(io.RawIOBase):
+    """Read-only decompressed view of a zstd stream (RFC 8878) of one or more frames that raises
+    ``EOFError`` when the input ends inside a frame, as Python's gzip and bz2 readers do.
+    (``zstandard``'s own ``stream_reader`` returns a short stream without a word.)"""
+
+    def __init__(self, raw: BinaryIO):
+        super().__init__()
+        self._raw, self._dctx = raw, zstandard.ZstdDecompressor()
+        self._obj, self._buf, self._in_frame = self._dctx.decompressobj(), b"", False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        """Fill ``b`` with up to ``len(b)`` decompressed bytes; 0 at the clean end of the stream.
+
+        Raises:
+            EOFError: the compressed input ended inside a frame.
+            zstandard.ZstdError: corrupt data.
+        """
+        while not self._buf:
+            chunk = self._raw.read(CHUNK_BYTES)
+            if not chunk:
+                if self._in_frame:
+                    raise EOFError("zstd stream ended before the end of its frame (truncated file)")
+                return 0
+            while chunk:
+                self._in_frame = True
+                self._buf += self._obj.decompress(chunk)
+                chunk = b""
+                if self._obj.eof:  # frame complete; the bytes after it start the next frame
+                    chunk, self._in_frame = self._obj.unused_data, False
+                    self._obj = self._dctx.decompressobj()
+        n = min(len(b), len(self._buf))
+        b[:n], self._buf = self._buf[:n], self._buf[n:]
+        return n
+
+
 def _decompressed(raw: BinaryIO, path: str) -> BinaryIO:
     """Wrap a raw byte stream in the decompressor its extension names.
 
-    Python's own gzip and bz2 readers are used instead of Beam's, because Beam's stop silently
-    at a truncated stream while these raise ``EOFError``. (zstd truncation is not detected; the
-    cut last line is still dead-lettered as ``bad_json``.)
+    Python's own gzip and bz2 readers (and :class:`ZstdReader`) are used instead of Beam's,
+    because Beam's stop silently at a truncated stream while these raise ``EOFError``.
     """
     if path.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if path.endswith(".bz2"):
         return bz2.BZ2File(raw, mode="rb")
     if path.endswith(".zst"):
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+        return io.BufferedReader(ZstdReader(raw), CHUNK_BYTES)
     return raw
 
 
+def _size(path: str) -> int:
+    try:
+        return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    except (OSError, IndexError):
+        return -1
+
+
 def plan_splits(path: str, size: int, cfg: InputConfig) -> list[Split]:
-    """Splits of one matched file of ``size`` bytes (see the module docstring for the rules)."""
+    """Splits of one matched file of ``size`` bytes (see the module docstring for the rules);
+    none for a file of unknown format (``input.unknown_files``)."""
     fmt = file_format(path, cfg)
+    if fmt is None:
+        return []
     if fmt == PARQUET:
         import pyarrow.parquet as pq
 
@@ -218,10 +267,12 @@ def read_split(split: Split, cfg: InputConfig, total_bytes: int = 0, run_id: str
     """FlatMap body: a :class:`Split` → units ``(path, line, offset, raw, fmt, size)``.
 
     Never raises on bad data: a file that breaks off (truncated or corrupt compression,
-    I/O error) ends with one unit of format ``unreadable`` whose bytes are the error.
+    I/O error) ends with one unit of format ``unreadable`` whose bytes say where reading stopped
+    (decompressed byte offset, compressed bytes read of the file's size) and the error.
     ``total_bytes`` (all input files) sizes the progress bar of run ``run_id``.
     """
     last_offset, last_line, done = max(split.start, 0), 0, 0
+    raw_read = -1  # compressed bytes read when an error stops a compressed file
     try:
         with _open(split.path) as raw:
             if split.fmt == PARQUET:
@@ -229,14 +280,22 @@ def read_split(split: Split, cfg: InputConfig, total_bytes: int = 0, run_id: str
             else:
                 stream = _decompressed(raw, split.path)
                 units = (_jsonl_units if split.fmt == "jsonl" else _text_units)(stream, split, cfg)
-            for i, unit in enumerate(units):
-                last_offset, last_line = unit[2] + unit[5], unit[1]
-                yield unit
-                if i % 1024 == 1023:
-                    pos = raw.tell() - max(split.start, 0) if split.fmt != PARQUET else 0
-                    _Progress.update(pos - done, total_bytes, run_id)
-                    done = pos
+            try:
+                for i, unit in enumerate(units):
+                    last_offset, last_line = unit[2] + unit[5], unit[1]
+                    yield unit
+                    if i % 1024 == 1023:
+                        pos = raw.tell() - max(split.start, 0) if split.fmt != PARQUET else 0
+                        _Progress.update(pos - done, total_bytes, run_id)
+                        done = pos
+            except (OSError, EOFError, ValueError, zlib.error, zstandard.ZstdError):
+                raw_read = raw.tell()
+                raise
             if split.fmt != PARQUET:
                 _Progress.update(raw.tell() - max(split.start, 0) - done, total_bytes, run_id)
     except (OSError, EOFError, ValueError, zlib.error, zstandard.ZstdError) as e:  # gzip.BadGzipFile is an OSError
-        yield split.path, last_line + 1 if last_line else 0, last_offset, f"{type(e).__name__}: {e}".encode("utf-8"), UNREADABLE, 0
+        where = f"reading stopped at byte {last_offset}"
+        if split.path.endswith(_COMPRESSED) and raw_read >= 0:
+            where += f" of the decompressed data, after {raw_read:,} of {_size(split.path):,} compressed bytes"
+        message = f"{where}: {type(e).__name__}: {e}"
+        yield split.path, last_line + 1 if last_line else 0, last_offset, message.encode("utf-8"), UNREADABLE, 0

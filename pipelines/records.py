@@ -9,11 +9,18 @@ Small explicit types pass between the pipeline stages:
 Reading files into units lives in :mod:`pipelines.reading`.
 
 Parsing never raises on bad input: every unit becomes exactly one ``Doc`` or ``DeadLetter``.
+
+Document ids are unique in a run by construction (:func:`qualify_id`): a record's own id is
+qualified by its file's path relative to the input root (``sub/a.jsonl/17``); a record without
+an id gets its position (``sub/a.jsonl#00000017``). Two files that both number their records
+"0".."199" therefore never collide; the one remaining collision, one id repeated inside one file
+with different texts, is resolved after cleaning (:func:`disambiguate_id`).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import NamedTuple, Union
 
 from .config import InputConfig
@@ -24,6 +31,9 @@ TOO_LARGE = "too_large"  # unit format of a skipped over-long record: the unit's
 PARQUET = "parquet"  # unit format of a Parquet row: the payload is (text, id, source) as read
 DUPLICATES = "duplicates"  # tag of the duplicate_record lines written to OUT/duplicates/
 _COMPRESSED = (".gz", ".bz2", ".zst")
+UTF8_BOM = b"\xef\xbb\xbf"
+# by extension, in ``input.format: auto``; anything else is an unknown file (``input.unknown_files``)
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".text": "text", ".parquet": PARQUET}
 
 
 class Doc(NamedTuple):
@@ -57,7 +67,14 @@ class DeadLetter(NamedTuple):
     offset: int = -1
 
     def to_json(self) -> str:
-        return json.dumps(self._asdict(), sort_keys=True, ensure_ascii=False)
+        """One JSON line (UTF-8 text kept readable; ``\\u`` escapes only when the error quotes a
+        lone surrogate, which UTF-8 cannot hold)."""
+        line = json.dumps(self._asdict(), sort_keys=True, ensure_ascii=False)
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            line = json.dumps(self._asdict(), sort_keys=True)
+        return line
 
 
 Parsed = Union[Doc, DeadLetter]
@@ -79,64 +96,137 @@ def file_stem(path: str) -> str:
     return os.path.splitext(name)[0] or name
 
 
-def file_format(path: str, cfg: InputConfig) -> str:
-    """``jsonl`` or ``text`` for ``path`` under ``cfg.format`` (``auto`` looks at the extension)."""
+def file_format(path: str, cfg: InputConfig) -> str | None:
+    """``jsonl``, ``text`` or ``parquet`` for ``path`` under ``cfg.format``, or ``None`` for a file
+    to skip.
+
+    ``auto`` looks at the extension under any ``.gz``/``.bz2``/``.zst``: ``.jsonl``/``.ndjson``
+    → jsonl, ``.txt``/``.text`` → text, ``.parquet``. Any other file (``README.md``, ``.csv``,
+    ``.json``: usually one JSON document, not JSON Lines) follows ``cfg.unknown_files``: ``skip``
+    → ``None``, ``text`` → read as text, ``error`` → ``None`` too (the driver refuses such a
+    run before it starts, see :func:`pipelines.job.run`).
+    """
     if cfg.format != "auto":
         return cfg.format
-    name = path
+    name = path.rsplit("/", 1)[-1].lower()
     for suffix in _COMPRESSED:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
-    if name.endswith(".parquet"):
-        return PARQUET
-    return "jsonl" if name.endswith((".jsonl", ".json", ".ndjson")) else "text"
+    ext = os.path.splitext(name)[1]
+    if ext in FORMATS:
+        return FORMATS[ext]
+    return "text" if cfg.unknown_files == "text" else None
+
+
+def input_root(pattern: str) -> str:
+    """The folder a glob's matches are named relative to: the pattern up to its first wildcard
+    (``*``, ``?``, ``[``), cut at the last ``/``; for a plain path, its folder.
+    ``data/in/**/*.jsonl`` → ``data/in``; ``s3://b/x/a.jsonl`` → ``s3://b/x``."""
+    head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+    return head.rsplit("/", 1)[0] if "/" in head else ""
+
+
+def relative_name(path: str, root: str) -> str:
+    """``path`` relative to ``root`` (see :func:`input_root`); local paths are compared absolute,
+    so a relative glob and Beam's absolute matches agree. Falls back to the file name."""
+    pairs = [(path, root)]
+    if "://" not in path:
+        pairs.append((os.path.abspath(path), os.path.abspath(root or ".")))
+    for p, r in pairs:
+        r = r.rstrip("/")
+        if r and p.startswith(r + "/"):
+            return p[len(r) + 1:]
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _escape(part: str) -> str:
+    return part.replace("%", "%25").replace("#", "%23")
+
+
+def qualify_id(name: str, doc_id: str | None, position: str = "") -> str:
+    """A document id unique in the run: ``{name}/{doc_id}``, or ``{name}#{position}`` without an id.
+
+    ``name`` is the file's path relative to the input root (:func:`relative_name`). ``%`` and
+    ``#`` in ``name`` and ``doc_id`` are percent-escaped, so ``#`` only ever separates a position
+    or a disambiguator. Unique by construction: a file name never contains ``/``, so no file path
+    plus ``/`` is a prefix of another file's path, and positions are unique within a file.
+    """
+    if doc_id is None:
+        return f"{_escape(name)}#{position}"
+    return f"{_escape(name)}/{_escape(doc_id)}"
+
+
+def disambiguate_id(doc_id: str, text_hash: str) -> str:
+    """``{doc_id}#{first 16 hex of the content hash}``: the id of a document whose qualified id is
+    shared by a different text of the same file (its own id escapes ``#``, so this never collides)."""
+    return f"{doc_id}#{text_hash[:16]}"
 
 
 def _excerpt(raw: bytes) -> str:
     return raw[:RAW_EXCERPT_BYTES].decode("utf-8", errors="backslashreplace")
 
 
-def _parquet_row(path: str, line: int, row: tuple, cfg: InputConfig, dead) -> Parsed:
-    body, doc_id, source = row
-    stem = file_stem(path)
+def _bad_unicode(fields: dict) -> str | None:
+    """Name of the first field holding a lone surrogate (JSON ``"\\udc80"``), which no UTF-8
+    writer can encode, or ``None``."""
+    for name, value in fields.items():
+        if isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return name
+    return None
+
+
+def _doc(body, doc_id, source, stem: str, name: str, position: str, cfg: InputConfig, dead) -> Parsed:
     if body is None:
-        return dead("missing_text", f"column {cfg.text_field!r} is null or absent")
+        return dead("missing_text", f"no {cfg.text_field!r} field or column, or it is null")
     if not isinstance(body, str):
-        return dead("text_not_string", f"column {cfg.text_field!r} is {type(body).__name__}, expected a string")
-    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or doc_id == "":
-        doc_id = f"{stem}/{line:08d}"
-    return Doc(str(doc_id), body, source if isinstance(source, str) and source else stem)
+        return dead("text_not_string", f"{cfg.text_field!r} is {type(body).__name__}, expected a string")
+    has_id = not isinstance(doc_id, bool) and isinstance(doc_id, (str, int)) and doc_id != ""
+    source = source if isinstance(source, str) and source else stem
+    bad = _bad_unicode({cfg.text_field: body, cfg.id_field: doc_id if has_id else None, cfg.source_field: source})
+    if bad:
+        return dead("lone_surrogate", f"{bad!r} holds an unpaired UTF-16 surrogate (not encodable as UTF-8)")
+    return Doc(qualify_id(name, str(doc_id) if has_id else None, position), body, source)
 
 
-def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: int = -1, size: int = 0) -> Parsed:
+def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: int = -1, size: int = 0,
+               name: str | None = None) -> Parsed:
     """Turn one raw unit into a :class:`Doc` or a :class:`DeadLetter` (never raises).
 
-    JSONL units must be UTF-8 JSON objects with a string ``cfg.text_field``; ids that are
-    missing become ``{file stem}/{line:08d}`` (``{file stem}/@{offset}`` when ``line`` is 0,
-    i.e. unknown), a missing source becomes the file stem. Text units (paragraphs) get the
-    same fallback id. Parquet units carry ``(text, id, source)`` values (``raw`` is that tuple).
+    JSONL units must be UTF-8 JSON objects with a string ``cfg.text_field`` (a UTF-8 BOM at the
+    start of a file is dropped). Ids are qualified by ``name``, the file's path relative to the
+    input root (default: the file name), with :func:`qualify_id`: ``{name}/{id}``, or without an
+    id ``{name}#{line:08d}`` (``{name}#@{offset:012d}`` when ``line`` is 0, i.e. unknown); a
+    missing source becomes the file stem. Text units (paragraphs) get the position id. Parquet
+    units carry ``(text, id, source)`` values (``raw`` is that tuple; the row is the line).
     Units of format ``unreadable`` (a read error) and ``too_large`` (``size`` bytes, longer than
     ``cfg.max_record_bytes``; ``raw`` is its head) become dead letters; see :mod:`pipelines.reading`.
+    A lone surrogate in the text, id or source makes a ``lone_surrogate`` dead letter.
     """
     stem = file_stem(path)
+    name = name or path.rstrip("/").rsplit("/", 1)[-1]
+    position = f"{line:08d}" if line > 0 else f"@{offset:012d}"
 
     def dead(reason: str, error: str) -> DeadLetter:
         excerpt = _excerpt(raw) if isinstance(raw, bytes) else repr(raw)[:RAW_EXCERPT_BYTES]
         return DeadLetter(path, line, reason, error, stem, excerpt, offset)
 
     if fmt == UNREADABLE:
-        return dead("unreadable_file", f"reading stopped at byte {offset}: {raw.decode('utf-8', 'replace')}")
+        return dead("unreadable_file", raw.decode("utf-8", "replace"))
     if fmt == TOO_LARGE:
         return dead("too_large", f"record of {size} bytes exceeds input.max_record_bytes={cfg.max_record_bytes}")
     if fmt == PARQUET:
-        return _parquet_row(path, line, raw, cfg, dead)
+        return _doc(*raw, stem, name, position, cfg, dead)
+    if offset == 0 and raw.startswith(UTF8_BOM):
+        raw = raw[len(UTF8_BOM):]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         return dead("not_utf8", f"invalid UTF-8 at byte {e.start}: {e.reason}")
-    fallback_id = f"{stem}/{line:08d}" if line > 0 else f"{stem}/@{offset:012d}"
     if fmt == "text":
-        return Doc(fallback_id, text, stem)
+        return _doc(text, None, None, stem, name, position, cfg, dead)
     if not text.strip():
         return dead("blank_line", "blank line in JSONL input")
     try:
@@ -145,15 +235,7 @@ def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: in
         return dead("bad_json", f"not JSON: {e}")
     if not isinstance(obj, dict):
         return dead("not_object", f"JSON {type(obj).__name__}, expected an object")
-    body = obj.get(cfg.text_field)
-    if body is None:
+    if obj.get(cfg.text_field) is None:
         return dead("missing_text", f"no {cfg.text_field!r} field (fields: {', '.join(sorted(obj))[:100]})")
-    if not isinstance(body, str):
-        return dead("text_not_string", f"{cfg.text_field!r} is {type(body).__name__}, expected a string")
-    doc_id = obj.get(cfg.id_field)
-    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or doc_id == "":
-        doc_id = fallback_id
-    source = obj.get(cfg.source_field)
-    if not isinstance(source, str) or not source:
-        source = stem
-    return Doc(str(doc_id), body, source)
+    return _doc(obj.get(cfg.text_field), obj.get(cfg.id_field), obj.get(cfg.source_field), stem, name, position,
+                cfg, dead)

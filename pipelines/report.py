@@ -1,8 +1,8 @@
 """The human-readable end-of-job report: ``report.txt`` and ``report.png`` next to ``stats.json``.
 
 Built from ``stats.json`` alone, so it is the same for every runner. The text gives the
-record balance, the top filter reasons, the duplicate rate, tokens and UTF-8 bytes per token,
-and the document-length histogram (kept documents per power-of-two token bin); the PNG plots
+record balance, the top filter reasons, PII redactions per source, skipped input files, the
+duplicate rate, tokens and UTF-8 bytes per token, and the document-length histogram (kept documents per power-of-two token bin); the PNG plots
 that histogram and the filter reasons (matplotlib, Agg backend: no display needed).
 """
 from __future__ import annotations
@@ -45,6 +45,14 @@ def report_text(stats: dict) -> str:
     ]
     reasons = sorted(t["filtered"].items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS]
     lines += [f"  {reason:<24} {count:>10,}  {_pct(count, n)}" for reason, count in reasons] or ["  none"]
+    redacted = {source: entry["redactions"] for source, entry in stats.get("sources", {}).items()
+                if entry.get("redactions")}
+    if redacted:
+        lines += ["", "PII redactions by source:"]
+        lines += [f"  {source:<24} " + ", ".join(f"{kind} {n:,}" for kind, n in sorted(counts.items()))
+                  for source, counts in sorted(redacted.items())]
+    if t.get("skipped_files"):
+        lines += ["", f"skipped files    {t['skipped_files']:>12,}  (unknown format; see input.unknown_files)"]
     if t["dead_letter_reasons"]:
         lines += ["", "dead-letter reasons:"]
         lines += [f"  {r:<24} {c:>10,}" for r, c in sorted(t["dead_letter_reasons"].items(), key=lambda kv: -kv[1])]

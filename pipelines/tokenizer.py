@@ -3,7 +3,9 @@
 The sample is chosen by content hash, not by arrival order, so every runner and worker
 count picks the same documents: a document joins when its hash falls under
 ``sample_fraction`` of the hash space, and the sample is filled in hash order up to
-``sample_max_bytes``. Training runs single-threaded because sentencepiece's multi-threaded
+``sample_max_bytes``. When no document falls under the fraction (a tiny corpus), the sample is
+filled from all documents in hash order instead, so it is never empty while documents exist.
+Lines longer than ``max_sentence_bytes`` are cut at spaces for training. Training runs single-threaded because sentencepiece's multi-threaded
 trainer gives different models for different thread counts.
 """
 from __future__ import annotations
@@ -17,46 +19,53 @@ import numpy as np
 import sentencepiece as spm
 from tqdm import tqdm
 
-from .cleaning import content_hash
+from .cleaning import content_hash, hash_fraction
 from .config import TokenizerConfig
 from .records import Doc
+from .stats import EventTally
 
 
 class SmallestHashSample(beam.CombineFn):
-    """Combine ``(hash, text)`` pairs into the hash-ordered prefix of at most ``max_bytes`` UTF-8 bytes.
+    """Combine ``(hash, text)`` pairs into the hash-ordered prefix of at most ``max_bytes`` UTF-8 bytes
+    of the texts whose hash lies under ``fraction`` of the hash space, or, when there is none, of
+    all texts.
 
-    The prefix stops at the first text that does not fit (the cutoff). A partial accumulator's
-    cutoff also lies outside the global prefix (its partial running total already exceeds the
-    budget), so every partial trim keeps the global prefix and records the smallest cutoff seen:
-    the result is the same whatever the partitioning. Output: list of distinct texts in hash order.
+    Items are ordered by ``(over the fraction, hash, text)``, so texts under the fraction come
+    first and the others only fill a budget those left unused (and are dropped at the end when
+    any text under the fraction exists). The prefix stops at the first text that does not fit
+    (the cutoff). A partial accumulator's cutoff also lies outside the global prefix (its partial
+    running total already exceeds the budget), so every partial trim keeps the global prefix and
+    records the smallest cutoff seen: the result is the same whatever the partitioning. Output:
+    list of distinct texts in hash order.
     """
 
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
+    def __init__(self, max_bytes: int, fraction: float = 1.0):
+        self.max_bytes, self.fraction = max_bytes, fraction
 
     def create_accumulator(self):
-        return [0, [], None]  # [bytes held, [(hash, text, bytes), ...], cutoff (hash, text) or None]
+        return [0, [], None]  # [bytes held, [(over, hash, text, bytes), ...], cutoff (over, hash, text) or None]
 
     def _trim(self, items, cutoff):
         out, total = [], 0
         for item in sorted(items):
-            if cutoff is not None and item[:2] >= cutoff:
+            if cutoff is not None and item[:3] >= cutoff:
                 break
             if out and item == out[-1]:  # the same text twice counts once
                 continue
-            if total + item[2] > self.max_bytes:
-                cutoff = item[:2]
+            if total + item[3] > self.max_bytes:
+                cutoff = item[:3]
                 break
             out.append(item)
-            total += item[2]
+            total += item[3]
         return [total, out, cutoff]
 
     def add_input(self, acc, element):
         h, text = element
-        if acc[2] is not None and (h, text) >= acc[2]:
+        key = (hash_fraction(h) >= self.fraction, h, text)
+        if acc[2] is not None and key >= acc[2]:
             return acc
         size = len(text.encode("utf-8"))
-        acc[1].append((h, text, size))
+        acc[1].append((*key, size))
         acc[0] += size
         # trimming only past twice the budget keeps adds amortised O(log n)
         return self._trim(acc[1], acc[2]) if acc[0] > 2 * self.max_bytes else acc
@@ -66,20 +75,47 @@ class SmallestHashSample(beam.CombineFn):
         return self._trim([x for a in accumulators for x in a[1]], min(cutoffs) if cutoffs else None)
 
     def extract_output(self, acc):
-        return [text for _, text, _ in self._trim(acc[1], acc[2])[1]]
+        items = self._trim(acc[1], acc[2])[1]
+        under = [item for item in items if not item[0]]
+        return [item[2] for item in (under or items)]
+
+
+def training_lines(texts: list[str], max_bytes: int) -> list[str]:
+    """Non-blank lines of ``texts``, each line longer than ``max_bytes`` UTF-8 bytes cut into pieces
+    of at most ``max_bytes``: at the last space inside the limit, else at a character boundary.
+    sentencepiece skips any sentence over its ``max_sentence_length`` whole, so an uncut long
+    one-line document would never reach training."""
+    out = []
+    for text in texts:
+        for line in text.split("\n"):
+            data = line.strip().encode("utf-8")
+            while len(data) > max_bytes:
+                cut = data.rfind(b" ", 0, max_bytes + 1)
+                if cut <= 0:
+                    cut = max_bytes
+                    while data[cut] & 0xC0 == 0x80:  # inside a multi-byte character: back to its start
+                        cut -= 1
+                out.append(data[:cut].decode("utf-8"))
+                data = data[cut:].lstrip()
+            if data:
+                out.append(data.decode("utf-8"))
+    return out
 
 
 def train_sentencepiece(texts: list[str], cfg: TokenizerConfig) -> bytes:
-    """Train a sentencepiece model on ``texts`` (each line is one training sentence); returns model bytes.
+    """Train a sentencepiece model on ``texts`` (each line is one training sentence, long lines cut by
+    :func:`training_lines`); returns model bytes.
 
     Raises:
-        ValueError: the sample is empty (no document survived cleaning and dedup).
+        ValueError: the sample is empty (no document reached the tokenizer: every record was a dead
+            letter or filtered).
         RuntimeError: sentencepiece rejects the sample (message includes its error).
     """
-    lines = [line for text in texts for line in text.split("\n") if line.strip()]
+    lines = training_lines(texts, cfg.max_sentence_bytes)
     if not lines:
-        raise ValueError("tokenizer sample is empty: no document survived cleaning/dedup "
-                         "(check the input glob, or pass --tokenizer PATH)")
+        raise ValueError("tokenizer sample is empty: no document reached the tokenizer (every record was "
+                         "dead-lettered or filtered: check --input, input.format and input.text_field), "
+                         "or pass --tokenizer PATH")
     print(f"training sentencepiece ({cfg.model_type}, vocab {cfg.vocab_size}) on {len(texts):,} documents, "
           f"{sum(len(t.encode('utf-8')) for t in texts) / 1e6:.1f} MB", file=sys.stderr, flush=True)
     model = io.BytesIO()
@@ -89,6 +125,7 @@ def train_sentencepiece(texts: list[str], cfg: TokenizerConfig) -> bytes:
             model_type=cfg.model_type, character_coverage=cfg.character_coverage,
             byte_fallback=cfg.byte_fallback, hard_vocab_limit=False, num_threads=1,
             input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2,
+            max_sentence_length=cfg.max_sentence_bytes,
             normalization_rule_name=cfg.normalization_rule, remove_extra_whitespaces=cfg.remove_extra_whitespaces)
     except RuntimeError as e:
         need = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(e))
@@ -122,13 +159,15 @@ def build_model(docs, cfg: TokenizerConfig, label: str = "Tokenizer", keyed: boo
     return (docs
             | f"{label}/Hash" >> (beam.MapTuple(lambda h, d: (h, d.text)) if keyed
                                   else beam.Map(lambda d: (content_hash(d.text), d.text)))
-            | f"{label}/Sample" >> beam.Filter(lambda ht, f: int(ht[0][:16], 16) < f * 2**64, cfg.sample_fraction)
-            | f"{label}/Cap" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes))
+            | f"{label}/Sample" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes, cfg.sample_fraction))
             | f"{label}/Train" >> beam.Map(train_sentencepiece, cfg))
 
 
 class TokenizeFn(beam.DoFn):
     """A batch (list) of :class:`Doc` → one list of ``(doc, tokens)``, ``tokens`` a 1-D uint16/uint32 array.
+
+    A document that encodes to no token at all (only characters the normaliser removes) is not
+    a sample: it is counted as ``filtered:no_tokens`` (tag ``events``).
 
     Batches (``beam.BatchElements`` upstream) amortise the per-element cost of the runner for
     the big payloads that follow. The model arrives as a singleton side input; the processor is
@@ -144,6 +183,9 @@ class TokenizeFn(beam.DoFn):
     def teardown(self):
         self._bar.close()
 
+    def start_bundle(self):
+        self.tally = EventTally()
+
     def process(self, docs: list[Doc], model_bytes: bytes):
         if self._model_key != len(model_bytes) or self._sp is None:
             self._sp = load_processor(model_bytes)
@@ -151,4 +193,10 @@ class TokenizeFn(beam.DoFn):
             self._dtype = token_dtype(self._sp.get_piece_size())
         ids = self._sp.encode([doc.text for doc in docs])
         self._bar.update(len(docs))
-        yield [(doc, np.asarray(t, dtype=self._dtype)) for doc, t in zip(docs, ids)]
+        for doc, t in zip(docs, ids):
+            if not t:
+                self.tally.add(doc.source, "filtered:no_tokens")
+        yield [(doc, np.asarray(t, dtype=self._dtype)) for doc, t in zip(docs, ids) if t]
+
+    def finish_bundle(self):
+        yield from self.tally.flush()

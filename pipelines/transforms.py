@@ -17,19 +17,23 @@ from .language import LanguageFilter
 from .pii import redact
 from .quality import quality_reason
 from .reading import plan_splits, read_split
-from .records import DUPLICATES, DeadLetter, Doc, duplicate_record, parse_unit
+from .records import (DUPLICATES, DeadLetter, Doc, disambiguate_id, duplicate_record, file_format, file_stem,
+                      input_root, parse_unit, relative_name)
 from .stats import EVENTS, EventTally, event
 
 DEAD = "dead"
 
 
 class ReadRecords(beam.PTransform):
-    """``PBegin`` → units ``(path, line, offset, raw, format, size)`` of every file matching ``glob``.
+    """``PBegin`` → ``{"units": units, "events": events}``: units ``(path, line, offset, raw, format,
+    size)`` of every file matching ``glob``.
 
     Files are planned into splits (:func:`pipelines.reading.plan_splits`), the splits are
     redistributed, and each is read by one worker (:func:`pipelines.reading.read_split`), so a
     large file is read by many workers and never held whole. ``total_bytes`` sizes the progress bar.
-    Raises (at run time) ``OSError`` naming the glob when nothing matches.
+    A file of unknown format (``input.unknown_files: skip``) is not read; it counts as a
+    ``skipped_file`` event of its stem (tag ``events``). Raises (at run time) ``OSError`` naming
+    the glob when nothing matches.
     """
 
     def __init__(self, glob: str, cfg: InputConfig, total_bytes: int = 0):
@@ -38,25 +42,38 @@ class ReadRecords(beam.PTransform):
         self.run_id = uuid.uuid4().hex  # one progress bar per run, even when runs share a process
 
     def expand(self, pbegin):
-        return (pbegin
-                | "Match" >> fileio.MatchFiles(self.glob, EmptyMatchTreatment.DISALLOW)
-                | "Plan" >> beam.FlatMap(lambda m, cfg: plan_splits(m.path, m.size_in_bytes, cfg), self.cfg)
-                | "Spread" >> beam.Reshuffle()
-                | "ReadSplit" >> beam.FlatMap(read_split, self.cfg, self.total_bytes, self.run_id))
+        planned = (pbegin
+                   | "Match" >> fileio.MatchFiles(self.glob, EmptyMatchTreatment.DISALLOW)
+                   | "Plan" >> beam.FlatMap(_plan, self.cfg).with_outputs(EVENTS, main="splits"))
+        units = (planned.splits
+                 | "Spread" >> beam.Reshuffle()
+                 | "ReadSplit" >> beam.FlatMap(read_split, self.cfg, self.total_bytes, self.run_id))
+        return {"units": units, EVENTS: planned[EVENTS]}
+
+
+def _plan(match, cfg: InputConfig):
+    if file_format(match.path, cfg) is None:
+        yield event(file_stem(match.path), "skipped_file")
+    else:
+        yield from plan_splits(match.path, match.size_in_bytes, cfg)
 
 
 class ParseFn(beam.DoFn):
-    """Unit → :class:`Doc` (main) or :class:`DeadLetter` (tag ``dead``); ``input``/``dead:*`` events."""
+    """Unit → :class:`Doc` (main) or :class:`DeadLetter` (tag ``dead``); ``input``/``dead:*`` events.
 
-    def __init__(self, cfg: InputConfig):
-        self.cfg = cfg
+    Ids are qualified by each file's path relative to the root of ``glob``
+    (:func:`pipelines.records.input_root`, :func:`pipelines.records.qualify_id`).
+    """
+
+    def __init__(self, cfg: InputConfig, glob: str = ""):
+        self.cfg, self.root = cfg, input_root(glob)
 
     def start_bundle(self):
         self.tally = EventTally()
 
     def process(self, unit):
         path, line, offset, raw, fmt, size = unit
-        parsed = parse_unit(path, line, raw, fmt, self.cfg, offset, size)
+        parsed = parse_unit(path, line, raw, fmt, self.cfg, offset, size, relative_name(path, self.root))
         self.tally.add(parsed.source, "input")
         if isinstance(parsed, DeadLetter):
             self.tally.add(parsed.source, f"dead:{parsed.reason}")
@@ -108,6 +125,53 @@ class CleanFn(beam.DoFn):
 def key_by_hash(doc: Doc) -> tuple[str, Doc]:
     """``(content_hash(doc.text), doc)``: the exact-dedup key, also the tokenizer sample's order."""
     return content_hash(doc.text), doc
+
+
+class TwoTexts(beam.CombineFn):
+    """Combine the content hashes seen under one id into at most two distinct ones (bounded
+    memory however often an id repeats): two means different texts share the id."""
+
+    def create_accumulator(self):
+        return ()
+
+    def add_input(self, acc, text_hash: str):
+        return acc if text_hash in acc or len(acc) == 2 else tuple(sorted(acc + (text_hash,)))
+
+    def merge_accumulators(self, accumulators):
+        merged: tuple = ()
+        for acc in accumulators:
+            for h in acc:
+                merged = self.add_input(merged, h)
+        return merged
+
+    def extract_output(self, acc):
+        return acc
+
+
+def _disambiguate(pair: tuple[str, Doc], shared: dict):
+    text_hash, doc = pair
+    if doc.id in shared:
+        doc = Doc(disambiguate_id(doc.id, text_hash), doc.text, doc.source)
+    return text_hash, doc
+
+
+class UniqueIds(beam.PTransform):
+    """``(content hash, Doc)`` pairs → the same pairs with every id naming one text.
+
+    Qualified ids (:func:`pipelines.records.qualify_id`) collide only when one file repeats an
+    id with different texts; every document under such an id gets
+    :func:`pipelines.records.disambiguate_id` (the id plus its text's hash), so no distinct text
+    is dropped for its id and ``duplicates/`` names documents unambiguously. Cost: one combine of
+    ``(id, hash)`` pairs (:class:`TwoTexts`); the side input holds only the colliding ids.
+    Copies of one text under one id stay as they are (exact dedup keeps one).
+    """
+
+    def expand(self, hashed):
+        shared = (hashed
+                  | "IdHash" >> beam.MapTuple(lambda h, d: (d.id, h))
+                  | "TwoTexts" >> beam.CombinePerKey(TwoTexts())
+                  | "Shared" >> beam.Filter(lambda kv: len(kv[1]) == 2))
+        return hashed | "Disambiguate" >> beam.Map(_disambiguate, beam.pvalue.AsDict(shared))
 
 
 LIST_MAX = 64  # members a combiner accumulator lists before a key counts as a hot key

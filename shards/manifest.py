@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 import fsspec
 
+from shards.urls import shard_url  # noqa: F401  (re-exported: shard URLs beside a manifest)
+
 FORMAT_VERSION = 1
 
 
@@ -109,9 +111,3 @@ class Manifest:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{url}: not a JSON manifest ({e})") from e
         return cls.from_dict(d)
-
-
-def shard_url(manifest_url: str, shard_name: str) -> str:
-    """URL of a shard given the manifest's URL (or its folder) and the shard's name."""
-    base = manifest_url[: -len("manifest.json")] if manifest_url.endswith("manifest.json") else manifest_url
-    return base.rstrip("/") + "/" + shard_name

@@ -12,12 +12,12 @@ from torch.distributed.checkpoint import FileSystemReader
 from shards.config import load_config, to_dict
 from trainer import parallel
 from trainer.__main__ import main
-from trainer.checkpoint import COMPLETE, Checkpointer
+from trainer.checkpointing import COMPLETE, Checkpointer
 from trainer.config import ModelConfig, OptimConfig, TrainConfig, ZeroConfig
 from trainer.launch import run_local_workers
 from trainer.synthetic import synthetic_batch
 from trainer.train import build_model, train_step
-from trainer.verify import CheckpointVerifyError
+from trainer.checkpointing.verify import CheckpointVerifyError
 
 SMALL = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)
 TENSOR = "model.blocks.0.attn.qkv.weight"

@@ -10,7 +10,7 @@ from loaders import build_text_loader
 from loaders.batch import TokenBatch
 from loaders.config import DataConfig
 from shards import Manifest, ShardSequenceWriter, encode_text_sample
-from trainer import checkpoint as ckpt
+from trainer import checkpointing as ckpt
 from trainer import parallel
 from trainer.config import ModelConfig, OptimConfig, TrainConfig, ZeroConfig
 from trainer.launch import run_local_workers

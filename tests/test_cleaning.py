@@ -100,8 +100,8 @@ def test_parse_unit_hostile_inputs():
     def parse(raw, fmt="jsonl", cfg=INPUT):
         return parse_unit("gs://b/in/web.jsonl.gz", 7, raw, fmt, cfg)
 
-    assert parse(b'{"id": "x", "text": "hi", "source": "s"}') == Doc("x", "hi", "s")
-    assert parse(b'{"text": "hi"}') == Doc("web/00000007", "hi", "web")
+    assert parse(b'{"id": "x", "text": "hi", "source": "s"}') == Doc("web.jsonl.gz/x", "hi", "s")
+    assert parse(b'{"text": "hi"}') == Doc("web.jsonl.gz#00000007", "hi", "web")
     cases = {
         b'{"id": "x", "text": "caf\xe9"}': "not_utf8",
         b'{"id": "x", "text": "trunc': "bad_json",
@@ -116,8 +116,10 @@ def test_parse_unit_hostile_inputs():
         assert isinstance(dead, DeadLetter) and dead.reason == reason, raw
         assert (dead.file, dead.line, dead.source) == ("gs://b/in/web.jsonl.gz", 7, "web")
         assert json.loads(dead.to_json())["reason"] == reason
-    assert parse(b'{"id": 1, "body": "hi"}', cfg=InputConfig(text_field="body")) == Doc("1", "hi", "web")
-    assert parse(b"plain paragraph", fmt="text") == Doc("web/00000007", "plain paragraph", "web")
+    assert parse(b'{"id": 1, "body": "hi"}', cfg=InputConfig(text_field="body")) == Doc("web.jsonl.gz/1", "hi", "web")
+    assert parse(b"plain paragraph", fmt="text") == Doc("web.jsonl.gz#00000007", "plain paragraph", "web")
+    assert parse_unit("gs://b/in/sub/web.jsonl", 0, b'{"id": "a#1%", "text": "t"}', "jsonl", INPUT, 120,
+                      name="sub/web.jsonl").id == "sub/web.jsonl/a%231%25"  # '#' only ever separates
 
 
 def test_units_and_formats():
@@ -131,6 +133,8 @@ def test_units_and_formats():
     assert file_stem("/x/kjv.jsonl.gz") == "kjv" and file_stem("s3://b/a.txt") == "a"
     assert file_format("a.jsonl.zst", INPUT) == "jsonl" and file_format("a.txt.gz", INPUT) == "text"
     assert file_format("a.txt", InputConfig(format="jsonl")) == "jsonl"
+    assert [file_format(p, INPUT) for p in ("README.md", "t.csv", "m.json", "noext")] == [None] * 4
+    assert file_format("README.md", InputConfig(unknown_files="text")) == "text"
 
 
 def test_pii_redaction():

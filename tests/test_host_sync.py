@@ -9,7 +9,7 @@ finds the syncs a GPU run would pay for.
 Each read is attributed to the innermost frame inside this repository. Reads made by the data
 path (``loaders/``, ``cache/``, ``shards/``) are left out: they touch host tensors that are built
 on the CPU before the batch is moved to the device, so they never wait for the GPU. Reads inside
-:meth:`trainer.meter.IntervalMeter.collect` are the log step's sync; reads before the first step
+:meth:`trainer.observability.meter.IntervalMeter.collect` are the log step's sync; reads before the first step
 are start-up. Everything else in the loop is a per-step sync and must not exist.
 """
 import os
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from trainer.synthetic import write_counting_shards
-from trainer import meter as meter_mod
+from trainer.observability import meter as meter_mod
 from trainer import train as train_mod
 from trainer.config import TrainConfig
 

@@ -21,14 +21,14 @@ from cache import ShardCache
 from cache.config import CacheConfig
 from trainer.synthetic import write_counting_shards
 from trainer.config import ModelConfig, OptimConfig, TrainConfig
-from trainer.metrics import MetricsLogger
-from trainer.mfu import flops_per_token, matmul_parameters, peak_flops
+from trainer.observability.metrics import MetricsLogger
+from trainer.observability.mfu import flops_per_token, matmul_parameters, peak_flops
 from trainer.model import GPT
 from trainer.optim import lr_at
 from trainer.parallel import free_port
-from trainer.report import write_report
+from trainer.observability.report import write_report
 from trainer.synthetic import synthetic_batch
-from trainer.timing import StepTimer
+from trainer.observability.timing import StepTimer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 64
@@ -149,7 +149,7 @@ def test_prometheus_endpoint_serves_trainer_and_cache_metrics(tmp_path, caplog):
         assert values["colaflow_train_cache_hit_rate"] == 0.75
         assert "colaflow_train_mfu" not in values and "colaflow_train_memory_kind" not in values
         assert values["colaflow_cache_hits_total"] == 3
-        with caplog.at_level(logging.WARNING, logger="trainer.metrics"):  # port taken: warn, go on
+        with caplog.at_level(logging.WARNING, logger="trainer.observability.metrics"):  # port taken: warn, go on
             other = MetricsLogger(str(tmp_path / "b"), "m.jsonl", 10, enabled=True, progress=False,
                                   tensorboard_dir="", prometheus_port=port)
         assert other.prometheus is None and f"metrics.prometheus_port={port}" in caplog.text

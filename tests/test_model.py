@@ -9,7 +9,7 @@ from trainer import ops
 from trainer.config import ModelConfig
 from trainer.model import GPT, count_parameters, document_causal_mask
 from trainer.synthetic import synthetic_batch as make_batch
-from trainer.vision import TinyCNN
+from trainer.vision.model import TinyCNN
 
 CFG = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)
 

@@ -27,7 +27,7 @@ CJK = "春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。�
 
 @pytest.mark.timeout(120)  # a quadratic step would take hours on these sizes
 def test_big_spaceless_line_is_linear_everywhere():
-    text = "\x1b[31m" + "a" * 4_000_000 + "@" + "x.y" * 300_000 + "\x00" + " " * 1_000_000 + "1" * 500_000 + "\x1b[0m"
+    text = "\x1b[31m" + "a" * 4_000_000 + "@" + "x.yz" * 225_000 + "\x00" + " " * 1_000_000 + "1" * 500_000 + "\x1b[0m"
     cleaned = clean_text(text, CleanConfig())
     assert "\x00" not in cleaned and "\x1b" not in cleaned and cleaned.startswith("aaaa")
     assert len(cleaned) == 4_000_001 + 900_000 + 1_000_000 + 500_000
@@ -80,7 +80,7 @@ def test_fortunes_zh_and_man_pages(tmp_path):
     sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
     docs = {s["json"]["id"]: sp.decode(s["tokens"].tolist())
             for info in Manifest.load(str(out)).shards for s in iter_samples(str(out / info.name))}
-    poems = [text for doc_id, text in docs.items() if doc_id.startswith("tang300/")]
+    poems = [text for doc_id, text in docs.items() if doc_id.startswith("tang300#")]
     assert poems and not any("\x1b" in p or "[32m" in p for p in poems)
     assert any("床前明月光" in p for p in poems)  # 《静夜思》, colour codes gone, characters intact
     report = (out / "report.txt").read_text()

@@ -94,13 +94,15 @@ def test_cleaned_and_redacted_text_reaches_shards(hostile):
     sp = spm.SentencePieceProcessor(model_file=str(out / m.tokenizer))
     docs = {s["json"]["id"]: sp.decode(s["tokens"].tolist())
             for info in m.shards for s in iter_samples(str(out / info.name))}
-    assert sorted(d for d in docs if not d.startswith("t")) == [
-        "bz/00000001", "g1", "g2", "g5", "good/00000006", "h2", "l3", "notes/00000001", "notes/00000004", "z1", "z2"]
-    assert docs["g2"] == "Bold text with a NUL inside and the rest."
-    assert docs["g5"] == "Write to <EMAIL> or <IP> today."
-    assert docs["notes/00000001"] == "First paragraph line one. line two."  # sentencepiece folds newlines
+    assert sorted(d for d in docs if not d.startswith("cut.")) == [
+        "bz.txt.bz2#00000001", "good.jsonl#00000006", "good.jsonl/g1", "good.jsonl/g2", "good.jsonl/g5",
+        "huge.jsonl/h2", "latin1.jsonl/l3", "notes.txt.gz#00000001", "notes.txt.gz#00000004",
+        "zst.jsonl.zst/z1", "zst.jsonl.zst/z2"]
+    assert docs["good.jsonl/g2"] == "Bold text with a NUL inside and the rest."
+    assert docs["good.jsonl/g5"] == "Write to <EMAIL> or <IP> today."
+    assert docs["notes.txt.gz#00000001"] == "First paragraph line one. line two."  # sentencepiece folds newlines
     texts = {s["json"]["id"]: s["txt"] for info in m.shards for s in iter_samples(str(out / info.name))}
-    assert texts["notes/00000001"] == "First paragraph line one.\nline two."  # shards.store_text keeps the text
+    assert texts["notes.txt.gz#00000001"] == "First paragraph line one.\nline two."  # store_text keeps the text
 
 
 def test_text_field_quality_and_near_dup(hostile, tmp_path):
@@ -125,6 +127,6 @@ def test_text_field_quality_and_near_dup(hostile, tmp_path):
     assert t["kept"] == 1 and t["balanced"]
     kept = [s["json"]["id"] for info in Manifest.load(str(tmp_path / "out")).shards
             for s in iter_samples(str(tmp_path / "out" / info.name))]
-    assert kept == ["a"]  # the smaller id keeps its place
+    assert kept == ["in.jsonl/a"]  # the smaller id keeps its place
     listed = [json.loads(line) for p in (tmp_path / "out" / "duplicates").iterdir() for line in open(p)]
-    assert listed == [{"duplicate_of": "a", "id": "b", "kind": "near", "source": "in"}]
+    assert listed == [{"duplicate_of": "in.jsonl/a", "id": "in.jsonl/b", "kind": "near", "source": "in"}]

@@ -115,7 +115,7 @@ def test_parquet_in_row_group_splits_with_columns_and_language(tmp_path, model_p
     dead = [json.loads(line) for p in (tmp_path / "out" / "dead_letter").iterdir() for line in open(p)]
     assert [(d["line"], d["reason"]) for d in dead] == [(2, "missing_text")]  # Parquet row number
     dups = [json.loads(line) for p in (tmp_path / "out" / "duplicates").iterdir() for line in open(p)]
-    assert dups == [{"duplicate_of": "p0", "id": "p4", "kind": "exact", "source": "web"}]
+    assert dups == [{"duplicate_of": "part.parquet/p0", "id": "part.parquet/p4", "kind": "exact", "source": "web"}]
     kept = sorted(s["json"]["id"] for info in Manifest.load(str(tmp_path / "out")).shards
                   for s in iter_samples(str(tmp_path / "out" / info.name)))
-    assert kept == ["p0", "p3", "p5"]
+    assert kept == ["part.parquet/p0", "part.parquet/p3", "part.parquet/p5"]

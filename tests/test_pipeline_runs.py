@@ -86,9 +86,9 @@ def test_100k_exact_duplicates_are_counted_and_listed(tmp_path):
     listed = [json.loads(line) for p in (tmp_path / "out" / "duplicates").iterdir() for line in open(p)]
     assert len(listed) == copies
     hot = [d for d in listed if d["source"] == "copies"]
-    assert {d["duplicate_of"] for d in hot} == {"d000000"} and len({d["id"] for d in hot}) == copies - 1
+    assert {d["duplicate_of"] for d in hot} == {"in.jsonl/d000000"} and len({d["id"] for d in hot}) == copies - 1
     assert [d for d in listed if d["source"] == "unique"] == [
-        {"duplicate_of": "z0", "id": "z1", "kind": "exact", "source": "unique"}]
+        {"duplicate_of": "in.jsonl/z0", "id": "in.jsonl/z1", "kind": "exact", "source": "unique"}]
     report = (tmp_path / "out" / "report.txt").read_text()
     assert "duplicate rate" in report and "100.0%" in report.split("duplicate rate")[1].split("\n")[0]
     assert (tmp_path / "out" / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -108,4 +108,4 @@ def test_hot_lsh_bucket_goes_through_the_side_input(tmp_path):
     listed = [json.loads(line) for p in (tmp_path / "out" / "duplicates").iterdir() for line in open(p)]
     assert len(listed) == 99 and {d["kind"] for d in listed} == {"near"}
     assert all(d["duplicate_of"] < d["id"] for d in listed)  # always a smaller id, i.e. a bucket keeper
-    assert sum(d["duplicate_of"] == "n000" for d in listed) > 90  # most share a (hot) bucket with n000
+    assert sum(d["duplicate_of"] == "in.jsonl/n000" for d in listed) > 90  # most share a (hot) bucket with n000

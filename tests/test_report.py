@@ -1,4 +1,4 @@
-"""``python -m trainer.report RUN_DIR``: HTML + PNG plots from a metrics.jsonl, old and damaged files included."""
+"""``python -m trainer.observability.report RUN_DIR``: HTML + PNG plots from a metrics.jsonl, old and damaged files included."""
 import json
 import os
 import subprocess
@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.report import read_metrics, write_report
+from trainer.observability.report import read_metrics, write_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,11 +78,11 @@ def test_report_of_an_old_metrics_file_has_the_plots_it_can_draw(tmp_path):
 def test_cli_writes_report_and_explains_a_missing_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps(record(1, 1)) + "\n")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    ok = subprocess.run([sys.executable, "-m", "trainer.report", str(tmp_path)], env=env, capture_output=True,
+    ok = subprocess.run([sys.executable, "-m", "trainer.observability.report", str(tmp_path)], env=env, capture_output=True,
                         text=True, timeout=120)
     assert ok.returncode == 0 and "report written" in ok.stdout
     assert (tmp_path / "report" / "index.html").exists()
-    missing = subprocess.run([sys.executable, "-m", "trainer.report", str(tmp_path / "nope")], env=env,
+    missing = subprocess.run([sys.executable, "-m", "trainer.observability.report", str(tmp_path / "nope")], env=env,
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no metrics file" in missing.stderr
 

@@ -13,7 +13,7 @@ import torch
 
 from loaders.dali import cuda_device_count
 from loaders.imageset import build_image_shards
-from trainer.vision_train import VisionTrainConfig, main, num_classes, train_vision
+from trainer.vision.train import VisionTrainConfig, main, num_classes, train_vision
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import tempfile
 
 import torch
 
-from trainer import checkpoint as ckpt
+from trainer import checkpointing as ckpt
 from trainer import parallel
 from trainer.config import ModelConfig, OptimConfig, TrainConfig, ZeroConfig
 from trainer.launch import run_local_workers

@@ -48,7 +48,7 @@ def _train(argv: list[str]) -> int:
 
 
 def _verify(argv: list[str]) -> int:
-    from trainer.verify import verify_offline
+    from trainer.checkpointing.verify import verify_offline
     parser = argparse.ArgumentParser(prog="python -m trainer verify", description="Verify a checkpoint offline.")
     parser.add_argument("checkpoint", help="checkpoint folder (step_XXXXXX or weights_XXXXXX)")
     parser.add_argument("--config", help="training config (default: the checkpoint's config.yaml)")
@@ -66,7 +66,7 @@ def _verify(argv: list[str]) -> int:
 
 
 def _export(argv: list[str]) -> int:
-    from trainer.checkpoint import export_checkpoint
+    from trainer.checkpointing import export_checkpoint
     parser = argparse.ArgumentParser(prog="python -m trainer export",
                                      description="Consolidate a DCP checkpoint into one torch.save file.")
     parser.add_argument("checkpoint", help="checkpoint folder")
@@ -78,7 +78,7 @@ def _export(argv: list[str]) -> int:
 
 
 def _report(argv: list[str]) -> int:
-    from trainer.report import main as report_main
+    from trainer.observability.report import main as report_main
     return report_main(argv)
 
 

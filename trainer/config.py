@@ -89,7 +89,7 @@ class CheckpointConfig:
     """``torch.distributed.checkpoint`` settings.
 
     Every checkpoint is verified after it is written (reload into a fresh model, per-tensor
-    checksums, one forward pass) and only then becomes visible (see :mod:`trainer.checkpoint`).
+    checksums, one forward pass) and only then becomes visible (see :mod:`trainer.checkpointing`).
 
     Attributes:
         dir: checkpoint root, relative to ``run_dir`` unless absolute.
@@ -149,7 +149,8 @@ class AnomalyConfig:
 
 @dataclass
 class MetricsConfig:
-    """Logging settings (rank 0 writes; see :mod:`trainer.metrics` and :mod:`trainer.meter`).
+    """Logging settings (rank 0 writes; see :mod:`trainer.observability.metrics` and
+    :mod:`trainer.observability.meter`).
 
     Attributes:
         jsonl: metrics file name inside ``run_dir`` (one JSON object per logged step).
@@ -158,7 +159,7 @@ class MetricsConfig:
         prometheus_port: serve Prometheus metrics on this TCP port on rank 0 (0 = off).
         prometheus_addr: bind address of that endpoint (``0.0.0.0`` to let a cluster scraper in).
         peak_flops: peak FLOP/s of one device for MFU (0 = the bf16 data-sheet figure of a known
-            GPU; on CPU MFU is then not reported). See :mod:`trainer.mfu` for the FLOPs formula.
+            GPU; on CPU MFU is then not reported). See :mod:`trainer.observability.mfu` for the FLOPs formula.
     """
 
     jsonl: str = "metrics.jsonl"
@@ -171,7 +172,7 @@ class MetricsConfig:
 
 @dataclass
 class ProfileConfig:
-    """A ``torch.profiler`` trace of a window of steps (:mod:`trainer.profiling`).
+    """A ``torch.profiler`` trace of a window of steps (:mod:`trainer.observability.profiling`).
 
     Attributes:
         enabled: record a trace.

@@ -4,7 +4,7 @@
 2. Preprocess it with the Beam job (``beam_runner.py``): clean, dedup, train a tokenizer, write shards.
 3. Serve the shard folder over HTTP on 127.0.0.1, as a remote the cache fetches from.
 4. Train with ``torchrun`` (gloo, ZeRO) through the cache and the loader.
-5. Render the HTML run report (``python -m trainer.report``).
+5. Render the HTML run report (``python -m trainer.observability.report``).
 6. Write ``runs/demo/summary.json`` and print a short summary.
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         server.shutdown()
 
-    _run("run report", [sys.executable, "-m", "trainer.report", train])
+    _run("run report", [sys.executable, "-m", "trainer.observability.report", train])
 
     with open(os.path.join(shards, "stats.json"), encoding="utf-8") as f:
         stats = json.load(f)

@@ -8,7 +8,7 @@ step's token count is all-reduced first, then each micro-batch backpropagates
 and ranks. The loop never syncs the host with the device except every ``log_every`` steps (and at
 step 1): metrics accumulate in device tensors — and once per step for the anomaly guard
 (``anomaly.enabled``, :mod:`trainer.anomaly`), which must know on the host whether to skip
-``optimizer.step()``. Checkpoints (:mod:`trainer.checkpoint`) are verified before they become
+``optimizer.step()``. Checkpoints (:mod:`trainer.checkpointing`) are verified before they become
 visible; a run resumes from ``checkpoint.resume`` (``latest`` after an elastic restart) with its
 model, optimizer, RNG, loader and learning-rate scale.
 """
@@ -17,21 +17,22 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from loaders.batch import TokenBatch
-from trainer import checkpoint as ckpt
+from trainer import checkpointing as ckpt
 from trainer.anomaly import AnomalyGuard
 from trainer import parallel
 from trainer.config import TrainConfig
-from trainer.meter import IntervalMeter
-from trainer.metrics import MetricsLogger
-from trainer.mfu import flops_per_token, matmul_parameters, peak_flops
+from trainer.observability.meter import IntervalMeter
+from trainer.observability.metrics import MetricsLogger
+from trainer.observability.mfu import flops_per_token, matmul_parameters, peak_flops
 from trainer.model import GPT, count_parameters
 from trainer.optim import clip_grad_norm, lr_at, set_lr
-from trainer.profiling import StepProfiler
+from trainer.observability.profiling import StepProfiler
 from shards.config import to_dict
 
 
@@ -108,7 +109,7 @@ def train_step(model, optimizer, batches: list[TokenBatch], info: parallel.DistI
                timer=None, guard: AnomalyGuard | None = None, step: int = 0):
     """:func:`forward_backward`, clip, optimizer step. Returns device tensors
     ``(loss_sum, local_tokens, grad_norm)`` (pre-clip global gradient norm). No host sync.
-    ``timer`` (a :class:`trainer.timing.StepTimer`) gets marks ``forward_backward`` and ``optimizer``.
+    ``timer`` (a :class:`trainer.observability.timing.StepTimer`) gets marks ``forward_backward`` and ``optimizer``.
     With a ``guard`` the step (``step``: 1-based number) is checked first and skipped when bad
     (``guard.applied`` says which; this costs one small all-reduce and one host read)."""
     loss_sum, local_tokens = forward_backward(model, batches, info, cfg, guard.injection(step) if guard else None)
@@ -162,6 +163,123 @@ def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, s
     return restored.step
 
 
+@dataclass
+class Run:
+    """Everything one training run holds between steps (built by :func:`start_run`)."""
+    cfg: TrainConfig
+    info: parallel.DistInfo
+    cache: object
+    loader: object
+    model: torch.nn.Module  # the bare GPT (parameter counts, FLOPs)
+    wrapped: torch.nn.Module  # the ZeRO-wrapped model that trains
+    optimizer: torch.optim.Optimizer
+    ckpts: ckpt.Checkpointer
+    guard: AnomalyGuard
+    log: MetricsLogger | None = None  # sinks are built after a resume sets ``step``
+    meter: IntervalMeter | None = None
+    profiler: StepProfiler | None = None
+    step: int = 0
+    epoch: int = 0
+    first_step: int = 0
+    tokens_seen: int = 0  # real tokens, all ranks, of the logged intervals
+    loss_first: float | None = None
+    loss_last: float | None = None
+    saved: str | None = None  # newest checkpoint folder this run wrote
+
+    def trainer_state(self) -> dict:
+        """Trainer-side state saved in checkpoints beside model, optimizer and loader."""
+        return {"anomaly": self.guard.state_dict()}
+
+
+def resume(run: Run, path: str) -> None:
+    """Restore model, optimizer, RNG, anomaly state and loader position from checkpoint ``path``."""
+    restored = ckpt.restore(path, run.wrapped, run.optimizer)
+    run.step = run.first_step = restored.step
+    run.guard.load_state_dict((restored.trainer_state or {}).get("anomaly"))
+    run.guard.events.write({"event": "resume", "step": run.step, "rank": run.info.rank, "checkpoint": path,
+                            "rng_restored": restored.rng_restored, "world_size": run.info.world_size,
+                            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
+    if restored.loader_state is not None:
+        run.loader.load_state_dict(restored.loader_state["loader"])
+        run.epoch = getattr(run.loader, "epoch", restored.loader_state["epoch"])
+
+
+def start_run(cfg: TrainConfig) -> Run:
+    """Validate ``cfg``, join the process group, build data, model, optimizer, checkpointer and
+    metric sinks, and resume from ``checkpoint.resume`` when set."""
+    cfg.validate()
+    info = parallel.init_distributed(cfg.device)
+    resolve_vocab_size(cfg)
+    cache, loader = build_data(cfg, info)
+    model, wrapped, optimizer = build_model(cfg, info)
+    ckpt_root = os.path.join(cfg.run_dir, cfg.checkpoint.dir)
+    run = Run(cfg, info, cache, loader, model, wrapped, optimizer, build_checkpointer(cfg, info, ckpt_root),
+              AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device))
+    path = ckpt.latest_checkpoint(ckpt_root) if cfg.checkpoint.resume == "latest" else cfg.checkpoint.resume
+    if path:
+        resume(run, path)
+    if info.is_main:
+        os.makedirs(cfg.run_dir, exist_ok=True)
+        with open(os.path.join(cfg.run_dir, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(to_dict(cfg), f, indent=2)
+    run.log = MetricsLogger.from_config(cfg.metrics, cfg.run_dir, cfg.steps, info.is_main, run.step,
+                                        (cache.registry,) if hasattr(cache, "registry") else ())
+    run.meter = IntervalMeter(info.device, info.world_size,
+                              flops_per_token(matmul_parameters(model), cfg.model, cfg.data.seq_len),
+                              peak_flops(cfg.metrics.peak_flops, info.device), cache, loader)
+    run.profiler = StepProfiler(cfg.profile, cfg.run_dir, info.rank, info.device)
+    return run
+
+
+def log_interval(run: Run, lr: float, acc_loss: torch.Tensor, acc_tokens: torch.Tensor, grad_norm) -> None:
+    """The interval's one host sync: collect metrics from all ranks, log them, reset the accumulators."""
+    record = run.meter.collect(run.step, run.epoch, lr, acc_loss, acc_tokens, grad_norm,
+                               run.guard.skipped_nonfinite + run.guard.skipped_spikes)
+    run.tokens_seen += record["tokens"]
+    if record["loss"] is not None:  # None: every step of the interval was skipped
+        run.loss_first = record["loss"] if run.loss_first is None else run.loss_first
+        run.loss_last = record["loss"]
+    run.log.log(record)
+    acc_loss.zero_()
+    acc_tokens.zero_()
+
+
+def save_checkpoints(run: Run) -> None:
+    """Full and weights-only checkpoints due at this step (``checkpoint.every``/``weights_every``)."""
+    cfg, step = run.cfg.checkpoint, run.step
+    if cfg.every and step % cfg.every == 0 and step < run.cfg.steps:
+        run.saved = run.ckpts.save(step, run.wrapped, run.optimizer, loader_state(run.loader, run.epoch),
+                                   run.trainer_state())
+    if cfg.weights_every and step % cfg.weights_every == 0:
+        run.ckpts.save(step, run.wrapped, None, kind="weights")
+
+
+def finish_run(run: Run, elapsed: float) -> dict:
+    """Final checkpoint, close sinks, write and print the summary (``elapsed``: loop wall seconds)."""
+    cfg, info = run.cfg, run.info
+    if cfg.checkpoint.save_at_end and run.step > run.first_step:
+        run.saved = run.ckpts.save(run.step, run.wrapped, run.optimizer, loader_state(run.loader, run.epoch),
+                                   run.trainer_state())
+    run.ckpts.close()
+    run.log.close()
+    summary = {"train_steps": run.step - run.first_step, "final_step": run.step, "world_size": info.world_size,
+               "loss_first": run.loss_first, "loss_last": run.loss_last, "tokens_seen": run.tokens_seen,
+               "tokens_per_second": run.tokens_seen / elapsed if elapsed > 0 else 0.0,
+               "checkpoint": run.saved, "parameters": count_parameters(run.model), "anomalies": run.guard.summary(),
+               "cache": run.cache.metrics() if hasattr(run.cache, "metrics") else None,
+               "loader": run.loader.metrics() if hasattr(run.loader, "metrics") else None}
+    if info.is_main:
+        with open(os.path.join(cfg.run_dir, "train_summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2, default=str)
+        if run.loss_first is None:
+            print(f"nothing to train: the run is already at step {run.step} of steps={cfg.steps}")
+        else:
+            print(f"trained {summary['train_steps']} steps on {info.world_size} rank(s): loss "
+                  f"{run.loss_first:.3f} -> {run.loss_last:.3f}, {summary['tokens_per_second']:.0f} tokens/s, "
+                  f"checkpoint {run.saved}")
+    return summary
+
+
 def train(cfg: TrainConfig) -> dict:
     """Run ``cfg.steps`` optimizer steps; returns the summary also written to ``run_dir/train_summary.json``.
 
@@ -170,97 +288,36 @@ def train(cfg: TrainConfig) -> dict:
     of the loop), ``tokens_seen`` (real tokens, all ranks), ``checkpoint`` (folder or ``None``),
     ``parameters``, ``cache`` and ``loader`` (their ``metrics()`` on this rank, when they have one).
     """
-    cfg.validate()
-    info = parallel.init_distributed(cfg.device)
-    resolve_vocab_size(cfg)
-    cache, loader = build_data(cfg, info)
-    model, wrapped, optimizer = build_model(cfg, info)
-    ckpt_root = os.path.join(cfg.run_dir, cfg.checkpoint.dir)
-    step, epoch = 0, 0
-    guard = AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device)
-    ckpts = build_checkpointer(cfg, info, ckpt_root)
-    resume = ckpt.latest_checkpoint(ckpt_root) if cfg.checkpoint.resume == "latest" else cfg.checkpoint.resume
-    if resume:
-        restored = ckpt.restore(resume, wrapped, optimizer)
-        step, saved_state = restored.step, restored.loader_state
-        guard.load_state_dict((restored.trainer_state or {}).get("anomaly"))
-        guard.events.write({"event": "resume", "step": step, "rank": info.rank, "checkpoint": resume,
-                            "rng_restored": restored.rng_restored, "world_size": info.world_size,
-                            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
-        if saved_state is not None:
-            loader.load_state_dict(saved_state["loader"])
-            epoch = getattr(loader, "epoch", saved_state["epoch"])
-    if info.is_main:
-        os.makedirs(cfg.run_dir, exist_ok=True)
-        with open(os.path.join(cfg.run_dir, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(to_dict(cfg), f, indent=2)
-    log = MetricsLogger.from_config(cfg.metrics, cfg.run_dir, cfg.steps, info.is_main, step,
-                                    (cache.registry,) if hasattr(cache, "registry") else ())
-    meter = IntervalMeter(info.device, info.world_size,
-                          flops_per_token(matmul_parameters(model), cfg.model, cfg.data.seq_len),
-                          peak_flops(cfg.metrics.peak_flops, info.device), cache, loader)
-    profiler = StepProfiler(cfg.profile, cfg.run_dir, info.rank, info.device)
-
-    stream = micro_batches(loader, epoch)
+    run = start_run(cfg)
+    info, guard, timer = run.info, run.guard, run.meter.timer
+    stream = micro_batches(run.loader, run.epoch)
     acc_loss = torch.zeros((), device=info.device)
     acc_tokens = torch.zeros((), dtype=torch.long, device=info.device)
-    tokens_seen, loss_first, loss_last, saved = 0, None, None, None
     start = time.perf_counter()
-    first_step = step
-    profiler.start()
-    while step < cfg.steps:
-        meter.timer.start()
+    run.profiler.start()
+    while run.step < cfg.steps:
+        timer.start()
         batches = []
         for _ in range(cfg.optim.grad_accum_steps):
-            epoch, b = next(stream)
+            run.epoch, b = next(stream)
             batches.append(b.to(info.device, non_blocking=True) if info.device.type == "cuda" else b)
-        meter.timer.mark("data_wait")
-        lr = lr_at(step, cfg.optim, cfg.steps) * guard.lr_scale
-        set_lr(optimizer, lr)
-        guard.maybe_kill(step + 1)
-        loss_sum, tokens, grad_norm = train_step(wrapped, optimizer, batches, info, cfg, meter.timer, guard, step + 1)
+        timer.mark("data_wait")
+        lr = lr_at(run.step, cfg.optim, cfg.steps) * guard.lr_scale
+        set_lr(run.optimizer, lr)
+        guard.maybe_kill(run.step + 1)
+        loss_sum, tokens, grad_norm = train_step(run.wrapped, run.optimizer, batches, info, cfg, timer, guard,
+                                                 run.step + 1)
         if guard.applied:
             acc_loss += loss_sum
             acc_tokens += tokens
-        step += 1
-        log.step()
-        profiler.step()
-        if step % cfg.log_every == 0 or step == cfg.steps or step == first_step + 1:
-            record = meter.collect(step, epoch, lr, acc_loss, acc_tokens, grad_norm,  # the interval's host sync
-                                   guard.skipped_nonfinite + guard.skipped_spikes)
-            tokens_seen += record["tokens"]
-            if record["loss"] is not None:  # None: every step of the interval was skipped
-                loss_first = record["loss"] if loss_first is None else loss_first
-                loss_last = record["loss"]
-            log.log(record)
-            acc_loss.zero_()
-            acc_tokens.zero_()
+        run.step += 1
+        run.log.step()
+        run.profiler.step()
+        if run.step % cfg.log_every == 0 or run.step == cfg.steps or run.step == run.first_step + 1:
+            log_interval(run, lr, acc_loss, acc_tokens, grad_norm)
         if guard.needs_rollback:
-            step = roll_back(ckpts, wrapped, optimizer, guard, step)
+            run.step = roll_back(run.ckpts, run.wrapped, run.optimizer, guard, run.step)
             continue
-        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps:
-            saved = ckpts.save(step, wrapped, optimizer, loader_state(loader, epoch), {"anomaly": guard.state_dict()})
-        if cfg.checkpoint.weights_every and step % cfg.checkpoint.weights_every == 0:
-            ckpts.save(step, wrapped, None, kind="weights")
-    profiler.stop()
-    elapsed = time.perf_counter() - start
-    if cfg.checkpoint.save_at_end and step > first_step:
-        saved = ckpts.save(step, wrapped, optimizer, loader_state(loader, epoch), {"anomaly": guard.state_dict()})
-    ckpts.close()
-    log.close()
-    summary = {"train_steps": step - first_step, "final_step": step, "world_size": info.world_size,
-               "loss_first": loss_first, "loss_last": loss_last, "tokens_seen": tokens_seen,
-               "tokens_per_second": tokens_seen / elapsed if elapsed > 0 else 0.0,
-               "checkpoint": saved, "parameters": count_parameters(model), "anomalies": guard.summary(),
-               "cache": cache.metrics() if hasattr(cache, "metrics") else None,
-               "loader": loader.metrics() if hasattr(loader, "metrics") else None}
-    if info.is_main:
-        with open(os.path.join(cfg.run_dir, "train_summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2, default=str)
-        if loss_first is None:
-            print(f"nothing to train: the run is already at step {step} of steps={cfg.steps}")
-        else:
-            print(f"trained {summary['train_steps']} steps on {info.world_size} rank(s): loss "
-                  f"{loss_first:.3f} -> {loss_last:.3f}, {summary['tokens_per_second']:.0f} tokens/s, "
-                  f"checkpoint {saved}")
-    return summary
+        save_checkpoints(run)
+    run.profiler.stop()
+    return finish_run(run, time.perf_counter() - start)

@@ -11,7 +11,7 @@ Layout of ``<dir>/step_XXXXXX`` (full) and ``<dir>/weights_XXXXXX`` (weights onl
 
 Every rank writes its own shards in parallel into a hidden ``.NAME.partial`` folder. After all
 ranks finished, the checkpoint is reloaded into a freshly built model of the same wrapping and
-verified (:mod:`trainer.verify`); only then rank 0 writes ``meta.json``, ``config.yaml`` and
+verified (:mod:`trainer.checkpointing.verify`); only then rank 0 writes ``meta.json``, ``config.yaml`` and
 ``COMPLETE`` and renames the folder to its final name, so a visible checkpoint is always whole.
 
 ZeRO stage 1 (``ZeroRedundancyOptimizer``) owns whole parameters per rank: each rank saves the
@@ -25,185 +25,20 @@ import datetime
 import json
 import os
 import pickle
-import random
-import re
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
-from importlib import metadata as importlib_metadata
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from trainer import verify as V
-
-CKPT_DIR = re.compile(r"^(step|weights)_(\d{6,})$")
-COMPLETE = "COMPLETE"
+from trainer.checkpointing import verify as V
+from trainer.checkpointing.layout import COMPLETE, git_commit, list_checkpoints, package_versions, step_dir
+from trainer.checkpointing.state import (apply_state, build_state, load_into, process_rank, rng_state,
+                                         set_rng_state)
 
 
-def step_dir(root: str, step: int, kind: str = "full") -> str:
-    return os.path.join(root, f"{'step' if kind == 'full' else 'weights'}_{step:06d}")
-
-
-def list_checkpoints(root: str, kind: str = "full") -> list[str]:
-    """Finished (``COMPLETE``) checkpoint folders of ``kind`` under ``root``, oldest first."""
-    if not os.path.isdir(root):
-        return []
-    want = "step" if kind == "full" else "weights"
-    done = [(int(m.group(2)), name) for name in os.listdir(root) if (m := CKPT_DIR.match(name))
-            and m.group(1) == want and os.path.exists(os.path.join(root, name, COMPLETE))]
-    return [os.path.join(root, name) for _, name in sorted(done)]
-
-
-def latest_checkpoint(root: str) -> str | None:
-    """Newest finished full checkpoint under ``root``, or ``None``."""
-    found = list_checkpoints(root)
-    return found[-1] if found else None
-
-
-# -- state ---------------------------------------------------------------------------------
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def rng_state() -> dict:
-    """This process's python, numpy and torch (CPU and CUDA) RNG states."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _unwrap(model):
-    return model.module if hasattr(model, "module") else model
-
-
-def _zero_owned_state(model, optimizer: ZeroRedundancyOptimizer, init: bool) -> dict:
-    """``{fqn: state}`` of the parameters this rank's ZeRO partition owns (the live state tensors,
-    so DCP loads into them in place). ``init`` creates missing Adam state first with a zero-gradient,
-    zero-learning-rate step (parameters unchanged)."""
-    inner = optimizer.optim
-    names = {id(p): n for n, p in _unwrap(model).named_parameters()}
-    owned = [p for g in inner.param_groups for p in g["params"]]
-    if init and any(not inner.state.get(p) for p in owned):
-        lrs = [g["lr"] for g in inner.param_groups]
-        made = [p for p in owned if p.grad is None]
-        for p in made:
-            p.grad = torch.zeros_like(p)
-        for g in inner.param_groups:
-            g["lr"] = 0.0
-        inner.step()
-        for g, lr in zip(inner.param_groups, lrs):
-            g["lr"] = lr
-        for p in made:
-            p.grad = None
-    return {names[id(p)]: inner.state[p] for p in owned if inner.state.get(p)}
-
-
-def _zero_param_groups(model, optimizer: ZeroRedundancyOptimizer) -> list[dict]:
-    names = {id(p): n for n, p in _unwrap(model).named_parameters()}
-    return [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
-            for g in optimizer.param_groups]
-
-
-def build_state(model, optimizer, step: int = 0, loader_state=None, trainer_state=None,
-                kind: str = "full", for_load: bool = False) -> dict:
-    """The state dict handed to DCP (see the module doc for keys). ``optimizer`` may be ``None``
-    for ``kind="weights"``. With ``for_load`` ZeRO-1 state is initialised so it can be loaded into."""
-    if kind == "weights":
-        return {"model": get_model_state_dict(model), "step": step}
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        state = {"model": get_model_state_dict(model),
-                 "optim": {"state": _zero_owned_state(model, optimizer, for_load)}}
-        if not for_load:
-            state["optim"]["param_groups"] = _zero_param_groups(model, optimizer)
-    else:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-    state.update(step=step, loader=pickle.dumps(loader_state), trainer=pickle.dumps(trainer_state))
-    state[f"rng_rank{_rank()}"] = pickle.dumps(None if for_load else rng_state())
-    return state
-
-
-def apply_state(state: dict, model, optimizer) -> None:
-    """Copy a loaded :func:`build_state` dict into ``model`` / ``optimizer`` (``None``: weights only)."""
-    if optimizer is None or isinstance(optimizer, ZeroRedundancyOptimizer):
-        set_model_state_dict(model, state["model"])  # ZeRO-1 optimizer state was loaded in place
-    else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-
-
-def _saved_keys(path: str) -> set[str]:
-    return set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
-
-
-def load_into(path: str, model, optimizer, kind: str = "full") -> dict:
-    """DCP-load checkpoint ``path`` into a template of ``model``/``optimizer``; collective.
-    Returns the loaded (not yet applied) state dict; the RNG entry is present only when this rank
-    had one saved (same or smaller world size)."""
-    state = build_state(model, optimizer, kind=kind, for_load=True)
-    rng_key = f"rng_rank{_rank()}"
-    if rng_key in state and rng_key not in _saved_keys(path):
-        del state[rng_key]
-    dcp.load(state, checkpoint_id=path)
-    return state
-
-
-def load_full_state(path: str) -> dict:
-    """Every tensor and object of a checkpoint, unsharded, in one process (offline use)."""
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-    state: dict = {}
-    _load_state_dict(state, storage_reader=dcp.FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
-                     no_dist=True)
-    return state
-
-
-def export_checkpoint(path: str, out: str) -> None:
-    """Write checkpoint ``path`` as one ``torch.save`` file (``torch.load(out)["model"]`` = weights),
-    via ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``; single process."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    dcp_to_torch_save(path, out)
-
-
-# -- metadata ------------------------------------------------------------------------------
-def git_commit() -> str:
-    """``git rev-parse HEAD`` of the source tree, or ``"unknown"``."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
-                             capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def package_versions() -> dict:
-    out = {"python": sys.version.split()[0]}
-    for name in ("torch", "numpy", "colaflow"):
-        try:
-            out[name] = importlib_metadata.version(name)
-        except importlib_metadata.PackageNotFoundError:
-            out[name] = "unknown"
-    return out
-
-
-# -- saving --------------------------------------------------------------------------------
 @dataclass
 class _Pending:
     future: object
@@ -239,9 +74,9 @@ class Checkpointer:
         self.pg = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
         self.async_save = async_save
         self.pending: _Pending | None = None
-        self.commit = git_commit() if _rank() == 0 else "unknown"
+        self.commit = git_commit() if process_rank() == 0 else "unknown"
         self.saved: list[str] = []
-        if _rank() == 0 and os.path.isdir(root):  # saves cut short by a crash or a killed worker
+        if process_rank() == 0 and os.path.isdir(root):  # saves cut short by a crash or a killed worker
             for name in os.listdir(root):
                 if name.startswith(".") and name.endswith(".partial"):
                     shutil.rmtree(os.path.join(root, name), ignore_errors=True)
@@ -251,12 +86,12 @@ class Checkpointer:
         (with ``async_save`` it appears after the next :meth:`wait`).
 
         Raises:
-            trainer.verify.CheckpointVerifyError: the written checkpoint does not verify.
+            trainer.checkpointing.verify.CheckpointVerifyError: the written checkpoint does not verify.
         """
         self.wait()
         final = step_dir(self.root, step, kind)
         tmp = os.path.join(self.root, f".{os.path.basename(final)}.partial")
-        if _rank() == 0:
+        if process_rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # left over by a crash during an earlier save
             os.makedirs(self.root, exist_ok=True)
         if dist.is_initialized():
@@ -296,7 +131,7 @@ class Checkpointer:
         wrapping (what every save does before it commits); collective.
 
         Raises:
-            trainer.verify.CheckpointVerifyError: naming the tensors and files that fail.
+            trainer.checkpointing.verify.CheckpointVerifyError: naming the tensors and files that fail.
         """
         meta = V.read_meta(path)
         self._verify(_Pending(None, path, path, meta["kind"], meta["step"], meta["checksums"], meta["verify"]["loss"]))
@@ -328,7 +163,7 @@ class Checkpointer:
 
     def _commit(self, p: _Pending) -> None:
         self._verify(p)
-        if _rank() == 0:
+        if process_rank() == 0:
             meta = {"step": p.step, "kind": p.kind, "world_size": dist.get_world_size() if dist.is_initialized()
                     else 1, "zero_stage": self.stage, "precision": self.precision, "git_commit": self.commit,
                     "versions": package_versions(), "created_utc": datetime.datetime.now(datetime.timezone.utc)
@@ -364,7 +199,7 @@ def save_checkpoint(root: str, model, optimizer, step: int, loader_state=None) -
     """
     path, tmp = step_dir(root, step), os.path.join(root, f".step_{step:06d}.partial")
     dcp.save(build_state(model, optimizer, step, loader_state), checkpoint_id=tmp)
-    if _rank() == 0:
+    if process_rank() == 0:
         open(os.path.join(tmp, COMPLETE), "w").close()
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
@@ -396,7 +231,7 @@ def restore(path: str, model, optimizer, restore_rng: bool = True) -> Restored:
                                 "pick another one or set checkpoint.resume=\"\"")
     state = load_into(path, model, optimizer)
     apply_state(state, model, optimizer)
-    rng = pickle.loads(state[f"rng_rank{_rank()}"]) if f"rng_rank{_rank()}" in state else None
+    rng = pickle.loads(state[f"rng_rank{process_rank()}"]) if f"rng_rank{process_rank()}" in state else None
     if restore_rng and rng is not None:
         set_rng_state(rng)
     return Restored(int(state["step"]), pickle.loads(state["loader"]), pickle.loads(state["trainer"]),

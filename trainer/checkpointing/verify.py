@@ -11,7 +11,6 @@ of the unsharded tensor that an offline, single-process check computes. The posi
 from __future__ import annotations
 
 import io
-import json
 import os
 
 import torch
@@ -19,6 +18,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
+from trainer.checkpointing.layout import COMPLETE, read_meta
+from trainer.checkpointing.state import load_full_state
 from trainer.synthetic import synthetic_batch
 
 _WORD = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -184,12 +185,6 @@ def describe_mismatches(path: str, keys: list[str], limit: int = 10) -> str:
     return "\n".join(lines) + more
 
 
-def read_meta(path: str) -> dict:
-    """The checkpoint's ``meta.json`` (written by :mod:`trainer.checkpoint`)."""
-    with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
-        return json.load(f)
-
-
 def verify_offline(path: str, config_path: str | None = None) -> list[str]:
     """Verify a checkpoint in one process (no process group): load every tensor unsharded
     (``_EmptyStateDictLoadPlanner``, as ``dcp_to_torch_save`` does), compare checksums with
@@ -197,7 +192,6 @@ def verify_offline(path: str, config_path: str | None = None) -> list[str]:
     (or ``config_path``) and compare its loss. Returns the problems found (empty = passed).
     """
     from shards.config import load_config
-    from trainer.checkpoint import COMPLETE, load_full_state
     from trainer.config import TrainConfig
     from trainer.model import GPT
     problems = []

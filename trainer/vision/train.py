@@ -1,4 +1,4 @@
-"""Train the small image classifier (:class:`trainer.vision.TinyCNN`) on image shards through DALI.
+"""Train the small image classifier (:class:`trainer.vision.model.TinyCNN`) on image shards through DALI.
 
 The image path end to end in one process: cached image shards (``KEY.jpg`` + ``KEY.cls``, as
 written by ``python -m loaders.imageset``) → :class:`loaders.dali.DaliImageLoader` (decode, random
@@ -10,7 +10,7 @@ every ``log_every`` steps only.
 CLI::
 
     python -m loaders.imageset --out runs/images
-    python -m trainer.vision_train --shards runs/images --steps 30
+    python -m trainer.vision.train --shards runs/images --steps 30
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from loaders.dali import DaliImageLoader
-from trainer.vision import TinyCNN
+from trainer.vision.model import TinyCNN
 
 
 @dataclass
@@ -123,7 +123,7 @@ def train_vision(cfg: VisionTrainConfig) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     defaults = VisionTrainConfig()
-    p = argparse.ArgumentParser(prog="python -m trainer.vision_train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m trainer.vision.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in fields(VisionTrainConfig):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),

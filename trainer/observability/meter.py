@@ -1,9 +1,9 @@
 """One log interval's metrics from all ranks: loss, throughput, MFU, step-time split, memory, cache, padding.
 
 The trainer accumulates loss and token counts in device tensors and times phases with a
-:class:`~trainer.timing.StepTimer`; at a log step :meth:`IntervalMeter.collect` gathers one small
+:class:`~trainer.observability.timing.StepTimer`; at a log step :meth:`IntervalMeter.collect` gathers one small
 vector per rank with a single ``all_gather`` (the interval's only collective for metrics and its
-host sync), and turns it into a flat record of numbers for the sinks in :mod:`trainer.metrics`.
+host sync), and turns it into a flat record of numbers for the sinks in :mod:`trainer.observability.metrics`.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainer.timing import StepTimer
+from trainer.observability.timing import StepTimer
 
 # Per-rank values gathered at a log step; "sum" columns are added over ranks, "max" ones maxed.
 SUM_FIELDS = ("loss_sum", "tokens", "cache_hits", "cache_misses", "cache_stall_s", "doc_tokens", "slots")
@@ -59,7 +59,7 @@ class IntervalMeter:
     Args:
         device: this rank's device (CUDA events and memory there; host clock and RSS on CPU).
         world_size: ranks in the job.
-        flops_per_token: training FLOPs per token (:func:`trainer.mfu.flops_per_token`).
+        flops_per_token: training FLOPs per token (:func:`trainer.observability.mfu.flops_per_token`).
         peak_flops: peak FLOP/s of one device, or ``None`` (then ``mfu`` is ``None``).
         cache: object with ``metrics()`` -> ``hits``/``misses``/``stall_seconds`` (``ShardCache``), or ``None``.
         loader: object with ``totals`` -> ``doc_tokens``/``slots`` (``TextLoader``), or ``None``.

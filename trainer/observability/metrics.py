@@ -1,8 +1,8 @@
 """Where logged metrics go, on rank 0 only: a tqdm bar, ``run_dir/metrics.jsonl``, TensorBoard and a
-Prometheus endpoint. The records themselves come from :class:`trainer.meter.IntervalMeter`.
+Prometheus endpoint. The records themselves come from :class:`trainer.observability.meter.IntervalMeter`.
 
 Sinks (all optional except JSONL):
-- JSONL: one JSON object per logged step, ``sort_keys``; the input of ``python -m trainer.report``.
+- JSONL: one JSON object per logged step, ``sort_keys``; the input of ``python -m trainer.observability.report``.
 - TensorBoard: ``torch.utils.tensorboard.SummaryWriter`` under ``run_dir/<metrics.tensorboard_dir>``,
   every numeric field as scalar ``train/<field>`` at x = optimizer step.
 - Prometheus: ``prometheus_client.start_http_server(port, addr, registry=...)`` on rank 0 when
@@ -62,7 +62,7 @@ class PrometheusSink:
     def update(self, record: dict) -> None:
         for key, value in _numeric(record).items():
             if key not in self._gauges:
-                self._gauges[key] = Gauge(key, f"colaflow trainer metric {key} (see trainer.meter)",
+                self._gauges[key] = Gauge(key, f"colaflow trainer metric {key} (see trainer.observability.meter)",
                                           namespace="colaflow_train", registry=self.registry)
             self._gauges[key].set(value)
 
@@ -76,7 +76,7 @@ class MetricsLogger:
 
     Each record holds at least ``step``, ``loss`` (nats per real token), ``tokens_per_second``
     (real tokens over all ranks per wall second), ``lr`` and ``data_wait_s`` (seconds rank 0 spent
-    waiting for batches since the previous record); :meth:`trainer.meter.IntervalMeter.collect`
+    waiting for batches since the previous record); :meth:`trainer.observability.meter.IntervalMeter.collect`
     lists the rest.
 
     Args:

@@ -1,4 +1,4 @@
-"""``python -m trainer.report RUN_DIR``: an HTML report of a training run from its ``metrics.jsonl``.
+"""``python -m trainer.observability.report RUN_DIR``: an HTML report of a training run from its ``metrics.jsonl``.
 
 Writes ``RUN_DIR/report/index.html`` with PNG plots (matplotlib, Agg backend) of the loss, the
 throughput (tokens/s, and MFU when known), the step-time split (data-wait share, forward+backward,
@@ -316,7 +316,7 @@ def write_report(run_dir: str, out_dir: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.report", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m trainer.observability.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="training run folder (run_dir of the config), holding metrics.jsonl")
     ap.add_argument("--out", help="output folder (default RUN_DIR/report)")
