@@ -181,6 +181,13 @@ class MixtureLoader(TextLoader):
         """Tokens delivered per source: restored totals plus this rank's since (``data.mixture`` order)."""
         return [b + n for b, n in zip(self.tokens_base, self.tokens_new)]
 
+    def source_counts(self) -> dict:
+        """Per source (``data.mixture`` order): ``names``, ``tokens_base`` (restored totals, the same on every
+        rank), ``tokens_new`` (this rank's since), ``epochs`` (source epoch reached by this rank) and
+        ``shares`` (token shares in force). Add ``tokens_new`` over ranks and ``tokens_base`` once."""
+        return {"names": list(self.names), "tokens_base": list(self.tokens_base), "tokens_new": list(self.tokens_new),
+                "epochs": list(self.source_epochs), "shares": list(self.plan.shares)}
+
     def metrics(self) -> dict:
         """:meth:`TextLoader.metrics` plus ``sources``: name -> ``tokens`` (see :meth:`source_tokens`),
         ``share`` (of those tokens), ``weight`` (token share in force) and ``epoch`` (the source's)."""

@@ -26,6 +26,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
+from trainer.observability.sources import source_rows  # noqa: E402
+
 
 @dataclass
 class RunMetrics:
@@ -227,6 +229,7 @@ def summarize(m: RunMetrics, config: dict, summary: dict) -> list[tuple[str, str
     pad = m.series("padding_efficiency")[1]
     if pad:
         rows.append(("padding efficiency", f"{100 * sum(pad) / len(pad):.1f}% (mean)"))
+    rows.extend(source_rows(m.records, config))  # per-source tokens and shares of a data.mixture run
     mem = m.series("memory_max_bytes")[1]
     if mem:
         rows.append(("peak memory", f"{max(mem) / 2**20:,.0f} MiB ({last.get('memory_kind', '?')}, max over ranks)"))
