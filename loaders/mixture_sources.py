@@ -13,8 +13,8 @@ sources share one node cache.
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
+from hashlib import sha256
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from shards.config import ConfigError, from_dict
 from shards.manifest import ShardInfo
 
 from .mixture_plan import MixturePlan
-from .order import SampleOrder, _stream_seed
+from .order import SampleOrder
 from .shard_access import ShardReader
 
 
@@ -134,8 +134,9 @@ def combined_manifest(sources: list[LoadedSource]) -> Manifest:
 
 
 def source_seed(seed: int, name: str) -> int:
-    """Seed of a source's own sample order: fixed by ``data.seed`` and the source's name."""
-    return int(_stream_seed(seed, zlib.crc32(name.encode())))
+    """Seed of a source's own sample order (a 63-bit int): fixed by ``data.seed`` and the source's name,
+    so sources draw independent orders and reordering ``data.mixture`` changes none of them."""
+    return int.from_bytes(sha256(f"{seed}\0{name}".encode()).digest()[:8], "little") >> 1
 
 
 class MixtureOrder:
