@@ -58,6 +58,9 @@ def _by_dataset(entries: list[Entry]) -> dict[str, list[Entry]]:
 
 
 def cmd_status(args) -> int:
+    """``status``: the cache folder, its use against ``max_bytes`` and its entries per dataset.
+
+    Never creates the folder and works on a read-only cache. Returns the exit code (0)."""
     cfg = _config(args)
     print(f"cache dir      {cfg.path}")
     if not os.path.isdir(cfg.path):
@@ -87,6 +90,10 @@ def cmd_status(args) -> int:
 
 
 def cmd_warm(args) -> int:
+    """``warm MANIFEST``: download the manifest's shards in order until ``max_bytes`` is full.
+
+    Returns 0 when every shard that fits was fetched, 2 when not even one shard fits the limit
+    (nothing could ever be cached), 1 when a download failed."""
     from shards.manifest import Manifest, shard_url
 
     cache = _open(args)
@@ -125,6 +132,9 @@ def cmd_warm(args) -> int:
 
 
 def cmd_evict(args) -> int:
+    """``evict``: remove unpinned entries (least recently used first) until usage is below the limit.
+
+    Returns the exit code (0; 2 on a read-only cache)."""
     cache = _open(args)
     target = parse_size(args.to) if args.to is not None else cache.config.max_bytes_int
     n, freed = cache.store.evict_to(target)
@@ -134,6 +144,7 @@ def cmd_evict(args) -> int:
 
 
 def cmd_clear(args) -> int:
+    """``clear``: remove every unpinned entry and leftover partial download. Returns the exit code."""
     cache = _open(args)
     n, freed = cache.store.evict_to(0)
     removed = cache.store.cleanup(partial_ttl_s=0)
@@ -145,6 +156,8 @@ def cmd_clear(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    """``verify``: re-hash every entry against its recorded sha256; corrupt entries are listed and
+    removed (unless pinned or the folder is read-only). Returns 0 when all are good, 1 otherwise."""
     cache = _open(args, writes=False)
     st = cache.store
     bad = unknown = 0
@@ -167,6 +180,9 @@ def cmd_verify(args) -> int:
 
 
 def cmd_tune(args) -> int:
+    """``tune MANIFEST``: measure this node's disk and fetch rate and print a ``cache:`` config snippet.
+
+    Returns 0, or 1 when a downloaded shard does not match the manifest (a wrong URL was measured)."""
     from shards.manifest import Manifest, shard_url
 
     from cache.tune import Measurements, check_fetched, describe_disk, measure_disk, measure_remote, recommend, render
@@ -204,6 +220,7 @@ def cmd_tune(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    """``serve DIR``: serve a folder over HTTP with Range support on ``--host``/``--port`` until Ctrl-C."""
     from cache.http_server import serve_directory
 
     if not os.path.isdir(args.directory):
@@ -267,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m cache``; returns the exit code (2 usage/config, 1 runtime, 130 Ctrl-C)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(message)s")
     try:

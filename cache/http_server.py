@@ -51,6 +51,7 @@ class Faults:
     require_query: str | None = None
 
     def take(self, name: str) -> str | None:
+        """Pop the next scripted fault for file ``name`` (``None`` when none is left)."""
         queue = self.plan.get(name)
         return queue.pop(0) if queue else None
 
@@ -181,6 +182,7 @@ class FileServer(ThreadingHTTPServer):
         self._log_lock = threading.Lock()
 
     def record(self, req: Request) -> None:
+        """Log one served request (thread-safe; read back with :meth:`gets`)."""
         with self._log_lock:
             self.requests.append(req)
 

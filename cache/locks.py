@@ -31,6 +31,7 @@ class FileLock:
 
     @property
     def held(self) -> bool:
+        """Whether this object currently holds the lock."""
         return self._fd is not None
 
     def acquire(self, blocking: bool = True, timeout_s: float | None = None) -> bool:

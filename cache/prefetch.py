@@ -22,7 +22,8 @@ Item = tuple  # (url, sha256 hex or None, size in bytes or None)
 class Hold(Protocol):
     """What a prefetch returns: a held lock on the downloaded shard, dropped with ``release()``."""
 
-    def release(self) -> None: ...
+    def release(self) -> None:
+        """Drop the hold; the shard becomes evictable again."""
 
 
 class Prefetcher:

@@ -106,27 +106,35 @@ class Store:
 
     # -- paths ------------------------------------------------------------------------
     def data_path(self, key: str) -> str:
+        """Path of entry ``key``'s bytes (``data/KEY``)."""
         return os.path.join(self.root, "data", key)
 
     def meta_path(self, key: str) -> str:
+        """Path of entry ``key``'s sidecar (``data/KEY.meta``: url, sha256, size, verified)."""
         return os.path.join(self.root, "data", key + ".meta")
 
     def part_path(self, key: str) -> str:
+        """Path of ``key``'s download in progress (``tmp/KEY.part``)."""
         return os.path.join(self.root, "tmp", key + ".part")
 
     def resv_path(self, key: str) -> str:
+        """Path of ``key``'s byte reservation (``tmp/KEY.resv``), counted in usage while downloading."""
         return os.path.join(self.root, "tmp", key + ".resv")
 
     def pin_lock(self, key: str) -> FileLock:
+        """Shared lock held by every reader of ``key``; a pinned entry is never evicted."""
         return FileLock(os.path.join(self.root, "locks", key + ".pin"), shared=True)
 
     def hold_lock(self, key: str) -> FileLock:
+        """Shared lock held on a prefetched, not-yet-read ``key``; other prefetches never evict it."""
         return FileLock(os.path.join(self.root, "locks", key + ".hold"), shared=True)
 
     def fetch_lock(self, key: str) -> FileLock:
+        """Exclusive lock taken by the one process downloading ``key``."""
         return FileLock(os.path.join(self.root, "locks", key + ".fetch"))
 
     def global_lock(self) -> FileLock:
+        """Exclusive lock around accounting: listing usage, reserving, committing and evicting."""
         return FileLock(os.path.join(self.root, "global.lock"))
 
     # -- sidecars -----------------------------------------------------------------------

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from hashlib import sha256
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -207,7 +207,9 @@ class TextLoader:
         self.progress = self._epoch_progress(0)
         self.data_wait_seconds = 0.0
         self.last_split = None  # loaders.order.Split of the current epoch (drop/pad counts)
-        self.totals = {"batches": 0, "doc_tokens": 0, "slots": 0, "data_wait_seconds": 0.0}
+        # queue_depth_sum / queue_samples: mean ready batches in the prefetch thread's queue (data.num_workers=0)
+        self.totals = {"batches": 0, "doc_tokens": 0, "slots": 0, "data_wait_seconds": 0.0, "queue_depth_sum": 0,
+                       "queue_samples": 0}
 
     # -- epochs and state -------------------------------------------------------------
     @property
@@ -296,7 +298,12 @@ class TextLoader:
                                    multiprocessing_context=cfg.worker_start,
                                    pin_memory=cfg.pin_memory and torch.cuda.is_available()))
         return _thread_prefetch(iter(self.dataset), cfg.prefetch_batches,
-                                cfg.pin_memory and torch.cuda.is_available())
+                                cfg.pin_memory and torch.cuda.is_available(), self._queue_depth)
+
+    def _queue_depth(self, ready: int) -> None:
+        """Count the batches ready in the prefetch queue when the trainer asks for one (metric)."""
+        self.totals["queue_depth_sum"] += ready
+        self.totals["queue_samples"] += 1
 
     def __iter__(self) -> Iterator[TokenBatch]:
         if self.rank in self.progress.complete_ranks:  # this rank finished the epoch: go on with the next
@@ -352,8 +359,10 @@ def _preload_forkserver() -> None:
     fs.set_forkserver_preload(["__main__", "torch", __name__])
 
 
-def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool) -> Iterator[TokenBatch]:
-    """Run ``it`` in a background thread, ``depth`` batches ahead; stops when the consumer stops."""
+def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool,
+                     on_get: Callable[[int], None] | None = None) -> Iterator[TokenBatch]:
+    """Run ``it`` in a background thread, ``depth`` batches ahead; stops when the consumer stops.
+    ``on_get(n)`` is told the number of batches ready in the queue each time the consumer asks."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
     end = object()
@@ -377,7 +386,11 @@ def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool) -> Iterato
     thread = threading.Thread(target=run, name="colaflow-batch-prefetch", daemon=True)
     thread.start()
     try:
-        while (item := q.get()) is not end:
+        while True:
+            if on_get is not None:
+                on_get(q.qsize())
+            if (item := q.get()) is end:
+                break
             if isinstance(item, BaseException):
                 raise item
             yield item

@@ -34,11 +34,11 @@ class OutputNotWritableError(OSError):
 
 
 def _artifacts(fs, root: str, prefix: str) -> list[str]:
-    from .report import REPORT_PNG, REPORT_TXT
+    from .report import REPORT_HTML, REPORT_PNG, REPORT_TXT
     from .sharding import TMP_DIR, TOKENIZER_FILE
 
     names = ["manifest.json", "stats.json", TOKENIZER_FILE, "shardindex.json", REPORT_TXT, REPORT_PNG,
-             TMP_DIR, DEAD_LETTER_DIR, DUPLICATES_DIR]
+             REPORT_HTML, TMP_DIR, DEAD_LETTER_DIR, DUPLICATES_DIR]
     found = [f"{root}/{n}" for n in names if fs.exists(f"{root}/{n}")]
     patterns = [f"{prefix}-*.tar", f"{prefix}-*.idx", "beam-temp-*", "*.partial", ".*.partial"]
     return found + sorted(p for pattern in patterns for p in fs.glob(f"{root}/{pattern}"))
@@ -130,6 +130,10 @@ class WriteJsonl(beam.PTransform):
         self.folder_url = folder_url.rstrip("/")
 
     def expand(self, lines):
+        """``lines`` (PCollection of str, one JSON object each) → ``part-NNNNN.jsonl`` files under the folder.
+
+        Lines are spread over a fixed number of parts by a stable hash, so reruns write the same files;
+        an empty part is never written (no file at all when there is no line)."""
         return (lines
                 | "Part" >> beam.Map(lambda line: (stable_bucket(line, JSONL_PARTS), line))
                 | "GroupPart" >> beam.GroupByKey()

@@ -66,6 +66,7 @@ class ZstdReader(io.RawIOBase):
         self._obj, self._buf, self._in_frame = self._dctx.decompressobj(), b"", False
 
     def readable(self) -> bool:
+        """Always ``True`` (a read-only stream)."""
         return True
 
     def readinto(self, b) -> int:

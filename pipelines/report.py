@@ -2,17 +2,21 @@
 
 Built from ``stats.json`` alone, so it is the same for every runner. The text gives the
 record balance, the top filter reasons, PII redactions per source, skipped input files, the
-duplicate rate, tokens and UTF-8 bytes per token, and the document-length histogram (kept documents per power-of-two token bin); the PNG plots
-that histogram and the filter reasons (matplotlib, Agg backend: no display needed).
+duplicate rate, tokens and UTF-8 bytes per token, and the document-length histogram (kept
+documents per power-of-two token bin). The PNG plots that histogram, the removed records and the
+redactions per source, each only when it has something to show (matplotlib, Agg backend: no
+display needed); ``report.html`` shows text and picture in a browser.
 """
 from __future__ import annotations
 
+import html
 import io
 
 import fsspec
 
 REPORT_TXT = "report.txt"
 REPORT_PNG = "report.png"
+REPORT_HTML = "report.html"
 TOP_REASONS = 10
 
 
@@ -45,12 +49,12 @@ def report_text(stats: dict) -> str:
     ]
     reasons = sorted(t["filtered"].items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS]
     lines += [f"  {reason:<24} {count:>10,}  {_pct(count, n)}" for reason, count in reasons] or ["  none"]
-    redacted = {source: entry["redactions"] for source, entry in stats.get("sources", {}).items()
-                if entry.get("redactions")}
+    redacted = redactions_per_source(stats)
     if redacted:
         lines += ["", "PII redactions by source:"]
-        lines += [f"  {source:<24} " + ", ".join(f"{kind} {n:,}" for kind, n in sorted(counts.items()))
-                  for source, counts in sorted(redacted.items())]
+        lines += [f"  {source:<24} {sum(counts.values()):>10,}  "
+                  + ", ".join(f"{kind} {n:,}" for kind, n in sorted(counts.items()))
+                  for source, counts in redacted.items()]
     if t.get("skipped_files"):
         lines += ["", f"skipped files    {t['skipped_files']:>12,}  (unknown format; see input.unknown_files)"]
     if t["dead_letter_reasons"]:
@@ -65,39 +69,100 @@ def report_text(stats: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def redactions_per_source(stats: dict) -> dict[str, dict[str, int]]:
+    """``{source: {kind: count}}`` of PII redactions: ``stats["pii"]["per_source"]`` when present,
+    else each ``stats["sources"][source]["redactions"]``; sources without redactions left out."""
+    per = (stats.get("pii") or {}).get("per_source")
+    if not isinstance(per, dict):
+        per = {s: e.get("redactions", {}) for s, e in (stats.get("sources") or {}).items() if isinstance(e, dict)}
+    return {s: {k: int(n) for k, n in kinds.items() if n} for s, kinds in sorted(per.items())
+            if isinstance(kinds, dict) and any(kinds.values())}
+
+
+def report_panels(stats: dict) -> list[str]:
+    """The panels ``report.png`` draws, in order; a panel with nothing to show is left out:
+    ``lengths`` (kept-document length histogram), ``removed`` (filter reasons and exact
+    duplicates), ``redactions`` (PII redactions per source and kind)."""
+    t = stats["total"]
+    panels = []
+    if any(t.get("length_tokens", {}).values()):
+        panels.append("lengths")
+    if any(t["filtered"].values()) or t["duplicates"]:
+        panels.append("removed")
+    if redactions_per_source(stats):
+        panels.append("redactions")
+    return panels
+
+
+def _draw_lengths(ax, stats: dict) -> None:
+    t = stats["total"]
+    hist = {int(k): v for k, v in t.get("length_tokens", {}).items()}
+    bins = sorted(hist)
+    ax.bar(range(len(bins)), [hist[b] for b in bins], color="#4477aa")
+    ax.set_xticks(range(len(bins)), [str(b) for b in bins], rotation=60, fontsize=7)
+    ax.set_xlabel("document length, tokens (bin lower edge, powers of two)")
+    ax.set_ylabel("kept documents")
+    ax.set_title(f"{t['kept']:,} kept documents, {t['tokens']:,} tokens")
+
+
+def _draw_removed(ax, stats: dict) -> None:
+    t = stats["total"]
+    reasons = sorted(((r, c) for r, c in t["filtered"].items() if c), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS]
+    if t["duplicates"]:
+        reasons = sorted(reasons + [("duplicate (exact)", t["duplicates"])], key=lambda kv: -kv[1])
+    ax.barh([r for r, _ in reasons][::-1], [c for _, c in reasons][::-1], color="#cc6677")
+    ax.set_xlabel("records")
+    ax.set_title(f"removed, of {t['input_records']:,} records in")
+
+
+def _draw_redactions(ax, stats: dict) -> None:
+    per = redactions_per_source(stats)
+    sources = list(per)
+    kinds = sorted({k for kinds in per.values() for k in kinds})
+    left = [0] * len(sources)
+    for i, kind in enumerate(kinds):
+        counts = [per[s].get(kind, 0) for s in sources]
+        ax.barh(sources, counts, left=left, label=kind, color=f"C{i}")
+        left = [a + b for a, b in zip(left, counts)]
+    ax.set_xlabel("redactions")
+    ax.set_title("PII redactions per source")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(len(kinds), 4), fontsize=8, frameon=False)
+
+
 def report_png(stats: dict) -> bytes:
-    """PNG bytes: the length histogram (log-2 bins) and the top filter reasons, side by side."""
+    """PNG bytes: one panel per entry of :func:`report_panels`, side by side (a note instead
+    of axes when there is nothing at all to plot)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    t = stats["total"]
-    hist = {int(k): v for k, v in t.get("length_tokens", {}).items()}
-    fig = Figure(figsize=(11, 4), dpi=100)
-    ax1, ax2 = fig.subplots(1, 2)
-    bins = sorted(hist)
-    ax1.bar(range(len(bins)), [hist[b] for b in bins], color="#4477aa")
-    ax1.set_xticks(range(len(bins)), [str(b) for b in bins], rotation=60, fontsize=7)
-    ax1.set_xlabel("document length, tokens (bin lower edge, powers of two)")
-    ax1.set_ylabel("kept documents")
-    ax1.set_title(f"{t['kept']:,} kept documents, {t['tokens']:,} tokens")
-    reasons = sorted(t["filtered"].items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS]
-    if t["duplicates"]:
-        reasons = sorted(reasons + [("duplicate (exact)", t["duplicates"])], key=lambda kv: -kv[1])
-    ax2.barh([r for r, _ in reasons][::-1], [c for _, c in reasons][::-1], color="#cc6677")
-    ax2.set_xlabel("records")
-    ax2.set_title(f"removed, of {t['input_records']:,} records in")
+    panels = report_panels(stats)
+    fig = Figure(figsize=(5.5 * max(len(panels), 1), 4), dpi=100)
+    draw = {"lengths": _draw_lengths, "removed": _draw_removed, "redactions": _draw_redactions}
+    for i, name in enumerate(panels):
+        draw[name](fig.add_subplot(1, len(panels), i + 1), stats)
+    if not panels:
+        fig.text(0.5, 0.5, "no documents kept, none removed: nothing to plot", ha="center", va="center")
     fig.tight_layout()
     out = io.BytesIO()
     fig.savefig(out, format="png")
     return out.getvalue()
 
 
+def report_html(text: str) -> str:
+    """``report.html``: the text report and ``report.png`` on one page (for a browser)."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>colaflow preprocessing "
+            "report</title>\n<style>body { font-family: sans-serif; margin: 2em; } img { max-width: 100%; }</style>"
+            f"</head>\n<body>\n<h1>colaflow preprocessing report</h1>\n<img src=\"{REPORT_PNG}\" "
+            f"alt=\"document lengths, removed records, redactions\">\n<pre>{html.escape(text)}</pre>\n</body>\n</html>\n")
+
+
 def write_report(output_dir: str, stats: dict) -> str:
-    """Write ``report.txt`` and ``report.png`` into ``output_dir`` (folder or fsspec URL); returns the text."""
+    """Write ``report.txt``, ``report.png`` and ``report.html`` into ``output_dir`` (folder or fsspec URL); returns the text."""
     fs, root = fsspec.core.url_to_fs(output_dir)
     text = report_text(stats)
     fs.pipe_file(f"{root}/{REPORT_TXT}", text.encode("utf-8"))
     fs.pipe_file(f"{root}/{REPORT_PNG}", report_png(stats))
+    fs.pipe_file(f"{root}/{REPORT_HTML}", report_html(text).encode("utf-8"))
     return text

@@ -43,6 +43,7 @@ class EventTally:
         self.counts: dict[tuple[str, str], int] = defaultdict(int)
 
     def add(self, source: str, name: str, n: int = 1) -> None:
+        """Count ``n`` events ``name`` (e.g. ``filtered:too_short``) for ``source``."""
         self.counts[source, name] += n
 
     def flush(self):

@@ -43,6 +43,7 @@ class SmallestHashSample(beam.CombineFn):
         self.max_bytes, self.fraction = max_bytes, fraction
 
     def create_accumulator(self):
+        """An empty sample: ``[bytes held, items, cutoff]``."""
         return [0, [], None]  # [bytes held, [(over, hash, text, bytes), ...], cutoff (over, hash, text) or None]
 
     def _trim(self, items, cutoff):
@@ -60,6 +61,7 @@ class SmallestHashSample(beam.CombineFn):
         return [total, out, cutoff]
 
     def add_input(self, acc, element):
+        """Add one ``(content hash hex, text)``; trims once the items pass twice the byte budget."""
         h, text = element
         key = (hash_fraction(h) >= self.fraction, h, text)
         if acc[2] is not None and key >= acc[2]:
@@ -71,10 +73,12 @@ class SmallestHashSample(beam.CombineFn):
         return self._trim(acc[1], acc[2]) if acc[0] > 2 * self.max_bytes else acc
 
     def merge_accumulators(self, accumulators):
+        """Merge partial samples, keeping the smallest cutoff (partition-independent result)."""
         cutoffs = [a[2] for a in accumulators if a[2] is not None]
         return self._trim([x for a in accumulators for x in a[1]], min(cutoffs) if cutoffs else None)
 
     def extract_output(self, acc):
+        """The sampled texts (list of str) in hash order, under the fraction when any text is."""
         items = self._trim(acc[1], acc[2])[1]
         under = [item for item in items if not item[0]]
         return [item[2] for item in (under or items)]
@@ -175,18 +179,25 @@ class TokenizeFn(beam.DoFn):
     """
 
     def setup(self):
+        """Per-instance state: no processor yet (it comes with the side input) and a progress bar."""
         self._model_key = None
         self._sp = None
         self._bar = tqdm(desc="tokenize", unit=" doc", mininterval=2.0, delay=2.0, leave=False,
                          disable=None)  # no bar when stderr is not a terminal
 
     def teardown(self):
+        """Close the progress bar."""
         self._bar.close()
 
     def start_bundle(self):
+        """A fresh event tally for the bundle."""
         self.tally = EventTally()
 
     def process(self, docs: list[Doc], model_bytes: bytes):
+        """Encode a batch of :class:`Doc` with the sentencepiece model (``model_bytes``, side input).
+
+        Yields one list of ``(doc, tokens)`` (``tokens``: 1-D uint16 when the vocabulary fits, else
+        uint32); documents with no token are counted ``filtered:no_tokens`` and left out."""
         if self._model_key != len(model_bytes) or self._sp is None:
             self._sp = load_processor(model_bytes)
             self._model_key = len(model_bytes)
@@ -199,4 +210,5 @@ class TokenizeFn(beam.DoFn):
         yield [(doc, np.asarray(t, dtype=self._dtype)) for doc, t in zip(docs, ids) if t]
 
     def finish_bundle(self):
+        """Emit the bundle's event counts on tag ``events``."""
         yield from self.tally.flush()

@@ -42,6 +42,8 @@ class ReadRecords(beam.PTransform):
         self.run_id = uuid.uuid4().hex  # one progress bar per run, even when runs share a process
 
     def expand(self, pbegin):
+        """Match the glob, plan file splits and read them: returns ``{"units": ..., "events": ...}``
+        (raw record units for :class:`ParseFn`, and ``skipped_file`` events of unknown formats)."""
         planned = (pbegin
                    | "Match" >> fileio.MatchFiles(self.glob, EmptyMatchTreatment.DISALLOW)
                    | "Plan" >> beam.FlatMap(_plan, self.cfg).with_outputs(EVENTS, main="splits"))
@@ -69,9 +71,12 @@ class ParseFn(beam.DoFn):
         self.cfg, self.root = cfg, input_root(glob)
 
     def start_bundle(self):
+        """A fresh event tally for the bundle."""
         self.tally = EventTally()
 
     def process(self, unit):
+        """Parse one unit ``(path, line, offset, raw, format, size)`` into a :class:`Doc` with a qualified
+        id, or a :class:`DeadLetter` on tag ``dead`` naming the file and position."""
         path, line, offset, raw, fmt, size = unit
         parsed = parse_unit(path, line, raw, fmt, self.cfg, offset, size, relative_name(path, self.root))
         self.tally.add(parsed.source, "input")
@@ -82,6 +87,7 @@ class ParseFn(beam.DoFn):
             yield parsed
 
     def finish_bundle(self):
+        """Emit the bundle's event counts on tag ``events``."""
         yield from self.tally.flush()
 
 
@@ -98,12 +104,16 @@ class CleanFn(beam.DoFn):
         self.cfg = cfg
 
     def setup(self):
+        """Load the language identifier once per DoFn instance."""
         self.lang = LanguageFilter(self.cfg.language)
 
     def start_bundle(self):
+        """A fresh event tally for the bundle."""
         self.tally = EventTally()
 
     def process(self, doc: Doc):
+        """Clean, filter and redact one :class:`Doc`; yields the cleaned document or nothing (counted as
+        ``filtered:<reason>``)."""
         if len(doc.text) > self.cfg.clean.max_chars:
             self.tally.add(doc.source, "filtered:too_long")
             return
@@ -119,6 +129,7 @@ class CleanFn(beam.DoFn):
         yield Doc(doc.id, text, doc.source)
 
     def finish_bundle(self):
+        """Emit the bundle's event counts on tag ``events``."""
         yield from self.tally.flush()
 
 
@@ -132,12 +143,15 @@ class TwoTexts(beam.CombineFn):
     memory however often an id repeats): two means different texts share the id."""
 
     def create_accumulator(self):
+        """No hash seen yet: an empty tuple."""
         return ()
 
     def add_input(self, acc, text_hash: str):
+        """Add one content hash (hex str); keeps at most two distinct hashes, sorted."""
         return acc if text_hash in acc or len(acc) == 2 else tuple(sorted(acc + (text_hash,)))
 
     def merge_accumulators(self, accumulators):
+        """Union of partial results, still at most two distinct hashes."""
         merged: tuple = ()
         for acc in accumulators:
             for h in acc:
@@ -145,6 +159,7 @@ class TwoTexts(beam.CombineFn):
         return merged
 
     def extract_output(self, acc):
+        """The tuple of at most two distinct hashes seen under the id."""
         return acc
 
 
@@ -167,6 +182,8 @@ class UniqueIds(beam.PTransform):
     """
 
     def expand(self, hashed):
+        """``(hash, Doc)`` pairs → the same pairs, with ids that several different texts share in one file
+        made unique by :func:`pipelines.records.disambiguate_id`."""
         shared = (hashed
                   | "IdHash" >> beam.MapTuple(lambda h, d: (d.id, h))
                   | "TwoTexts" >> beam.CombinePerKey(TwoTexts())
@@ -192,9 +209,11 @@ class KeepSmallestId(beam.CombineFn):
         self.list_max = list_max
 
     def create_accumulator(self):
+        """``(keeper Doc or None, {source: copies}, [(id, source), ...] or None)``."""
         return None, {}, []
 
     def add_input(self, acc, doc: Doc):
+        """Add one copy: keep the smaller ``(id, text)``, count its source, list it while the list is short."""
         best, counts, members = acc
         counts[doc.source] = counts.get(doc.source, 0) + 1
         if best is None or (doc.id, doc.text) < (best.id, best.text):
@@ -206,6 +225,7 @@ class KeepSmallestId(beam.CombineFn):
         return best, counts, members
 
     def merge_accumulators(self, accumulators):
+        """Merge partial results; the member list becomes ``None`` once past ``list_max``."""
         best, counts, members = None, {}, []
         for b, c, m in accumulators:
             if b is not None and (best is None or (b.id, b.text) < (best.id, best.text)):
@@ -216,6 +236,7 @@ class KeepSmallestId(beam.CombineFn):
         return best, counts, members
 
     def extract_output(self, acc):
+        """``(keeper, counts per source, sorted members or None for a hot key)``."""
         best, counts, members = acc
         return best, counts, None if members is None else sorted(members)
 
@@ -260,6 +281,8 @@ class ExactDedup(beam.PTransform):
         self.list_duplicates, self.keyed_input = list_duplicates, keyed_input
 
     def expand(self, docs):
+        """``Doc`` (or ``(hash, Doc)`` when ``keyed_input``) → ``{"docs", "events", "duplicates"}``: one
+        keeper per distinct text, ``duplicate:*`` events, and one duplicate line per dropped copy."""
         keyed = docs if self.keyed_input else docs | "KeyByHash" >> beam.Map(key_by_hash)
         combiner = KeepSmallestId(LIST_MAX if self.list_duplicates else 0)
         out = (keyed

@@ -82,8 +82,13 @@ def test_jsonl_has_every_field_with_sane_values(two_rank_run):
         assert r["flops_per_token"] == expected_flops
         assert r["model_flops_per_second"] == pytest.approx(r["tokens"] * expected_flops / r["interval_s"] / 2)
         assert r["mfu"] == pytest.approx(r["model_flops_per_second"] / 1e12)
-        for phase in ("data_wait", "forward_backward", "optimizer"):
+        for phase in ("data_wait", "comm", "forward_backward", "optimizer"):
             assert 0 <= r[f"{phase}_s"] <= r[f"{phase}_max_s"]
+        assert r["comm_s"] > 0 and 0 <= r["data_queue_depth"] <= 2  # the default data.prefetch_batches=2
+        assert r["hw_rss_bytes"] > 2**26 and not any(k.startswith("hw_gpu") for k in r)
+        assert set(r["layers"]) == {"blocks.0"}  # the default sample of a 1-block model
+        stats = r["layers"]["blocks.0"]
+        assert stats["grad_norm"] > 0 and 0 < stats["update_ratio"] < 1 and 0 < stats["act_rms"] <= stats["act_max"]
         assert r["forward_backward_s"] > 0 and r["optimizer_s"] > 0
         assert 0 <= r["data_wait_share"] <= 1
         assert r["memory_kind"] == "rss" and 2**26 < r["memory_bytes"] <= r["memory_max_bytes"] < 2**34

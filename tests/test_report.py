@@ -53,7 +53,7 @@ def test_report_from_metrics_jsonl(tmp_path):
     page = open(index).read()
     parser = _Images()
     parser.feed(page)
-    assert parser.srcs == ["loss.png", "throughput.png", "step_time.png", "cache.png"]
+    assert parser.srcs == ["loss.png", "lr.png", "grad_norm.png", "throughput.png", "step_time.png", "cache.png"]
     for src in parser.srcs:
         assert (run / "report" / src).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert page.startswith("<!DOCTYPE html>") and parser.open[-1] == "html"
@@ -71,7 +71,8 @@ def test_report_of_an_old_metrics_file_has_the_plots_it_can_draw(tmp_path):
             "grad_norm": 1.0, "data_wait_s": 0.1, "epoch": 0} for s in (1, 3, 6)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
     page = open(write_report(str(tmp_path), str(tmp_path / "out"))).read()
-    assert sorted(os.listdir(tmp_path / "out")) == ["index.html", "loss.png", "throughput.png"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["grad_norm.png", "index.html", "loss.png", "lr.png",
+                                                    "throughput.png"]
     assert "<th>tokens</th><td>300</td>" in page and "<th>world size</th><td>unknown</td>" in page
 
 

@@ -6,6 +6,8 @@
 - ``python -m trainer export CKPT OUT.pt``: write a checkpoint as one consolidated ``torch.save``
   file (``torch.load(OUT.pt)["model"]`` holds the unsharded weights).
 - ``python -m trainer report RUN_DIR``: HTML report with PNG plots of a run (``RUN_DIR/report/``).
+- ``python -m trainer replay RUN_DIR --step N``: re-run bad step N from the checkpoint before it
+  and name the first module whose output went non-finite or spiked (forward, then backward).
 """
 from __future__ import annotations
 
@@ -82,9 +84,14 @@ def _report(argv: list[str]) -> int:
     return report_main(argv)
 
 
+def _replay(argv: list[str]) -> int:
+    from trainer.observability.replay import main as replay_main
+    return replay_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"verify": _verify, "export": _export, "report": _report}
+    commands = {"verify": _verify, "export": _export, "report": _report, "replay": _replay}
     if argv and argv[0] in commands:
         return commands[argv[0]](argv[1:])
     return _train(argv)

@@ -18,6 +18,7 @@ Every event is appended to ``run_dir/events.jsonl`` by the rank it happened on, 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -28,6 +29,31 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import AnomalyConfig
+
+
+@contextlib.contextmanager
+def injected(model: torch.nn.Module, layer: str, value: float | None):
+    """While inside, multiply the forward output of module ``layer`` of ``model`` by ``value`` (test
+    hook of ``anomaly.inject_*``; ``layer=""`` is the model itself, whose output is the loss).
+    A DDP wrapper is looked through (its ``module``). Nothing happens when ``value`` is ``None``.
+
+    Raises:
+        ValueError: ``model`` has no module named ``layer``.
+    """
+    if value is None:
+        yield
+        return
+    base = getattr(model, "module", model)
+    try:
+        module = base.get_submodule(layer)
+    except AttributeError as e:
+        raise ValueError(f"anomaly.inject_layer={layer!r}: no such module ({e}); use a name from "
+                         "model.named_modules(), e.g. blocks.0.mlp") from None
+    handle = module.register_forward_hook(lambda _m, _inputs, out: out * value)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 class EventLog:

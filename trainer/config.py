@@ -132,6 +132,9 @@ class AnomalyConfig:
         inject_kill_at_step: test hook: SIGKILL the process before this step, first attempt only
             (``TORCHELASTIC_RESTART_COUNT`` unset or 0); 0 = off.
         inject_rank: rank the hooks fire on (-1 = every rank).
+        inject_layer: test hook: module name (e.g. ``blocks.1.mlp``) whose forward output the NaN
+            or spike multiplies instead of the loss (``""`` = the loss). ``python -m trainer replay``
+            applies the same hook, so it finds this module.
     """
 
     enabled: bool = True
@@ -145,6 +148,7 @@ class AnomalyConfig:
     inject_spike_factor: float = 1000.0
     inject_kill_at_step: int = 0
     inject_rank: int = -1
+    inject_layer: str = ""
 
 
 @dataclass
@@ -158,8 +162,15 @@ class MetricsConfig:
         tensorboard_dir: TensorBoard event folder inside ``run_dir`` (``""`` = no TensorBoard).
         prometheus_port: serve Prometheus metrics on this TCP port on rank 0 (0 = off).
         prometheus_addr: bind address of that endpoint (``0.0.0.0`` to let a cluster scraper in).
+        prometheus_linger_s: keep serving the final values this many seconds after the run ends,
+            so a scraper whose ``scrape_interval`` is shorter collects them (0 = stop at once).
         peak_flops: peak FLOP/s of one device for MFU (0 = the bf16 data-sheet figure of a known
             GPU; on CPU MFU is then not reported). See :mod:`trainer.observability.mfu` for the FLOPs formula.
+        layer_stats: transformer blocks with per-layer statistics (gradient norm, update-to-weight
+            ratio, activation RMS/max; :mod:`trainer.observability.model_stats`), measured only on
+            logged steps: 0 = off, -1 = every block, N = N blocks spread from first to last.
+        hardware: add hardware metrics (:mod:`trainer.observability.hardware`: NVML on a GPU, RSS
+            and CUDA allocator bytes otherwise) to each record.
     """
 
     jsonl: str = "metrics.jsonl"
@@ -167,7 +178,10 @@ class MetricsConfig:
     tensorboard_dir: str = "tensorboard"
     prometheus_port: int = 0
     prometheus_addr: str = "127.0.0.1"
+    prometheus_linger_s: float = 0.0
     peak_flops: float = 0.0
+    layer_stats: int = 2
+    hardware: bool = True
 
 
 @dataclass
@@ -250,6 +264,10 @@ class TrainConfig:
             raise ValueError("checkpoint.every, checkpoint.weights_every and checkpoint.keep_last must be >= 0")
         if not 0 < self.anomaly.rollback_lr_factor <= 1 or not 0 <= self.anomaly.ema_beta < 1:
             raise ValueError("anomaly.rollback_lr_factor must be in (0, 1] and anomaly.ema_beta in [0, 1)")
+        if self.metrics.layer_stats < -1:
+            raise ValueError(f"metrics.layer_stats={self.metrics.layer_stats}: use 0 (off), -1 (all) or a block count")
+        if self.metrics.prometheus_linger_s < 0:
+            raise ValueError(f"metrics.prometheus_linger_s={self.metrics.prometheus_linger_s}: use seconds >= 0")
         if not 0 <= self.metrics.prometheus_port <= 65535:
             raise ValueError(f"metrics.prometheus_port={self.metrics.prometheus_port}: use 0 (off) or a TCP port")
         p = self.profile

@@ -24,13 +24,15 @@ import torch.distributed as dist
 
 from loaders.batch import TokenBatch
 from trainer import checkpointing as ckpt
-from trainer.anomaly import AnomalyGuard
+from trainer.anomaly import AnomalyGuard, injected
 from trainer import parallel
 from trainer.config import TrainConfig
+from trainer.observability.hardware import HardwareMonitor
 from trainer.observability.meter import IntervalMeter
 from trainer.observability.metrics import MetricsLogger
 from trainer.observability.sources import source_fields
 from trainer.observability.mfu import flops_per_token, matmul_parameters, peak_flops
+from trainer.observability.model_stats import LayerStats
 from trainer.model import GPT, count_parameters
 from trainer.optim import clip_grad_norm, lr_at, set_lr
 from trainer.observability.profiling import StepProfiler
@@ -84,42 +86,55 @@ def micro_batches(loader, epoch: int):
 
 
 def forward_backward(model, batches: list[TokenBatch], info: parallel.DistInfo, cfg: TrainConfig,
-                     inject: float | None = None):
+                     inject: float | None = None, timer=None):
     """Accumulate gradients of the mean loss over every real token of ``batches`` on all ranks.
 
     Returns device tensors ``(loss_sum, local_tokens)``: this rank's summed loss (nats) and its
-    real-token count. One all-reduce of the token count; no host sync. ``inject`` (test hook of
-    :class:`trainer.anomaly.AnomalyGuard`) multiplies the first micro-batch's loss.
+    real-token count. One all-reduce of the token count (``timer`` mark ``comm``); no host sync.
+    ``inject`` (test hook of :class:`trainer.anomaly.AnomalyGuard`) multiplies the first
+    micro-batch's loss, or the output of module ``anomaly.inject_layer``
+    (:func:`trainer.anomaly.injected`).
     """
     local_tokens = sum((b.labels != -100).sum() for b in batches).to(info.device)
     global_tokens = local_tokens.clone()
     dist.all_reduce(global_tokens)
+    if timer is not None:
+        timer.mark("comm")
     scale = info.world_size / global_tokens.clamp(min=1).float()
     loss_sum = torch.zeros((), device=info.device)
     for i, b in enumerate(batches):
-        with parallel.set_grad_sync(model, i == len(batches) - 1):
+        with parallel.set_grad_sync(model, i == len(batches) - 1), \
+                injected(model, cfg.anomaly.inject_layer, inject if i == 0 else None):
             with parallel.autocast(info.device, cfg.precision, cfg.zero.stage):
                 loss = model(b.input_ids, b.position_ids, b.document_ids, b.labels)
-            if inject is not None and i == 0:
-                loss = loss * inject
             (loss * scale).backward()
         loss_sum += loss.detach().float()
     return loss_sum, local_tokens
 
 
 def train_step(model, optimizer, batches: list[TokenBatch], info: parallel.DistInfo, cfg: TrainConfig,
-               timer=None, guard: AnomalyGuard | None = None, step: int = 0):
+               timer=None, guard: AnomalyGuard | None = None, step: int = 0, stats: LayerStats | None = None):
     """:func:`forward_backward`, clip, optimizer step. Returns device tensors
     ``(loss_sum, local_tokens, grad_norm)`` (pre-clip global gradient norm). No host sync.
-    ``timer`` (a :class:`trainer.observability.timing.StepTimer`) gets marks ``forward_backward`` and ``optimizer``.
+    ``timer`` (a :class:`trainer.observability.timing.StepTimer`) gets marks ``comm``,
+    ``forward_backward``, ``comm`` (clipping and the guard) and ``optimizer``.
     With a ``guard`` the step (``step``: 1-based number) is checked first and skipped when bad
-    (``guard.applied`` says which; this costs one small all-reduce and one host read)."""
-    loss_sum, local_tokens = forward_backward(model, batches, info, cfg, guard.injection(step) if guard else None)
+    (``guard.applied`` says which; this costs one small all-reduce and one host read).
+    ``stats`` (armed on logged steps) records per-layer gradient norms and update sizes."""
+    loss_sum, local_tokens = forward_backward(model, batches, info, cfg, guard.injection(step) if guard else None,
+                                              timer)
     if timer is not None:
         timer.mark("forward_backward")
+    if stats is not None:
+        stats.before_step()
     grad_norm = clip_grad_norm(list(model.parameters()), cfg.optim.grad_clip)
-    if guard is None or guard.check(step, loss_sum, local_tokens, grad_norm, [k for b in batches for k in b.keys]):
+    apply = guard is None or guard.check(step, loss_sum, local_tokens, grad_norm, [k for b in batches for k in b.keys])
+    if timer is not None:
+        timer.mark("comm")
+    if apply:
         optimizer.step()
+    if stats is not None:
+        stats.after_step()
     optimizer.zero_grad(set_to_none=True)
     if timer is not None:
         timer.mark("optimizer")
@@ -180,6 +195,7 @@ class Run:
     log: MetricsLogger | None = None  # sinks are built after a resume sets ``step``
     meter: IntervalMeter | None = None
     profiler: StepProfiler | None = None
+    layer_stats: LayerStats | None = None
     step: int = 0
     epoch: int = 0
     first_step: int = 0
@@ -187,6 +203,10 @@ class Run:
     loss_first: float | None = None
     loss_last: float | None = None
     saved: str | None = None  # newest checkpoint folder this run wrote
+
+    def is_log_step(self, step: int) -> bool:
+        """Whether optimizer step ``step`` (1-based) ends a log interval (``log_every``, the last, the first)."""
+        return step % self.cfg.log_every == 0 or step == self.cfg.steps or step == self.first_step + 1
 
     def trainer_state(self) -> dict:
         """Trainer-side state saved in checkpoints beside model, optimizer and loader."""
@@ -226,15 +246,18 @@ def start_run(cfg: TrainConfig) -> Run:
             json.dump(to_dict(cfg), f, indent=2)
     run.log = MetricsLogger.from_config(cfg.metrics, cfg.run_dir, cfg.steps, info.is_main, run.step,
                                         (cache.registry,) if hasattr(cache, "registry") else ())
+    run.layer_stats = LayerStats(model, cfg.metrics.layer_stats, info.device, info.world_size)
     run.meter = IntervalMeter(info.device, info.world_size,
                               flops_per_token(matmul_parameters(model), cfg.model, cfg.data.seq_len),
-                              peak_flops(cfg.metrics.peak_flops, info.device), cache, loader)
+                              peak_flops(cfg.metrics.peak_flops, info.device), cache, loader, run.layer_stats,
+                              HardwareMonitor(info.device, cfg.metrics.hardware and info.is_main))
     run.profiler = StepProfiler(cfg.profile, cfg.run_dir, info.rank, info.device)
     return run
 
 
 def log_interval(run: Run, lr: float, acc_loss: torch.Tensor, acc_tokens: torch.Tensor, grad_norm) -> None:
-    """The interval's one host sync: collect metrics from all ranks, log them, reset the accumulators."""
+    """The interval's one host sync: collect metrics from all ranks (with the per-layer statistics of
+    the interval's last step and the hardware metrics), log them, reset the accumulators."""
     record = run.meter.collect(run.step, run.epoch, lr, acc_loss, acc_tokens, grad_norm,
                                run.guard.skipped_nonfinite + run.guard.skipped_spikes)
     record.update(source_fields(run.loader, run.info.world_size))  # tokens per source of a data.mixture
@@ -308,15 +331,17 @@ def train(cfg: TrainConfig) -> dict:
         lr = lr_at(run.step, cfg.optim, cfg.steps) * guard.lr_scale
         set_lr(run.optimizer, lr)
         guard.maybe_kill(run.step + 1)
+        if run.is_log_step(run.step + 1):
+            run.layer_stats.arm()
         loss_sum, tokens, grad_norm = train_step(run.wrapped, run.optimizer, batches, info, cfg, timer, guard,
-                                                 run.step + 1)
+                                                 run.step + 1, run.layer_stats)
         if guard.applied:
             acc_loss += loss_sum
             acc_tokens += tokens
         run.step += 1
         run.log.step()
         run.profiler.step()
-        if run.step % cfg.log_every == 0 or run.step == cfg.steps or run.step == run.first_step + 1:
+        if run.is_log_step(run.step):
             log_interval(run, lr, acc_loss, acc_tokens, grad_norm)
         if guard.needs_rollback:
             run.step = roll_back(run.ckpts, run.wrapped, run.optimizer, guard, run.step)

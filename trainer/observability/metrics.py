@@ -6,7 +6,8 @@ Sinks (all optional except JSONL):
 - TensorBoard: ``torch.utils.tensorboard.SummaryWriter`` under ``run_dir/<metrics.tensorboard_dir>``,
   every numeric field as scalar ``train/<field>`` at x = optimizer step.
 - Prometheus: ``prometheus_client.start_http_server(port, addr, registry=...)`` on rank 0 when
-  ``metrics.prometheus_port`` > 0, serving gauges ``colaflow_train_<field>`` plus the cache's own
+  ``metrics.prometheus_port`` > 0, serving gauges ``colaflow_train_<field>``, the per-layer
+  statistics as ``colaflow_train_layer_<stat>{layer="blocks.N"}`` plus the cache's own
   ``colaflow_cache_*`` counters. A busy port is reported as a warning and the run goes on without it.
 """
 from __future__ import annotations
@@ -16,11 +17,22 @@ import logging
 import math
 import os
 import sys
+import time
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from tqdm import tqdm
 
 log = logging.getLogger(__name__)
+
+
+def _layer_values(record: dict) -> dict[tuple[str, str], float]:
+    """``{(layer, stat): value}`` of the finite per-layer statistics in ``record["layers"]``."""
+    layers = record.get("layers")
+    if not isinstance(layers, dict):
+        return {}
+    return {(layer, stat): float(v) for layer, stats in layers.items() if isinstance(stats, dict)
+            for stat, v in stats.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def _numeric(record: dict) -> dict[str, float]:
@@ -56,6 +68,7 @@ class PrometheusSink:
         for other in extra_registries:
             self.registry.register(_RegistryBridge(other))
         self._gauges: dict[str, Gauge] = {}
+        self._layer_gauges: dict[str, Gauge] = {}
         self.server, self._thread = start_http_server(port, addr, registry=self.registry)
         self.port = self.server.server_port
 
@@ -65,6 +78,12 @@ class PrometheusSink:
                 self._gauges[key] = Gauge(key, f"colaflow trainer metric {key} (see trainer.observability.meter)",
                                           namespace="colaflow_train", registry=self.registry)
             self._gauges[key].set(value)
+        for (layer, stat), value in _layer_values(record).items():
+            if stat not in self._layer_gauges:
+                self._layer_gauges[stat] = Gauge(f"layer_{stat}", f"per-layer {stat} on logged steps (see "
+                                                 "trainer.observability.model_stats)", ["layer"],
+                                                 namespace="colaflow_train", registry=self.registry)
+            self._layer_gauges[stat].labels(layer=layer).set(value)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -89,13 +108,14 @@ class MetricsLogger:
         tensorboard_dir: TensorBoard log folder inside ``run_dir`` (``""`` = off).
         prometheus_port: serve Prometheus metrics on this port (0 = off).
         prometheus_addr: bind address of the Prometheus endpoint.
+        prometheus_linger_s: seconds :meth:`close` keeps serving the final values (for a last scrape).
         extra_registries: more prometheus registries to serve (the cache's).
     """
 
     def __init__(self, run_dir: str, jsonl: str, total_steps: int, enabled: bool, progress: bool = True,
                  initial: int = 0, tensorboard_dir: str = "", prometheus_port: int = 0,
-                 prometheus_addr: str = "127.0.0.1", extra_registries: tuple = ()):
-        self.enabled = enabled
+                 prometheus_addr: str = "127.0.0.1", extra_registries: tuple = (), prometheus_linger_s: float = 0.0):
+        self.enabled, self.linger_s = enabled, prometheus_linger_s
         self._file = self._bar = self._tb = self.prometheus = None
         if not enabled:
             return
@@ -126,7 +146,7 @@ class MetricsLogger:
                     extra_registries: tuple = ()) -> "MetricsLogger":
         """Build from a :class:`trainer.config.MetricsConfig`."""
         return cls(run_dir, cfg.jsonl, total_steps, enabled, cfg.progress, initial, cfg.tensorboard_dir,
-                   cfg.prometheus_port, cfg.prometheus_addr, extra_registries)
+                   cfg.prometheus_port, cfg.prometheus_addr, extra_registries, cfg.prometheus_linger_s)
 
     def step(self) -> None:
         """Advance the progress bar by one optimizer step (host only, no device sync)."""
@@ -134,7 +154,7 @@ class MetricsLogger:
             self._bar.update(1)
 
     def log(self, record: dict) -> None:
-        """Write ``record`` (a flat dict of JSON values with an int ``step``) to every sink."""
+        """Write ``record`` (a dict of JSON values with an int ``step``; nested only under ``layers``) to every sink."""
         if not self.enabled:
             return
         self._file.write(json.dumps(record, sort_keys=True) + "\n")
@@ -143,6 +163,8 @@ class MetricsLogger:
             for key, value in _numeric(record).items():
                 if key != "step":
                     self._tb.add_scalar(f"train/{key}", value, record["step"])
+            for (layer, stat), value in _layer_values(record).items():
+                self._tb.add_scalar(f"layers/{layer}/{stat}", value, record["step"])
             self._tb.flush()
         if self.prometheus is not None:
             self.prometheus.update(record)
@@ -165,4 +187,8 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
         if self.prometheus is not None:
+            if self.linger_s > 0:
+                log.info("serving the final metrics on port %d for %.0f s (metrics.prometheus_linger_s)",
+                         self.prometheus.port, self.linger_s)
+                time.sleep(self.linger_s)
             self.prometheus.close()
