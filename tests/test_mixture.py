@@ -194,3 +194,11 @@ def test_keys_cli_prints_each_keys_source(two_sources, tmp_path):
     assert all(by_source.values()) and sum(map(len, by_source.values())) == len(lines)
     small_keys = [ln.rsplit("/", 1)[1] for ln in by_source["small"]]
     assert set(small_keys) == set(two_sources["small"][1])  # the small source's full epoch, keys from its shards
+
+
+def test_budgets_read_each_source_its_epochs_per_mixture_epoch(two_sources):
+    mixture = [{"name": "big", "manifest": two_sources["big"][0], "epochs": 1},
+               {"name": "small", "manifest": two_sources["small"][0], "epochs": 2}]
+    ld = build_text_loader(DataConfig(mixture=mixture), in_process=True)
+    assert ld.plan.first_items(1) == [SIZES["big"], 2 * SIZES["small"]]
+    assert ld.plan.first_items(3) == [3 * SIZES["big"], 6 * SIZES["small"]]
