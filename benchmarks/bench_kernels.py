@@ -74,6 +74,7 @@ def cpu_worker(args) -> None:
 
 
 def run_cpu(args) -> None:
+    """Run each CPU variant in a fresh process and print time and peak RSS with ratios."""
     print(f"CPU linear cross-entropy fwd+bwd: N={args.n} D={args.d} V={args.v} {args.dtype}, "
           f"chunk={args.chunk}, {args.threads} threads, median of {args.repeats}")
     results = {}
@@ -115,6 +116,7 @@ def _report(name: str, fused: tuple[float, float], eager: tuple[float, float]) -
 
 
 def run_cuda(args) -> None:
+    """Time fused vs eager kernels on CUDA and print speed and memory ratios."""
     n, d, v, dtype = args.gpu_n, args.gpu_d, args.gpu_v, torch.bfloat16
     print(f"CUDA {torch.cuda.get_device_name()}: fwd+bwd, N={n} D={d} V={v} bf16, "
           f"median of {args.iters}")
@@ -140,6 +142,7 @@ def run_cuda(args) -> None:
 
 
 def main() -> None:
+    """Parse flags; run the CPU comparison, and the CUDA one when a GPU is present."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=2048, help="CPU tokens")
     p.add_argument("--d", type=int, default=512, help="CPU hidden size")

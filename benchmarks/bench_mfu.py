@@ -41,6 +41,7 @@ GiB = 2 ** 30
 
 
 def make_cfg(args, device: str) -> TrainConfig:
+    """The benchmark's :class:`TrainConfig` (model size from ``args``) on ``device``."""
     model = ModelConfig(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
                         max_seq_len=args.seq_len)
     return TrainConfig(model=model, zero=ZeroConfig(stage=args.stage), optim=OptimConfig(lr=3e-4),
@@ -82,6 +83,7 @@ def run_variant(args, kernels: str, info: parallel.DistInfo) -> dict:
 
 
 def main() -> int:
+    """Train with fused kernels and with eager PyTorch, print tokens/s, MFU and memory, and their ratio."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--d-model", type=int, default=768)
     p.add_argument("--n-layers", type=int, default=12)

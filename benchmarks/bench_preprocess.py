@@ -123,6 +123,7 @@ def cpu_seconds() -> float:
 
 
 def main() -> int:
+    """Run the Beam job and the plain-Python baseline on the same corpus and print the ratio."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--input", default="data/corpus/*.jsonl")
     ap.add_argument("--workers", type=int, default=2, help="DirectRunner multi_processing workers")

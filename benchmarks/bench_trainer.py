@@ -32,6 +32,7 @@ MiB = 2 ** 20
 
 
 def make_cfg(args, stage: int = 0, precision: str = "fp32", compile_: bool = False) -> TrainConfig:
+    """The benchmark's :class:`TrainConfig` for ZeRO ``stage``, ``precision`` and ``torch.compile``."""
     model = ModelConfig(vocab_size=4096, d_model=args.d_model, n_layers=args.n_layers, n_heads=4,
                         max_seq_len=args.seq_len)
     return TrainConfig(model=model, zero=ZeroConfig(stage=stage), optim=OptimConfig(lr=1e-3),
@@ -39,11 +40,13 @@ def make_cfg(args, stage: int = 0, precision: str = "fp32", compile_: bool = Fal
 
 
 def batches_for(rank: int, args) -> list:
+    """One synthetic packed batch for ``rank`` (three documents per row)."""
     rows = [[args.seq_len // 2, args.seq_len // 3, args.seq_len // 8] for _ in range(args.batch)]
     return [synthetic_batch(rows, args.seq_len, vocab=4096, seed=rank)]
 
 
 def time_steps(wrapped, opt, batches, info, cfg, steps: int) -> float:
+    """Fastest seconds of one train step over ``steps`` steps (two warm-up steps first)."""
     times = []
     for i in range(steps + 2):
         t0 = time.perf_counter()
@@ -55,6 +58,7 @@ def time_steps(wrapped, opt, batches, info, cfg, steps: int) -> float:
 
 
 def zero_worker(stage: int, args) -> dict:
+    """One rank of a ZeRO ``stage`` run: step time (s), model-state bytes and peak RSS (bytes)."""
     info = parallel.init_distributed("cpu")
     cfg = make_cfg(args, stage)
     _, wrapped, opt = build_model(cfg, info)
@@ -68,6 +72,7 @@ def zero_worker(stage: int, args) -> dict:
 
 
 def single_process(args, precision: str, compile_: bool) -> float:
+    """Fastest step seconds of one process at ``precision`` (optionally compiled)."""
     info = parallel.init_distributed("cpu")
     cfg = make_cfg(args, 0, precision, compile_)
     _, wrapped, opt = build_model(cfg, info)
@@ -75,6 +80,7 @@ def single_process(args, precision: str, compile_: bool) -> float:
 
 
 def main() -> None:
+    """Compare ZeRO stages, precisions and compile on CPU; print step times, memory and ratios."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--d-model", type=int, default=256)

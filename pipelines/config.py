@@ -221,6 +221,23 @@ class ShardsConfig:
 
 
 @dataclass
+class SplitConfig:
+    """Held-out validation split (see :mod:`pipelines.splits`).
+
+    Attributes:
+        val_fraction: fraction of kept documents, chosen by content hash (stable across reruns
+            and runners), written as a separate shard set in ``OUT/val/`` (0 = no split).
+    """
+
+    val_fraction: float = 0.0
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` when ``val_fraction`` is outside ``[0, 1)``."""
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"split.val_fraction={self.val_fraction}: use a fraction in [0, 1), e.g. 0.01")
+
+
+@dataclass
 class PipelineConfig:
     """Whole preprocessing pipeline configuration (sections as above)."""
 
@@ -232,3 +249,4 @@ class PipelineConfig:
     dedup: DedupConfig = field(default_factory=DedupConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
+    split: SplitConfig = field(default_factory=SplitConfig)

@@ -8,6 +8,7 @@ for the stages)::
       → UniqueIds (one id, one text) → ExactDedup (CombinePerKey, min id) ──duplicates──▶ duplicates/*.jsonl
       → [NearDedup (MinHash-LSH)]     Tokenizer (sample of cleaned docs → train) ─side input─┐
       → Tokenize ◀────────────────────────────────────────────────────────────────────┘
+      → [Split by content hash ──val──▶ the same shard writing into OUT/val/]
       → Encode → bucket = sha256(key) mod N → GroupByKey → write bucket tars
       → Finalize (single element): rename shards, indexes, manifest.json, tokenizer.model, stats.json
     then, on the driver: report.txt + report.png (:mod:`pipelines.report`)
@@ -36,9 +37,14 @@ from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, prepare_output,
 from .records import DUPLICATES, file_format
 from .report import write_report
 from .sharding import WriteShards, finalize
+from .splits import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from .stats import EVENTS, NAMESPACE
 from .tokenizer import TokenizeFn, build_model
 from .transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, UniqueIds, key_by_hash
+
+
+# Beam's own DaskRunner mistranslates the job (pipelines/dask_runner.py); these names get ours
+DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner")
 
 
 class InputError(ValueError):
@@ -78,8 +84,16 @@ def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfi
                  | "BatchDocs" >> beam.BatchElements(min_batch_size=64, max_batch_size=1024)
                  | "Tokenize" >> beam.ParDo(TokenizeFn(), beam.pvalue.AsSingleton(model)).with_outputs(
                      EVENTS, main="batches"))
-    written = tokenized.batches | "Shards" >> WriteShards(out, cfg.shards)
-    events += [tokenized[EVENTS], written[EVENTS]]
+    events.append(tokenized[EVENTS])
+    tokenized, val_shards = tokenized.batches, None
+    if cfg.split.val_fraction > 0:
+        parts = tokenized | "Split" >> beam.ParDo(SplitBatchFn(cfg.split.val_fraction)).with_outputs(VAL, main="train")
+        tokenized = parts.train
+        val_written = parts[VAL] | "ValShards" >> WriteShards(f"{out}/{VAL_DIR}", val_shard_config(cfg.shards))
+        events.append(val_written[EVENTS])
+        val_shards = beam.pvalue.AsList(val_written.shards)
+    written = tokenized | "Shards" >> WriteShards(out, cfg.shards)
+    events.append(written[EVENTS])
     counts = events | "AllEvents" >> beam.Flatten() | "SumEvents" >> beam.CombinePerKey(sum)
     (parsed[DEAD]
      | "DeadJson" >> beam.Map(lambda d: d.to_json())
@@ -87,7 +101,7 @@ def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfi
     (p
      | "Start" >> beam.Create([None])
      | "Finalize" >> beam.Map(finalize, out, cfg.shards, beam.pvalue.AsList(written.shards),
-                              beam.pvalue.AsList(counts), beam.pvalue.AsSingleton(model)))
+                              beam.pvalue.AsList(counts), beam.pvalue.AsSingleton(model), val_shards))
 
 
 def counters(result) -> dict[str, int]:
@@ -170,6 +184,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     first (:func:`pipelines.output.remove_artifacts`), so a rerun needs no ``overwrite``.
     """
     cfg = cfg or PipelineConfig()
+    cfg.split.validate()
     options = PipelineOptions(beam_args or [])
     FileSystems.set_options(options)  # the driver's own listing of s3:// inputs needs e.g. --s3_endpoint_url
     matched, skipped = match_input(input_glob, cfg)
@@ -182,6 +197,9 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         # marking it interactive skips that, so runs are offline and the same everywhere.
         runner = DirectRunner()
         runner.is_interactive()
+    elif options.view_as(StandardOptions).runner in DASK_RUNNER_NAMES:
+        from .dask_runner import ColaflowDaskRunner  # dask is optional (colaflow[dask])
+        runner = ColaflowDaskRunner()
     total_bytes = sum(m.size_in_bytes for m in matched)
     print(f"reading {len(matched)} files, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
     start = time.perf_counter()

@@ -21,10 +21,11 @@ import zlib
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.metrics import Metrics
 
 from .config import DedupConfig
 from .records import DUPLICATES, Doc, duplicate_record
-from .stats import EVENTS, event
+from .stats import EVENTS, NAMESPACE, event
 
 LIST_MAX = 64  # bucket members listed by the combiner before a bucket counts as hot
 PARTITION_DOCS = 50_000  # documents whose band buckets share one BucketTable accumulator
@@ -32,6 +33,8 @@ CHUNK_ROWS = 8192  # shingles per broadcast: 8192 x num_perm x 8 bytes (7 MB at 
 _SEED = 1234
 _ROLL = np.uint64(0x100000001B3)  # FNV-1 64-bit prime, multiplier of the rolling shingle hash
 _MIX = np.uint64(0xFF51AFD7ED558CCD)  # MurmurHash3 fmix64 constant
+HELD_METRIC = "neardup_held"
+_HELD = Metrics.distribution(NAMESPACE, HELD_METRIC)  # elements held for one key after a grouping
 
 
 @functools.lru_cache(maxsize=4)
@@ -129,6 +132,7 @@ class BucketTable(beam.CombineFn):
         self.list_max = list_max
 
     def create_accumulator(self):
+        """An empty table ``{bucket bytes: entry}``."""
         return {}
 
     def _add(self, table: dict, bucket: bytes, entry) -> None:
@@ -145,10 +149,12 @@ class BucketTable(beam.CombineFn):
         table[bucket] = [old[0] + entry[0], ids, min(old[2], entry[2])]
 
     def add_input(self, acc, member):
+        """Add one membership ``(bucket, doc id)`` to the table."""
         self._add(acc, member[0], member[1])
         return acc
 
     def merge_accumulators(self, accumulators):
+        """Merge partial tables bucket by bucket (member lists capped at ``list_max``)."""
         accumulators = iter(accumulators)
         out = next(accumulators)
         for acc in accumulators:
@@ -157,6 +163,7 @@ class BucketTable(beam.CombineFn):
         return out
 
     def extract_output(self, acc):
+        """The partition's table: per bucket a doc id, or ``[count, ids or None, smallest id]``."""
         return acc
 
 
@@ -192,22 +199,42 @@ def _bucket_pairs(item):
                 yield keeper, doc_id
 
 
-def _hot_pairs(item: tuple[str, bytes], bands: int, hot: dict):
+def _held(n: int) -> int:
+    """Record ``n`` elements held at once for one key (Beam distribution ``colaflow/neardup_held``)."""
+    _HELD.update(n)
+    return n
+
+
+def _hot_keepers(item):
+    """``(keeper id, {"sig": [its signature], "hot": [its hot buckets]})`` → ``(bucket, (keeper, sig))``."""
+    keeper, grouped = item
+    sigs, hot = list(grouped["sig"]), list(grouped["hot"])  # 1 signature, at most ``bands`` buckets
+    _held(len(sigs) + len(hot))
+    for sig in sigs:
+        for bucket in hot:
+            yield bucket, (keeper, sig)
+
+
+def _hot_losers(item: tuple[str, bytes], bands: int, threshold: float, hot: dict):
+    """A document against the keeper of each hot bucket it is in: ``(doc id, keeper)`` when similar."""
     if not hot:  # the usual case: no bucket over LIST_MAX members
         return
     doc_id, sig = item
     for key in band_keys(sig, bands):
-        keeper = hot.get(key)
-        if keeper is not None and keeper != doc_id:
-            yield keeper, doc_id
+        entry = hot.get(key)
+        if entry is not None and entry[0] != doc_id and similarity(
+                np.frombuffer(entry[1], dtype=np.uint32), np.frombuffer(sig, dtype=np.uint32)) >= threshold:
+            yield doc_id, entry[0]
 
 
 def _sig_per_pair(item):
     doc_id, grouped = item
+    as_keeper, as_member = list(grouped["as_keeper"]), list(grouped["as_member"])
+    _held(len(as_keeper) + len(as_member) + 1)  # listed buckets only: <= bands * (LIST_MAX + 1)
     for sig in grouped["sig"]:
-        for member in grouped["as_keeper"]:  # streamed; a hot keeper's members are never listed
+        for member in as_keeper:
             yield (doc_id, member), (0, sig)
-        for keeper in grouped["as_member"]:
+        for keeper in as_member:
             yield (keeper, doc_id), (1, sig)
 
 
@@ -221,7 +248,8 @@ def _compare(item, threshold: float):
 
 def _drop_losers(item):
     _, grouped = item
-    keepers = sorted(grouped["loser"])
+    keepers = sorted(grouped["loser"])  # at most 2 * bands: one per listed pair and per hot bucket
+    _held(len(keepers) + 1)
     for doc in grouped["doc"]:
         if keepers:
             yield event(doc.source, "filtered:near_duplicate")
@@ -233,14 +261,22 @@ def _drop_losers(item):
 class NearDedup(beam.PTransform):
     """``PCollection[Doc]`` → documents that are not near-duplicates of a smaller-id document.
 
-    Shuffles carry ids only, except one join that brings each candidate pair its two signatures:
+    Shuffles carry ids, plus signatures where a comparison needs them:
     (1) ``(band partition, (bucket, id))`` per band; (2) ``CombinePerKey(BucketTable)`` → per
     bucket the smallest id (the keeper) and, for buckets of at most ``LIST_MAX`` members, all
-    members → candidate pairs ``(keeper, member)``; members of hot buckets are paired with their keeper
-    from a side input that holds the hot buckets only (at most one per ``LIST_MAX`` entries), so
-    no bucket is ever grouped; (3) signatures joined with the pairs by id (as keeper and as
-    member), then the two signatures of each pair grouped by the pair and compared;
-    (4) documents joined with the losers (and the smallest keeper they resemble) by id. Emits
+    members; (3) listed buckets → candidate pairs ``(keeper, member)``, signatures joined with
+    the pairs by id (as keeper and as member), the two signatures of each pair grouped by the pair
+    and compared; (4) hot buckets (more than ``LIST_MAX`` members): each keeper's signature is
+    joined to its hot buckets by the keeper's id, and that side input (hot buckets only: at most
+    ``bands * documents / LIST_MAX`` entries) is read by a pass over all signatures that compares
+    each member with the keeper directly, so a hot bucket's members are never grouped or paired;
+    (5) documents joined with the losers (and the smallest keeper they resemble) by id.
+
+    Memory per key is bounded whatever the size of the largest bucket: every grouping holds at
+    most ``bands * (LIST_MAX + 1) + 1`` elements for one key (a document is keeper or member of
+    at most ``bands`` listed buckets of at most ``LIST_MAX`` members; a keeper of at most
+    ``bands`` hot buckets; a loser of at most ``2 * bands`` keepers). The largest count held is
+    reported as the Beam distribution ``colaflow/neardup_held``. Emits
     ``filtered:near_duplicate`` events on tag ``events`` and ``duplicate_record`` lines (kind
     ``near``) on tag ``duplicates``.
     """
@@ -252,6 +288,8 @@ class NearDedup(beam.PTransform):
         self.cfg = cfg
 
     def expand(self, docs):
+        """``Doc`` → ``{"docs", "events", "duplicates"}``: documents whose MinHash signature is near an
+        earlier (smaller-id) document's are dropped, counted and listed."""
         sigs = (docs
                 | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=512)
                 | "Signature" >> beam.FlatMap(_signatures, self.cfg))
@@ -260,14 +298,19 @@ class NearDedup(beam.PTransform):
                    | "Bands" >> beam.FlatMap(_memberships, self.cfg.bands, beam.pvalue.AsSingleton(num_docs))
                    | "Buckets" >> beam.CombinePerKey(BucketTable(LIST_MAX))
                    | "Pairs" >> beam.FlatMap(_bucket_pairs).with_outputs("hot", main="pairs"))
-        hot_pairs = sigs | "HotPairs" >> beam.FlatMap(_hot_pairs, self.cfg.bands, beam.pvalue.AsDict(buckets.hot))
-        pairs = (buckets.pairs, hot_pairs) | "AllPairs" >> beam.Flatten() | "OncePerPair" >> beam.Distinct()
-        losers = ({"sig": sigs, "as_keeper": pairs,
-                   "as_member": pairs | "ByMember" >> beam.Map(lambda kv: (kv[1], kv[0]))}
-                  | "JoinSig" >> beam.CoGroupByKey()
-                  | "SigPerPair" >> beam.FlatMap(_sig_per_pair)
-                  | "PerPair" >> beam.GroupByKey()
-                  | "Compare" >> beam.FlatMap(_compare, self.cfg.threshold))
+        pairs = buckets.pairs | "OncePerPair" >> beam.Distinct()
+        listed_losers = ({"sig": sigs, "as_keeper": pairs,
+                          "as_member": pairs | "ByMember" >> beam.Map(lambda kv: (kv[1], kv[0]))}
+                         | "JoinSig" >> beam.CoGroupByKey()
+                         | "SigPerPair" >> beam.FlatMap(_sig_per_pair)
+                         | "PerPair" >> beam.GroupByKey()
+                         | "Compare" >> beam.FlatMap(_compare, self.cfg.threshold))
+        hot = ({"sig": sigs, "hot": buckets.hot | "ByKeeper" >> beam.Map(lambda bk: (bk[1], bk[0]))}
+               | "JoinKeeperSig" >> beam.CoGroupByKey()
+               | "HotKeepers" >> beam.FlatMap(_hot_keepers))
+        hot_losers = sigs | "HotLosers" >> beam.FlatMap(_hot_losers, self.cfg.bands, self.cfg.threshold,
+                                                        beam.pvalue.AsDict(hot))
+        losers = (listed_losers, hot_losers) | "AllLosers" >> beam.Flatten()
         return ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d)), "loser": losers}
                 | "JoinDoc" >> beam.CoGroupByKey()
                 | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="docs"))

@@ -2,7 +2,7 @@
 remove what a failed run wrote, and write the JSONL side outputs (dead letters, duplicates).
 
 A finished run is marked by ``manifest.json`` (written last); an unfinished (killed) run by
-``_tmp_buckets/``; shards, ``stats.json``, ``dead_letter/``, ``duplicates/``, Beam's
+``_tmp_buckets/``; shards, ``val/``, ``stats.json``, ``dead_letter/``, ``duplicates/``, Beam's
 ``beam-temp-*`` folders or ``*.partial`` files without a manifest are leftovers of an interrupted
 run. Any of these makes a new run refuse unless ``overwrite`` is set, which removes exactly these
 artifacts (nothing else in the folder). A run that fails or is interrupted removes its own
@@ -36,9 +36,10 @@ class OutputNotWritableError(OSError):
 def _artifacts(fs, root: str, prefix: str) -> list[str]:
     from .report import REPORT_HTML, REPORT_PNG, REPORT_TXT
     from .sharding import TMP_DIR, TOKENIZER_FILE
+    from .splits import VAL_DIR
 
     names = ["manifest.json", "stats.json", TOKENIZER_FILE, "shardindex.json", REPORT_TXT, REPORT_PNG,
-             REPORT_HTML, TMP_DIR, DEAD_LETTER_DIR, DUPLICATES_DIR]
+             REPORT_HTML, TMP_DIR, DEAD_LETTER_DIR, DUPLICATES_DIR, VAL_DIR]
     found = [f"{root}/{n}" for n in names if fs.exists(f"{root}/{n}")]
     patterns = [f"{prefix}-*.tar", f"{prefix}-*.idx", "beam-temp-*", "*.partial", ".*.partial"]
     return found + sorted(p for pattern in patterns for p in fs.glob(f"{root}/{pattern}"))

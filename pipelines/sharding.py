@@ -31,6 +31,7 @@ from shards.index import WIDS_FILE, build_shard_index, dali_index_path, wids_ind
 from .cleaning import stable_bucket
 from .config import ShardsConfig
 from .records import Doc
+from .splits import VAL, VAL_DIR, split_entry
 from .stats import EVENTS, aggregate, event
 
 TMP_DIR = "_tmp_buckets"
@@ -130,15 +131,16 @@ class WriteBucketFn(beam.DoFn):
         yield bucket, writer.info, index
 
 
-def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, model: bytes) -> dict:
-    """Commit the run: rename bucket tars (and their ``.idx``) to ``{prefix}-NNNNNN`` in bucket order,
-    remove stale shards of an earlier run, write ``tokenizer.model``, the wids ``shardindex.json``
-    (with ``cfg.write_index``), ``manifest.json`` and ``stats.json``; returns the stats.
-    """
+def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, model: bytes, splits: dict | None = None) -> Manifest:
+    """Commit one shard set: rename bucket tars (and their ``.idx``) to ``{prefix}-NNNNNN`` in bucket
+    order, remove stale shards of an earlier run, write ``tokenizer.model``, the wids
+    ``shardindex.json`` (with ``cfg.write_index``) and, last, ``manifest.json`` (with ``splits``);
+    returns the manifest."""
     from .tokenizer import load_processor, token_dtype
 
     vocab_size = load_processor(model).get_piece_size()
     fs, root = _fs(output_dir)
+    fs.makedirs(root, exist_ok=True)
     infos, indexes = [], []
     for n, (bucket, info, index) in enumerate(sorted(shards, key=lambda s: s[0])):
         final = shard_name(cfg.prefix, n)
@@ -155,17 +157,38 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
             fs.rm(stale)
     if fs.exists(f"{root}/{TMP_DIR}"):
         fs.rm(f"{root}/{TMP_DIR}", recursive=True)
-    dtype = token_dtype(vocab_size).name
     fs.pipe_file(f"{root}/{TOKENIZER_FILE}", model)
     if indexes:
         fs.pipe_file(f"{root}/{WIDS_FILE}", (json.dumps(wids_index(indexes), indent=1) + "\n").encode("utf-8"))
-    manifest = Manifest(shards=infos, tokenizer=TOKENIZER_FILE, vocab_size=vocab_size, token_dtype=dtype)
+    manifest = Manifest(shards=infos, tokenizer=TOKENIZER_FILE, vocab_size=vocab_size,
+                        token_dtype=token_dtype(vocab_size).name, splits=splits or {})
     fs.pipe_file(f"{root}/manifest.json", manifest.to_json().encode("utf-8"))
+    return manifest
+
+
+def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, model: bytes,
+             val_shards: list | None = None) -> dict:
+    """Commit the run: the validation shard set first (``OUT/val/``, when ``val_shards`` is given),
+    then the training shards with a manifest listing it under ``splits`` (see :func:`commit_shards`),
+    then ``stats.json``; returns the stats. ``stats["splits"]`` counts shards, documents and tokens
+    per split."""
+    splits = {}
+    if val_shards is not None:
+        val = commit_shards(f"{output_dir}/{VAL_DIR}", cfg, val_shards, model)
+        splits[VAL] = split_entry(val, f"{VAL_DIR}/manifest.json", val.to_json().encode("utf-8"))
+    manifest = commit_shards(output_dir, cfg, shards, model, splits)
+    fs, root = _fs(output_dir)
     stats = aggregate(events)
-    stats.update(shards=len(infos), vocab_size=vocab_size, token_dtype=dtype,
+    stats.update(shards=len(manifest.shards), vocab_size=manifest.vocab_size, token_dtype=manifest.token_dtype,
                  shard_bytes=manifest.total_bytes)
+    if splits:
+        stats["splits"] = {"train": {"shards": len(manifest.shards), "samples": manifest.total_samples,
+                                     "tokens": manifest.total_tokens},
+                           **{name: {k: e[k] for k in ("shards", "samples", "tokens")} for name, e in splits.items()}}
     fs.pipe_file(f"{root}/stats.json", (json.dumps(stats, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-    print(f"committed {len(infos)} shards, manifest.json and stats.json to {output_dir}", file=sys.stderr, flush=True)
+    extra = "".join(f" (+{e['shards']} {name})" for name, e in splits.items())
+    print(f"committed {len(manifest.shards)} shards{extra}, manifest.json and stats.json to {output_dir}",
+          file=sys.stderr, flush=True)
     return stats
 
 

@@ -46,6 +46,10 @@ class Manifest:
         vocab_size: tokenizer vocabulary size (0 when there is no tokenizer).
         token_dtype: numpy dtype name of token arrays, ``uint16`` or ``uint32``.
         format_version: integer format version, bumped on incompatible change.
+        splits: other shard sets of the same dataset, by split name (e.g. ``val``): each
+            ``{"manifest": path of its manifest.json relative to this manifest's folder, "shards",
+            "samples", "tokens", "sha256": hex digest of that manifest file}``; written only when
+            non-empty (see :mod:`pipelines.splits`).
     """
 
     shards: list[ShardInfo] = field(default_factory=list)
@@ -53,6 +57,7 @@ class Manifest:
     vocab_size: int = 0
     token_dtype: str = "uint16"
     format_version: int = FORMAT_VERSION
+    splits: dict = field(default_factory=dict)
 
     @property
     def total_samples(self) -> int:
@@ -70,6 +75,8 @@ class Manifest:
         d = asdict(self)
         d["total_samples"], d["total_tokens"], d["total_bytes"] = (
             self.total_samples, self.total_tokens, self.total_bytes)
+        if not self.splits:  # manifests without splits keep their earlier bytes
+            d.pop("splits")
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     def save(self, directory: str) -> str:
@@ -93,6 +100,7 @@ class Manifest:
             vocab_size=int(d.get("vocab_size", 0)),
             token_dtype=d.get("token_dtype", "uint16"),
             format_version=version,
+            splits=dict(d.get("splits") or {}),
         )
 
     @classmethod
@@ -111,3 +119,15 @@ class Manifest:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{url}: not a JSON manifest ({e})") from e
         return cls.from_dict(d)
+
+
+def split_manifest_url(manifest_url: str, manifest: Manifest, split: str) -> str:
+    """URL of the manifest of split ``split`` (e.g. ``val``) of the dataset at ``manifest_url``.
+
+    Raises:
+        KeyError: the manifest lists no such split (the message names the splits it has).
+    """
+    if split not in manifest.splits:
+        raise KeyError(f"{manifest_url}: the manifest has no {split!r} split (splits: {sorted(manifest.splits) or 'none'});"
+                       " preprocess with split.val_fraction > 0")
+    return shard_url(manifest_url, manifest.splits[split]["manifest"])

@@ -10,6 +10,7 @@ import shlex
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.dask import dask_runner  # noqa: F401  registers the --dask_* options
 
 import beam_runner
 
@@ -32,7 +33,7 @@ COMMANDS = documented_commands()
 
 def test_docs_show_cluster_runners():
     runners = {m for _, c in COMMANDS for m in re.findall(r"--runner=(\w+)", c)}
-    assert {"FlinkRunner", "SparkRunner", "DataflowRunner", "PortableRunner"} <= runners, runners
+    assert {"FlinkRunner", "SparkRunner", "DataflowRunner", "PortableRunner", "DaskRunner"} <= runners, runners
 
 
 @pytest.mark.parametrize("doc,command", COMMANDS)

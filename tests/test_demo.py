@@ -17,7 +17,8 @@ def test_demo_on_real_slice(tmp_path, monkeypatch):
     run_dir = tmp_path / "demo"
     summary = demo.main(["--run-dir", str(run_dir), "--limit-per-source", "400",
                          "steps=30", "log_every=5", "optim.warmup_steps=5", "metrics.progress=false",
-                         "model.d_model=64", "model.n_layers=2", "data.seq_len=128", "model.max_seq_len=128"])
+                         "model.d_model=64", "model.n_layers=2", "data.seq_len=128", "model.max_seq_len=128",
+                         "eval.every=10"])
     with open(run_dir / "summary.json") as f:
         written = json.load(f)
     assert written == summary
@@ -34,5 +35,11 @@ def test_demo_on_real_slice(tmp_path, monkeypatch):
     assert summary["tokens_per_second"] > 0
     assert os.path.exists(summary["report"])
     assert os.path.isdir(summary["checkpoint"]) or os.path.isdir(os.path.join(str(run_dir / "train"), summary["checkpoint"]))
+    # held-out validation loss from the val split, falling as the model learns
+    assert summary["val_tokens"] == stats["splits"]["val"]["tokens"] > 0
+    assert summary["val_loss_last"] < summary["val_loss_first"]
+    # the exported ONNX models were verified on that split
+    assert summary["export"]["passed"] and set(summary["export"]["models"]) == {"model.fp32.onnx", "model.int8.onnx"}
+    assert os.path.exists(run_dir / "export" / "model.int8.onnx") and os.path.exists(summary["export"]["report"])
     # the cache fetched the shards from the HTTP remote
     assert any(name.endswith(".tar") for _, _, files in os.walk(run_dir / "cache") for name in files)

@@ -99,7 +99,7 @@ def _instrument(monkeypatch, rec: SyncRecorder) -> None:
     monkeypatch.setattr(meter_mod.IntervalMeter, "collect", collect)
 
 
-def _run(tmp_path, monkeypatch, stage: int, anomaly: bool) -> SyncRecorder:
+def _run(tmp_path, monkeypatch, stage: int, anomaly: bool, eval_every: int = 0) -> SyncRecorder:
     shards = str(tmp_path / "shards")
     _shards(shards)
     cfg = TrainConfig()
@@ -110,6 +110,9 @@ def _run(tmp_path, monkeypatch, stage: int, anomaly: bool) -> SyncRecorder:
     cfg.steps, cfg.log_every, cfg.optim.grad_accum_steps = STEPS, LOG_EVERY, ACCUM
     cfg.metrics.progress, cfg.metrics.tensorboard_dir = False, ""
     cfg.checkpoint.save_at_end, cfg.anomaly.enabled = False, anomaly
+    if eval_every:
+        write_counting_shards(str(tmp_path / "val"), 10, max_samples=10, vocab=VOCAB, max_len=40, seed=1)
+        cfg.eval.manifest, cfg.eval.every = str(tmp_path / "val"), eval_every
     rec = SyncRecorder()
     _instrument(monkeypatch, rec)
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -142,3 +145,11 @@ def test_anomaly_guard_is_the_one_sync_per_step(tmp_path, monkeypatch):
     assert rec.steps_with_reads == set(range(1, STEPS + 1))
     assert {site.split("::")[0] for site, _ in per_step} == {"trainer/anomaly.py"}, per_step
     assert per_step[("trainer/anomaly.py::_check", "tolist")] == STEPS
+
+
+def test_validation_reads_once_per_evaluation_and_nowhere_else(tmp_path, monkeypatch):
+    """With validation every 5 steps the evaluation's one read (its all-reduced totals) happens at
+    steps 5, 10 and 12 (the last); the training steps gain no read."""
+    rec = _run(tmp_path, monkeypatch, 0, anomaly=False, eval_every=5)
+    per_step = {k: n for k, n in rec.per_step().items() if k not in KNOWN_KERNEL_SYNCS}
+    assert per_step == {("trainer/evaluation/validation.py::evaluate", "tolist"): 3}, per_step

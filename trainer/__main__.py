@@ -3,8 +3,11 @@
 - ``python -m trainer --config FILE [key=value ...]``: train, alone or under ``torchrun``.
 - ``python -m trainer verify CKPT [--config FILE]``: verify a checkpoint offline in one process
   (checksums of every tensor, a forward pass of the fixed batch); exit status 0 only if it passes.
-- ``python -m trainer export CKPT OUT.pt``: write a checkpoint as one consolidated ``torch.save``
-  file (``torch.load(OUT.pt)["model"]`` holds the unsharded weights).
+- ``python -m trainer export CKPT OUT_DIR --format onnx [--precision fp32,fp16,int8] [--batch-sizes 1,8]``:
+  ONNX models, each verified on the validation split before it keeps its name
+  (:mod:`trainer.export`; ``conversion_report.json``); exit 1 when a variant exceeds its tolerance.
+- ``python -m trainer export CKPT OUT.pt``: one consolidated, verified ``torch.save`` file
+  (``torch.load(OUT.pt)["model"]`` holds the unsharded weights, ``["provenance"]`` where it came from).
 - ``python -m trainer report RUN_DIR``: HTML report with PNG plots of a run (``RUN_DIR/report/``).
 - ``python -m trainer replay RUN_DIR --step N``: re-run bad step N from the checkpoint before it
   and name the first module whose output went non-finite or spiked (forward, then backward).
@@ -12,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch.distributed as dist
@@ -68,14 +72,48 @@ def _verify(argv: list[str]) -> int:
 
 
 def _export(argv: list[str]) -> int:
-    from trainer.checkpointing import export_checkpoint
-    parser = argparse.ArgumentParser(prog="python -m trainer export",
-                                     description="Consolidate a DCP checkpoint into one torch.save file.")
-    parser.add_argument("checkpoint", help="checkpoint folder")
-    parser.add_argument("out", help="output file, e.g. model.pt")
-    args = parser.parse_args(argv)
-    export_checkpoint(args.checkpoint, args.out)
-    print(f"wrote {args.out} from {args.checkpoint}")
+    from shards.config import ConfigError, load_config
+    from trainer.export import ExportConfig, run_export
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer export",
+        description="Export a checkpoint as ONNX (fp32/fp16/int8) or one consolidated .pt file, verify every "
+                    "variant on validation data, and keep only those within tolerance (exit 1 otherwise).")
+    parser.add_argument("checkpoint", help="checkpoint folder (step_XXXXXX or weights_XXXXXX)")
+    parser.add_argument("out", help="output folder; or a file NAME.pt for the consolidated torch.save file")
+    parser.add_argument("--format", choices=["onnx", "pt"], help="onnx (default) or pt (default for OUT.pt)")
+    parser.add_argument("--precision", help="ONNX precisions, comma-separated: fp32,fp16,int8 (default fp32,int8)")
+    parser.add_argument("--batch-sizes", help="batch sizes timed on onnxruntime, comma-separated (default 1,8)")
+    parser.add_argument("--data", help="dataset or validation manifest (default: the checkpoint's data.manifest)")
+    parser.add_argument("--config", help="YAML ExportConfig (tolerances, rows, batches, ...)")
+    parser.add_argument("overrides", nargs="*", help="key=value, e.g. tolerance.int8.ppl_delta=0.05")
+    args = parser.parse_intermixed_args(argv)  # key=value may come before or after the flags
+    try:
+        cfg = load_config(ExportConfig, args.config, args.overrides)
+        legacy_file = args.out.endswith(".pt") and args.format in (None, "pt")
+        cfg.format = "pt" if legacy_file else (args.format or cfg.format)
+        if args.precision:
+            cfg.precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+        if args.batch_sizes:
+            cfg.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+        cfg.data = args.data or cfg.data
+        cfg.validate()
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"error: export config: {e}", file=sys.stderr)
+        return 2
+    out_dir, pt_name = (os.path.dirname(os.path.abspath(args.out)), os.path.basename(args.out)) if legacy_file \
+        else (args.out, "model.pt")
+    try:
+        report = run_export(args.checkpoint, out_dir, cfg, pt_name)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: export: {e}", file=sys.stderr)
+        return 1
+    print(report.table())
+    kept = [v.path for v in report.variants if v.passed]
+    print(f"wrote {', '.join(kept) or 'no model'} and {os.path.join(out_dir, 'conversion_report.json')}")
+    if not report.passed:
+        print("error: some variants exceed their tolerance and were not written under their final name (see the "
+              "table); loosen tolerance.* only if the numbers are acceptable", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -213,6 +213,27 @@ class ProfileConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Validation loss during training (:mod:`trainer.evaluation`).
+
+    Attributes:
+        enabled: evaluate at all (off, or no validation data found: no evaluation, one log line).
+        every: evaluate every N optimizer steps, and always after the last step (0 = only at the end).
+        tokens: validation token slots (micro-batch rows x ``data.seq_len``) read per evaluation over
+            all ranks; the same batches every time, so evaluations compare. Capped by the split's size.
+        manifest: validation ``manifest.json`` (path, folder or URL); ``""`` = the ``val`` split
+            listed in ``data.manifest`` (written by preprocessing with ``split.val_fraction`` > 0).
+        micro_batch_size: rows per validation micro-batch (0 = ``data.micro_batch_size``).
+    """
+
+    enabled: bool = True
+    every: int = 0
+    tokens: int = 65536
+    manifest: str = ""
+    micro_batch_size: int = 0
+
+
+@dataclass
 class TrainConfig:
     """Everything one training run needs.
 
@@ -236,6 +257,7 @@ class TrainConfig:
     anomaly: AnomalyConfig = field(default_factory=AnomalyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     run_dir: str = "runs/train"
     steps: int = 100
     log_every: int = 10
@@ -270,6 +292,8 @@ class TrainConfig:
             raise ValueError(f"metrics.prometheus_linger_s={self.metrics.prometheus_linger_s}: use seconds >= 0")
         if not 0 <= self.metrics.prometheus_port <= 65535:
             raise ValueError(f"metrics.prometheus_port={self.metrics.prometheus_port}: use 0 (off) or a TCP port")
+        if self.eval.every < 0 or self.eval.tokens < 1 or self.eval.micro_batch_size < 0:
+            raise ValueError("eval.every and eval.micro_batch_size must be >= 0, eval.tokens >= 1")
         p = self.profile
         if p.enabled and (p.active < 1 or min(p.skip_first, p.wait, p.warmup) < 0):
             raise ValueError(f"profile: active={p.active} must be >= 1 and skip_first/wait/warmup >= 0")

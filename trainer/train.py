@@ -8,7 +8,8 @@ step's token count is all-reduced first, then each micro-batch backpropagates
 and ranks. The loop never syncs the host with the device except every ``log_every`` steps (and at
 step 1): metrics accumulate in device tensors — and once per step for the anomaly guard
 (``anomaly.enabled``, :mod:`trainer.anomaly`), which must know on the host whether to skip
-``optimizer.step()``. Checkpoints (:mod:`trainer.checkpointing`) are verified before they become
+``optimizer.step()``. Validation loss (:mod:`trainer.evaluation`) runs every ``eval.every``
+steps and after the last one, with its own single host read. Checkpoints (:mod:`trainer.checkpointing`) are verified before they become
 visible; a run resumes from ``checkpoint.resume`` (``latest`` after an elastic restart) with its
 model, optimizer, RNG, loader and learning-rate scale.
 """
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from loaders.batch import TokenBatch
 from trainer import checkpointing as ckpt
 from trainer.anomaly import AnomalyGuard, injected
+from trainer.evaluation import Evaluation, evaluation_summary, maybe_evaluate
 from trainer import parallel
 from trainer.config import TrainConfig
 from trainer.observability.hardware import HardwareMonitor
@@ -203,6 +205,7 @@ class Run:
     loss_first: float | None = None
     loss_last: float | None = None
     saved: str | None = None  # newest checkpoint folder this run wrote
+    evaluation: Evaluation | None = None  # built by the first maybe_evaluate
 
     def is_log_step(self, step: int) -> bool:
         """Whether optimizer step ``step`` (1-based) ends a log interval (``log_every``, the last, the first)."""
@@ -293,7 +296,8 @@ def finish_run(run: Run, elapsed: float) -> dict:
                "tokens_per_second": run.tokens_seen / elapsed if elapsed > 0 else 0.0,
                "checkpoint": run.saved, "parameters": count_parameters(run.model), "anomalies": run.guard.summary(),
                "cache": run.cache.metrics() if hasattr(run.cache, "metrics") else None,
-               "loader": run.loader.metrics() if hasattr(run.loader, "metrics") else None}
+               "loader": run.loader.metrics() if hasattr(run.loader, "metrics") else None,
+               **evaluation_summary(run)}
     if info.is_main:
         with open(os.path.join(cfg.run_dir, "train_summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2, default=str)
@@ -312,7 +316,9 @@ def train(cfg: TrainConfig) -> dict:
     Summary keys: ``train_steps``, ``world_size``, ``loss_first``/``loss_last`` (nats per real token,
     first and last logged interval), ``tokens_per_second`` (real tokens, all ranks, per wall second
     of the loop), ``tokens_seen`` (real tokens, all ranks), ``checkpoint`` (folder or ``None``),
-    ``parameters``, ``cache`` and ``loader`` (their ``metrics()`` on this rank, when they have one).
+    ``parameters``, ``cache`` and ``loader`` (their ``metrics()`` on this rank, when they have one),
+    ``val_loss_first``/``val_loss_last``/``val_perplexity_last``/``val_tokens``/``evaluations``
+    (:mod:`trainer.evaluation`; ``None`` without validation data).
     """
     run = start_run(cfg)
     info, guard, timer = run.info, run.guard, run.meter.timer
@@ -347,5 +353,6 @@ def train(cfg: TrainConfig) -> dict:
             run.step = roll_back(run.ckpts, run.wrapped, run.optimizer, guard, run.step)
             continue
         save_checkpoints(run)
+        maybe_evaluate(run)
     run.profiler.stop()
     return finish_run(run, time.perf_counter() - start)

@@ -168,7 +168,7 @@ class MetricsLogger:
             self._tb.flush()
         if self.prometheus is not None:
             self.prometheus.update(record)
-        if self._bar is not None:
+        if self._bar is not None and "tokens_per_second" in record:  # training records, not validation ones
             loss = record.get("loss")
             post = {"loss": "skipped" if loss is None else f"{loss:.3f}", "tok_s": f"{record['tokens_per_second']:.0f}",
                     "lr": f"{record['lr']:.2e}", "wait": f"{record['data_wait_s']:.2f}s"}

@@ -40,6 +40,7 @@ class StepProfiler:
             record_shapes=cfg.record_shapes, profile_memory=cfg.profile_memory, with_stack=cfg.with_stack)
 
     def start(self) -> None:
+        """Start the profiler (no-op when ``profile.enabled`` is false)."""
         if self._prof is not None:
             self._prof.start()
 

@@ -171,6 +171,7 @@ def write_report(run_dir: str, out_dir: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer report RUN_DIR [--out DIR]``: render the report; returns the exit code."""
     ap = argparse.ArgumentParser(prog="python -m trainer.observability.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="training run folder (run_dir of the config), holding metrics.jsonl")

@@ -34,6 +34,7 @@ class RunMetrics:
         return [p[0] for p in pts], [p[1] for p in pts]
 
     def total(self, key: str) -> float:
+        """Sum of the finite values of ``key`` over all records (e.g. ``tokens``)."""
         return sum(self.series(key)[1])
 
 

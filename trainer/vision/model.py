@@ -25,7 +25,9 @@ class TinyCNN(nn.Module):
         self.head = nn.Linear(chans[-1], num_classes)
 
     def logits(self, images: torch.Tensor) -> torch.Tensor:
+        """float ``[B, 3, H, W]`` images → ``[B, num_classes]`` logits."""
         return self.head(self.features(images).mean(dim=(2, 3)))
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Summed cross entropy (fp32 scalar, nats) of ``images`` against int64 ``labels`` ``[B]``."""
         return F.cross_entropy(self.logits(images).float(), labels, reduction="sum")

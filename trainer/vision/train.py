@@ -122,6 +122,8 @@ def train_vision(cfg: VisionTrainConfig) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    """``python -m trainer.vision.train``: parse the flags into :class:`VisionTrainConfig`, train, and
+    return the logged records (list of dicts)."""
     defaults = VisionTrainConfig()
     p = argparse.ArgumentParser(prog="python -m trainer.vision.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,0 +1,217 @@
+"""Beam's DaskRunner with its graph translation fixed, so the preprocessing job runs on a Dask cluster.
+
+``beam_runner.py --runner=DaskRunner --dask_client_address=HOST:PORT`` selects
+:class:`ColaflowDaskRunner` (see :func:`pipelines.job.run`). Beam 2.77's translation
+(``apache_beam.runners.dask``) turns every Beam step into a ``dask.bag`` operation but gets four
+things wrong; each is fixed here, and ``tests/test_dask_runner.py`` reproduces each fault:
+
+1. **Tagged outputs.** A ParDo's main and tagged outputs land in one bag, stripped of their tags,
+   so a consumer of the main output also receives every tagged element (and the reverse).
+   Here a ParDo's bag holds ``(tag, value)`` pairs and each output PCollection selects its tag.
+2. **finish_bundle outputs.** The bundle's results are taken before ``finish_bundle`` runs, so
+   what it emits (``BatchElements``' last batch, our per-bundle event tallies, lifted combiners)
+   is lost. Here results are collected after ``finish_bundle``.
+3. **Only the last sink.** Only the bag of the last visited transform is computed; other sinks
+   (dead letters, duplicates) never run. Here every PCollection no step consumes is computed, in
+   one graph, so shared upstream work runs once.
+4. **Side inputs per task.** A side input is a bag computed anew (``list(bag)``) inside every task
+   that reads it, so e.g. the tokenizer is trained once per task. Here a side input is one graph
+   node (a ``dask.bag`` reduction) computed once and shipped to the tasks that need it.
+
+Two more changes make the runner usable at scale: ``CombinePerKey`` is lifted (partial combine
+per bundle, then group, then merge: :class:`apache_beam.transforms.combiners.LiftedCombinePerKey`,
+as the DirectRunner does), so a key's values are never grouped in one list; and ``Reshuffle``
+repartitions the bag (Beam's translation leaves it a no-op, so a job that starts from one file
+pattern ran in one task). Groups use dask's task-based shuffle, which hashes keys with
+``dask.base.tokenize`` (the same in every worker process).
+
+Beam metrics are not collected on Dask (``result.metrics()`` raises ``NotImplementedError``);
+colaflow's ``stats.json`` is built from event records in the graph, not from metrics.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import apache_beam as beam
+import dask.bag as db
+from apache_beam import pvalue
+from apache_beam.pipeline import PipelineVisitor, PTransformOverride
+from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, Receiver, _OutputHandler
+from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner, DaskRunnerResult
+from apache_beam.runners.dask.overrides import _Create, _Flatten, _GroupByKeyOnly, _Reshuffle, dask_overrides
+from apache_beam.runners.dask.transform_evaluator import defenestrate, get_windowed_value
+from apache_beam.transforms.combiners import LiftedCombinePerKey
+from apache_beam.transforms.sideinputs import SideInputMap
+
+MIN_PARTITIONS = 4  # a Reshuffle spreads over at least this many bag partitions
+
+
+class _TagReceiver(Receiver):
+    """Appends ``(tag, value)`` for each element a DoFn emits on ``tag`` (``None``: main output)."""
+
+    def __init__(self, tag, out: list):
+        self.tag, self.out = tag, out
+
+    def receive(self, windowed_value):
+        self.out.append((self.tag, windowed_value.value))
+
+
+class _Receivers(dict):
+    def __init__(self, out: list):
+        super().__init__()
+        self.out = out
+
+    def __missing__(self, tag):
+        self[tag] = _TagReceiver(tag, self.out)
+        return self[tag]
+
+
+def _run_bundle(items, fn, args, kwargs, label, window_fn, views, *side_values) -> list:
+    """Run DoFn ``fn`` over one bag partition ``items`` as one bundle.
+
+    ``views`` are ``(view class, view options, window mapping fn)`` per side input and
+    ``side_values`` the matching fully computed side-input element lists. Returns the
+    ``(tag, value)`` pairs emitted by ``process`` and by ``finish_bundle`` (fault 2).
+    """
+    out: list = []
+    receivers = _Receivers(out)
+    handler = _OutputHandler(window_fn=window_fn, main_receivers=receivers[None], tagged_receivers=receivers,
+                             per_element_output_counter=None, output_batch_converter=None,
+                             process_yields_batches=False, process_batch_yields_elements=False)
+    side_inputs = [SideInputMap(view_class, options, [get_windowed_value(v, mapping) for v in values])
+                   for (view_class, options, mapping), values in zip(views, side_values)]
+    invoker = DoFnInvoker.create_invoker(
+        DoFnSignature(fn), handler, context=DoFnContext(label, state=None), side_inputs=side_inputs,
+        input_args=args, input_kwargs=kwargs, user_state_context=None,
+        bundle_finalizer_param=beam.DoFn.BundleFinalizerParam())
+    invoker.invoke_setup()
+    invoker.invoke_start_bundle()
+    for item in items:
+        invoker.invoke_process(get_windowed_value(item, window_fn))
+    invoker.invoke_finish_bundle()
+    invoker.invoke_teardown()
+    return out
+
+
+def _select(pairs, tag) -> list:
+    """The values of one output tag from a ParDo partition's ``(tag, value)`` pairs (fault 1)."""
+    return [value for t, value in pairs if t == tag]
+
+
+def _concat(parts) -> list:
+    return [x for part in parts for x in part]
+
+
+def _nothing(_) -> list:
+    return []
+
+
+def _key(item):
+    return item[0]
+
+
+def _group_values(item):
+    key, values = item
+    return key, [defenestrate(v[1]) for v in values]
+
+
+class _LiftCombines(PTransformOverride):
+    """``CombinePerKey`` → :class:`LiftedCombinePerKey` (partial combine per bundle before the group)."""
+
+    def matches(self, applied):
+        return (isinstance(applied.transform, beam.CombinePerKey)
+                and applied.inputs[0].windowing.is_default())
+
+    def get_replacement_transform_for_applied_ptransform(self, applied):
+        t = applied.transform
+        return LiftedCombinePerKey(t.fn, t.args, t.kwargs)
+
+
+@dataclasses.dataclass
+class _Translator(PipelineVisitor):
+    """Builds one ``dask.bag`` per PCollection; ``sinks`` collects those nothing consumes."""
+
+    partitions: int
+    bags: dict = dataclasses.field(default_factory=dict)
+    consumed: set = dataclasses.field(default_factory=set)
+
+    def visit_transform(self, node) -> None:
+        transform = node.transform
+        inputs = [self.bags[p] for p in node.inputs if not isinstance(p, pvalue.PBegin)]
+        self.consumed.update(p for p in node.inputs if not isinstance(p, pvalue.PBegin))
+        if isinstance(transform, _Create):
+            values = list(transform.values)
+            bag = db.from_sequence(values, npartitions=max(1, min(len(values), self.partitions)))
+        elif isinstance(transform, _Flatten):
+            bag = db.concat(inputs)
+        elif isinstance(transform, _GroupByKeyOnly):
+            bag = inputs[0]
+            if bag.npartitions > self.partitions:  # a task shuffle costs partitions² tasks
+                bag = bag.repartition(npartitions=self.partitions)
+            bag = bag.groupby(_key, shuffle="tasks").map(_group_values)
+        elif isinstance(transform, _Reshuffle):
+            bag = inputs[0].repartition(npartitions=max(inputs[0].npartitions, self.partitions))
+        elif type(transform) is beam.ParDo:
+            bag = self._pardo(node, inputs[0])
+        else:  # _GroupAlsoByWindow and the like: identity in the global window
+            bag = inputs[0] if inputs else None
+        for tag, pcoll in node.outputs.items():
+            self.bags[pcoll] = (bag.map_partitions(_select, tag)
+                                if type(transform) is beam.ParDo else bag)
+
+    def _pardo(self, node, bag):
+        transform = node.transform
+        args, kwargs = transform.args, transform.kwargs  # side inputs as placeholders
+        main = next(iter(node.main_inputs.values()))
+        views, values = [], []
+        for si in node.side_inputs:
+            self.consumed.add(si.pvalue)
+            views.append((type(si), si._view_options(), si._window_mapping_fn))
+            # one graph node per side input, computed once (fault 4); not optimised on its own,
+            # which would fuse a renamed copy of everything upstream into it
+            values.append(self.bags[si.pvalue].reduction(list, _concat).to_delayed(optimize_graph=False))
+        return bag.map_partitions(_run_bundle, transform.fn, list(args), kwargs, transform.label,
+                                  main.windowing.windowfn, views, *values)
+
+    def sinks(self):
+        """One bag over every PCollection that no step reads, each mapped to empty partitions
+        (fault 3): a single collection, so the graph is optimised and run once."""
+        return db.concat([bag.map_partitions(_nothing) for pcoll, bag in self.bags.items()
+                          if pcoll not in self.consumed and bag is not None])
+
+
+class ColaflowDaskRunner(DaskRunner):
+    """Beam's :class:`~apache_beam.runners.dask.dask_runner.DaskRunner` with the fixes listed in the
+    module docstring. Options: ``--dask_client_address=HOST:PORT`` (a running ``dask scheduler``;
+    without it a local cluster is started), ``--dask_npartitions`` (bag partitions of created and
+    reshuffled data and of groups; default twice the cluster's worker threads, at least
+    ``MIN_PARTITIONS``). ``--dask_partition_size`` is not used.
+
+    Importing this module raises ``ImportError`` when ``dask``/``distributed`` are not installed
+    (``pip install colaflow[dask]``).
+    """
+
+    def run_pipeline(self, pipeline, options):
+        """Translate ``pipeline`` into one ``dask.bag`` graph and submit it to the cluster; returns a
+        result whose ``wait_until_finish`` raises the first task error and then closes the client."""
+        import dask.distributed as ddist
+
+        dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True, current_only=True)
+        bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
+        client = ddist.Client(**dask_options)
+        threads = sum(client.nthreads().values())
+        pipeline.replace_all([_LiftCombines()] + dask_overrides())
+        translator = _Translator(bag_kwargs.get("npartitions") or max(MIN_PARTITIONS, 2 * threads))
+        pipeline.visit(translator)
+        futures = client.compute([translator.sinks()])
+        return _Result(client, futures)
+
+
+class _Result(DaskRunnerResult):
+    """Closes the client once the job has ended."""
+
+    def wait_until_finish(self, duration=None):
+        try:
+            return super().wait_until_finish(duration)
+        finally:
+            self.client.close()

@@ -1,0 +1,127 @@
+"""Start real multi-process engines on 127.0.0.1 for tests and benchmarks: a Dask cluster
+(``dask scheduler`` + ``dask worker`` processes) and a Beam external SDK worker pool.
+
+Each engine is a set of ``subprocess.Popen`` children with their output in log files, so a
+test can read what ran where and a benchmark can read each worker's peak RSS.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class Engine:
+    """Running engine processes: ``address`` to pass to Beam, ``procs`` (scheduler/pool first,
+    then workers) and their ``logs`` (one file per process, stdout and stderr together)."""
+    address: str
+    procs: list[subprocess.Popen]
+    logs: list[Path]
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes (all but the first)."""
+        return [p.pid for p in self.procs[1:]]
+
+    def log_text(self) -> str:
+        """All logs concatenated (UTF-8, undecodable bytes replaced)."""
+        return "".join(p.read_text(errors="replace") for p in self.logs)
+
+    def stop(self) -> None:
+        """Terminate workers first, then the scheduler/pool (waits up to 10 s each, then kills)."""
+        for proc in reversed(self.procs):
+            proc.terminate()
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _spawn(cmd: list[str], log: Path, env: dict | None) -> subprocess.Popen:
+    with open(log, "wb") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, timeout_s: float = 60.0) -> Engine:
+    """A ``dask scheduler`` and ``workers`` single-threaded ``dask worker`` processes (no nanny, so
+    each worker is one process) on 127.0.0.1; returns once all workers have registered.
+
+    ``env`` is the processes' environment (default: this one); they need colaflow importable.
+    Raises ``TimeoutError`` (and stops what started) when the workers do not register in time.
+    """
+    from distributed import Client
+
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    logs = [log_dir / "scheduler.log"] + [log_dir / f"worker-{i}.log" for i in range(workers)]
+    procs = [_spawn([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+                     address.rsplit(":", 1)[1], "--no-dashboard", "--no-show"], logs[0], env)]
+    for log in logs[1:]:
+        procs.append(_spawn([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                             "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", "0"],
+                            log, env))
+    engine = Engine(address, procs, logs)
+    try:
+        with Client(address, timeout=timeout_s) as client:
+            client.wait_for_workers(workers, timeout=timeout_s)
+    except Exception as e:
+        engine.stop()
+        raise TimeoutError(f"dask cluster did not start in {timeout_s:.0f} s: {e}; logs in {log_dir}") from e
+    return engine
+
+
+def start_worker_pool(log_dir: str | Path, python: list[str], boot: str, env: dict | None = None,
+                      timeout_s: float = 30.0) -> Engine:
+    """A Beam external worker pool (``apache_beam.runners.worker.worker_pool_main``) run by the
+    interpreter command ``python`` (e.g. ``[sys.executable]``), whose SDK workers are started by the
+    executable ``boot`` (``--container_executable``, e.g. :mod:`pipelines.worker_boot`'s file).
+    Address for ``--environment_config``: ``Engine.address``. Raises ``TimeoutError`` when the
+    pool does not listen in time."""
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = log_dir / "worker-pool.log"
+    proc = _spawn(python + ["-m", "apache_beam.runners.worker.worker_pool_main", f"--service_port={port}",
+                            f"--container_executable={boot}"], log, env)
+    engine = Engine(f"127.0.0.1:{port}", [proc], [log])
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return engine
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.2)
+    engine.stop()
+    raise TimeoutError(f"worker pool did not listen on port {port}: {log.read_text(errors='replace')[-2000:]}")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """Peak resident set size of a live process in bytes (``VmHWM`` of ``/proc/PID/status``; Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise OSError(f"no VmHWM for process {pid}")
+
+
+def child_env(**extra: str) -> dict:
+    """This process's environment plus ``extra``, with the repository root first on ``PYTHONPATH``."""
+    env = dict(os.environ, **extra)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env

@@ -1,0 +1,54 @@
+"""Beam workers get a slim install: the base dependencies of pyproject.toml carry no training
+stack, and every module a worker runs imports with that stack absent."""
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pipelines
+import shards
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ["torch", "nvidia-dali-cuda130", "tensorboard", "scikit-image", "scikit-learn", "triton", "webdataset",
+         "wids", "aiohttp"]
+# import names of the heavy stack, blocked in the probe below
+BLOCKED = ["torch", "nvidia", "tensorboard", "skimage", "sklearn", "triton", "webdataset", "wids", "aiohttp", "dask",
+           "distributed"]
+OPTIONAL = {"pipelines.dask_runner", "pipelines.local_engines"}  # need colaflow[dask]; never on Beam workers
+
+
+def _name(requirement: str) -> str:
+    return requirement.split(";")[0].split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip().lower()
+
+
+def test_base_dependencies_hold_no_training_stack():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {_name(r) for r in project["dependencies"]}
+    assert "apache-beam" in base and "sentencepiece" in base
+    assert not base & set(HEAVY)
+    extras = project["optional-dependencies"]
+    assert set(HEAVY) <= {_name(r) for r in extras["train"]}
+    assert "colaflow[train,dask,demo]" in extras["all"] and "pipelines" in extras
+
+
+def test_worker_modules_import_without_the_training_stack():
+    modules = sorted({f"pipelines.{m.name}" for m in pkgutil.iter_modules(pipelines.__path__)} - OPTIONAL
+                     | {f"shards.{m.name}" for m in pkgutil.iter_modules(shards.__path__) if m.name != "__main__"}
+                     | {"beam_runner"})
+    probe = f"""
+import importlib, importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {BLOCKED!r}:
+            raise ImportError(f"blocked: {{name}} is not installed on a Beam worker")
+sys.meta_path.insert(0, Block())
+for m in {modules!r}:
+    importlib.import_module(m)
+print("ok", len({modules!r}))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("ok") and "pipelines.job" in modules and "pipelines.worker_boot" in modules

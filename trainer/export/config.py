@@ -1,0 +1,88 @@
+"""Configuration of ``python -m trainer export``: formats, precisions, batch sizes, validation data
+and the tolerance each variant must meet before it is written under its final name."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FORMATS = ("onnx", "pt")
+PRECISIONS = ("fp32", "fp16", "int8")
+
+
+@dataclass
+class Tolerance:
+    """Limits of one variant against the fp32 PyTorch model on the validation batches.
+
+    Attributes:
+        max_abs_diff: largest allowed ``|logit - reference logit|`` over real-token positions.
+        ppl_delta: largest allowed ``|ppl - ppl_ref| / ppl_ref`` (relative perplexity change).
+        min_argmax_agreement: smallest allowed fraction of real tokens whose top-1 prediction
+            equals the reference's.
+    """
+
+    max_abs_diff: float = 1e-4
+    ppl_delta: float = 1e-3
+    min_argmax_agreement: float = 0.999
+
+
+@dataclass
+class ToleranceConfig:
+    """Per-variant tolerances (``tolerance.int8.ppl_delta=0.05`` on the command line).
+
+    Defaults: fp32 ONNX matches to 1e-4 in logits; fp16 to 1.0 (half precision keeps ~3
+    significant digits: the demo model's logits, up to ~30 in magnitude, differ by up to 0.4 at
+    0.002 % perplexity change) and 0.5 % in perplexity; dynamic INT8 (per-tensor weight
+    quantization) is judged by perplexity (2 %) and top-1 agreement, not logits; the consolidated
+    ``.pt`` must reproduce the checkpoint exactly.
+    """
+
+    fp32: Tolerance = field(default_factory=Tolerance)
+    fp16: Tolerance = field(default_factory=lambda: Tolerance(1.0, 0.005, 0.99))
+    int8: Tolerance = field(default_factory=lambda: Tolerance(float("inf"), 0.02, 0.9))
+    pt: Tolerance = field(default_factory=lambda: Tolerance(1e-6, 1e-6, 1.0))
+
+
+@dataclass
+class ExportConfig:
+    """What ``python -m trainer export`` writes and how it checks it.
+
+    Attributes:
+        format: ``onnx`` (one file per precision) or ``pt`` (the consolidated ``torch.save`` file).
+        precisions: ONNX precisions among ``fp32``, ``fp16`` (weights and activations in half,
+            inputs/outputs kept) and ``int8`` (onnxruntime dynamic quantization of MatMul weights).
+        batch_sizes: batch sizes whose latency is measured on onnxruntime (or PyTorch for ``pt``).
+        data: dataset or validation ``manifest.json`` (path, folder or URL); ``""`` = the
+            checkpoint's ``data.manifest``. Its ``val`` split is used when listed, else the
+            manifest itself (then the report says ``held_out: false``).
+        seq_len: tokens per validation row (0 = the checkpoint's ``data.seq_len``).
+        rows: rows per validation batch.
+        batches: validation batches compared (the same for every variant).
+        latency_runs: timed runs per batch size (after one warm-up run); the median is reported.
+        opset: ONNX opset version (0 = the exporter's default).
+        threads: onnxruntime intra-op threads and PyTorch threads of the reference (0 = their
+            defaults, all cores; 1 gives steadier latencies on a shared machine).
+        tolerance: per-variant limits (:class:`ToleranceConfig`).
+    """
+
+    format: str = "onnx"
+    precisions: list = field(default_factory=lambda: ["fp32", "int8"])
+    batch_sizes: list = field(default_factory=lambda: [1, 8])
+    data: str = ""
+    seq_len: int = 0
+    rows: int = 8
+    batches: int = 2
+    latency_runs: int = 5
+    opset: int = 0
+    threads: int = 0
+    tolerance: ToleranceConfig = field(default_factory=ToleranceConfig)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad field and its valid values."""
+        if self.format not in FORMATS:
+            raise ValueError(f"--format {self.format!r}: use one of {', '.join(FORMATS)}")
+        bad = [p for p in self.precisions if p not in PRECISIONS]
+        if bad or not self.precisions:
+            raise ValueError(f"--precision {','.join(map(str, self.precisions))!r}: use some of {', '.join(PRECISIONS)}")
+        if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
+            raise ValueError(f"--batch-sizes {self.batch_sizes}: use positive integers, e.g. 1,8")
+        if self.rows < 1 or self.batches < 1 or self.latency_runs < 1 or self.seq_len < 0 or self.threads < 0:
+            raise ValueError("rows, batches and latency_runs must be >= 1; seq_len and threads >= 0")

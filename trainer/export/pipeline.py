@@ -1,0 +1,247 @@
+"""``python -m trainer export``: write each requested variant of a checkpoint, verify it on validation
+data, and keep it under its final name only when it passes.
+
+Order: load the checkpoint into an fp32 :class:`trainer.model.GPT` (the reference), read the fixed
+validation batches, run the reference, then per variant: write it under a hidden temporary name,
+verify it (:mod:`trainer.export.verify`), and rename it to its final name when every limit holds,
+or to ``NAME.rejected`` when not (a stale file of the final name from an earlier export is
+removed then). ``conversion_report.json`` and ``conversion_report.txt`` (the table) record every
+variant, the validation data and the provenance (:mod:`trainer.export.provenance`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from trainer.export import models
+from trainer.export.config import ExportConfig
+from trainer.export.provenance import provenance
+from trainer.export.verify import (ValidationBatch, VariantResult, compare, latency_ms, reference,
+                                   validation_batches)
+
+log = logging.getLogger(__name__)
+REPORT_JSON = "conversion_report.json"
+REPORT_TXT = "conversion_report.txt"
+
+
+@dataclass
+class ConversionReport:
+    """What an export wrote and how each variant compared (``conversion_report.json``).
+
+    Attributes:
+        checkpoint / out_dir / format: the inputs.
+        validation: ``manifest``, ``held_out`` (a ``val`` split, not training data), ``batches``,
+            ``rows``, ``seq_len``, ``tokens`` (real tokens compared).
+        reference: the fp32 PyTorch model's ``perplexity`` and ``latency_ms`` per batch size.
+        variants: one :class:`VariantResult` per written variant.
+        provenance: the record stored inside each model.
+    """
+
+    checkpoint: str
+    out_dir: str
+    format: str
+    validation: dict
+    reference: dict
+    variants: list = field(default_factory=list)
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """Whether every written variant met its tolerances."""
+        return all(v.passed for v in self.variants)
+
+    def to_dict(self) -> dict:
+        """The report as JSON-ready dict (``conversion_report.json``)."""
+        return {"checkpoint": self.checkpoint, "out_dir": self.out_dir, "format": self.format, "passed": self.passed,
+                "validation": self.validation, "reference": self.reference,
+                "variants": [v.to_dict() for v in self.variants], "provenance": self.provenance}
+
+    def table(self) -> str:
+        """A short text table: perplexity, its change, logit difference, argmax agreement, latency."""
+        sizes = sorted(self.reference["latency_ms"])
+        head = f"{'variant':<22}{'ppl':>10}{'Δppl':>9}{'max|Δ|':>10}{'argmax':>8}" + "".join(
+            f"{f'ms b={b}':>11}" for b in sizes) + "  status"
+        rows = [head, f"{'pytorch fp32 (ref)':<22}{self.reference['perplexity']:>10.3f}{'':>27}" + "".join(
+            f"{self.reference['latency_ms'][b]:>11.2f}" for b in sizes)]
+        for v in self.variants:
+            nums = (f"{v.perplexity:>10.3f}{100 * v.ppl_delta:>8.3f}%{v.max_abs_diff:>10.2e}{v.argmax_agreement:>8.4f}"
+                    if v.perplexity is not None else f"{'-':>10}{'-':>9}{'-':>10}{'-':>8}")
+            lat = "".join(f"{v.latency_ms[b]:>11.2f}" if b in v.latency_ms else f"{'-':>11}" for b in sizes)
+            status = "ok" if v.passed else "REJECTED: " + "; ".join(v.failures or [v.error or "failed"])
+            rows.append(f"{v.name:<22}{nums}{lat}  {status}")
+        return "\n".join(rows)
+
+
+def load_model(checkpoint: str):
+    """``(fp32 GPT in eval mode, TrainConfig, config dict)`` of a checkpoint folder (one process).
+
+    Raises:
+        FileNotFoundError / ValueError: not a readable colaflow checkpoint.
+    """
+    from shards.config import load_config, to_dict
+    from trainer.checkpointing import load_full_state
+    from trainer.config import TrainConfig
+    from trainer.model import GPT
+    config_path = os.path.join(checkpoint, "config.yaml")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"{checkpoint}: no config.yaml; not a colaflow checkpoint folder (step_XXXXXX)?")
+    cfg = load_config(TrainConfig, config_path)
+    model = GPT(cfg.model)
+    model.load_state_dict(load_full_state(checkpoint)["model"])
+    return model.float().eval(), cfg, to_dict(cfg)
+
+
+def resolve_validation(data: str) -> tuple[str, bool]:
+    """``(manifest URL, held_out)``: the ``val`` split of the dataset at ``data`` when it lists one,
+    else ``data`` itself (not held out)."""
+    from shards.manifest import Manifest, split_manifest_url
+    manifest = Manifest.load(data)
+    if "val" in manifest.splits:
+        return split_manifest_url(data, manifest, "val"), True
+    log.warning("%s lists no 'val' split: verifying on its own data, which the model may have trained on", data)
+    return data, False
+
+
+def check_vocab(manifest_url: str, vocab_size: int) -> None:
+    """Raise ``ValueError`` when the data's vocabulary does not fit a model of ``vocab_size`` tokens
+    (validation data of another dataset)."""
+    from shards.manifest import Manifest
+    data_vocab = Manifest.load(manifest_url).vocab_size
+    if data_vocab > vocab_size:
+        raise ValueError(f"{manifest_url}: vocabulary of {data_vocab} tokens does not fit the model's {vocab_size}; "
+                         "pass --data with the dataset the model was trained on")
+
+
+def synthetic_batches(vocab: int, seq_len: int, rows: int) -> list[ValidationBatch]:
+    """Random-token rows (seed 0), for a parity check when no validation data can be reached."""
+    from trainer.synthetic import synthetic_batch
+    b = synthetic_batch([[seq_len // 2, seq_len - seq_len // 2]] * rows, seq_len, vocab=vocab, seed=0)
+    return [ValidationBatch(*(t.numpy().astype(np.int64) for t in
+                              (b.input_ids, b.position_ids, b.document_ids, b.labels)))]
+
+
+def commit_variant(tmp: str, final: str, result: VariantResult) -> None:
+    """Rename a verified variant to ``final``; a failed one to ``final.rejected`` (and drop a stale ``final``)."""
+    if result.passed:
+        os.replace(tmp, final)
+        result.path = final
+        return
+    if os.path.exists(final):
+        os.remove(final)
+    if os.path.exists(tmp):
+        os.replace(tmp, final + ".rejected")
+        result.path = final + ".rejected"
+
+
+def _tmp(out_dir: str, name: str) -> str:
+    return os.path.join(out_dir, f".{name}.tmp-{os.getpid()}")
+
+
+def _check(result: VariantResult, tmp: str, runner, ref, batches, cfg: ExportConfig, tol) -> None:
+    compare(result, runner, ref, batches, tol)
+    result.latency_ms = latency_ms(runner, batches[0], cfg.batch_sizes, cfg.latency_runs)
+    result.bytes = os.path.getsize(tmp)
+
+
+def onnx_variants(model, out_dir: str, cfg: ExportConfig, ref, batches, record: dict) -> list[VariantResult]:
+    """Export, verify and commit ``model.{precision}.onnx`` for each of ``cfg.precisions``."""
+    source = _tmp(out_dir, "source.fp32.onnx")
+    results = []
+    try:
+        try:
+            models.export_onnx(model, source, batches[0].inputs(), cfg.opset)
+            export_error = None
+        except Exception as e:  # any exporter failure fails every variant, with its message
+            export_error = f"ONNX export failed: {type(e).__name__}: {e}"
+        for precision in cfg.precisions:
+            name = f"model.{precision}.onnx"
+            result, tmp = VariantResult(name, "onnx", precision, error=export_error), _tmp(out_dir, name)
+            if export_error is None:
+                try:
+                    {"fp32": shutil.copyfile, "fp16": models.convert_fp16, "int8": models.quantize_int8}[precision](
+                        source, tmp)
+                    models.set_provenance(tmp, {**record, "format": "onnx", "precision": precision})
+                    _check(result, tmp, models.ort_runner(tmp, cfg.threads), ref, batches, cfg,
+                           getattr(cfg.tolerance, precision))
+                except Exception as e:  # a conversion or runtime failure rejects this variant only
+                    result.passed, result.error = False, f"{type(e).__name__}: {e}"
+            commit_variant(tmp, os.path.join(out_dir, name), result)
+            results.append(result)
+    finally:
+        if os.path.exists(source):
+            os.remove(source)
+    return results
+
+
+def pt_variant(checkpoint: str, out_dir: str, name: str, train_cfg, cfg: ExportConfig, ref, batches,
+               record: dict) -> VariantResult:
+    """Write, verify and commit the consolidated ``torch.save`` file (``torch.load(f)["model"]`` =
+    weights, ``["provenance"]`` = ``record``)."""
+    from trainer.checkpointing import export_checkpoint
+    from trainer.model import GPT
+    result, tmp = VariantResult(name, "pt", "fp32"), _tmp(out_dir, name)
+    try:
+        export_checkpoint(checkpoint, tmp)
+        state = torch.load(tmp, weights_only=False)
+        state["provenance"] = {**record, "format": "pt", "precision": "fp32"}
+        torch.save(state, tmp)
+        reloaded = GPT(train_cfg.model)
+        reloaded.load_state_dict(torch.load(tmp, weights_only=False)["model"])
+        _check(result, tmp, models.torch_runner(reloaded.float()), ref, batches, cfg, cfg.tolerance.pt)
+    except Exception as e:  # a failed write or reload rejects the file
+        result.passed, result.error = False, f"{type(e).__name__}: {e}"
+    commit_variant(tmp, os.path.join(out_dir, name), result)
+    return result
+
+
+def run_export(checkpoint: str, out_dir: str, cfg: ExportConfig, pt_name: str = "model.pt") -> ConversionReport:
+    """Export ``checkpoint`` into ``out_dir`` as ``cfg`` says; returns the report (also written as
+    ``conversion_report.json``/``.txt``). ``report.passed`` is false when any variant was rejected.
+
+    Raises:
+        ValueError: invalid ``cfg``; FileNotFoundError: no checkpoint, or ``cfg.data`` is missing.
+    """
+    cfg.validate()
+    if cfg.threads:  # the PyTorch reference runs with as many threads as onnxruntime, for fair latency
+        torch.set_num_threads(cfg.threads)
+    model, train_cfg, config = load_model(checkpoint)
+    seq_len = cfg.seq_len or min(train_cfg.data.seq_len, train_cfg.model.max_seq_len)
+    data = cfg.data or train_cfg.data.manifest
+    try:
+        val_url, held_out = resolve_validation(data)
+        check_vocab(val_url, train_cfg.model.vocab_size)
+        batches = validation_batches(val_url, seq_len, cfg.rows, cfg.batches)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        if cfg.data:
+            raise
+        log.warning("no validation data at %s (%s); checking parity on random tokens. Pass --data MANIFEST", data, e)
+        val_url, held_out, data = None, False, None
+        batches = synthetic_batches(train_cfg.model.vocab_size, seq_len, cfg.rows)
+    ref_runner = models.torch_runner(model)
+    ref = reference(ref_runner, batches)
+    record = provenance(checkpoint, config, data, val_url)
+    os.makedirs(out_dir, exist_ok=True)
+    if cfg.format == "onnx":
+        variants = onnx_variants(model, out_dir, cfg, ref, batches, record)
+    else:
+        variants = [pt_variant(checkpoint, out_dir, pt_name, train_cfg, cfg, ref, batches, record)]
+    report = ConversionReport(
+        checkpoint, out_dir, cfg.format,
+        {"manifest": val_url, "held_out": held_out, "batches": len(batches), "rows": cfg.rows, "seq_len": seq_len,
+         "tokens": ref.tokens},
+        {"perplexity": ref.perplexity, "latency_ms": latency_ms(ref_runner, batches[0], cfg.batch_sizes,
+                                                                cfg.latency_runs)},
+        variants, record)
+    for name, text in ((REPORT_JSON, json.dumps(report.to_dict(), indent=2, default=str) + "\n"),
+                       (REPORT_TXT, report.table() + "\n")):
+        tmp = _tmp(out_dir, name)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(out_dir, name))
+    return report
