@@ -11,7 +11,8 @@ Text::
     state = loader.global_state_dict()   # every rank calls it; save it with the checkpoint
     loader.load_state_dict(state)        # any world size / worker count
 
-See ``loaders.order`` (sample order and split), ``loaders.packing``, ``loaders.progress``
+A weighted mixture of datasets (``data.mixture``) gives a ``loaders.mixture.MixtureLoader`` with
+the same interface. See ``loaders.order`` (sample order and split), ``loaders.packing``, ``loaders.progress``
 (resume state), ``loaders.steps`` (equal step counts across ranks: ``data.step_policy``),
 ``loaders.member_index`` (per-node shard member offsets) and ``python -m loaders keys --help``.
 """
@@ -19,8 +20,8 @@ import importlib
 
 # Imported on first use: loader worker processes import ``loaders.workers`` and must not pay for
 # torch, which ``loaders.dataset`` and ``loaders.batch`` import.
-_EXPORTS = {"DataConfig": ".config", "TextLoader": ".dataset", "TokenBatch": ".batch",
-            "build_text_loader": ".dataset", "merge_states": ".progress"}
+_EXPORTS = {"DataConfig": ".config", "MixtureLoader": ".mixture", "TextLoader": ".dataset", "TokenBatch": ".batch",
+            "build_text_loader": ".build", "merge_states": ".progress"}
 
 __all__ = sorted(_EXPORTS)
 

@@ -4,9 +4,12 @@ flat-file floor), to size workers per node (see :mod:`loaders.bench`).
 
     python -m loaders keys --shards DIR_OR_MANIFEST --world-size N --workers W [--epoch E]
         [--resume-at STEP] [--config run.yaml] [data.seed=3 data.seq_len=512 ...]
+    python -m loaders keys --config mixture.yaml --world-size N --workers W ...
 
 One line per sample: ``rank=R worker=W pos=P [partial=CHUNKS] SHARD/KEY`` (``pos`` = global
-position in the epoch's order; ``partial`` = chunks delivered before the resume point).
+position in the epoch's order; ``partial`` = chunks delivered before the resume point). With a
+``data.mixture`` in the config (and no ``--shards``), each line also names the key's source and
+that source's epoch: ``... pos=P source=NAME source_epoch=E SOURCE/SHARD/KEY``.
 ``--resume-at STEP`` runs every rank's loader (in this process) for STEP steps, merges their
 states as a checkpoint would, and lists what is left of the epoch. ``--config`` reads the
 ``data:`` section of a YAML run config; ``data.*`` overrides apply on top.
@@ -19,40 +22,52 @@ import sys
 
 import yaml
 
-from shards import Manifest
 from shards.config import apply_overrides, from_dict
 from shards.errors import exit_status, explain, run_cli
 
+from .build import build_text_loader
 from .config import DataConfig
 from .dataset import TextLoader
-from .progress import merge_states
-from .shard_access import LocalShards, ShardReader
+from .mixture import MixtureLoader
+from .shard_access import LocalShards
 
 
-def _data_config(path: str | None, overrides: list[str], manifest: str) -> DataConfig:
+def _data_config(path: str | None, overrides: list[str], manifest: str | None) -> DataConfig:
     data: dict = {}
     if path:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
     data = apply_overrides({"data": data.get("data", {})}, overrides)
     cfg = from_dict(DataConfig, data["data"], "data.")
-    cfg.manifest = manifest
+    if manifest:  # --shards reads one dataset, even when the config holds a mixture
+        cfg.manifest, cfg.mixture = manifest, []
+    elif not cfg.mixture:
+        raise ValueError("give --shards DIR_OR_MANIFEST, or --config with a data.mixture")
     return cfg
 
 
-def _loaders(cfg: DataConfig, manifest: Manifest, cache, world: int) -> list[TextLoader]:
-    return [TextLoader(cfg, manifest, cfg.manifest, cache, r, world, in_process=True) for r in range(world)]
+def _loaders(cfg: DataConfig, cache, world: int) -> list[TextLoader]:
+    return [build_text_loader(cfg, cache, r, world, in_process=True) for r in range(world)]
+
+
+def _source(ld: TextLoader, pos: int) -> str:
+    """`` source=NAME source_epoch=E`` of a mixture position ('' for one dataset)."""
+    if not isinstance(ld, MixtureLoader):
+        return ""
+    src, item = ld.plan.epoch_draws(ld.epoch)
+    s = int(src[pos])
+    return f" source={ld.names[s]} source_epoch={int(item[pos]) // ld.sources[s].items}"
 
 
 def keys_command(args) -> int:
     cfg = _data_config(args.config, args.overrides, args.shards)
     cfg.num_workers = args.workers
-    manifest = Manifest.load(cfg.manifest)
     cache = LocalShards()
     if args.cache_dir:
         from cache import CacheConfig, ShardCache
         cache = ShardCache(CacheConfig(dir=args.cache_dir))
-    loaders = _loaders(cfg, manifest, cache, args.world_size)
+    loaders = _loaders(cfg, cache, args.world_size)
+    manifest = loaders[0].dataset.manifest
     for ld in loaders:
         ld.set_epoch(args.epoch)
     if args.resume_at:
@@ -60,10 +75,10 @@ def keys_command(args) -> int:
         for _ in range(args.resume_at):
             for it in its:
                 next(it, None)
-        state = merge_states([ld.state_dict() for ld in loaders])
+        state = loaders[0]._merge([ld.state_dict() for ld in loaders])
         for it in its:
             it.close()  # unpins the shards these loaders hold open in the cache
-        loaders = _loaders(cfg, manifest, cache, args.world_size)
+        loaders = _loaders(cfg, cache, args.world_size)
         for ld in loaders:
             ld.load_state_dict(state)
     progress = loaders[0].progress
@@ -71,7 +86,7 @@ def keys_command(args) -> int:
     print(f"# epoch {progress.epoch}: {progress.num_samples} samples, {progress.consumed} consumed before; "
           f"world size {args.world_size} x {max(args.workers, 1)} workers; remainder={cfg.remainder}: "
           f"{split.assigned} assigned, {split.dropped} dropped, {split.padded} repeated")
-    reader = ShardReader(manifest, cfg.manifest, cache)
+    reader = loaders[0].dataset.open_reader(cache, loaders[0].dataset.order())
     try:
         for ld in loaders:
             ld.dataset.start(ld.progress)
@@ -80,7 +95,7 @@ def keys_command(args) -> int:
                     reader.retain({shard})  # one shard pinned at a time: the cache may hold less than the data
                     done = ld.progress.partial.get(pos, (0, set()))[1]
                     mark = f" partial={','.join(map(str, sorted(done)))}" if done else ""
-                    print(f"rank={ld.rank} worker={w} pos={pos}{mark} "
+                    print(f"rank={ld.rank} worker={w} pos={pos}{_source(ld, pos)}{mark} "
                           f"{manifest.shards[shard].name}/{reader.key(shard, local)}")
     finally:
         reader.close()
@@ -102,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     k = sub.add_parser("keys", help="list the sample keys each rank reads, in order")
-    k.add_argument("--shards", required=True, help="shard folder, manifest.json path or URL")
+    k.add_argument("--shards", help="shard folder, manifest.json path or URL (or a data.mixture in --config)")
     k.add_argument("--world-size", type=int, default=1)
     k.add_argument("--workers", type=int, default=0, help="loader worker processes per rank (0 = main process)")
     k.add_argument("--epoch", type=int, default=0)

@@ -1,7 +1,7 @@
 """Loader configuration (the ``data:`` section of a YAML config)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 BATCHING_MODES = ("packed", "token_budget")
 REMAINDER_POLICIES = ("uneven", "drop", "pad")
@@ -14,6 +14,9 @@ class DataConfig:
 
     Attributes:
         manifest: URL or path of ``manifest.json`` (or its folder): local, ``http(s)://``, fsspec.
+        mixture: train on a weighted mixture of datasets instead of ``manifest``: a list of
+            sources ``{manifest, name, weight}`` or ``{manifest, name, epochs | max_tokens}``
+            (see :mod:`loaders.mixture`); empty = one dataset.
         seq_len: tokens per packed row (T); documents longer than this are split into chunks.
         micro_batch_size: rows per micro-batch (B) in ``packed`` mode.
         num_workers: worker processes per rank (:mod:`loaders.workers`: fresh interpreters without
@@ -45,6 +48,7 @@ class DataConfig:
     """
 
     manifest: str = "runs/demo/shards"
+    mixture: list = field(default_factory=list)
     seq_len: int = 256
     micro_batch_size: int = 8
     num_workers: int = 1

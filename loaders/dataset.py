@@ -66,7 +66,7 @@ class TextLoader:
         self.cache = cache
         self.order_key = {"seed": cfg.seed, "shuffle": cfg.shuffle, "shuffle_block": cfg.shuffle_block,
                           "seq_len": cfg.seq_len, "dataset": dataset_fingerprint(manifest)}
-        self.progress = Progress(0, self.order_key, manifest.total_documents, world_size)
+        self.progress = self._epoch_progress(0)
         self.data_wait_seconds = 0.0
         self.last_split = None  # loaders.order.Split of the current epoch (drop/pad counts)
         # queue_depth_sum / queue_samples: mean ready batches in the prefetch thread's queue
@@ -82,7 +82,11 @@ class TextLoader:
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning, unless the state already points into it."""
         if epoch != self.progress.epoch:
-            self.progress = Progress(epoch, self.order_key, self.progress.num_samples, self.world_size)
+            self.progress = self._epoch_progress(epoch)
+
+    def _epoch_progress(self, epoch: int) -> Progress:
+        """A fresh :class:`Progress` of ``epoch``, nothing consumed (seam: a mixture's epochs differ in length)."""
+        return Progress(epoch, self.order_key, self.dataset.manifest.total_documents, self.world_size)
 
     def state_dict(self) -> dict:
         """This rank's state (JSON-able). With several ranks, merge all ranks' states
@@ -97,6 +101,11 @@ class TextLoader:
             return self.state_dict()
         states: list = [None] * dist.get_world_size()
         dist.all_gather_object(states, self.state_dict())
+        return self._merge(states)
+
+    @staticmethod
+    def _merge(states: list[dict]) -> dict:
+        """All ranks' states as one (seam: a mixture merges its per-source states)."""
         return merge_states(states)
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
@@ -113,7 +122,7 @@ class TextLoader:
                              " resume with the same data and data.seed/shuffle/shuffle_block/seq_len")
         over = len(p.complete_ranks) >= int(state["world_size"]) or self._nothing_left(p)
         p.world_size = self.world_size
-        self.progress = p.next_epoch() if over else p
+        self.progress = self._epoch_progress(p.epoch + 1) if over else p
         self.progress.complete_ranks = set()
 
     def _nothing_left(self, p: Progress) -> bool:
@@ -173,7 +182,7 @@ class TextLoader:
 
     def __iter__(self) -> Iterator[TokenBatch]:
         if self.rank in self.progress.complete_ranks or self._nothing_left(self.progress):
-            self.progress = self.progress.next_epoch()  # this epoch is over: go on with the next
+            self.progress = self._epoch_progress(self.epoch + 1)  # this epoch is over: go on with the next
         split = self.last_split = self.split()
         if split.dropped or split.padded:
             log.info("epoch %d: %d samples dropped, %d repeated (data.remainder=%s)",
@@ -183,8 +192,7 @@ class TextLoader:
         for batch in equal_steps(self._batches(), self.cfg.step_policy, self._sync(), self.world_size,
                                  self._padding_batch, self.steps):
             self.data_wait_seconds = time.perf_counter() - t0
-            for pos, chunk, n in batch.consumed:
-                self.progress.record(pos, chunk, n)
+            self._record(batch)
             self.totals["batches"] += 1
             self.totals["doc_tokens"] += batch.num_doc_tokens
             self.totals["slots"] += batch.input_ids.numel()
@@ -193,6 +201,11 @@ class TextLoader:
             t0 = time.perf_counter()
         self.progress.complete_ranks.add(self.rank)
 
+    def _record(self, batch: TokenBatch) -> None:
+        """Note a delivered batch's ``consumed`` entries in the resume state (seam: a mixture also
+        counts tokens per source)."""
+        for pos, chunk, n in batch.consumed:
+            self.progress.record(pos, chunk, n)
 
     def _sync(self) -> StepSync | None:
         """The step agreement of this epoch (``None``: none needed or none possible, warned)."""
@@ -271,7 +284,8 @@ def build_text_loader(cfg: DataConfig, cache=None, rank: int = 0, world_size: in
     """The resumable text loader of ``rank`` of ``world_size``.
 
     Args:
-        cfg: ``data:`` settings (``cfg.manifest``: path, folder or URL of ``manifest.json``).
+        cfg: ``data:`` settings (``cfg.manifest``: path, folder or URL of ``manifest.json``;
+            ``cfg.mixture`` is handled by :func:`loaders.build.build_text_loader`).
         cache: ``cache.ShardCache`` for remote shards; ``None`` reads local shards in place.
         in_process: run the worker streams in this process (same batches, no worker processes).
         step_sync: step agreement across ranks (default: ``torch.distributed`` all-reduce when

@@ -90,9 +90,6 @@ class Progress:
         if len(chunks) >= n:
             self._finish(pos)
 
-    def next_epoch(self) -> "Progress":
-        return Progress(self.epoch + 1, self.order_key, self.num_samples, self.world_size)
-
     def state_dict(self) -> dict:
         """Plain JSON-able dict (ints and lists only)."""
         return {

@@ -81,6 +81,11 @@ class TextStream:
         return consumer_items(self.order(), self.rank * num_workers + worker, self.world_size * num_workers,
                               self.prefix, self.skip, self.cfg.remainder)
 
+    def open_reader(self, cache, order: SampleOrder) -> ShardReader:
+        """The shard reader of one consumer, indexed like ``order``'s shards (seam: a mixture returns
+        its router over the sources' readers, :class:`loaders.mixture_sources.MixtureReader`)."""
+        return ShardReader(self.manifest, self.manifest_url, cache, self.cfg.index_dir or None)
+
     def _packer(self):
         if self.cfg.batching == "token_budget":
             return TokenBudgetBatcher(self.cfg.max_tokens, self.cfg.pack_window)
@@ -98,7 +103,7 @@ class TextStream:
         :meth:`_document_batches` would pack."""
         order = self.order()
         cache, owned = _worker_cache(self.cache)
-        reader = ShardReader(self.manifest, self.manifest_url, cache, self.cfg.index_dir or None)
+        reader = self.open_reader(cache, order)
         packer = ArrayPacker(self.cfg.seq_len, self.cfg.micro_batch_size, self.cfg.pack_window)
         try:
             reader.prefetch(order.shards_from(self.prefix))
@@ -155,7 +160,7 @@ class TextStream:
         """One document at a time (one-sample-per-document shards, or ``token_budget`` batching)."""
         order = self.order()
         cache, owned = _worker_cache(self.cache)
-        reader = ShardReader(self.manifest, self.manifest_url, cache, self.cfg.index_dir or None)
+        reader = self.open_reader(cache, order)
         packer, seq_len = self._packer(), self.cfg.seq_len
         block = -1
         try:

@@ -115,20 +115,27 @@ def kjv_records() -> Iterator[dict]:
 SOURCES = {"shakespeare": shakespeare_records, "kjv": kjv_records}
 
 
-def write_corpus(out_dir: str, limit_per_source: int | None = None) -> dict[str, int]:
-    """Write ``{source}.jsonl`` for every demo source into ``out_dir`` (atomically).
+def write_corpus(out_dir: str, limit_per_source: int | None = None, sources: list[str] | None = None) -> dict[str, int]:
+    """Write ``{source}.jsonl`` for every demo source (or only ``sources``) into ``out_dir`` (atomically).
 
     Args:
         out_dir: destination folder (created).
         limit_per_source: keep only the first N records of each source (small real slices for tests).
+        sources: names from :data:`SOURCES` to write (``None``: all), e.g. to preprocess one at a time.
     Returns:
         records written per source.
     Raises:
         CorpusNotInstalled: a data package is missing.
+        ValueError: an unknown source name.
     """
+    unknown = sorted(set(sources or []) - set(SOURCES))
+    if unknown:
+        raise ValueError(f"unknown demo source(s) {unknown}; choose from {sorted(SOURCES)}")
     os.makedirs(out_dir, exist_ok=True)
     counts: dict[str, int] = {}
     for source, records in SOURCES.items():
+        if sources and source not in sources:
+            continue
         path = os.path.join(out_dir, f"{source}.jsonl")
         tmp = f"{path}.tmp-{os.getpid()}"
         n = 0
@@ -149,9 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Write the Shakespeare + KJV demo corpus as JSONL.")
     ap.add_argument("--out", default="data/corpus", help="output folder (default data/corpus)")
     ap.add_argument("--limit-per-source", type=int, default=None, help="first N records per source")
+    ap.add_argument("--source", action="append", choices=sorted(SOURCES),
+                    help="write only this source (repeatable; default: all)")
     args = ap.parse_args(argv)
     try:
-        counts = write_corpus(args.out, args.limit_per_source)
+        counts = write_corpus(args.out, args.limit_per_source, args.source)
     except CorpusNotInstalled as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -53,3 +53,8 @@ def test_cli_writes_limited_slice(tmp_path):
         assert len(records) == 5
         assert all(set(r) == {"id", "text", "source"} and r["source"] == source and r["text"] for r in records)
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+
+
+def test_cli_writes_only_the_chosen_source(tmp_path):
+    assert corpus.main(["--out", str(tmp_path), "--limit-per-source", "3", "--source", "kjv"]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["kjv.jsonl"]  # a mixture preprocesses each source on its own

@@ -17,11 +17,11 @@ def build_shards(directory: str, docs: int = 120) -> None:
     write_counting_shards(directory, docs, max_samples=40, vocab=VOCAB, max_len=60, seed=0)
 
 
-def run_trainer(args: list[str], nproc: int, cwd: str) -> None:
+def run_trainer(args: list[str], nproc: int, cwd: str, config: str = os.path.join(ROOT, "configs", "demo.yaml")) -> None:
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    cmd = [sys.executable, *launcher, "-m", "trainer", "--config", os.path.join(ROOT, "configs", "demo.yaml"), *args]
+    cmd = [sys.executable, *launcher, "-m", "trainer", "--config", config, *args]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 

@@ -35,6 +35,7 @@ from trainer.config import TrainConfig
 from trainer.observability.hardware import HardwareMonitor
 from trainer.observability.meter import IntervalMeter
 from trainer.observability.metrics import MetricsLogger
+from trainer.observability.sources import source_fields
 from trainer.observability.mfu import flops_per_token, matmul_parameters, peak_flops
 from trainer.observability.model_stats import LayerStats
 from trainer.model import GPT, count_parameters
@@ -56,9 +57,10 @@ def resolve_vocab_size(cfg: TrainConfig) -> None:
     """Fill ``model.vocab_size`` from the manifest when it is 0."""
     if cfg.model.vocab_size == 0:
         from shards.manifest import Manifest
-        vocab = Manifest.load(cfg.data.manifest).vocab_size
+        url = cfg.data.mixture[0].get("manifest", "") if cfg.data.mixture else cfg.data.manifest  # sources share one
+        vocab = Manifest.load(url).vocab_size
         if vocab < 1:
-            raise ValueError(f"{cfg.data.manifest}: manifest has no vocab_size; set model.vocab_size")
+            raise ValueError(f"{url}: manifest has no vocab_size; set model.vocab_size")
         cfg.model.vocab_size = vocab
 
 
@@ -273,6 +275,7 @@ def log_interval(run: Run, lr: float, acc_loss: torch.Tensor, acc_tokens: torch.
     the interval's last step and the hardware metrics), log them, reset the accumulators."""
     record = run.meter.collect(run.step, run.epoch, lr, acc_loss, acc_tokens, grad_norm,
                                run.guard.skipped_nonfinite + run.guard.skipped_spikes)
+    record.update(source_fields(run.loader, run.info.world_size))  # tokens per source of a data.mixture
     run.tokens_seen += record["tokens"]
     if record["loss"] is not None:  # None: every step of the interval was skipped
         run.loss_first = record["loss"] if run.loss_first is None else run.loss_first

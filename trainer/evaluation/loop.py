@@ -38,11 +38,13 @@ def start_evaluation(run) -> Evaluation:
     cfg = run.cfg
     if not cfg.eval.enabled:
         return Evaluation(None)
-    url = resolve_val_manifest(cfg.data.manifest, cfg.eval.manifest)
+    # a data.mixture is validated on its first source's split unless eval.manifest says otherwise
+    data = cfg.data.mixture[0].get("manifest", "") if cfg.data.mixture else cfg.data.manifest
+    url = resolve_val_manifest(data, cfg.eval.manifest)
     if url is None:
         if run.info.is_main:
             log.warning("no validation loss: %s lists no 'val' split; preprocess with split.val_fraction=0.01 "
-                        "or set eval.manifest", cfg.data.manifest)
+                        "or set eval.manifest", data)
         return Evaluation(None)
     return Evaluation(Evaluator(cfg, run.info, url, run.cache))
 

@@ -21,6 +21,7 @@ import sys
 
 from trainer.observability.report_plots import PLOTS
 from trainer.observability.run_metrics import Markers, RunMetrics, read_markers, read_metrics
+from trainer.observability.sources import source_rows
 
 __all__ = ["read_metrics", "summarize", "write_report", "main"]
 
@@ -68,6 +69,7 @@ def summarize(m: RunMetrics, config: dict, summary: dict, markers: Markers | Non
     pad = m.series("padding_efficiency")[1]
     if pad:
         rows.append(("padding efficiency", f"{100 * sum(pad) / len(pad):.1f}% (mean)"))
+    rows.extend(source_rows(m.records, config))  # per-source tokens and shares of a data.mixture run
     mem = m.series("memory_max_bytes")[1]
     if mem:
         rows.append(("peak memory", f"{max(mem) / 2**20:,.0f} MiB ({last.get('memory_kind', '?')}, max over ranks)"))
