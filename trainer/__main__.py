@@ -75,7 +75,7 @@ def _dry_run(cfg) -> int:
     if plan.checkpoint:
         meta = read_meta(plan.checkpoint)
         check_stored(plan.checkpoint, plan.checkpoint, meta["checksums"], meta.get("digests", {}), torch.device("cpu"))
-    print(start_line(cfg, data_summary(cfg.data.manifest), int(os.environ.get("WORLD_SIZE", "1")), plan))
+    print(start_line(cfg, data_summary(cfg.data), int(os.environ.get("WORLD_SIZE", "1")), plan))
     print("dry run: config, data and run folder are fine; nothing was trained")
     return 0
 

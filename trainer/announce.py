@@ -4,28 +4,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loaders.config import DataConfig
 from trainer.config import TrainConfig
 from trainer.run_folder import RunPlan
 
 
 @dataclass
 class DataSummary:
-    """What the manifest says about the dataset: shard count, documents (samples) and tokens."""
+    """What the manifest (or every ``data.mixture`` source's, added up) says: shards, documents, tokens."""
 
     shards: int
     documents: int
     tokens: int
 
 
-def data_summary(manifest_url: str) -> DataSummary:
-    """Read the manifest at ``manifest_url`` (path or URL).
+def data_summary(data: DataConfig) -> DataSummary:
+    """Read the manifest of ``data.manifest``, or of every ``data.mixture`` source (added up: the
+    planned epochs are then mixture epochs of weighted sources).
 
     Raises:
-        FileNotFoundError: the manifest is missing or unreachable.
+        FileNotFoundError: a manifest is missing or unreachable.
+        shards.config.ConfigError: a bad ``data.mixture`` entry (names the entry and field).
     """
+    from loaders.mixture_sources import parse_sources
     from shards.manifest import Manifest
-    m = Manifest.load(manifest_url)
-    return DataSummary(len(m.shards), m.total_samples, m.total_tokens)
+    urls = [s.manifest for s in parse_sources(data.mixture)] if data.mixture else [data.manifest]
+    manifests = [Manifest.load(u) for u in urls]
+    return DataSummary(sum(len(m.shards) for m in manifests), sum(m.total_documents for m in manifests),
+                       sum(m.total_tokens for m in manifests))
 
 
 def planned_epochs(cfg: TrainConfig, data: DataSummary, world_size: int) -> float:

@@ -248,7 +248,7 @@ def start_run(cfg: TrainConfig) -> Run:
     resolve_vocab_size(cfg)
     plan = prepare_run(cfg, info.is_main)
     if info.is_main:
-        print(start_line(cfg, data_summary(cfg.data.manifest), info.world_size, plan), flush=True)
+        print(start_line(cfg, data_summary(cfg.data), info.world_size, plan), flush=True)
     cache, loader = build_data(cfg, info)
     model, wrapped, optimizer = build_model(cfg, info)
     run = Run(cfg, info, cache, loader, model, wrapped, optimizer, build_checkpointer(cfg, info, checkpoint_root(cfg)),
