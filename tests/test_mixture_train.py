@@ -6,7 +6,10 @@ import os
 
 import yaml
 
+from loaders import DataConfig
+from shards import Manifest
 from test_trainer_e2e import ROOT, VOCAB, run_trainer
+from trainer.announce import data_summary
 from trainer.observability.report import write_report
 from trainer.synthetic import write_counting_shards
 
@@ -18,6 +21,10 @@ def test_two_gloo_ranks_over_the_example_mixture_then_resume_with_other_weights(
     for i, (src, docs) in enumerate(zip(mixture, (120, 40))):
         src["manifest"] = str(tmp_path / src["name"])
         write_counting_shards(src["manifest"], docs, max_samples=30, vocab=VOCAB, max_len=60, seed=i)
+    manifests = [Manifest.load(src["manifest"]) for src in mixture]
+    summary = data_summary(DataConfig(mixture=mixture))  # the start line adds the sources up
+    assert (summary.shards, summary.documents, summary.tokens) == (
+        sum(len(m.shards) for m in manifests), 160, sum(m.total_tokens for m in manifests))
     run = str(tmp_path / "run")
     common = [f"cache.dir={tmp_path / 'cache'}", f"run_dir={run}", "model.d_model=32", "model.n_layers=1",
               "model.n_heads=2", "data.seq_len=32", "data.micro_batch_size=2", "data.num_workers=0",
