@@ -12,9 +12,10 @@ item comes at each position) is :class:`loaders.mixture_plan.MixturePlan`: deter
 the manifests, the shares and ``data.seed``, independent of world size and worker count. Each
 source reads its own seeded sample order (:class:`loaders.order.SampleOrder`), exactly once
 per source epoch; a source that runs out goes on into its next epoch (logged) while the others
-continue. Positions are split over ranks x workers and packed exactly as for one dataset
-(:class:`loaders.dataset.TextLoader`, which this loader extends through four small seams:
-``open_reader``, ``_epoch_progress``, ``_record`` and ``_merge``).
+continue. Positions are split over ranks x workers and packed exactly as for one dataset, through
+small seams: :class:`loaders.mixture_sources.MixtureStream` overrides ``TextStream.order`` and
+``TextStream.open_reader`` (torch-free: it runs in the loader's worker processes), and
+:class:`MixtureLoader` overrides ``TextLoader._epoch_progress``, ``_record`` and ``_merge``.
 
 Resume (:mod:`loaders.mixture_state`) is per source item, so it works at another world size or
 worker count, and with other weights: every source continues where it stopped, consumed items
@@ -46,8 +47,10 @@ log = logging.getLogger(__name__)
 def chunk_tokens(batch: TokenBatch) -> np.ndarray:
     """Tokens of each chunk entry (``n_chunks > 0``) of ``batch.consumed``, in that order (``int64``).
 
-    Relies on the packers' layout (:func:`loaders.packing.make_batch`): chunks are listed row by
-    row, and a chunk's tokens are the row's tokens with its ``document_ids`` value.
+    Relies on the packers' layout (:func:`loaders.packing.make_batch`, and
+    :meth:`loaders.array_packing.ArrayPacker._emit` via :meth:`TokenBatch.from_packed`): chunk
+    entries are listed row by row, in row order (empty/bad documents, ``n_chunks == 0``, before
+    them), and a chunk's tokens are the row's tokens with its ``document_ids`` value.
 
     Raises:
         RuntimeError: the batch's rows and its ``consumed`` list disagree.
@@ -83,6 +86,7 @@ class MixtureLoader(TextLoader):
         self.source_epochs = [0] * len(sources)
 
     def _epoch_progress(self, epoch: int) -> Progress:
+        """A fresh :class:`Progress` of mixture epoch ``epoch`` (its length comes from the plan)."""
         return Progress(epoch, self.order_key, self.plan.epoch_length(epoch), self.world_size)
 
     def _record(self, batch: TokenBatch) -> None:
@@ -118,6 +122,7 @@ class MixtureLoader(TextLoader):
 
     @staticmethod
     def _merge(states: list[dict]) -> dict:
+        """All ranks' mixture states as one (:func:`loaders.mixture_state.merge_source_states`)."""
         return merge_source_states(states)
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
