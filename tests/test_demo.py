@@ -59,5 +59,6 @@ def test_demo_on_real_slice(tmp_path, monkeypatch):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from step 30" in again.stdout and "nothing to train" in again.stdout, again.stdout
     records = [json.loads(line) for line in open(run_dir / "train" / "metrics.jsonl")]
-    steps = [r["step"] for r in records if "val_loss" not in r]  # validation records share their step
-    assert steps == sorted(set(steps)) and steps[-1] == 30
+    for kind in ("loss", "val_loss"):  # training and validation records: each step logged once
+        steps = [r["step"] for r in records if kind in r]
+        assert steps == sorted(set(steps)) and steps[-1] == 30, (kind, steps)
