@@ -13,7 +13,7 @@ token in that pool) and ``key`` (index into the pool's key list).
 """
 from __future__ import annotations
 
-import bisect
+import heapq
 from typing import Iterator
 
 import numpy as np
@@ -76,44 +76,74 @@ class ArrayPacker:
             while self.ready or len(self.buf["pos"]) >= self.window:
                 yield self.pop()
 
-    def _bins(self) -> tuple[list[list[int]], list[int]]:
-        """Best-fit-decreasing bins (lists of buffer rows) in creation order, and each bin's fill in tokens."""
+    def _bins(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Best-fit-decreasing over the buffer: ``(order, bin_of, fill)``, ``int64`` arrays: buffer rows in
+        packing order, the bin each of them went to (bins numbered in creation order) and each bin's
+        fill in tokens. A bin's chunks are the rows with its number, in packing order.
+
+        Best fit = the bin with the least room that still fits, ties to the oldest bin: free bins are
+        kept per room (a heap of bin numbers each) with a bitmask of the non-empty rooms, so the search
+        is one shift and one lowest-set-bit per chunk instead of a search over all open bins."""
         b = self.buf
         order = np.lexsort((b["idx"], b["pos"], -b["length"]))
         lengths = b["length"][order]
-        full = int(np.searchsorted(-lengths, -self.seq_len, side="right"))  # chunks of seq_len come first
-        bins: list[list[int]] = [[r] for r in order[:full].tolist()]  # each fills a bin alone: no search
-        fill: list[int] = [self.seq_len] * full
-        free: list[tuple[int, int]] = []  # sorted (free tokens, bin index)
-        for row, n in zip(order[full:].tolist(), lengths[full:].tolist()):
-            i = bisect.bisect_left(free, (n, -1))
-            if i < len(free):
-                room, k = free.pop(i)
-            else:
-                room, k = self.seq_len, len(bins)
-                bins.append([])
-                fill.append(0)
-            bins[k].append(row)
-            fill[k] += n
-            if room - n > 0:
-                bisect.insort(free, (room - n, k))
-        return bins, fill
+        T = self.seq_len
+        full = int(np.searchsorted(-lengths, -T, side="right"))  # chunks of seq_len come first, one bin each
+        fill = [T] * full
+        heaps: list[list[int]] = [[] for _ in range(T + 1)]  # room -> heap of bin numbers with that room
+        rooms = 0  # bit r set: some open bin has exactly r free tokens
+        bin_of = list(range(full))
+        rest = lengths[full:]
+        starts = np.flatnonzero(np.concatenate([[True], rest[1:] != rest[:-1]])) if len(rest) else rest
+        counts = np.diff(np.append(starts, len(rest)))
+        # equal chunks in a row go to one bin while they fit: after one lands in the best-fit bin,
+        # that bin's smaller room is still the unique best fit for the next (older bins had more room)
+        for n, left in zip(rest[starts].tolist(), counts.tolist()):
+            while left:
+                fits = rooms >> n
+                if fits:
+                    room = n + (fits & -fits).bit_length() - 1  # least room >= n
+                    heap = heaps[room]
+                    k = heapq.heappop(heap)
+                    if not heap:
+                        rooms ^= 1 << room
+                else:
+                    room, k = T, len(fill)
+                    fill.append(0)
+                q = min(left, room // n)
+                bin_of += [k] * q
+                fill[k] += q * n
+                left -= q
+                room -= q * n
+                if room:
+                    heap = heaps[room]
+                    if not heap:
+                        rooms |= 1 << room
+                    heapq.heappush(heap, k)
+        return order, np.array(bin_of, np.int64), np.array(fill, np.int64)
 
-    def _batch(self, bins: list[list[int]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        rows = np.array([r for bn in bins for r in bn], np.int64)
-        return {f: self.buf[f][rows] for f in FIELDS}, np.array([len(bn) for bn in bins], np.int64)
+    def _take(self, order: np.ndarray, bin_of: np.ndarray, bins: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The chunks of ``bins`` (bin numbers, in row order) as a batch: chunk fields in row order, chunks per row."""
+        rank = np.full(int(bin_of.max()) + 1 if len(bin_of) else 0, -1, np.int64)
+        rank[bins] = np.arange(len(bins))
+        row = rank[bin_of]
+        sel = np.flatnonzero(row >= 0)
+        rows = order[sel[np.argsort(row[sel], kind="stable")]]
+        return {f: self.buf[f][rows] for f in FIELDS}, np.bincount(row[sel], minlength=len(bins)).astype(np.int64)
 
     def pop(self) -> PackedBatch:
         """Next batch; packs the buffer first when no packed batch is waiting."""
         if not self.ready:
-            bins, fill = self._bins()
-            order = np.argsort(-np.asarray(fill, np.int64), kind="stable").tolist()  # fullest first, ties by bin
-            n_full = fill.count(self.seq_len)
-            take = order[:max(1, n_full // self.rows) * self.rows]
-            taken = set(take)
-            self.ready = [self._batch([bins[k] for k in sorted(take[i:i + self.rows])])
+            order, bin_of, fill = self._bins()
+            by_fill = np.argsort(-fill, kind="stable")  # fullest first, ties by bin
+            n_full = int(np.count_nonzero(fill == self.seq_len))
+            take = by_fill[:max(1, n_full // self.rows) * self.rows]
+            self.ready = [self._take(order, bin_of, np.sort(take[i:i + self.rows]))
                           for i in range(0, len(take), self.rows)]
-            rest = np.array([r for k in range(len(bins)) if k not in taken for r in bins[k]], np.int64)
+            taken = np.zeros(len(fill), bool)
+            taken[take] = True
+            keep = np.flatnonzero(~taken[bin_of])
+            rest = order[keep[np.argsort(bin_of[keep], kind="stable")]]
             self.buf = {f: self.buf[f][rest] for f in FIELDS}
         return self._emit(*self.ready.pop(0))
 
@@ -121,8 +151,9 @@ class ArrayPacker:
         """Everything left: waiting batches, then the buffer packed (the last batch padded with empty rows)."""
         while self.ready:
             yield self._emit(*self.ready.pop(0))
-        bins, _ = self._bins()
-        self.ready = [self._batch(bins[i:i + self.rows]) for i in range(0, len(bins), self.rows)]
+        order, bin_of, fill = self._bins()
+        self.ready = [self._take(order, bin_of, np.arange(i, min(i + self.rows, len(fill))))
+                      for i in range(0, len(fill), self.rows)]
         self.buf = {f: self.buf[f][:0] for f in FIELDS}
         while self.ready:
             yield self._emit(*self.ready.pop(0))
@@ -143,10 +174,11 @@ class ArrayPacker:
             src = np.repeat(c["off"][m] - starts, ln) + np.arange(int(ln.sum()))
             dst = np.repeat(row_of[m] * T + col[m] - starts, ln) + np.arange(int(ln.sum()))
             ids[dst] = self.pools[g][0][src]
+        g, k = c["group"], c["key"]
+        first = np.flatnonzero(np.concatenate([[True], (g[1:] != g[:-1]) | (k[1:] != k[:-1])])) if len(g) else g
         keys: list[str] = []
-        for g, k in zip(c["group"].tolist(), c["key"].tolist()):
-            key = self.pools[g][1][k]
-            if not keys or keys[-1] != key:
+        for key in [self.pools[gi][1][ki] for gi, ki in zip(g[first].tolist(), k[first].tolist())]:
+            if not keys or keys[-1] != key:  # one key per run of the same document
                 keys.append(key)
         consumed = self.pending + list(zip(c["pos"].tolist(), c["idx"].tolist(), c["n"].tolist()))
         self.pending = []
