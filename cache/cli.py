@@ -18,7 +18,7 @@ import time
 from tqdm import tqdm
 
 from shards.config import ConfigError
-from shards.errors import explain
+from shards.errors import USAGE, exit_status, explain
 
 from cache.config import CacheConfig, format_size, load_cache_config, parse_size
 from cache.errors import CacheError, CacheReadOnlyError
@@ -193,7 +193,7 @@ def cmd_tune(args) -> int:
     if not manifest.shards:
         cache.close()
         print(f"{args.manifest}: the manifest lists no shards", file=sys.stderr)
-        return 2
+        return 1
     w, r = measure_disk(cfg.path, parse_size(args.disk_bytes))
     sample = manifest.shards[: args.sample_shards]
     urls = [shard_url(args.manifest, s.name) for s in sample]
@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except (ConfigError, CacheError, FileNotFoundError, ValueError) as e:
         print(f"error: {explain(e)}", file=sys.stderr)
-        return 2
+        # a write command pointed at a read-only cache is a usage error: the command is wrong there
+        return USAGE if isinstance(e, CacheReadOnlyError) else exit_status(e)
     except PermissionError as e:
         where = getattr(args, "manifest", None) or getattr(args, "dir", None) or ""
         print(f"error: access denied to {where} ({e}); check the storage credentials (AWS_* variables, ~/.aws) "

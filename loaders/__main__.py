@@ -21,7 +21,7 @@ import yaml
 
 from shards import Manifest
 from shards.config import apply_overrides, from_dict
-from shards.errors import explain, run_cli
+from shards.errors import exit_status, explain, run_cli
 
 from .config import DataConfig
 from .dataset import TextLoader
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return bench_command(args) if args.command == "bench" else keys_command(args)
     except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
         print(f"python -m loaders keys: {explain(e)}", file=sys.stderr)
-        return 2
+        return exit_status(e)
 
 
 if __name__ == "__main__":

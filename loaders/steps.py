@@ -34,21 +34,38 @@ STEP_POLICIES = ("pad", "drop", "uneven")
 StepSync = Callable[[bool], int]  # has_batch -> number of ranks that have a batch this step
 
 
-def torch_step_sync(world_size: int) -> StepSync | None:
-    """All-reduce step agreement over the default ``torch.distributed`` group, or ``None`` when
-    it is not initialised or its size differs from ``world_size``.
+_CPU_GROUPS: dict = {}  # default process group -> its gloo twin (made once, not once per epoch)
 
-    The flag lives on the GPU when the group's only backend is NCCL, else on the CPU (gloo).
+
+def _cpu_group():
+    """A gloo group over the ranks of the default group (collective the first time per default group)."""
+    import torch.distributed as dist
+    world = dist.group.WORLD
+    if world not in _CPU_GROUPS:
+        _CPU_GROUPS.clear()  # an earlier default group was destroyed; its twin went with it
+        _CPU_GROUPS[world] = dist.new_group(backend="gloo")
+    return _CPU_GROUPS[world]
+
+
+def torch_step_sync(world_size: int) -> StepSync | None:
+    """All-reduce step agreement over ``torch.distributed``, or ``None`` when it is not initialised
+    or its size differs from ``world_size``.
+
+    The flag never touches an accelerator: it is summed on the CPU by a gloo group (the default
+    group when its backend is gloo, else one gloo group made here, collectively, beside NCCL) and
+    read through the numpy array that backs it. A flag on the GPU read with ``.item()`` would make
+    the host wait for the device before every micro-batch (one host-device sync each).
     """
+    import numpy as np
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != world_size:
         return None
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    group = None if dist.get_backend() == "gloo" else _cpu_group()
 
     def sync(has_batch: bool) -> int:
-        flag = torch.tensor([int(has_batch)], dtype=torch.int64, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.SUM)
-        return int(flag.item())
+        flag = np.array([int(has_batch)], dtype=np.int64)
+        dist.all_reduce(torch.from_numpy(flag), op=dist.ReduceOp.SUM, group=group)
+        return int(flag[0])
 
     return sync
 

@@ -79,6 +79,7 @@ def num_buckets(total_bytes: int, cfg: ShardsConfig) -> int:
 
 
 def assign_bucket(sample, total_bytes: int, cfg: ShardsConfig):
+    """``(bucket, sample)``: the sample's bucket by a stable hash of its key over :func:`num_buckets`."""
     return stable_bucket(sample[0], num_buckets(total_bytes, cfg)), sample
 
 
@@ -111,6 +112,8 @@ class WriteBucketFn(beam.DoFn):
         self.compression, self.block_tokens = compression, block_tokens
 
     def process(self, item):
+        """Write one bucket's samples (sorted by key) into one tar (token blocks or one sample per
+        document); yields ``(bucket, ShardInfo, index)`` and ``kept``/``tokens``/length events."""
         bucket, samples = item
         samples = sorted(samples, key=lambda s: (s[0], s[1]["json"]))
         fs, root = _fs(self.output_dir)
@@ -246,6 +249,8 @@ class WriteShards(beam.PTransform):
         self.output_dir, self.cfg = output_dir, cfg
 
     def expand(self, tokenized):
+        """Tokenized batches → written shards (main output) and events: encode, size the dataset,
+        assign buckets, group and write one tar per bucket."""
         samples = tokenized | "Encode" >> beam.Map(_encode_batch, self.cfg.store_text, self.cfg.layout)
         total = (samples | "Size" >> beam.Map(lambda batch: sum(encoded_size(s) for s in batch))
                  | "TotalSize" >> beam.CombineGlobally(sum))

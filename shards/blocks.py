@@ -59,6 +59,7 @@ class BlockMeta:
 
     @property
     def tokens(self) -> int:
+        """Total tokens of the block (sum of ``lengths``)."""
         return int(self.lengths.sum())
 
 

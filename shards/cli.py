@@ -15,7 +15,7 @@ import tarfile
 from collections import Counter
 
 from .blocks import BLOCK_LAYOUT, META_SUFFIX, block_documents, decode_meta, is_block
-from .errors import explain
+from .errors import exit_status, explain
 from .index import WIDS_FILE, build_shard_index, dali_index_path, read_sample, write_dali_index, write_wids_index
 from .reader import ReadStats, ShardError, decode_sample, iter_raw, iter_samples
 from .reshard import reshard
@@ -66,6 +66,7 @@ def _show(sample: dict, sp, out) -> None:
 
 
 def cmd_ls(args) -> int:
+    """``ls PATHS``: shards of a dataset, or each member (data offset, size, name) of a ``.tar``. Returns 0."""
     for path in args.paths:
         if path.endswith(".tar"):
             with tarfile.open(path, "r:") as tar:
@@ -91,6 +92,8 @@ def _documents(samples):
 
 
 def cmd_inspect(args) -> int:
+    """``inspect SHARD``: print decoded documents (a block is shown document by document), detokenised
+    when a tokenizer is found. Returns 0."""
     sp = _tokenizer(args.tokenizer, args.shard)
     if args.at is not None:
         sample = read_sample(args.shard, args.at)
@@ -112,6 +115,8 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    """``verify PATHS``: check shards against the spec and the manifest (checksums, token counts,
+    block lengths); prints one line per faulty shard. Returns 0 when all pass, 1 otherwise."""
     logging.getLogger("shards").setLevel(logging.ERROR)  # faults are printed below, per shard
     cfg = VerifyConfig(strict=not args.lenient, schema=args.schema, checksums=not args.no_checksums)
     reports = verify_paths(args.paths, cfg, progress=not args.quiet)
@@ -132,6 +137,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_stats(args) -> int:
+    """``stats PATHS``: samples, documents, tokens, bytes per token and bytes per field. Returns 0."""
     stats, n_shards, tok, file_bytes = ReadStats(), 0, [], 0
     field_bytes: Counter = Counter()
     for path, _, _ in resolve(args.paths):
@@ -158,6 +164,7 @@ def cmd_stats(args) -> int:
 
 
 def cmd_index(args) -> int:
+    """``index PATHS``: write the wids JSON index and a DALI ``.idx`` beside each shard. Returns 0."""
     items = resolve(args.paths)
     out = args.out or os.path.join(os.path.dirname(items[0][0]) or ".", WIDS_FILE)
     base = os.path.dirname(os.path.abspath(out))
@@ -173,6 +180,8 @@ def cmd_index(args) -> int:
 
 
 def cmd_reshard(args) -> int:
+    """``reshard PATHS --out DIR``: rewrite the samples into new shards by sample count or bytes,
+    with a fresh manifest. Returns 0."""
     m = reshard(args.paths, args.out, max_samples=args.max_samples,
                 max_bytes=_size(args.max_bytes) if args.max_bytes else None, prefix=args.prefix,
                 progress=not args.quiet)
@@ -181,6 +190,8 @@ def cmd_reshard(args) -> int:
 
 
 def cmd_cat(args) -> int:
+    """``cat SHARD [MEMBER...]``: write member bytes to stdout (``--decompress`` for ``.zst``); a document
+    key inside a token block writes that document's tokens (little-endian). Returns 0."""
     want = set(args.members)
     out = sys.stdout.buffer
     for key, fields in iter_raw(args.shard):
@@ -202,6 +213,7 @@ def cmd_cat(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m shards`` argument parser with one subcommand per ``cmd_*`` function."""
     p = argparse.ArgumentParser(prog="python -m shards", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("ls", help="list shards of a dataset, or members (data offset, size, name) of a .tar")
@@ -247,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (1 on a malformed shard, 2 on a missing file)."""
+    """Run the CLI; returns the exit status (1 on a malformed shard or a missing/unreachable file,
+    2 on a usage or config error; see :func:`shards.errors.exit_status`)."""
     args = build_parser().parse_args(argv)
     if args.cmd == "reshard" and not (args.max_samples or args.max_bytes):
         print("reshard: give --max-samples and/or --max-bytes", file=sys.stderr)
@@ -259,4 +272,4 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {explain(e)}", file=sys.stderr)
-        return 2
+        return exit_status(e)

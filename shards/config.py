@@ -7,6 +7,7 @@ Values of overrides are parsed as YAML scalars (``true``, ``1e-3``, ``[1, 2]``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from typing import Any, TypeVar
 
@@ -61,7 +62,9 @@ def from_dict(cls: type[T], data: dict | None, where: str = "") -> T:
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in fields:
-            raise ConfigError(f"unknown config key {where + key!r}; valid keys: {', '.join(sorted(fields))}")
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"did you mean {where + close[0]!r}? " if close else ""
+            raise ConfigError(f"unknown config key {where + key!r}; {hint}valid keys: {', '.join(sorted(fields))}")
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             value = from_dict(hint, value, f"{where}{key}.")

@@ -23,6 +23,18 @@ def explain(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+USAGE, RUNTIME, INTERRUPTED = 2, 1, 130  # exit statuses of every colaflow command line
+
+
+def exit_status(e: BaseException) -> int:
+    """The exit status a command line ends with after ``e``: 130 for Ctrl-C, 2 (:data:`USAGE`) for
+    a usage or config error (``ValueError``, which ``shards.config.ConfigError`` is), 1
+    (:data:`RUNTIME`) for everything else: missing or unreachable data (a 404), I/O, corrupt input."""
+    if isinstance(e, KeyboardInterrupt):
+        return INTERRUPTED
+    return USAGE if isinstance(e, ValueError) else RUNTIME
+
+
 def run_cli(main: Callable[[], int]) -> None:
     """Run ``main`` and exit with its status; a closed pipe (``| head``) or Ctrl-C ends quietly."""
     try:
@@ -33,5 +45,5 @@ def run_cli(main: Callable[[], int]) -> None:
         status = 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        status = 130
+        status = INTERRUPTED
     sys.exit(status)

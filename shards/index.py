@@ -77,6 +77,7 @@ class HashingReader:
         self.md5, self.sha256, self.size = hashlib.md5(), hashlib.sha256(), 0
 
     def read(self, n: int = -1) -> bytes:
+        """Read up to ``n`` bytes (all when -1) and feed them to both hashes and the size count."""
         b = self._f.read(n)
         self.md5.update(b)
         self.sha256.update(b)

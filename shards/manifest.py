@@ -70,18 +70,22 @@ class Manifest:
 
     @property
     def total_samples(self) -> int:
+        """Samples (tar sample keys) over all shards."""
         return sum(s.samples for s in self.shards)
 
     @property
     def total_tokens(self) -> int:
+        """Tokens over all shards."""
         return sum(s.tokens for s in self.shards)
 
     @property
     def total_bytes(self) -> int:
+        """Shard file bytes over all shards."""
         return sum(s.bytes for s in self.shards)
 
     @property
     def total_documents(self) -> int:
+        """Documents over all shards (equals :attr:`total_samples` for the per-document layout)."""
         return sum(self.document_counts())
 
     def document_counts(self) -> list[int]:
@@ -90,6 +94,7 @@ class Manifest:
         return [s.documents if self.layout == "token_blocks" else s.samples for s in self.shards]
 
     def to_json(self) -> str:
+        """The manifest as indented JSON text, with the derived totals (the bytes written to ``manifest.json``)."""
         d = asdict(self)
         d["total_samples"], d["total_tokens"], d["total_bytes"], d["total_documents"] = (
             self.total_samples, self.total_tokens, self.total_bytes, self.total_documents)

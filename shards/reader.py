@@ -61,9 +61,11 @@ class ReadStats:
 
     @property
     def faults(self) -> int:
+        """Faults of every kind counted so far."""
         return sum(self.counts.values())
 
     def add(self, kind: str, message: str) -> None:
+        """Count one fault of ``kind``, keep its message (up to ``MAX_MESSAGES``) and log a warning."""
         self.counts[kind] += 1
         if len(self.messages) < MAX_MESSAGES:
             self.messages.append(message)

@@ -67,6 +67,7 @@ class ShardReport:
 
     @property
     def messages(self) -> list[str]:
+        """The fault messages found while reading the shard."""
         return self.stats.messages
 
 

@@ -80,11 +80,14 @@ def test_repeated_bad_steps_roll_back_with_lower_lr(tmp_path):
     results = run_local_workers(_train_worker, 2, cfg)
     for res in results:
         assert res["final_step"] == 10
-        assert res["anomalies"] == {"skipped_nonfinite": 2, "skipped_spikes": 0, "rollbacks": 1, "lr_scale": 0.25}
+        # step 6 was good and trained after the step-5 checkpoint: the rollback undid it (1 step x 2 ranks)
+        assert res["anomalies"] == {"skipped_nonfinite": 2, "skipped_spikes": 0, "rollbacks": 1, "lr_scale": 0.25,
+                                    "good_steps_lost": 1, "good_micro_batches_lost": 2}
     with open(run / "events.jsonl") as f:
         events = [json.loads(line) for line in f]
-    rollbacks = sorted((e["rank"], e["step"], e["to_step"], e["lr_scale"]) for e in events if e["event"] == "rollback")
-    assert rollbacks == [(0, 8, 5, 0.25), (1, 8, 5, 0.25)]
+    rollbacks = sorted((e["rank"], e["step"], e["to_step"], e["lr_scale"], e["good_steps_lost"],
+                        e["good_micro_batches_lost"]) for e in events if e["event"] == "rollback")
+    assert rollbacks == [(0, 8, 5, 0.25, 1, 2), (1, 8, 5, 0.25, 1, 2)]
     assert rollbacks and all(e["checkpoint"].endswith("step_000005") for e in events if e["event"] == "rollback")
     nonfinite = sorted((e["step"], e["rank"]) for e in events if e["event"] == "nonfinite")
     assert nonfinite == [(7, 0), (7, 1), (8, 0), (8, 1)]

@@ -12,6 +12,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from shards.config import load_config, to_dict
 from trainer import parallel
 from trainer.__main__ import main
+from trainer import checkpointing as ckpt
 from trainer.checkpointing import COMPLETE, Checkpointer
 from trainer.config import ModelConfig, OptimConfig, TrainConfig, ZeroConfig
 from trainer.launch import run_local_workers
@@ -45,8 +46,7 @@ def _worker(tmp: str):
     cfg = _cfg()
     model, wrapped, opt = build_model(cfg, info)
     batch = synthetic_batch([[20, 12]], 32, vocab=128, seed=info.rank)
-    build = lambda: build_model(cfg, info)[1:]  # noqa: E731
-    ck = Checkpointer(os.path.join(tmp, "ckpt"), build, info.device, cfg.precision, 3, 128, 32, to_dict(cfg),
+    ck = Checkpointer(os.path.join(tmp, "ckpt"), info.device, cfg.precision, 3, 128, 32, to_dict(cfg),
                       keep_last=1)
     out = {}
     for step in (1, 2):
@@ -54,7 +54,7 @@ def _worker(tmp: str):
         out[step] = ck.save(step, wrapped, opt, {"epoch": 0, "marker": step}, {"anomaly": {"lr_scale": 1.0}})
     out["weights"] = ck.save(2, wrapped, None, kind="weights")
     out["params"] = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
-    ck_async = Checkpointer(os.path.join(tmp, "async"), build, info.device, cfg.precision, 3, 128, 32, to_dict(cfg),
+    ck_async = Checkpointer(os.path.join(tmp, "async"), info.device, cfg.precision, 3, 128, 32, to_dict(cfg),
                             async_save=True)
     out["async"] = ck_async.save(2, wrapped, opt, {"epoch": 0})
     out["async_visible_before_wait"] = os.path.exists(out["async"])
@@ -71,9 +71,32 @@ def _worker(tmp: str):
     return out
 
 
+def _other_world_worker(path: str, root: str):
+    """At world size 1 and ZeRO stage 1: the production Checkpointer verifies a checkpoint written by
+    2 ranks at stage 3, restore() reshards it, and the next save verifies at the new world size."""
+    info = parallel.init_distributed("cpu")
+    cfg = _cfg()
+    cfg.zero.stage, cfg.seed = 1, 7
+    model, wrapped, opt = build_model(cfg, info)
+    ck = Checkpointer(root, info.device, cfg.precision, 1, 128, 32, to_dict(cfg))
+    ck.verify(path)
+    restored = ckpt.restore(path, wrapped, opt)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train_step(wrapped, opt, [synthetic_batch([[20, 12]], 32, vocab=128, seed=0)], info, cfg)
+    saved = ck.save(restored.step + 1, wrapped, opt, restored.loader_state, restored.trainer_state)
+    ck.verify(saved)
+    return restored.step, restored.loader_state, params, saved
+
+
 def test_verified_atomic_checkpoints_then_offline_verify_export_and_corruption(tmp_path, capsys):
     results = run_local_workers(_worker, 2, str(tmp_path))
     res = results[0]
+    step, loader_state, params, saved = run_local_workers(_other_world_worker, 1, res[2], str(tmp_path / "w1"))[0]
+    assert step == 2 and loader_state == {"epoch": 0, "marker": 2}
+    for name, p in res["params"].items():
+        assert torch.equal(params[name], p), name
+    meta = json.load(open(os.path.join(saved, "meta.json")))
+    assert meta["world_size"] == 1 and meta["zero_stage"] == 1 and meta["step"] == 3
     root = tmp_path / "ckpt"
     assert sorted(os.listdir(root)) == ["step_000002", "weights_000002"]  # keep_last=1, no .partial left
     full = res[2]

@@ -2,12 +2,17 @@
 on 127.0.0.1 → cache → loader → torchrun (2 gloo ranks, ZeRO) → runs/demo/summary.json."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
+from cache.http_server import serve_directory
 from trainer import demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OVERRIDES = ["steps=30", "log_every=5", "optim.warmup_steps=5", "metrics.progress=false", "model.d_model=64",
+             "model.n_layers=2", "data.seq_len=128", "model.max_seq_len=128", "eval.every=10"]
 
 
 @pytest.mark.slow
@@ -15,10 +20,7 @@ def test_demo_on_real_slice(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # beam_runner.py and configs/ are found relative to the checkout
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     run_dir = tmp_path / "demo"
-    summary = demo.main(["--run-dir", str(run_dir), "--limit-per-source", "400",
-                         "steps=30", "log_every=5", "optim.warmup_steps=5", "metrics.progress=false",
-                         "model.d_model=64", "model.n_layers=2", "data.seq_len=128", "model.max_seq_len=128",
-                         "eval.every=10"])
+    summary = demo.main(["--run-dir", str(run_dir), "--limit-per-source", "400", *OVERRIDES])
     with open(run_dir / "summary.json") as f:
         written = json.load(f)
     assert written == summary
@@ -43,3 +45,18 @@ def test_demo_on_real_slice(tmp_path, monkeypatch):
     assert os.path.exists(run_dir / "export" / "model.int8.onnx") and os.path.exists(summary["export"]["report"])
     # the cache fetched the shards from the HTTP remote
     assert any(name.endswith(".tar") for _, _, files in os.walk(run_dir / "cache") for name in files)
+
+    # up-arrow, Enter: the demo's train command again into the finished run folder resumes at
+    # step 30 and has nothing left to train; it never starts over
+    server, url = serve_directory(str(run_dir / "shards"))
+    try:
+        again = subprocess.run(
+            [sys.executable, "-m", "trainer", "--nproc-per-node=2", "--config", "configs/demo.yaml",
+             f"data.manifest={url}/manifest.json", f"cache.dir={run_dir / 'cache'}", f"run_dir={run_dir / 'train'}",
+             *OVERRIDES], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    finally:
+        server.shutdown()
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from step 30" in again.stdout and "nothing to train" in again.stdout, again.stdout
+    steps = [json.loads(line)["step"] for line in open(run_dir / "train" / "metrics.jsonl")]
+    assert steps == sorted(set(steps)) and steps[-1] == 30

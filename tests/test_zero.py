@@ -92,6 +92,41 @@ def _stages_worker(tmp: str):
     return out
 
 
+ACCUM = 3
+
+
+def _accum_memory_worker():
+    """Gradient bytes this rank holds after each of ACCUM micro-batches of one real
+    :func:`trainer.train.forward_backward` (read at the next micro-batch's forward, and at the end)."""
+    info = parallel.init_distributed("cpu")
+    out = {}
+    for stage in (0, 1, 2, 3):
+        cfg = _cfg(stage, MEM_MODEL)
+        cfg.activation_checkpointing = False
+        model, wrapped, _ = _build(cfg, info)
+        seen = []
+        hook = wrapped.register_forward_pre_hook(lambda m, args: seen.append(parallel.grad_bytes(m)))
+        batches = [make_batch([[20, 12]], 32, vocab=256, seed=10 * info.rank + i) for i in range(ACCUM)]
+        forward_backward(wrapped, batches, info, cfg)
+        hook.remove()
+        out[stage] = seen[1:] + [parallel.grad_bytes(wrapped)]
+        out["psi"] = count_parameters(model)
+    return out
+
+
+def test_gradients_stay_sharded_across_accumulation_steps():
+    """ZeRO-2/3 keep 4Ψ/N gradient bytes per rank after every micro-batch of an accumulated step,
+    not only after the last (FSDP2 without gradient sync would hold the unsharded 4Ψ in between);
+    stages 0/1 hold the full 4Ψ, as their formula says."""
+    world = 2
+    for res in run_local_workers(_accum_memory_worker, world):
+        for stage in (0, 1, 2, 3):
+            expected = parallel.zero_formula_bytes(stage, res["psi"], world)["grads"]
+            assert len(res[stage]) == ACCUM
+            for i, got in enumerate(res[stage]):
+                assert abs(got - expected) <= 0.05 * expected, (stage, i, got, expected)
+
+
 def test_zero_stages_train_agree_resume_and_normalise_by_global_tokens():
     with tempfile.TemporaryDirectory() as tmp:
         results = run_local_workers(_stages_worker, 2, tmp)

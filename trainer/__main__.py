@@ -1,6 +1,10 @@
 """Command line of the trainer.
 
-- ``python -m trainer --config FILE [key=value ...]``: train, alone or under ``torchrun``.
+- ``python -m trainer --config FILE [key=value ...]``: train, alone or under ``torchrun``; re-running
+  it into the same ``run_dir`` resumes (or refuses; ``checkpoint.overwrite=true`` starts over).
+  ``--dry-run`` checks config, data and run folder and prints the start line without training;
+  ``--nproc-per-node N`` validates once, then starts N local ranks like ``torchrun --standalone``.
+  Exit status: 0 done, 2 usage/config error, 1 runtime/data error (e.g. a 404), 130 Ctrl-C.
 - ``python -m trainer verify CKPT [--config FILE]``: verify a checkpoint offline in one process
   (checksums of every tensor, a forward pass of the fixed batch); exit status 0 only if it passes.
 - ``python -m trainer export CKPT OUT_DIR --format onnx [--precision fp32,fp16,int8] [--batch-sizes 1,8]``:
@@ -18,37 +22,98 @@ import argparse
 import os
 import sys
 
-import torch.distributed as dist
+from shards.errors import INTERRUPTED, USAGE, exit_status, explain
 
 
-def _train(argv: list[str]) -> int:
-    from cache.errors import CacheError
-    from shards.config import ConfigError, load_config
-    from shards.errors import explain
-    from trainer.config import TrainConfig
-    from trainer.train import NoDataError, train
+def _is_rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _say(message: str) -> None:
+    """One line on stderr, from rank 0 only (under torchrun every rank meets the same error)."""
+    if _is_rank0():
+        print(message, file=sys.stderr, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file with a TrainConfig (sections model, data, cache, zero, ...)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate config, data and run folder/checkpoint, print the start line, do not train")
+    parser.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
+                        help="start N local ranks (torchrun --standalone) after validating the config once here")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. zero.stage=2 optim.lr=1e-3")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _load(args):
+    """The validated config; raises ``ValueError`` (``ConfigError`` is one) or ``FileNotFoundError``."""
+    from shards.config import load_config
+    from trainer.config import TrainConfig
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    cfg.validate()
+    return cfg
+
+
+def _dry_run(cfg) -> int:
+    """Check data (manifest), run folder, checkpoint compatibility and the checkpoint's stored
+    bytes against its checksums (one stored item in memory at a time); print the start line.
+
+    Raises:
+        trainer.checkpointing.verify.CheckpointVerifyError: the checkpoint to resume from is damaged.
+    """
+    import torch
+
+    from trainer.announce import data_summary, start_line
+    from trainer.checkpointing import read_meta
+    from trainer.checkpointing.verify import check_stored
+    from trainer.run_folder import plan_run
+    from trainer.train import resolve_vocab_size
+    resolve_vocab_size(cfg)
+    plan = plan_run(cfg)
+    if plan.checkpoint:
+        meta = read_meta(plan.checkpoint)
+        check_stored(plan.checkpoint, plan.checkpoint, meta["checksums"], meta.get("digests", {}), torch.device("cpu"))
+    print(start_line(cfg, data_summary(cfg.data.manifest), int(os.environ.get("WORLD_SIZE", "1")), plan))
+    print("dry run: config, data and run folder are fine; nothing was trained")
+    return 0
+
+
+def _train(argv: list[str]) -> int:
+    if not argv:  # training on built-in defaults is never what a bare command meant
+        _parser().print_usage(sys.stderr)
+        _say("error: give --config FILE and/or key=value overrides (python -m trainer --help for more)")
+        return USAGE
+    args = _parser().parse_args(argv)
+    cfg = None  # set once the config loads: later errors are about the run or its data
     try:
-        cfg = load_config(TrainConfig, args.config, args.overrides)
-        cfg.validate()
-    except (ConfigError, FileNotFoundError, ValueError) as e:
-        print(f"error: config: {e}", file=sys.stderr)
-        return 2
-    try:
+        cfg = _load(args)
+        if args.dry_run:
+            return _dry_run(cfg)
+        if args.nproc_per_node:
+            from trainer.launch import launch_standalone
+            return launch_standalone(args.nproc_per_node, (["--config", args.config] if args.config else [])
+                                     + args.overrides)
+        from trainer.train import train
         train(cfg)
-    except (FileNotFoundError, CacheError, NoDataError) as e:  # missing or unreadable data: no traceback
-        print(f"error: {explain(e)}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
-        print(f"interrupted; continue with checkpoint.resume=latest (checkpoints in {cfg.run_dir}/"
-              f"{cfg.checkpoint.dir}, every {cfg.checkpoint.every or 'no'} steps)", file=sys.stderr)
-        return 130
+        _say(f"interrupted; run the same command again to resume from the last checkpoint "
+             f"(in {cfg.run_dir}/{cfg.checkpoint.dir}, every {cfg.checkpoint.every or 'no'} steps)"
+             if cfg is not None else "interrupted")
+        return INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - expected user/data errors end in one line; others re-raise
+        from cache.errors import CacheError
+        from trainer.train import NoDataError
+        from trainer.checkpointing.verify import CheckpointVerifyError
+        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, CheckpointVerifyError)):
+            raise
+        where = "config" if cfg is None else "run" if isinstance(e, ValueError) else "data"
+        _say(f"error: {where}: {explain(e)}")
+        return exit_status(e)
     finally:
-        if dist.is_initialized():
+        dist = sys.modules.get("torch.distributed")  # not imported at all when the config was wrong
+        if dist is not None and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     return 0
 
@@ -128,6 +193,8 @@ def _replay(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer [verify|export|report|replay] ...``: dispatch to the subcommand, else train;
+    returns the exit code (2 usage/config, 1 runtime/data, 130 Ctrl-C)."""
     argv = sys.argv[1:] if argv is None else argv
     commands = {"verify": _verify, "export": _export, "report": _report, "replay": _replay}
     if argv and argv[0] in commands:

@@ -65,6 +65,7 @@ class EventLog:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
     def write(self, record: dict) -> None:
+        """Append ``record`` as one JSON line (keys sorted) with a single ``os.write``."""
         line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -88,6 +89,8 @@ class AnomalyGuard:
         self.events = EventLog(os.path.join(run_dir, "events.jsonl"))
         self.skipped_nonfinite = self.skipped_spikes = self.rollbacks = 0
         self.consecutive, self.good_steps = 0, 0
+        self.good_since_checkpoint = 0  # applied steps a rollback to the newest full checkpoint undoes
+        self.good_steps_lost = self.good_micro_batches_lost = 0
         self.lr_scale, self.ema = 1.0, None
         self.applied = True  # whether the last checked step was applied
         self._fired: set[tuple[str, int]] = set()
@@ -118,7 +121,12 @@ class AnomalyGuard:
         """``True`` when step ``step`` may be applied. Collective (one all-reduce of 3 values, one
         host read); logs and counts a skipped step. ``keys``: this rank's batch keys."""
         self.applied = self._check(step, loss_sum, local_tokens, grad_norm, keys)
+        self.good_since_checkpoint += int(self.applied)
         return self.applied
+
+    def checkpointed(self) -> None:
+        """A full checkpoint now holds every applied step (saved, or resumed from)."""
+        self.good_since_checkpoint = 0
 
     def _check(self, step, loss_sum, local_tokens, grad_norm, keys) -> bool:
         if not self.cfg.enabled:
@@ -151,27 +159,42 @@ class AnomalyGuard:
 
     @property
     def needs_rollback(self) -> bool:
+        """Whether ``anomaly.max_consecutive`` bad steps in a row call for a rollback."""
         return self.cfg.max_consecutive > 0 and self.consecutive >= self.cfg.max_consecutive
 
-    def rolled_back(self, from_step: int, to_step: int, checkpoint: str) -> None:
-        """Record a rollback: lower the learning rate, reset the bad-step run, log the event."""
+    def rolled_back(self, from_step: int, to_step: int, checkpoint: str, micro_batches_per_step: int) -> None:
+        """Record a rollback: lower the learning rate, reset the bad-step run, log the event.
+
+        The good steps applied since the checkpoint are undone and their micro-batches are not
+        revisited (the loader keeps going forward); they are counted: ``good_steps_lost`` and
+        ``good_micro_batches_lost`` (all ranks: ``micro_batches_per_step`` = grad_accum_steps x
+        world size) in the event and in :meth:`summary`."""
+        lost = self.good_since_checkpoint
         self.rollbacks += 1
         self.lr_scale *= self.cfg.rollback_lr_factor
-        self.consecutive = 0
+        self.consecutive = self.good_since_checkpoint = 0
+        self.good_steps_lost += lost
+        self.good_micro_batches_lost += lost * micro_batches_per_step
         self.events.write({"event": "rollback", "step": from_step, "rank": self.rank, "to_step": to_step,
-                           "checkpoint": checkpoint, "lr_scale": self.lr_scale, "time": time.time()})
+                           "checkpoint": checkpoint, "lr_scale": self.lr_scale, "good_steps_lost": lost,
+                           "good_micro_batches_lost": lost * micro_batches_per_step, "time": time.time()})
 
     # -- persistence ---------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The guard's counters and learning-rate scale, saved in checkpoints under ``trainer``."""
         return {"lr_scale": self.lr_scale, "ema": self.ema, "good_steps": self.good_steps,
                 "skipped_nonfinite": self.skipped_nonfinite, "skipped_spikes": self.skipped_spikes,
-                "rollbacks": self.rollbacks}
+                "rollbacks": self.rollbacks, "good_steps_lost": self.good_steps_lost,
+                "good_micro_batches_lost": self.good_micro_batches_lost}
 
     def load_state_dict(self, state: dict | None) -> None:
+        """Restore :meth:`state_dict` output (``None``: keep the fresh state)."""
         if state:
             for k, v in state.items():
                 setattr(self, k, v)
 
     def summary(self) -> dict:
+        """Counts for the run summary: skipped steps, rollbacks, lr scale, good steps/micro-batches lost."""
         return {"skipped_nonfinite": self.skipped_nonfinite, "skipped_spikes": self.skipped_spikes,
-                "rollbacks": self.rollbacks, "lr_scale": self.lr_scale}
+                "rollbacks": self.rollbacks, "lr_scale": self.lr_scale, "good_steps_lost": self.good_steps_lost,
+                "good_micro_batches_lost": self.good_micro_batches_lost}

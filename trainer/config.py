@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cache.config import CacheConfig
+from trainer.kernels.reference import NORM_EPS
 from loaders.config import DataConfig
 
 
@@ -37,7 +38,7 @@ class ModelConfig:
     norm: str = "rmsnorm"
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
+    norm_eps: float = NORM_EPS
 
 
 @dataclass
@@ -88,8 +89,9 @@ class OptimConfig:
 class CheckpointConfig:
     """``torch.distributed.checkpoint`` settings.
 
-    Every checkpoint is verified after it is written (reload into a fresh model, per-tensor
-    checksums, one forward pass) and only then becomes visible (see :mod:`trainer.checkpointing`).
+    Every checkpoint is verified after it is written (its stored bytes read back: per-tensor
+    checksums, digests of step, loader, trainer and RNG state) and only then becomes visible (see
+    :mod:`trainer.checkpointing`).
 
     Attributes:
         dir: checkpoint root, relative to ``run_dir`` unless absolute.
@@ -101,7 +103,11 @@ class CheckpointConfig:
         async_save: write with ``dcp.async_save`` (the state is staged to CPU memory and written
             in a background thread; verification and commit happen at the next save or at the end).
         save_at_end: save after the last step.
-        resume: checkpoint folder to resume from, ``latest`` (newest under ``dir``) or ``""``.
+        resume: checkpoint folder to resume from, or ``latest``/``""``: the newest finished one
+            under ``dir`` when there is one (a run folder with earlier output but no compatible
+            checkpoint is refused; see :mod:`trainer.run_folder`).
+        overwrite: remove an earlier run's checkpoints, metrics and summary in ``run_dir`` and
+            start at step 0 instead of resuming or refusing.
     """
 
     dir: str = "checkpoints"
@@ -111,6 +117,7 @@ class CheckpointConfig:
     async_save: bool = False
     save_at_end: bool = True
     resume: str = ""
+    overwrite: bool = False
 
 
 @dataclass

@@ -4,8 +4,11 @@
 2. Preprocess it with the Beam job (``beam_runner.py``): clean, dedup, train a tokenizer, hold out
    ``--val-fraction`` of the documents (by content hash) as the validation split, write shards.
 3. Serve the shard folder over HTTP on 127.0.0.1, as a remote the cache fetches from.
-4. Train with ``torchrun`` (gloo, ZeRO) through the cache and the loader, with validation loss
-   every ``eval.every`` steps and at the end.
+4. Train on ``--nproc`` ranks (``python -m trainer --nproc-per-node N``: the config is validated
+   once, then torchrun's standalone launcher starts the gloo ranks) through the cache and the loader,
+   with validation loss every ``eval.every`` steps and at the end. Re-running this train command
+   into the finished ``runs/demo/train`` resumes from its last checkpoint (nothing left to train),
+   never restarts it.
 5. Render the HTML run report (``python -m trainer.observability.report``).
 6. Export the final checkpoint as ONNX fp32 + INT8 (``python -m trainer export``), each verified on
    the validation split (``runs/demo/export/conversion_report.json``).
@@ -64,8 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     server, base_url = serve_directory(shards)
     try:
         _run(f"train (torchrun, {args.nproc} processes, shards from {base_url})",
-             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-              "-m", "trainer", "--config", args.config,
+             [sys.executable, "-m", "trainer", f"--nproc-per-node={args.nproc}", "--config", args.config,
               f"data.manifest={base_url}/manifest.json", f"cache.dir={os.path.join(run_dir, 'cache')}",
               f"run_dir={train}", *args.overrides])
     finally:

@@ -18,23 +18,25 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from trainer import ops
+from trainer import kernels
 from trainer.config import ModelConfig
 
 
 class Norm(nn.Module):
-    """RMSNorm (through ``trainer.ops.rms_norm``) or LayerNorm over the last dim [..., D]."""
+    """RMSNorm or LayerNorm over the last dim [..., D], through :mod:`trainer.kernels` (fused Triton
+    kernels on CUDA, PyTorch otherwise)."""
 
-    def __init__(self, dim: int, kind: str = "rmsnorm", eps: float = 1e-5):
+    def __init__(self, dim: int, kind: str = "rmsnorm", eps: float = kernels.NORM_EPS):
         super().__init__()
         self.kind, self.eps = kind, eps
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if kind == "layernorm" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x`` [..., D] over its last dim; same shape and dtype."""
         if self.kind == "rmsnorm":
-            return ops.rms_norm(x, self.weight, self.eps)
-        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+            return kernels.rms_norm(x, self.weight, self.eps)
+        return kernels.layer_norm(x, self.weight, self.bias, self.eps)
 
 
 def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,6 +77,8 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x, cos, sin, mask):
+        """``x`` [B, T, D] with RoPE tables ``cos``/``sin`` and a boolean document-causal ``mask``
+        [B, 1, T, T] → [B, T, D]."""
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -92,6 +96,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(hidden, cfg.d_model, bias=False)
 
     def forward(self, x):
+        """[..., D] → [..., D]."""
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
 
@@ -112,6 +117,7 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
     def forward(self, x, cos, sin, mask):
+        """Residual attention + MLP on ``x`` [B, T, D]; recomputed in backward when checkpointing."""
         # checkpoint inside the module so FSDP's hooks on this block wrap the recomputation too
         if self.checkpoint_activations and torch.is_grad_enabled():
             return checkpoint(self._forward, x, cos, sin, mask, use_reentrant=False)
@@ -144,11 +150,13 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=std)
 
     def set_activation_checkpointing(self, enabled: bool) -> None:
+        """Recompute every block's activations in backward (``True``) or keep them (``False``)."""
         for block in self.blocks:
             block.checkpoint_activations = enabled
 
     @property
     def output_weight(self) -> torch.Tensor:
+        """The ``[vocab, d_model]`` output projection (the token embedding when tied)."""
         return self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
 
     def hidden_states(self, input_ids, position_ids, document_ids) -> torch.Tensor:
@@ -166,12 +174,17 @@ class GPT(nn.Module):
         return h @ self.output_weight.to(h.dtype).t()
 
     def forward(self, input_ids, position_ids, document_ids, labels) -> torch.Tensor:
+        """Summed next-token cross entropy (fp32 scalar, nats) over real tokens.
+
+        Args: ``input_ids``, ``position_ids``, ``document_ids``, ``labels``: int64 ``[B, T]``;
+        labels of -100 are ignored. Attention stays within one document; positions restart per
+        document. The loss is fused with the output projection (:mod:`trainer.kernels`)."""
         h = self.hidden_states(input_ids, position_ids, document_ids)
         kind = h.device.type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
         # the loss op gets inputs of one dtype and runs outside autocast (it keeps its own fp32 math)
         with torch.autocast(kind, enabled=False):
-            return ops.linear_cross_entropy(h.to(dtype).flatten(0, 1), self.output_weight.to(dtype),
+            return kernels.linear_cross_entropy(h.to(dtype).flatten(0, 1), self.output_weight.to(dtype),
                                             labels.flatten(), ignore_index=-100, reduction="sum")
 
 

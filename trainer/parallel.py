@@ -45,6 +45,7 @@ class DistInfo:
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0 (the rank that writes logs and reports)."""
         return self.rank == 0
 
 
@@ -135,15 +136,21 @@ def build_optimizer(model: nn.Module, stage: int, lr: float, betas, weight_decay
     return torch.optim.AdamW(groups, foreach=True, **kwargs)
 
 
-def set_grad_sync(model: nn.Module, enabled: bool):
-    """Turn gradient all-reduce/reduce-scatter on or off for gradient accumulation.
+def set_grad_sync(model: nn.Module, last_micro_batch: bool):
+    """Gradient synchronisation of one micro-batch of an accumulated step; returns a context manager.
 
-    Returns a context manager (DDP's ``no_sync`` or a null context for FSDP2, where the flag is set
-    on the module directly).
+    - DDP (stages 0/1): all-reduce only on the last micro-batch (``no_sync`` before it): the
+      unreduced local gradients are full size (4Ψ) either way, so skipping the reduction is free.
+    - FSDP2 (stages 2/3): reduce-scatter on **every** micro-batch, which keeps ZeRO's promise of
+      4Ψ/N gradient bytes per rank during accumulation. Skipping it (FSDP2's
+      ``set_requires_gradient_sync(False)``) would hold the full unsharded fp32 gradient (4Ψ) on
+      every rank between micro-batches — measured by ``tests/test_zero.py``. The cost is one
+      reduce-scatter per micro-batch instead of per step (``grad_accum_steps`` x the gradient traffic),
+      the trade the ZeRO paper makes too (gradients are reduced as they are produced).
     """
     if isinstance(model, DDP):
-        return contextlib.nullcontext() if enabled else model.no_sync()
-    model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext() if last_micro_batch else model.no_sync()
+    model.set_requires_gradient_sync(True)
     return contextlib.nullcontext()
 
 
@@ -153,14 +160,45 @@ def _local_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _fsdp_params(model: nn.Module) -> list:
+    """FSDP2's per-parameter records (``FSDPParam``: sharded storage, unsharded copy, gradients) of
+    every ``fully_shard`` module in ``model``; empty for DDP. Reads FSDP2 internals
+    (``_get_fsdp_state()._fsdp_param_groups``): the public API shows only one view at a time."""
+    from torch.distributed.fsdp import FSDPModule
+    out = []
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            for group in m._get_fsdp_state()._fsdp_param_groups:
+                out.extend(group.fsdp_params)
+    return out
+
+
 def param_bytes(model: nn.Module) -> int:
-    """Bytes of the parameters this rank holds now (local shard for FSDP DTensors)."""
-    return sum(_local_bytes(p) for p in model.parameters())
+    """Bytes of parameter storage this rank holds now. Under FSDP2: every sharded storage, plus the
+    gathered (unsharded) copy of the parameters that are gathered at the moment (stage 2 keeps
+    both from forward to backward)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+    fsdp = _fsdp_params(model)
+    if not fsdp:
+        return sum(_local_bytes(p) for p in model.parameters())
+    held = 0
+    for fp in fsdp:
+        held += _local_bytes(fp._sharded_param_data)
+        if fp.sharded_state == ShardedState.UNSHARDED:
+            held += _local_bytes(fp._unsharded_param)
+    return held
 
 
 def grad_bytes(model: nn.Module) -> int:
-    """Bytes of the gradients this rank holds now (local shard for FSDP)."""
-    return sum(_local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+    """Bytes of the gradients this rank holds now: the local shard under FSDP2, plus any unsharded
+    gradient FSDP2 keeps between micro-batches when gradient sync is off."""
+    held = sum(_local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+    for fp in _fsdp_params(model):
+        unsharded = getattr(fp, "_unsharded_param", None)
+        for g in (getattr(unsharded, "grad", None), fp.unsharded_accumulated_grad):
+            if g is not None:
+                held += _local_bytes(g)
+    return held
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -181,13 +219,15 @@ def zero_formula_bytes(stage: int, n_params: int, world_size: int, bytes_per_val
 
     - stage 0: params 4Ψ, grads 4Ψ, optimizer 8Ψ
     - stage 1: params 4Ψ, grads 4Ψ, optimizer 8Ψ/N
-    - stage 2: params 4Ψ (held gathered from forward to backward), grads 4Ψ/N, optimizer 8Ψ/N
+    - stage 2: params 4Ψ + 4Ψ/N (the gathered copy, held from forward to backward, beside the
+      sharded storage FSDP2 always keeps), grads 4Ψ/N, optimizer 8Ψ/N
     - stage 3: params 4Ψ/N, grads 4Ψ/N, optimizer 8Ψ/N
 
     Returns ``{"params", "grads", "optimizer"}`` in bytes.
     """
     psi, n, b = float(n_params), float(world_size), bytes_per_value
-    return {"params": b * psi / (n if stage == 3 else 1),
+    params = {3: b * psi / n, 2: b * psi * (1 + 1 / n)}.get(stage, b * psi)
+    return {"params": params,
             "grads": b * psi / (n if stage >= 2 else 1),
             "optimizer": 2 * b * psi / (n if stage >= 1 else 1)}
 

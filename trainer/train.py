@@ -9,9 +9,11 @@ and ranks. The loop never syncs the host with the device except every ``log_ever
 step 1): metrics accumulate in device tensors — and once per step for the anomaly guard
 (``anomaly.enabled``, :mod:`trainer.anomaly`), which must know on the host whether to skip
 ``optimizer.step()``. Validation loss (:mod:`trainer.evaluation`) runs every ``eval.every``
-steps and after the last one, with its own single host read. Checkpoints (:mod:`trainer.checkpointing`) are verified before they become
-visible; a run resumes from ``checkpoint.resume`` (``latest`` after an elastic restart) with its
-model, optimizer, RNG, loader and learning-rate scale.
+steps and after the last one, with its own single host read. Checkpoints
+(:mod:`trainer.checkpointing`) are verified before they become visible; a run resumes
+(:mod:`trainer.run_folder`: automatically from the newest compatible checkpoint in its
+``run_dir``, or from ``checkpoint.resume``) with its model, optimizer, RNG, loader and
+learning-rate scale.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch.distributed as dist
 
 from loaders.batch import TokenBatch
 from trainer import checkpointing as ckpt
+from trainer.announce import data_summary, start_line
 from trainer.anomaly import AnomalyGuard, injected
 from trainer.evaluation import Evaluation, evaluation_summary, maybe_evaluate
 from trainer import parallel
@@ -35,6 +38,7 @@ from trainer.observability.metrics import MetricsLogger
 from trainer.observability.mfu import flops_per_token, matmul_parameters, peak_flops
 from trainer.observability.model_stats import LayerStats
 from trainer.model import GPT, count_parameters
+from trainer.run_folder import checkpoint_root, prepare_run
 from trainer.optim import clip_grad_norm, lr_at, set_lr
 from trainer.observability.profiling import StepProfiler
 from shards.config import to_dict
@@ -157,15 +161,17 @@ def build_model(cfg: TrainConfig, info: parallel.DistInfo):
 
 
 def build_checkpointer(cfg: TrainConfig, info: parallel.DistInfo, root: str) -> ckpt.Checkpointer:
-    """Checkpoints of this run, verified against a freshly built model of the same wrapping."""
-    return ckpt.Checkpointer(root, lambda: build_model(cfg, info)[1:], info.device, cfg.precision, cfg.zero.stage,
+    """Checkpoints of this run (verified from the stored bytes before they become visible)."""
+    return ckpt.Checkpointer(root, info.device, cfg.precision, cfg.zero.stage,
                              cfg.model.vocab_size, min(cfg.data.seq_len, cfg.model.max_seq_len), to_dict(cfg),
                              cfg.checkpoint.keep_last, cfg.checkpoint.async_save)
 
 
-def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, step: int) -> int:
+def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, step: int,
+              micro_batches_per_step: int) -> int:
     """Reload the newest finished full checkpoint (model, optimizer, RNG; the loader keeps going
-    forward) after ``guard.max_consecutive`` bad steps; returns the step to continue from.
+    forward) after ``guard.max_consecutive`` bad steps; returns the step to continue from. The good
+    steps undone are counted (``micro_batches_per_step``: all ranks' micro-batches of one step).
 
     Raises:
         RuntimeError: there is no checkpoint to go back to.
@@ -176,7 +182,7 @@ def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, s
         raise RuntimeError(f"{guard.consecutive} bad steps in a row at step {step} and no checkpoint to roll back "
                            "to; set checkpoint.every, lower optim.lr or inspect events.jsonl")
     restored = ckpt.restore(path, model, optimizer)
-    guard.rolled_back(step, restored.step, path)
+    guard.rolled_back(step, restored.step, path, micro_batches_per_step)
     return restored.step
 
 
@@ -229,18 +235,24 @@ def resume(run: Run, path: str) -> None:
 
 def start_run(cfg: TrainConfig) -> Run:
     """Validate ``cfg``, join the process group, build data, model, optimizer, checkpointer and
-    metric sinks, and resume from ``checkpoint.resume`` when set."""
+    metric sinks; resume, refuse or overwrite per :func:`trainer.run_folder.plan_run`, and print
+    the run's start line (:mod:`trainer.announce`).
+
+    Raises:
+        trainer.run_folder.RunFolderError: ``run_dir`` holds a run this config must not continue.
+    """
     cfg.validate()
     info = parallel.init_distributed(cfg.device)
     resolve_vocab_size(cfg)
+    plan = prepare_run(cfg, info.is_main)
+    if info.is_main:
+        print(start_line(cfg, data_summary(cfg.data.manifest), info.world_size, plan), flush=True)
     cache, loader = build_data(cfg, info)
     model, wrapped, optimizer = build_model(cfg, info)
-    ckpt_root = os.path.join(cfg.run_dir, cfg.checkpoint.dir)
-    run = Run(cfg, info, cache, loader, model, wrapped, optimizer, build_checkpointer(cfg, info, ckpt_root),
+    run = Run(cfg, info, cache, loader, model, wrapped, optimizer, build_checkpointer(cfg, info, checkpoint_root(cfg)),
               AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device))
-    path = ckpt.latest_checkpoint(ckpt_root) if cfg.checkpoint.resume == "latest" else cfg.checkpoint.resume
-    if path:
-        resume(run, path)
+    if plan.checkpoint:
+        resume(run, plan.checkpoint)
     if info.is_main:
         os.makedirs(cfg.run_dir, exist_ok=True)
         with open(os.path.join(cfg.run_dir, "config.json"), "w", encoding="utf-8") as f:
@@ -276,6 +288,7 @@ def save_checkpoints(run: Run) -> None:
     if cfg.every and step % cfg.every == 0 and step < run.cfg.steps:
         run.saved = run.ckpts.save(step, run.wrapped, run.optimizer, loader_state(run.loader, run.epoch),
                                    run.trainer_state())
+        run.guard.checkpointed()
     if cfg.weights_every and step % cfg.weights_every == 0:
         run.ckpts.save(step, run.wrapped, None, kind="weights")
 
@@ -301,9 +314,12 @@ def finish_run(run: Run, elapsed: float) -> dict:
         if run.loss_first is None:
             print(f"nothing to train: the run is already at step {run.step} of steps={cfg.steps}")
         else:
+            lost = run.guard.summary()
+            rolled = (f"; {lost['rollbacks']} rollback(s) undid {lost['good_steps_lost']} good steps "
+                      f"({lost['good_micro_batches_lost']} micro-batches not revisited)" if lost["rollbacks"] else "")
             print(f"trained {summary['train_steps']} steps on {info.world_size} rank(s): loss "
                   f"{run.loss_first:.3f} -> {run.loss_last:.3f}, {summary['tokens_per_second']:.0f} tokens/s, "
-                  f"checkpoint {run.saved}")
+                  f"checkpoint {run.saved}{rolled}")
     return summary
 
 
@@ -347,7 +363,8 @@ def train(cfg: TrainConfig) -> dict:
         if run.is_log_step(run.step):
             log_interval(run, lr, acc_loss, acc_tokens, grad_norm)
         if guard.needs_rollback:
-            run.step = roll_back(run.ckpts, run.wrapped, run.optimizer, guard, run.step)
+            run.step = roll_back(run.ckpts, run.wrapped, run.optimizer, guard, run.step,
+                                 cfg.optim.grad_accum_steps * info.world_size)
             continue
         save_checkpoints(run)
         maybe_evaluate(run)

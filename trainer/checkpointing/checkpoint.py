@@ -9,10 +9,14 @@ Layout of ``<dir>/step_XXXXXX`` (full) and ``<dir>/weights_XXXXXX`` (weights onl
 - ``meta.json``: step, kind, world size, ZeRO stage, git commit, package versions, per-tensor
   checksums and the fixed-batch reference loss; ``config.yaml``: the run's config; ``COMPLETE``.
 
-Every rank writes its own shards in parallel into a hidden ``.NAME.partial`` folder. After all
-ranks finished, the checkpoint is reloaded into a freshly built model of the same wrapping and
-verified (:mod:`trainer.checkpointing.verify`); only then rank 0 writes ``meta.json``, ``config.yaml`` and
-``COMPLETE`` and renames the folder to its final name, so a visible checkpoint is always whole.
+Every rank writes its own shards in parallel into a hidden ``.NAME.partial`` folder (DCP fsyncs
+them). After all ranks finished, the stored bytes are read back item by item and checked against
+checksums of the live state (:mod:`trainer.checkpointing.verify`; no second model is built); only
+then rank 0 writes ``meta.json``, ``config.yaml`` and ``COMPLETE`` (each fsynced, ``COMPLETE``
+last), renames the folder to its final name and fsyncs the parent, so a visible checkpoint is
+always whole and durable. Replacing a folder of the same step and pruning old ones go through
+hidden ``.NAME.old`` / ``.NAME.deleting`` names (:func:`publish`, :func:`retire`), so no folder is
+ever half-deleted while it still says ``COMPLETE``.
 
 ZeRO stage 1 (``ZeroRedundancyOptimizer``) owns whole parameters per rank: each rank saves the
 optimizer state of the parameters it owns under their FQNs, so the union is the regular
@@ -30,13 +34,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 import torch.distributed.checkpoint as dcp
 
 from trainer.checkpointing import verify as V
 from trainer.checkpointing.layout import COMPLETE, git_commit, list_checkpoints, package_versions, step_dir
-from trainer.checkpointing.state import (apply_state, build_state, load_into, process_rank, rng_state,
-                                         set_rng_state)
+from trainer.checkpointing.state import apply_state, build_state, load_into, process_rank, set_rng_state
 
 
 @dataclass
@@ -47,7 +49,70 @@ class _Pending:
     kind: str
     step: int
     checksums: dict
+    digests: dict
     loss: float
+
+
+def _fsync(path: str) -> None:
+    """``fsync`` a file or folder (a folder: so the names created or renamed in it are durable)."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _hidden(root: str, final: str, suffix: str) -> str:
+    return os.path.join(root, f".{os.path.basename(final)}.{suffix}")
+
+
+def recover_root(root: str) -> None:
+    """Tidy ``root`` after a crash (rank 0, at start): remove unfinished saves (``.NAME.partial``)
+    and half-pruned folders (``.NAME.deleting``); put back a replaced checkpoint (``.NAME.old``) whose
+    replacement never arrived, else remove it."""
+    if not os.path.isdir(root):
+        return
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if not name.startswith("."):
+            continue
+        if name.endswith(".old") and not os.path.exists(os.path.join(root, name[1:-len(".old")])):
+            os.replace(path, os.path.join(root, name[1:-len(".old")]))
+        elif name.endswith((".partial", ".deleting", ".old")):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def publish(tmp: str, final: str) -> None:
+    """Rename the finished folder ``tmp`` to ``final`` durably. A folder already at ``final`` (the
+    same step saved again after a rollback) is first renamed aside to ``.NAME.old`` and deleted only
+    after the new one is in place, so at every instant one whole copy exists (:func:`recover_root`
+    puts ``.old`` back after a crash between the renames)."""
+    root = os.path.dirname(final)
+    old = _hidden(root, final, "old")
+    if os.path.exists(final):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync(root)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def retire(path: str) -> None:
+    """Delete checkpoint folder ``path`` so that it never looks finished while half-deleted: it is
+    renamed to a hidden ``.NAME.deleting`` first (invisible to :func:`list_checkpoints`), durably,
+    then removed."""
+    root = os.path.dirname(path)
+    doomed = _hidden(root, path, "deleting")
+    os.replace(path, doomed)
+    _fsync(root)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 class Checkpointer:
@@ -55,19 +120,18 @@ class Checkpointer:
 
     Args:
         root: checkpoint folder.
-        build_fn: ``() -> (wrapped_model, optimizer)`` building a fresh model of the same
-            wrapping (used to verify each save).
-        device, precision, stage: how the model runs (for the verification forward pass).
+        device, precision, stage: how the model runs (for the reference forward pass whose loss
+            ``meta.json`` keeps for offline verification).
         vocab_size, seq_len: shape of the fixed verification batch.
         config: the run's config as a plain dict (written as ``config.yaml``).
         keep_last: finished checkpoints kept per kind (0 = all).
         async_save: write with ``dcp.async_save`` on a dedicated gloo group.
     """
 
-    def __init__(self, root: str, build_fn, device: torch.device, precision: str = "fp32", stage: int = 0,
+    def __init__(self, root: str, device: torch.device, precision: str = "fp32", stage: int = 0,
                  vocab_size: int = 2, seq_len: int = 16, config: dict | None = None, keep_last: int = 0,
                  async_save: bool = False):
-        self.root, self.build_fn, self.device = root, build_fn, device
+        self.root, self.device = root, device
         self.precision, self.stage, self.keep_last, self.config = precision, stage, keep_last, config or {}
         self.seq_len = seq_len
         self.batch = V.fixed_batch(vocab_size, seq_len)
@@ -76,10 +140,10 @@ class Checkpointer:
         self.pending: _Pending | None = None
         self.commit = git_commit() if process_rank() == 0 else "unknown"
         self.saved: list[str] = []
-        if process_rank() == 0 and os.path.isdir(root):  # saves cut short by a crash or a killed worker
-            for name in os.listdir(root):
-                if name.startswith(".") and name.endswith(".partial"):
-                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        if process_rank() == 0:  # saves, prunes or replacements cut short by a crash or a killed worker
+            recover_root(root)
+        if dist.is_initialized():
+            dist.barrier()
 
     def save(self, step: int, model, optimizer, loader_state=None, trainer_state=None, kind: str = "full") -> str:
         """Write checkpoint ``kind`` (``full``/``weights``) of step ``step``; returns its final folder
@@ -90,21 +154,21 @@ class Checkpointer:
         """
         self.wait()
         final = step_dir(self.root, step, kind)
-        tmp = os.path.join(self.root, f".{os.path.basename(final)}.partial")
+        tmp = _hidden(self.root, final, "partial")
         if process_rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # left over by a crash during an earlier save
             os.makedirs(self.root, exist_ok=True)
         if dist.is_initialized():
             dist.barrier()
         state = build_state(model, optimizer, step, loader_state, trainer_state, kind)
-        checksums = V.state_checksums(state, self.device)
+        checksums, digests = V.state_checksums(state, self.device), V.object_digests(state)
         loss = V.reference_loss(model, self.batch, self.device, self.precision, self.stage)
         if self.async_save:
             future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.pg)
-            self.pending = _Pending(future, tmp, final, kind, step, checksums, loss)
+            self.pending = _Pending(future, tmp, final, kind, step, checksums, digests, loss)
         else:
             dcp.save(state, checkpoint_id=tmp)
-            self._commit(_Pending(None, tmp, final, kind, step, checksums, loss))
+            self._commit(_Pending(None, tmp, final, kind, step, checksums, digests, loss))
         return final
 
     def wait(self) -> None:
@@ -127,58 +191,30 @@ class Checkpointer:
             self.pg = None
 
     def verify(self, path: str) -> None:
-        """Verify a finished checkpoint against its ``meta.json`` with a fresh model of this run's
-        wrapping (what every save does before it commits); collective.
+        """Verify a finished checkpoint against its ``meta.json`` (what every save does before it
+        commits), at any world size; collective.
 
         Raises:
-            trainer.checkpointing.verify.CheckpointVerifyError: naming the tensors and files that fail.
+            trainer.checkpointing.verify.CheckpointVerifyError: naming the tensors, state and files that fail.
         """
         meta = V.read_meta(path)
-        self._verify(_Pending(None, path, path, meta["kind"], meta["step"], meta["checksums"], meta["verify"]["loss"]))
-
-    def _verify(self, p: _Pending) -> None:
-        rng = rng_state()  # building a model reseeds torch; the run's RNG streams must not notice
-        try:
-            self._verify_fresh(p)
-        finally:
-            set_rng_state(rng)
-
-    def _verify_fresh(self, p: _Pending) -> None:
-        model, optimizer = self.build_fn()
-        try:
-            state = load_into(p.tmp, model, optimizer if p.kind == "full" else None, p.kind)
-        except (Exception, CheckpointException) as e:
-            found = "\n".join(V.unreadable_items(p.tmp)) or "no single stored item fails to load"
-            raise V.CheckpointVerifyError(f"checkpoint {p.final}: reloading failed ({type(e).__name__}: "
-                                          f"{V.last_line(e)}); unreadable items:\n{found}") from e
-        bad = V.compare(p.checksums, V.state_checksums(state, self.device))
-        if bad:
-            raise V.CheckpointVerifyError(f"checkpoint {p.final}: {len(bad)} tensor(s) read back differ from "
-                                          f"what was saved:\n{V.describe_mismatches(p.tmp, bad)}")
-        apply_state(state, model, optimizer if p.kind == "full" else None)
-        loss = V.reference_loss(model, self.batch, self.device, self.precision, self.stage)
-        if not abs(loss - p.loss) <= V.LOSS_RTOL["same"] * abs(p.loss) + 1e-6:
-            raise V.CheckpointVerifyError(f"checkpoint {p.final}: the reloaded model gives loss {loss!r} on the "
-                                          f"fixed batch, the live model gave {p.loss!r}")
+        V.check_stored(path, path, meta["checksums"], meta.get("digests", {}), self.device)
 
     def _commit(self, p: _Pending) -> None:
-        self._verify(p)
+        V.check_stored(p.tmp, p.final, p.checksums, p.digests, self.device)
         if process_rank() == 0:
+            import yaml
             meta = {"step": p.step, "kind": p.kind, "world_size": dist.get_world_size() if dist.is_initialized()
                     else 1, "zero_stage": self.stage, "precision": self.precision, "git_commit": self.commit,
                     "versions": package_versions(), "created_utc": datetime.datetime.now(datetime.timezone.utc)
                     .isoformat(timespec="seconds"), "verify": {"loss": p.loss, "seq_len": self.seq_len},
-                    "checksums": p.checksums}
-            with open(os.path.join(p.tmp, "meta.json"), "w", encoding="utf-8") as f:
-                json.dump(meta, f, indent=1)
-            import yaml
-            with open(os.path.join(p.tmp, "config.yaml"), "w", encoding="utf-8") as f:
-                yaml.safe_dump(self.config, f, sort_keys=False)
-            with open(os.path.join(p.tmp, COMPLETE), "w", encoding="utf-8") as f:
-                f.write(f"step {p.step} verified\n")
-            if os.path.exists(p.final):  # same step saved again after a rollback
-                shutil.rmtree(p.final)
-            os.replace(p.tmp, p.final)
+                    "checksums": p.checksums, "digests": p.digests}
+            _write_synced(os.path.join(p.tmp, "meta.json"), json.dumps(meta, indent=1))
+            _write_synced(os.path.join(p.tmp, "config.yaml"), yaml.safe_dump(self.config, sort_keys=False))
+            _fsync(p.tmp)  # meta and config are durable before COMPLETE says so
+            _write_synced(os.path.join(p.tmp, COMPLETE), f"step {p.step} verified\n")
+            _fsync(p.tmp)
+            publish(p.tmp, p.final)
             self._prune(p.kind)
         if dist.is_initialized():
             dist.barrier()
@@ -187,7 +223,7 @@ class Checkpointer:
     def _prune(self, kind: str) -> None:
         if self.keep_last > 0:
             for old in list_checkpoints(self.root, kind)[:-self.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+                retire(old)
 
 
 # -- compatibility helpers (single call, no verification) ----------------------------------
@@ -200,9 +236,8 @@ def save_checkpoint(root: str, model, optimizer, step: int, loader_state=None) -
     path, tmp = step_dir(root, step), os.path.join(root, f".step_{step:06d}.partial")
     dcp.save(build_state(model, optimizer, step, loader_state), checkpoint_id=tmp)
     if process_rank() == 0:
-        open(os.path.join(tmp, COMPLETE), "w").close()
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
+        _write_synced(os.path.join(tmp, COMPLETE), "")
+        publish(tmp, path)
     if dist.is_initialized():
         dist.barrier()
     return path

@@ -14,6 +14,7 @@ COMPLETE = "COMPLETE"
 
 
 def step_dir(root: str, step: int, kind: str = "full") -> str:
+    """Folder of the checkpoint of ``step``: ``ROOT/step_XXXXXX`` (full) or ``ROOT/weights_XXXXXX``."""
     return os.path.join(root, f"{'step' if kind == 'full' else 'weights'}_{step:06d}")
 
 
@@ -47,6 +48,7 @@ def git_commit() -> str:
 
 
 def package_versions() -> dict:
+    """Versions of python, torch, numpy and colaflow (``"unknown"`` when not installed), for ``meta.json``."""
     out = {"python": sys.version.split()[0]}
     for name in ("torch", "numpy", "colaflow"):
         try:

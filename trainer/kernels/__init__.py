@@ -12,10 +12,10 @@ import torch
 from .dispatch import BACKENDS, ENV_VAR, resolve_backend, triton_available
 from .linear_ce import (REDUCTIONS, LinearCrossEntropyFunction, reduce_loss, run_chunks,
                         torch_ce_chunk)
-from .reference import (check_norm_params, layer_norm_reference, linear_cross_entropy_reference,
+from .reference import (NORM_EPS, check_norm_params, layer_norm_reference, linear_cross_entropy_reference,
                         rms_norm_reference)
 
-__all__ = ["BACKENDS", "ENV_VAR", "layer_norm", "linear_cross_entropy", "rms_norm",
+__all__ = ["BACKENDS", "ENV_VAR", "NORM_EPS", "layer_norm", "linear_cross_entropy", "rms_norm",
            "resolve_backend", "triton_available"]
 
 _MAX_FUSED_D = 65536  # mirrors norm_triton.MAX_FUSED_D without importing triton
@@ -26,7 +26,7 @@ def _norm_triton_ok(x: torch.Tensor) -> bool:
     return x.shape[-1] <= _MAX_FUSED_D and x.dtype in _TRITON_DTYPES
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = NORM_EPS,
              backend: str | None = None) -> torch.Tensor:
     """RMSNorm (Zhang & Sennrich 2019): ``x / sqrt(mean(x**2, -1) + eps) * weight``.
 
@@ -50,7 +50,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               eps: float = 1e-5, backend: str | None = None) -> torch.Tensor:
+               eps: float = NORM_EPS, backend: str | None = None) -> torch.Tensor:
     """LayerNorm over the last dim (Ba et al. 2016): ``(x - mean) / sqrt(var + eps) * w + b``.
 
     Args:

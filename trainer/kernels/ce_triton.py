@@ -46,6 +46,11 @@ def _ce_chunk_kernel(LOGITS, stride_l, LABELS, SCALE, LOSS, V, ignore_index,
             tl.store(base + cols, g.to(LOGITS.dtype.element_ty), mask=cols < V)
 
 
+def num_warps(block_v: int) -> int:
+    """Warps per program for ``block_v`` vocabulary columns per step (also what ``compile_check`` builds)."""
+    return 8 if block_v >= 2048 else 4
+
+
 def ce_chunk_triton(logits: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor | None,
                     ignore_index: int, block_v: int = 4096) -> torch.Tensor:
     """Per-row cross-entropy of a chunk; with ``scale``, the logit gradient written in place.
@@ -72,5 +77,5 @@ def ce_chunk_triton(logits: torch.Tensor, labels: torch.Tensor, scale: torch.Ten
     _ce_chunk_kernel[(c,)](logits, logits.stride(0), labels.contiguous(),
                            loss if scale is None else scale.contiguous(), loss, v, ignore_index,
                            COMPUTE_GRAD=scale is not None, BLOCK_V=block,
-                           num_warps=8 if block >= 2048 else 4)
+                           num_warps=num_warps(block))
     return loss

@@ -28,15 +28,22 @@ def _norm_variants(dt: str):
                rows_per_program="i32")
     for is_rms, has_bias in itertools.product((True, False), (True, False)):
         consts = {"IS_RMS": is_rms, "HAS_BIAS": has_bias, "BLOCK_D": 4096}
-        yield norm_triton._norm_fwd_kernel, fwd, consts
-        yield norm_triton._norm_bwd_kernel, bwd, consts
+        yield norm_triton._norm_fwd_kernel, fwd, consts, norm_triton.num_warps(4096)
+        yield norm_triton._norm_bwd_kernel, bwd, consts, norm_triton.num_warps(4096)
 
 
 def _ce_variants(dt: str):
     sig = {"LOGITS": f"*{dt}", "stride_l": "i32", "LABELS": "*i64", "SCALE": "*fp32",
            "LOSS": "*fp32", "V": "i32", "ignore_index": "i32"}
     for grad in (True, False):
-        yield ce_triton._ce_chunk_kernel, sig, {"COMPUTE_GRAD": grad, "BLOCK_V": 4096}
+        yield ce_triton._ce_chunk_kernel, sig, {"COMPUTE_GRAD": grad, "BLOCK_V": 4096}, ce_triton.num_warps(4096)
+
+
+def variants(dt: str):
+    """``(kernel, signature, constexprs, num_warps)`` of every variant, for dtype ``dt``; the warps
+    are those the runtime launches the same block size with (a kernel can compile at 8 warps and
+    still fail at 16, e.g. on shared memory)."""
+    return itertools.chain(_norm_variants(dt), _ce_variants(dt))
 
 
 def compile_all(arch: int = 90, dtypes: tuple[str, ...] = ("bf16", "fp32")) -> list[str]:
@@ -51,10 +58,10 @@ def compile_all(arch: int = 90, dtypes: tuple[str, ...] = ("bf16", "fp32")) -> l
     target = GPUTarget("cuda", arch, 32)
     done = []
     for dt in dtypes:
-        for fn, sig, consts in itertools.chain(_norm_variants(dt), _ce_variants(dt)):
+        for fn, sig, consts, warps in variants(dt):
             signature = dict(sig, **{k: "constexpr" for k in consts})
             compiled = triton.compile(ASTSource(fn, signature, consts), target=target,
-                                      options={"num_warps": 8})
+                                      options={"num_warps": warps})
             if not compiled.asm.get("cubin"):
                 raise RuntimeError(f"{fn.__name__} {dt} {consts}: no cubin produced")
             done.append(f"{fn.__name__} {dt} {consts}")
@@ -62,6 +69,8 @@ def compile_all(arch: int = 90, dtypes: tuple[str, ...] = ("bf16", "fp32")) -> l
 
 
 def main() -> None:
+    """``python -m trainer.kernels.compile_check [--arch 90]``: compile every Triton kernel for that GPU
+    architecture without a GPU; exits non-zero naming the kernel that failed."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 80, 90")
     args = p.parse_args()

@@ -124,6 +124,10 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, ignore_index, reduction, chunk_size, chunk_fn):
+        """Chunked ``hidden [N, D] @ weight.T [D, V]`` cross entropy against ``labels [N]``.
+
+        With a reduction, gradients are computed during the forward chunks (the logits are never
+        kept); returns the reduced fp32 loss (or per-row losses ``[N]`` for ``reduction='none'``)."""
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.meta = (ignore_index, reduction, chunk_size, chunk_fn, need_h, need_w)
         ctx.weight_dtype = weight.dtype
@@ -142,6 +146,8 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        """Scale the gradients computed in forward by ``grad_out`` (or recompute them chunk by chunk
+        for ``reduction='none'``); returns grads for ``hidden`` and ``weight`` only."""
         ignore_index, reduction, chunk_size, chunk_fn, need_h, need_w = ctx.meta
         if reduction == "none":
             hidden, weight, labels = ctx.saved_tensors

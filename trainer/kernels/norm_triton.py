@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import acc_dtype, check_norm_params
+from .reference import NORM_EPS, acc_dtype, check_norm_params
 
 MAX_FUSED_D = 65536  # one row must fit in one program's registers
 
@@ -79,7 +79,8 @@ def _norm_bwd_kernel(X, W, DY, DX, MEAN, RSTD, DW_PART, DB_PART, stride_x, strid
         tl.store(DB_PART + pid * D + cols, db_acc, mask=mask)
 
 
-def _num_warps(block_d: int) -> int:
+def num_warps(block_d: int) -> int:
+    """Warps per program for a row block of ``block_d`` columns (also what ``compile_check`` builds)."""
     return min(max(block_d // 256, 1), 16)
 
 
@@ -108,7 +109,7 @@ class _FusedNorm(torch.autograd.Function):
             _norm_fwd_kernel[(m,)](x2, weight, bias if has_bias else weight, y, mean, rstd,
                                    x2.stride(0), y.stride(0), d, eps, IS_RMS=is_rms,
                                    HAS_BIAS=has_bias, BLOCK_D=block_d,
-                                   num_warps=_num_warps(block_d))
+                                   num_warps=num_warps(block_d))
         ctx.save_for_backward(x2, weight, mean, rstd)
         ctx.is_rms, ctx.has_bias, ctx.shape = is_rms, has_bias, shape
         return y.reshape(shape)
@@ -128,7 +129,7 @@ class _FusedNorm(torch.autograd.Function):
                                           x2.stride(0), dy2.stride(0), dx.stride(0), m, d,
                                           triton.cdiv(m, programs), IS_RMS=ctx.is_rms,
                                           HAS_BIAS=ctx.has_bias, BLOCK_D=block_d,
-                                          num_warps=_num_warps(block_d))
+                                          num_warps=num_warps(block_d))
         dw = dw_part.sum(0).to(weight.dtype)
         db = db_part.sum(0).to(weight.dtype) if ctx.has_bias else None
         return dx.reshape(ctx.shape), dw, db, None, None
@@ -140,7 +141,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         raise ValueError(f"the Triton norm computes in float32; got {x.dtype}, use backend='torch'")
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = NORM_EPS) -> torch.Tensor:
     """Fused RMSNorm: ``[..., D]`` fp32/bf16/fp16 ``x``, ``[D]`` weight -> ``[..., D]`` x.dtype.
 
     Raises:
@@ -151,7 +152,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) ->
 
 
 def layer_norm_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                      eps: float = 1e-5) -> torch.Tensor:
+                      eps: float = NORM_EPS) -> torch.Tensor:
     """Fused LayerNorm: ``[..., D]`` x, ``[D]`` weight and bias (or None) -> ``[..., D]`` x.dtype.
 
     Raises:

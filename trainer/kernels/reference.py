@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+NORM_EPS = 1e-5  # the one default epsilon of RMSNorm and LayerNorm (model config, kernels, reference)
+
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype for ``dtype``: float32 for half types, float64 stays float64."""
@@ -24,7 +26,7 @@ def check_norm_params(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
                          + ("" if bias is None else f", bias {tuple(bias.shape)}"))
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = NORM_EPS) -> torch.Tensor:
     """RMSNorm (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization").
 
     ``y = x / sqrt(mean(x**2, -1) + eps) * weight``.
@@ -44,7 +46,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6)
 
 
 def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                         eps: float = 1e-5) -> torch.Tensor:
+                         eps: float = NORM_EPS) -> torch.Tensor:
     """LayerNorm (Ba et al. 2016) over the last dim: ``(x - mean) / sqrt(var + eps) * w + b``.
 
     Args:

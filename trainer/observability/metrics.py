@@ -73,6 +73,8 @@ class PrometheusSink:
         self.port = self.server.server_port
 
     def update(self, record: dict) -> None:
+        """Set a gauge per numeric field of ``record`` (``colaflow_train_<key>``) and per-layer gauges
+        labelled by layer."""
         for key, value in _numeric(record).items():
             if key not in self._gauges:
                 self._gauges[key] = Gauge(key, f"colaflow trainer metric {key} (see trainer.observability.meter)",
@@ -86,6 +88,7 @@ class PrometheusSink:
             self._layer_gauges[stat].labels(layer=layer).set(value)
 
     def close(self) -> None:
+        """Stop the HTTP endpoint."""
         self.server.shutdown()
         self.server.server_close()
 
