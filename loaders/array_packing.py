@@ -145,6 +145,7 @@ class ArrayPacker:
             keep = np.flatnonzero(~taken[bin_of])
             rest = order[keep[np.argsort(bin_of[keep], kind="stable")]]
             self.buf = {f: self.buf[f][rest] for f in FIELDS}
+            self._drop_pools()
         return self._emit(*self.ready.pop(0))
 
     def flush(self) -> Iterator[PackedBatch]:
@@ -155,8 +156,17 @@ class ArrayPacker:
         self.ready = [self._take(order, bin_of, np.arange(i, min(i + self.rows, len(fill))))
                       for i in range(0, len(fill), self.rows)]
         self.buf = {f: self.buf[f][:0] for f in FIELDS}
+        self._drop_pools()
         while self.ready:
             yield self._emit(*self.ready.pop(0))
+
+    def _drop_pools(self) -> None:
+        """Forget the token pools no buffered or waiting chunk reads any more (the newest group stays)."""
+        live = set(np.unique(self.buf["group"]).tolist())
+        for chunks, _ in self.ready:
+            live.update(np.unique(chunks["group"]).tolist())
+        for g in [g for g in self.pools if g not in live and g != self._next_group - 1]:
+            del self.pools[g]
 
     def _emit(self, c: dict[str, np.ndarray], counts: np.ndarray) -> PackedBatch:
         T, B = self.seq_len, self.rows
@@ -165,26 +175,31 @@ class ArrayPacker:
         ends = np.cumsum(lens)
         row_of = np.repeat(np.arange(B, dtype=np.int64), counts)
         row_first = np.concatenate([[0], np.cumsum(counts)])[:-1]
-        col = (ends - lens) - np.concatenate([[0], ends])[row_first][row_of]
-        ids = np.zeros(B * T, np.int64)
-        for g in np.unique(c["group"]).tolist():
-            m = np.flatnonzero(c["group"] == g)
-            ln = lens[m]
-            starts = np.cumsum(ln) - ln
-            src = np.repeat(c["off"][m] - starts, ln) + np.arange(int(ln.sum()))
-            dst = np.repeat(row_of[m] * T + col[m] - starts, ln) + np.arange(int(ln.sum()))
-            ids[dst] = self.pools[g][0][src]
-        g, k = c["group"], c["key"]
-        first = np.flatnonzero(np.concatenate([[True], (g[1:] != g[:-1]) | (k[1:] != k[:-1])])) if len(g) else g
+        starts = ends - lens  # each chunk's first token in the batch's concatenated tokens
+        col = starts - np.concatenate([[0], ends])[row_first][row_of]
+        step = np.arange(int(ends[-1]) if len(ends) else 0)
+        src = np.repeat(c["off"] - starts, lens) + step  # token positions in each chunk's pool
+        dst = np.repeat(row_of * T + col - starts, lens) + step  # and in the flat [B * T] batch
+        group = c["group"]
+        groups = np.unique(group).tolist()
+        pools = [self.pools[g][0] for g in groups]
+        # uint16 pools fill a uint16 batch directly (what compact_ids would return); others go via int64
+        ids = np.zeros(B * T, np.uint16 if all(p.dtype == np.uint16 for p in pools) else np.int64)
+        if len(groups) == 1:
+            ids[dst] = pools[0][src]
+        else:
+            tok_group = np.repeat(group, lens)
+            for g, pool in zip(groups, pools):
+                m = tok_group == g
+                ids[dst[m]] = pool[src[m]]
+        k = c["key"]
+        first = np.flatnonzero(np.concatenate([[True], (group[1:] != group[:-1]) | (k[1:] != k[:-1])])) \
+            if len(group) else group
         keys: list[str] = []
-        for key in [self.pools[gi][1][ki] for gi, ki in zip(g[first].tolist(), k[first].tolist())]:
+        for key in [self.pools[gi][1][ki] for gi, ki in zip(group[first].tolist(), k[first].tolist())]:
             if not keys or keys[-1] != key:  # one key per run of the same document
                 keys.append(key)
         consumed = self.pending + list(zip(c["pos"].tolist(), c["idx"].tolist(), c["n"].tolist()))
         self.pending = []
-        live = set(np.unique(self.buf["group"]).tolist())
-        for chunks, _ in self.ready:
-            live.update(np.unique(chunks["group"]).tolist())
-        for g in [g for g in self.pools if g not in live and g != self._next_group - 1]:
-            del self.pools[g]
-        return PackedBatch(compact_ids(ids.reshape(B, T)), lens.astype(np.int32), counts.astype(np.int32), keys, consumed)
+        ids = ids.reshape(B, T) if ids.dtype == np.uint16 else compact_ids(ids.reshape(B, T))
+        return PackedBatch(ids, lens.astype(np.int32), counts.astype(np.int32), keys, consumed)
