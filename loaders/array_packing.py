@@ -4,8 +4,9 @@ Same algorithm and the same batches as :class:`loaders.packing.BestFitPacker` (J
 Ding et al., ICML 2024): chunks are buffered until ``window`` of them wait, packed into rows
 of ``seq_len`` by best-fit-decreasing, the ``rows`` fullest bins (plus further batches made only
 of full bins) are emitted and the other bins' chunks go back to the buffer. Only the bin search
-walks chunks in Python (ints, no objects); splitting documents into chunks, gathering tokens
-and building the batch are numpy operations over whole groups of documents.
+runs in Python, one step per run of equal-length chunks and bin (ints, no objects); splitting
+documents into chunks, gathering tokens and building the batch (one gather per batch) are
+numpy operations over whole groups of documents.
 
 A chunk is a row of parallel arrays: ``pos`` (global position), ``idx`` (chunk index), ``n``
 (chunks of its document), ``length``, ``group`` (which token pool holds it), ``off`` (its first
