@@ -90,11 +90,15 @@ class ArrayPacker:
         lengths = b["length"][order]
         T = self.seq_len
         full = int(np.searchsorted(-lengths, -T, side="right"))  # chunks of seq_len come first, one bin each
-        fill = [T] * full
+        # chunks over half a row come next: each opens a bin (every open bin holds a longer one)
+        big = int(np.searchsorted(-lengths, -(T // 2), side="left"))
         heaps: list[list[int]] = [[] for _ in range(T + 1)]  # room -> heap of bin numbers with that room
-        rooms = 0  # bit r set: some open bin has exactly r free tokens
-        bin_of = list(range(full))
-        rest = lengths[full:]
+        for k, room in zip(range(full, big), (T - lengths[full:big]).tolist()):
+            heaps[room].append(k)  # bin numbers ascend: each list is already a heap
+        rooms = sum(1 << r for r in set((T - lengths[full:big]).tolist()))  # bit r: an open bin has r free tokens
+        fill = [T] * full + lengths[full:big].tolist()
+        bin_of = list(range(big))
+        rest = lengths[big:]
         starts = np.flatnonzero(np.concatenate([[True], rest[1:] != rest[:-1]])) if len(rest) else rest
         counts = np.diff(np.append(starts, len(rest)))
         # equal chunks in a row go to one bin while they fit: after one lands in the best-fit bin,
