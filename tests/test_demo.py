@@ -58,5 +58,7 @@ def test_demo_on_real_slice(tmp_path, monkeypatch):
         server.shutdown()
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from step 30" in again.stdout and "nothing to train" in again.stdout, again.stdout
-    steps = [json.loads(line)["step"] for line in open(run_dir / "train" / "metrics.jsonl")]
-    assert steps == sorted(set(steps)) and steps[-1] == 30
+    records = [json.loads(line) for line in open(run_dir / "train" / "metrics.jsonl")]
+    for kind in ("loss", "val_loss"):  # training and validation records: each step logged once
+        steps = [r["step"] for r in records if kind in r]
+        assert steps == sorted(set(steps)) and steps[-1] == 30, (kind, steps)
