@@ -204,8 +204,7 @@ class TextLoader:
     def _record(self, batch: TokenBatch) -> None:
         """Note a delivered batch's ``consumed`` entries in the resume state (seam: a mixture also
         counts tokens per source)."""
-        for pos, chunk, n in batch.consumed:
-            self.progress.record(pos, chunk, n)
+        self.progress.record_many(batch.consumed)
 
     def _sync(self) -> StepSync | None:
         """The step agreement of this epoch (``None``: none needed or none possible, warned)."""
