@@ -109,6 +109,7 @@ def _measure(batches) -> dict:
 
 
 def run_colaflow(shards: str, args, batching: str) -> dict:
+    """One pass of colaflow's text loader over ``shards`` in ``batching`` mode; throughput numbers."""
     cfg = DataConfig(manifest=shards, seq_len=args.seq_len, micro_batch_size=args.batch, num_workers=args.workers,
                      batching=batching, max_tokens=args.seq_len * args.batch, pack_window=256,
                      pin_memory=False, index_dir=os.path.join(shards, "index"))
@@ -122,6 +123,7 @@ def run_colaflow(shards: str, args, batching: str) -> dict:
 
 
 def run_baseline(shards: str, args) -> dict:
+    """One pass of the padded-rows baseline (WebDataset samples, one chunk per row, torch DataLoader)."""
     manifest = Manifest.load(shards)
     urls = [os.path.join(shards, s.name) for s in manifest.shards]
     dl = DataLoader(_PaddedRows(urls, args.seq_len, args.batch), batch_size=None, num_workers=args.workers,
@@ -140,6 +142,7 @@ def _best(run, repeats: int) -> dict:
 
 
 def main(argv=None) -> None:
+    """Run colaflow and the baseline on the same shards and print the ratios."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=6000)
     ap.add_argument("--seq-len", type=int, default=512)

@@ -41,6 +41,7 @@ class BenchConfig:
 
 
 def make_samples(cfg: BenchConfig) -> list[tuple[str, dict[str, bytes], int]]:
+    """``cfg.samples`` random documents as ``(key, encoded fields, tokens)``."""
     rng = np.random.default_rng(cfg.seed)
     out = []
     for i in range(cfg.samples):
@@ -61,6 +62,7 @@ def best(fn, repeats: int) -> float:
 
 
 def main(argv: list[str]) -> None:
+    """Write and read the same samples with colaflow and webdataset/wids; print the ratios."""
     import webdataset as wds
     import wids
 

@@ -64,8 +64,8 @@ def demo_corpus(work: str) -> tuple[list[str], list[str], list[np.ndarray]]:
 
 def long_corpus(ids, sources, tokens) -> tuple[list[str], list[str], list[np.ndarray]]:
     """Each source's documents concatenated in order into documents of about ``LONG_TOKENS`` tokens."""
-    out_ids, out_src, out_tok, buf, n = [], [], [], [], 0
-    for i, (s, t) in enumerate(zip(sources, tokens)):
+    out_ids, out_src, out_tok, buf, n, out_src_pending = [], [], [], [], 0, None
+    for s, t in zip(sources, tokens):
         if buf and (n + len(t) > LONG_TOKENS or s != out_src_pending):
             out_ids.append(f"{out_src_pending}/long/{len(out_ids):06d}")
             out_src.append(out_src_pending)
@@ -82,10 +82,12 @@ def long_corpus(ids, sources, tokens) -> tuple[list[str], list[str], list[np.nda
 
 
 def dir_bytes(path: str) -> int:
+    """Bytes of every file under ``path`` (shards plus every index)."""
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
 
 
 def write_colaflow(out: str, ids, sources, tokens, compression: str) -> None:
+    """Write ``tokens`` as colaflow token-block shards (``compression`` none|zstd) with their indexes."""
     w = TokenBlockWriter(out, max_bytes=256 << 20, compression=compression)
     for i, s, t in zip(ids, sources, tokens):
         w.add(i, s, t)
@@ -98,6 +100,7 @@ def _litdata_item(t):
 
 
 def write_litdata(out: str, tokens, compression: str | None) -> None:
+    """Write ``tokens`` with LitData's ``optimize()`` in the ``TokensLoader`` layout (optionally zstd)."""
     from litdata import TokensLoader, optimize
 
     optimize(fn=_litdata_item, inputs=tokens, output_dir=out, chunk_bytes="64MB", item_loader=TokensLoader(),
@@ -106,6 +109,7 @@ def write_litdata(out: str, tokens, compression: str | None) -> None:
 
 
 def write_flat(out: str, tokens) -> None:
+    """Write the flat floor: one uint16 ``tokens.bin`` plus int64 document offsets ``tokens.idx``."""
     os.makedirs(out, exist_ok=True)
     np.concatenate(tokens).astype(np.uint16).tofile(os.path.join(out, "tokens.bin"))
     np.concatenate([[0], np.cumsum([len(t) for t in tokens])]).astype(np.int64).tofile(os.path.join(out, "tokens.idx"))
@@ -146,6 +150,8 @@ def _subprocess_pass(spec: dict) -> dict:
 
 
 def main() -> int:
+    """Compare bytes per token and loader tokens/s, first batch and peak RSS of colaflow, LitData and
+    the memmap floor on the demo and long-document corpora; prints the ratios."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", default="/tmp/colaflow-bench-tokens")
     ap.add_argument("--rounds", type=int, default=3)

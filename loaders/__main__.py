@@ -60,6 +60,8 @@ def _source(ld: TextLoader, pos: int) -> str:
 
 
 def keys_command(args) -> int:
+    """``keys``: print the sample keys each rank and worker reads (with each key's source for a mixture),
+    in delivery order, optionally from a resume point. Returns the exit code."""
     cfg = _data_config(args.config, args.overrides, args.shards)
     cfg.num_workers = args.workers
     cache = LocalShards()
@@ -105,6 +107,8 @@ def keys_command(args) -> int:
 
 
 def bench_command(args) -> int:
+    """``bench``: one pass through the real loader; prints JSON (tokens/s, first batch seconds, peak RSS,
+    real-token fraction, bytes per batch; with ``--baseline memmap`` the flat uint16 floor). Returns 0."""
     from .bench import bench
 
     report = bench(args.shards, args.seq_len, args.batch_size, args.workers, args.baseline, args.cache_dir, args.seed)
@@ -113,6 +117,7 @@ def bench_command(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m loaders``; returns the exit code (2 usage/config, 1 runtime/data, 130 Ctrl-C)."""
     ap = argparse.ArgumentParser(prog="python -m loaders", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)

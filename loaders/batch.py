@@ -82,12 +82,14 @@ class TokenBatch:
         return TokenBatch, (*tensors, self.keys, self.consumed)
 
     def to(self, device, non_blocking: bool = False) -> "TokenBatch":
+        """The batch with every tensor moved to ``device`` (keys and resume records unchanged)."""
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return TokenBatch(move(self.input_ids), move(self.labels), move(self.position_ids),
                           move(self.document_ids), move(self.cu_seqlens), self.keys,
                           self.consumed)
 
     def pin_memory(self) -> "TokenBatch":
+        """The batch with every tensor in pinned host memory (faster, asynchronous host-to-GPU copies)."""
         return TokenBatch(self.input_ids.pin_memory(), self.labels.pin_memory(), self.position_ids.pin_memory(),
                           self.document_ids.pin_memory(), self.cu_seqlens.pin_memory(), self.keys,
                           self.consumed)

@@ -77,6 +77,7 @@ class TextLoader:
     # -- epochs and state -------------------------------------------------------------
     @property
     def epoch(self) -> int:
+        """The epoch the loader is in (0-based)."""
         return self.progress.epoch
 
     def set_epoch(self, epoch: int) -> None:

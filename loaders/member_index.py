@@ -65,6 +65,7 @@ class MemberTable:
 
     @classmethod
     def from_entries(cls, entries) -> "MemberTable":
+        """Build the table from index entries (each with ``key`` and ``members`` ``(suffix, offset, size)``)."""
         suffixes = sorted({s for e in entries for s, _, _ in e.members})
         codes = {s: i for i, s in enumerate(suffixes)}
         rows = [m for e in entries for m in e.members]

@@ -127,9 +127,11 @@ class BestFitPacker:
         self.pending: list[tuple[int, int, int]] = []  # empty/bad documents, reported with the next batch
 
     def add(self, chunk: Chunk) -> None:
+        """Buffer one chunk."""
         self.buffer.append(chunk)
 
     def ready(self) -> bool:
+        """Whether a batch can be popped (one is packed, or the buffer holds ``window`` chunks)."""
         return bool(self.ready_rows) or len(self.buffer) >= self.window
 
     def pop(self) -> PackedBatch:
@@ -173,9 +175,11 @@ class TokenBudgetBatcher:
         self.pending: list[tuple[int, int, int]] = []
 
     def add(self, chunk: Chunk) -> None:
+        """Buffer one chunk."""
         self.buffer.append(chunk)
 
     def ready(self) -> bool:
+        """Whether the buffer holds ``window`` chunks."""
         return len(self.buffer) >= self.window
 
     def _groups(self) -> list[list[Chunk]]:
@@ -196,6 +200,7 @@ class TokenBudgetBatcher:
         return self._emit(group)
 
     def flush(self) -> list[PackedBatch]:
+        """Emit every buffered chunk as batches (end of the stream)."""
         groups = self._groups()
         self.buffer = []
         return [self._emit(g) for g in groups]

@@ -71,6 +71,7 @@ class Progress:
             self.prefix += 1
 
     def is_consumed(self, pos: int) -> bool:
+        """Whether document ``pos`` (position in the epoch's order) was fully delivered."""
         return pos < self.prefix or pos in self.done
 
     def record(self, pos: int, chunk: int, n_chunks: int) -> None:

@@ -39,6 +39,7 @@ class LocalShards:
 
     @contextlib.contextmanager
     def pinned(self, url: str, sha256: str | None = None, size: int | None = None):
+        """Context manager yielding the local path of ``url`` (nothing to pin for local files)."""
         yield self.get(url, sha256, size)
 
 
@@ -115,6 +116,7 @@ class IndexedShard:
                              "undecodable") from e
 
     def close(self) -> None:
+        """Close the shard's file."""
         self._f.close()
 
 
@@ -200,4 +202,5 @@ class ShardReader:
             stack.close()
 
     def close(self) -> None:
+        """Close every open shard and release its cache pin."""
         self.retain(set())
