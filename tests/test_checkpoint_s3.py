@@ -73,8 +73,10 @@ def test_checkpointer_saves_to_s3_verified_and_restores(s3fs_bucket):
         restore(f"{root}/step_000001", None, None)
 
 
-def _train(args, cwd):
+def _train(args, cwd, **env_changes):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)  # carries the fixture's AWS_* to the ranks
+    env.update(env_changes)
+    env = {k: v for k, v in env.items() if v is not None}
     return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=str(cwd), env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -112,9 +114,15 @@ def test_two_rank_run_prunes_in_the_bucket_and_rerun_resumes(tmp_path, s3fs_buck
     assert json.loads(fs.cat(f"{BUCKET}/run/ckpt/step_000008/meta.json"))["step"] == 8
 
 
-def test_missing_bucket_is_one_line_exit_1(tmp_path, s3_server):
-    p = _train(_args(tmp_path, "s3://no-such-bucket/run/ckpt") + ["steps=2"], tmp_path)
+NO_CREDENTIALS = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_EC2_METADATA_DISABLED": "true",
+                  "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"}
+
+
+@pytest.mark.parametrize("bucket,env", [("no-such-bucket", {}), (BUCKET, NO_CREDENTIALS)],
+                         ids=["missing-bucket", "missing-credentials"])
+def test_unusable_store_is_one_line_exit_1(tmp_path, s3fs_bucket, bucket, env):
+    root = f"s3://{bucket}/run/ckpt"
+    p = _train(_args(tmp_path, root) + ["steps=2"], tmp_path, **env)
     assert p.returncode == 1, p.stderr[-3000:]
     lines = [line for line in p.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "checkpoint.dir=s3://no-such-bucket/run/ckpt: cannot write there" in lines[0], \
-        p.stderr[-3000:]
+    assert len(lines) == 1 and f"checkpoint.dir={root}: cannot" in lines[0], p.stderr[-3000:]

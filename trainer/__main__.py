@@ -106,7 +106,7 @@ def _train(argv: list[str]) -> int:
     except Exception as e:  # noqa: BLE001 - expected user/data errors end in one line; others re-raise
         from cache.errors import CacheError
         from trainer.train import NoDataError
-        from trainer.checkpointing.storage import CheckpointStorageError
+        from trainer.checkpointing.layout import CheckpointStorageError
         from trainer.checkpointing.verify import CheckpointVerifyError
         if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, CheckpointVerifyError,
                               CheckpointStorageError)):

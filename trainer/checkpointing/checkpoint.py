@@ -70,7 +70,7 @@ class Checkpointer:
         async_save: write with ``dcp.async_save`` on a dedicated gloo group.
 
     Raises:
-        trainer.checkpointing.storage.CheckpointStorageError: a URL ``root`` refuses writes (missing
+        trainer.checkpointing.layout.CheckpointStorageError: a URL ``root`` refuses writes (missing
             bucket, credentials), on every rank, at construction.
     """
 

@@ -19,6 +19,18 @@ CKPT_DIR = re.compile(r"^(step|weights)_(\d{6,})$")
 COMPLETE = "COMPLETE"
 
 
+class CheckpointStorageError(OSError):
+    """The checkpoint store refuses reads or writes (missing bucket, wrong or missing credentials)."""
+
+
+def storage_error(root: str, action: str, e: BaseException) -> CheckpointStorageError:
+    """One-line :class:`CheckpointStorageError` for store error ``e`` while doing ``action`` under ``root``."""
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return CheckpointStorageError(
+        f"checkpoint.dir={root}: cannot {action} there ({type(e).__name__}: {reason}); check that the bucket "
+        "exists and the credentials (AWS_* / GOOGLE_* or fsspec config) allow it")
+
+
 def is_url(path: str) -> bool:
     """Whether ``path`` is an fsspec URL (``PROTOCOL://...``) rather than a local path."""
     return "://" in path
@@ -35,7 +47,11 @@ def exists(path: str) -> bool:
 
 
 def list_names(root: str) -> list[str]:
-    """Names of the entries directly under folder ``root`` (local or URL); ``[]`` when it is missing."""
+    """Names of the entries directly under folder ``root`` (local or URL); ``[]`` when it is missing.
+
+    Raises:
+        CheckpointStorageError: the store refuses the listing (credentials), in one line.
+    """
     if not is_url(root):
         return os.listdir(root) if os.path.isdir(root) else []
     fs, p = fsspec.core.url_to_fs(root)
@@ -44,6 +60,8 @@ def list_names(root: str) -> list[str]:
         return [e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(p, detail=False)]
     except FileNotFoundError:
         return []
+    except Exception as e:  # noqa: BLE001 - botocore/gcsfs raise their own types; all mean "cannot list"
+        raise storage_error(root, "list", e) from e
 
 
 def open_file(path: str, mode: str = "rb"):

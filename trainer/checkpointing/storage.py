@@ -18,11 +18,7 @@ import shutil
 
 import fsspec
 
-from trainer.checkpointing.layout import COMPLETE, is_url, list_names
-
-
-class CheckpointStorageError(OSError):
-    """The checkpoint store refuses reads or writes (missing bucket, wrong or missing credentials)."""
+from trainer.checkpointing.layout import COMPLETE, is_url, list_names, storage_error
 
 
 def _fsync(path: str) -> None:
@@ -146,17 +142,15 @@ class UrlStore:
         at start in one line instead of in the middle of a save.
 
         Raises:
-            CheckpointStorageError: naming the URL and the store's reason (missing bucket, credentials).
+            trainer.checkpointing.layout.CheckpointStorageError: naming the URL and the store's reason
+                (missing bucket, credentials).
         """
         probe = f"{self.path}/.probe-rank{rank}"
         try:
             self.fs.pipe_file(probe, b"ok")
             self.fs.rm(probe)
         except Exception as e:  # noqa: BLE001 - botocore/gcsfs raise their own types; all mean "cannot write"
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise CheckpointStorageError(
-                f"checkpoint.dir={self.root}: cannot write there ({type(e).__name__}: {reason}); check that the "
-                "bucket exists and the credentials (AWS_* / GOOGLE_* or fsspec config) allow writing") from e
+            raise storage_error(self.root, "write", e) from e
 
     def staging(self, final: str) -> str:
         """Folder DCP writes into: ``final`` itself (no rename on object stores)."""
