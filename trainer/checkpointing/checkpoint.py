@@ -41,7 +41,7 @@ import torch.distributed.checkpoint as dcp
 from trainer.checkpointing import verify as V
 from trainer.checkpointing.layout import COMPLETE, exists, git_commit, list_checkpoints, package_versions, step_dir
 from trainer.checkpointing.state import apply_state, build_state, load_into, process_rank, set_rng_state
-from trainer.checkpointing.storage import UrlStore, open_store
+from trainer.checkpointing.storage import open_store
 
 
 @dataclass
@@ -87,8 +87,7 @@ class Checkpointer:
         self.commit = git_commit() if process_rank() == 0 else "unknown"
         self.saved: list[str] = []
         self.store = open_store(root)
-        if isinstance(self.store, UrlStore):
-            self.store.check(process_rank())
+        self.store.check(process_rank())
         if process_rank() == 0:  # saves, prunes or replacements cut short by a crash or a killed worker
             self.store.recover()
         if dist.is_initialized():

@@ -88,6 +88,9 @@ class LocalStore:
     def __init__(self, root: str):
         self.root = root
 
+    def check(self, rank: int) -> None:
+        """Nothing to probe: a local folder that refuses writes fails with its own ``OSError``."""
+
     def staging(self, final: str) -> str:
         """Folder DCP writes into before the save is committed: the hidden ``.NAME.partial``."""
         return _hidden(self.root, final, "partial")
