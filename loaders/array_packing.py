@@ -4,8 +4,9 @@ Same algorithm and the same batches as :class:`loaders.packing.BestFitPacker` (J
 Ding et al., ICML 2024): chunks are buffered until ``window`` of them wait, packed into rows
 of ``seq_len`` by best-fit-decreasing, the ``rows`` fullest bins (plus further batches made only
 of full bins) are emitted and the other bins' chunks go back to the buffer. Only the bin search
-walks chunks in Python (ints, no objects); splitting documents into chunks, gathering tokens
-and building the batch are numpy operations over whole groups of documents.
+runs in Python, one step per run of equal-length chunks and bin (ints, no objects); splitting
+documents into chunks, gathering tokens and building the batch (one gather per batch) are
+numpy operations over whole groups of documents.
 
 A chunk is a row of parallel arrays: ``pos`` (global position), ``idx`` (chunk index), ``n``
 (chunks of its document), ``length``, ``group`` (which token pool holds it), ``off`` (its first
@@ -13,7 +14,7 @@ token in that pool) and ``key`` (index into the pool's key list).
 """
 from __future__ import annotations
 
-import bisect
+import heapq
 from typing import Iterator
 
 import numpy as np
@@ -76,56 +77,101 @@ class ArrayPacker:
             while self.ready or len(self.buf["pos"]) >= self.window:
                 yield self.pop()
 
-    def _bins(self) -> tuple[list[list[int]], list[int]]:
-        """Best-fit-decreasing bins (lists of buffer rows) in creation order, and each bin's fill in tokens."""
+    def _bins(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Best-fit-decreasing over the buffer: ``(order, bin_of, fill)``, ``int64`` arrays: buffer rows in
+        packing order, the bin each of them went to (bins numbered in creation order) and each bin's
+        fill in tokens. A bin's chunks are the rows with its number, in packing order.
+
+        Best fit = the bin with the least room that still fits, ties to the oldest bin: free bins are
+        kept per room (a heap of bin numbers each) with a bitmask of the non-empty rooms, so the search
+        is one shift and one lowest-set-bit per chunk instead of a search over all open bins."""
         b = self.buf
         order = np.lexsort((b["idx"], b["pos"], -b["length"]))
         lengths = b["length"][order]
-        full = int(np.searchsorted(-lengths, -self.seq_len, side="right"))  # chunks of seq_len come first
-        bins: list[list[int]] = [[r] for r in order[:full].tolist()]  # each fills a bin alone: no search
-        fill: list[int] = [self.seq_len] * full
-        free: list[tuple[int, int]] = []  # sorted (free tokens, bin index)
-        for row, n in zip(order[full:].tolist(), lengths[full:].tolist()):
-            i = bisect.bisect_left(free, (n, -1))
-            if i < len(free):
-                room, k = free.pop(i)
-            else:
-                room, k = self.seq_len, len(bins)
-                bins.append([])
-                fill.append(0)
-            bins[k].append(row)
-            fill[k] += n
-            if room - n > 0:
-                bisect.insort(free, (room - n, k))
-        return bins, fill
+        T = self.seq_len
+        full = int(np.searchsorted(-lengths, -T, side="right"))  # chunks of seq_len come first, one bin each
+        # chunks over half a row come next: each opens a bin (every open bin holds a longer one)
+        big = int(np.searchsorted(-lengths, -(T // 2), side="left"))
+        heaps: list[list[int]] = [[] for _ in range(T + 1)]  # room -> heap of bin numbers with that room
+        for k, room in zip(range(full, big), (T - lengths[full:big]).tolist()):
+            heaps[room].append(k)  # bin numbers ascend: each list is already a heap
+        rooms = sum(1 << r for r in set((T - lengths[full:big]).tolist()))  # bit r: an open bin has r free tokens
+        fill = [T] * full + lengths[full:big].tolist()
+        bin_of = list(range(big))
+        rest = lengths[big:]
+        starts = np.flatnonzero(np.concatenate([[True], rest[1:] != rest[:-1]])) if len(rest) else rest
+        counts = np.diff(np.append(starts, len(rest)))
+        # equal chunks in a row go to one bin while they fit: after one lands in the best-fit bin,
+        # that bin's smaller room is still the unique best fit for the next (older bins had more room)
+        for n, left in zip(rest[starts].tolist(), counts.tolist()):
+            while left:
+                fits = rooms >> n
+                if fits:
+                    room = n + (fits & -fits).bit_length() - 1  # least room >= n
+                    heap = heaps[room]
+                    k = heapq.heappop(heap)
+                    if not heap:
+                        rooms ^= 1 << room
+                else:
+                    room, k = T, len(fill)
+                    fill.append(0)
+                q = min(left, room // n)
+                bin_of += [k] * q
+                fill[k] += q * n
+                left -= q
+                room -= q * n
+                if room:
+                    heap = heaps[room]
+                    if not heap:
+                        rooms |= 1 << room
+                    heapq.heappush(heap, k)
+        return order, np.array(bin_of, np.int64), np.array(fill, np.int64)
 
-    def _batch(self, bins: list[list[int]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        rows = np.array([r for bn in bins for r in bn], np.int64)
-        return {f: self.buf[f][rows] for f in FIELDS}, np.array([len(bn) for bn in bins], np.int64)
+    def _take(self, order: np.ndarray, bin_of: np.ndarray, bins: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The chunks of ``bins`` (bin numbers, in row order) as a batch: chunk fields in row order, chunks per row."""
+        rank = np.full(int(bin_of.max()) + 1 if len(bin_of) else 0, -1, np.int64)
+        rank[bins] = np.arange(len(bins))
+        row = rank[bin_of]
+        sel = np.flatnonzero(row >= 0)
+        rows = order[sel[np.argsort(row[sel], kind="stable")]]
+        return {f: self.buf[f][rows] for f in FIELDS}, np.bincount(row[sel], minlength=len(bins)).astype(np.int64)
 
     def pop(self) -> PackedBatch:
         """Next batch; packs the buffer first when no packed batch is waiting."""
         if not self.ready:
-            bins, fill = self._bins()
-            order = np.argsort(-np.asarray(fill, np.int64), kind="stable").tolist()  # fullest first, ties by bin
-            n_full = fill.count(self.seq_len)
-            take = order[:max(1, n_full // self.rows) * self.rows]
-            taken = set(take)
-            self.ready = [self._batch([bins[k] for k in sorted(take[i:i + self.rows])])
+            order, bin_of, fill = self._bins()
+            by_fill = np.argsort(-fill, kind="stable")  # fullest first, ties by bin
+            n_full = int(np.count_nonzero(fill == self.seq_len))
+            take = by_fill[:max(1, n_full // self.rows) * self.rows]
+            self.ready = [self._take(order, bin_of, np.sort(take[i:i + self.rows]))
                           for i in range(0, len(take), self.rows)]
-            rest = np.array([r for k in range(len(bins)) if k not in taken for r in bins[k]], np.int64)
+            taken = np.zeros(len(fill), bool)
+            taken[take] = True
+            keep = np.flatnonzero(~taken[bin_of])
+            rest = order[keep[np.argsort(bin_of[keep], kind="stable")]]
             self.buf = {f: self.buf[f][rest] for f in FIELDS}
+            self._drop_pools()
         return self._emit(*self.ready.pop(0))
 
     def flush(self) -> Iterator[PackedBatch]:
         """Everything left: waiting batches, then the buffer packed (the last batch padded with empty rows)."""
         while self.ready:
             yield self._emit(*self.ready.pop(0))
-        bins, _ = self._bins()
-        self.ready = [self._batch(bins[i:i + self.rows]) for i in range(0, len(bins), self.rows)]
+        order, bin_of, fill = self._bins()
+        self.ready = [self._take(order, bin_of, np.arange(i, min(i + self.rows, len(fill))))
+                      for i in range(0, len(fill), self.rows)]
         self.buf = {f: self.buf[f][:0] for f in FIELDS}
+        self._drop_pools()
         while self.ready:
             yield self._emit(*self.ready.pop(0))
+
+    def _drop_pools(self) -> None:
+        """Forget the token pools no buffered or waiting chunk reads any more (the newest group stays)."""
+        live = set(np.unique(self.buf["group"]).tolist())
+        for chunks, _ in self.ready:
+            live.update(np.unique(chunks["group"]).tolist())
+        for g in [g for g in self.pools if g not in live and g != self._next_group - 1]:
+            del self.pools[g]
 
     def _emit(self, c: dict[str, np.ndarray], counts: np.ndarray) -> PackedBatch:
         T, B = self.seq_len, self.rows
@@ -134,25 +180,31 @@ class ArrayPacker:
         ends = np.cumsum(lens)
         row_of = np.repeat(np.arange(B, dtype=np.int64), counts)
         row_first = np.concatenate([[0], np.cumsum(counts)])[:-1]
-        col = (ends - lens) - np.concatenate([[0], ends])[row_first][row_of]
-        ids = np.zeros(B * T, np.int64)
-        for g in np.unique(c["group"]).tolist():
-            m = np.flatnonzero(c["group"] == g)
-            ln = lens[m]
-            starts = np.cumsum(ln) - ln
-            src = np.repeat(c["off"][m] - starts, ln) + np.arange(int(ln.sum()))
-            dst = np.repeat(row_of[m] * T + col[m] - starts, ln) + np.arange(int(ln.sum()))
-            ids[dst] = self.pools[g][0][src]
+        starts = ends - lens  # each chunk's first token in the batch's concatenated tokens
+        col = starts - np.concatenate([[0], ends])[row_first][row_of]
+        step = np.arange(int(ends[-1]) if len(ends) else 0)
+        src = np.repeat(c["off"] - starts, lens) + step  # token positions in each chunk's pool
+        dst = np.repeat(row_of * T + col - starts, lens) + step  # and in the flat [B * T] batch
+        group = c["group"]
+        groups = np.unique(group).tolist()
+        pools = [self.pools[g][0] for g in groups]
+        # uint16 pools fill a uint16 batch directly (what compact_ids would return); others go via int64
+        ids = np.zeros(B * T, np.uint16 if all(p.dtype == np.uint16 for p in pools) else np.int64)
+        if len(groups) == 1:
+            ids[dst] = pools[0][src]
+        else:
+            tok_group = np.repeat(group, lens)
+            for g, pool in zip(groups, pools):
+                m = tok_group == g
+                ids[dst[m]] = pool[src[m]]
+        k = c["key"]
+        first = np.flatnonzero(np.concatenate([[True], (group[1:] != group[:-1]) | (k[1:] != k[:-1])])) \
+            if len(group) else group
         keys: list[str] = []
-        for g, k in zip(c["group"].tolist(), c["key"].tolist()):
-            key = self.pools[g][1][k]
-            if not keys or keys[-1] != key:
+        for key in [self.pools[gi][1][ki] for gi, ki in zip(group[first].tolist(), k[first].tolist())]:
+            if not keys or keys[-1] != key:  # one key per run of the same document
                 keys.append(key)
         consumed = self.pending + list(zip(c["pos"].tolist(), c["idx"].tolist(), c["n"].tolist()))
         self.pending = []
-        live = set(np.unique(self.buf["group"]).tolist())
-        for chunks, _ in self.ready:
-            live.update(np.unique(chunks["group"]).tolist())
-        for g in [g for g in self.pools if g not in live and g != self._next_group - 1]:
-            del self.pools[g]
-        return PackedBatch(compact_ids(ids.reshape(B, T)), lens.astype(np.int32), counts.astype(np.int32), keys, consumed)
+        ids = ids.reshape(B, T) if ids.dtype == np.uint16 else compact_ids(ids.reshape(B, T))
+        return PackedBatch(ids, lens.astype(np.int32), counts.astype(np.int32), keys, consumed)

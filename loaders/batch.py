@@ -64,6 +64,8 @@ class TokenBatch:
     @property
     def num_doc_tokens(self) -> int:
         """Count of positions holding document tokens (``document_ids >= 0``), padding excluded."""
+        if self.packed is not None:  # the chunk lengths say it without a pass over [B, T]
+            return self.packed.num_doc_tokens
         if self.document_ids.device.type == "cpu":
             return int(np.count_nonzero(self.document_ids.numpy() >= 0))
         return int((self.document_ids >= 0).sum())

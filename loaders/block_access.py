@@ -218,7 +218,13 @@ class BlockShard:
 
     def keys(self, index: np.ndarray) -> list[str]:
         """Sample keys of documents ``index``."""
-        return [self.key(i) for i in index.tolist()]
+        cached, ids, out = self._keys, self.docs.ids, []
+        for i in index.tolist():  # inlined self.key(i): this runs once per document read
+            k = cached[i]
+            if k is None:
+                k = cached[i] = escape_key(ids[i])
+            out.append(k)
+        return out
 
     def read(self, index: int, fields: tuple[str, ...] | None = None) -> dict:
         """Document ``index`` as a sample: ``{"__key__", "json": {"id", "block"}, "tokens"}``."""

@@ -183,8 +183,7 @@ class TextLoader:
         for batch in equal_steps(self._batches(), self.cfg.step_policy, self._sync(), self.world_size,
                                  self._padding_batch, self.steps):
             self.data_wait_seconds = time.perf_counter() - t0
-            for pos, chunk, n in batch.consumed:
-                self.progress.record(pos, chunk, n)
+            self.progress.record_many(batch.consumed)
             self.totals["batches"] += 1
             self.totals["doc_tokens"] += batch.num_doc_tokens
             self.totals["slots"] += batch.input_ids.numel()

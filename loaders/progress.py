@@ -90,6 +90,20 @@ class Progress:
         if len(chunks) >= n:
             self._finish(pos)
 
+    def record_many(self, consumed) -> None:
+        """:meth:`record` for each ``(position, chunk, n_chunks)`` of a batch; one-chunk documents
+        (most of them) take a fast path that adds them to :attr:`done` and advances the prefix once."""
+        done = self.done
+        for pos, chunk, n_chunks in consumed:
+            if n_chunks == 1:
+                if pos >= self.prefix:
+                    done.add(pos)
+            else:
+                self.record(pos, chunk, n_chunks)
+        while self.prefix in done:
+            done.discard(self.prefix)
+            self.prefix += 1
+
     def next_epoch(self) -> "Progress":
         return Progress(self.epoch + 1, self.order_key, self.num_samples, self.world_size)
 

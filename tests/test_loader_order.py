@@ -114,3 +114,22 @@ def test_merge_is_the_union_of_rank_states(per_rank):
     union = set().union(*per_rank)
     assert set(range(merged.prefix)) | merged.done == union
     assert merged.consumed == len(union) and not (merged.done & set(range(merged.prefix)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(docs=st.lists(st.integers(0, 3), min_size=1, max_size=40), seed=st.integers(0, 1000),
+       batch=st.integers(1, 12), prefix=st.integers(0, 5))
+def test_record_many_equals_record_one_by_one(docs, seed, batch, prefix):
+    """A batch's resume records applied at once leave the state record() would, chunk by chunk."""
+    records = []
+    for pos, n in enumerate(docs):  # n chunks; 0: an empty (or, odd positions, bad) document
+        records += [(pos, c, n) for c in range(n)] if n else [(pos, -2 if pos % 2 else -1, 0)]
+    records = [records[i] for i in np.random.default_rng(seed).permutation(len(records))]
+    records += records[:3]  # repeats are ignored
+    one, many = (Progress(0, {}, len(docs), prefix=min(prefix, len(docs))) for _ in range(2))
+    for i in range(0, len(records), batch):
+        for r in records[i:i + batch]:
+            one.record(*r)
+        many.record_many(records[i:i + batch])
+        assert many.state_dict() == one.state_dict()
+    assert many.consumed == len(docs)
