@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from trainer.checkpointing import checkpoint as ckpt_mod
+from trainer.checkpointing import storage as ckpt_mod
 from trainer.checkpointing import COMPLETE, Checkpointer, list_checkpoints, restore
 from trainer.checkpointing.verify import CheckpointVerifyError
 from trainer.config import ModelConfig

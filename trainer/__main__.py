@@ -98,15 +98,18 @@ def _train(argv: list[str]) -> int:
         from trainer.train import train
         train(cfg)
     except KeyboardInterrupt:
+        from trainer.run_folder import checkpoint_root
         _say(f"interrupted; run the same command again to resume from the last checkpoint "
-             f"(in {cfg.run_dir}/{cfg.checkpoint.dir}, every {cfg.checkpoint.every or 'no'} steps)"
+             f"(in {checkpoint_root(cfg)}, every {cfg.checkpoint.every or 'no'} steps)"
              if cfg is not None else "interrupted")
         return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - expected user/data errors end in one line; others re-raise
         from cache.errors import CacheError
         from trainer.train import NoDataError
+        from trainer.checkpointing.layout import CheckpointStorageError
         from trainer.checkpointing.verify import CheckpointVerifyError
-        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, CheckpointVerifyError)):
+        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, CheckpointVerifyError,
+                              CheckpointStorageError)):
             raise
         where = "config" if cfg is None else "run" if isinstance(e, ValueError) else "data"
         _say(f"error: {where}: {explain(e)}")

@@ -94,7 +94,9 @@ class CheckpointConfig:
     :mod:`trainer.checkpointing`).
 
     Attributes:
-        dir: checkpoint root, relative to ``run_dir`` unless absolute.
+        dir: checkpoint root, relative to ``run_dir`` unless absolute, or an fsspec URL
+            (``s3://bucket/run/ckpt``, ``gs://...``: written in place, ``COMPLETE`` last; credentials
+            from ``AWS_*``/fsspec config).
         every: save a full checkpoint (model, optimizer, step, RNG, loader, scheduler) every N
             optimizer steps (0 = only at the end).
         weights_every: save a weights-only checkpoint (model + step) every N steps (0 = never).

@@ -27,7 +27,8 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from trainer.checkpointing.layout import latest_checkpoint, read_meta
+from trainer.checkpointing.layout import exists, is_url, latest_checkpoint, list_names, open_file, read_meta
+from trainer.checkpointing.storage import open_store
 from trainer.config import TrainConfig
 
 # files and folders (relative to run_dir) that one training run writes, besides checkpoint.dir
@@ -54,15 +55,15 @@ class RunPlan:
 
 
 def checkpoint_root(cfg: TrainConfig) -> str:
-    """``checkpoint.dir`` resolved against ``run_dir``."""
-    return os.path.join(cfg.run_dir, cfg.checkpoint.dir)
+    """``checkpoint.dir`` resolved against ``run_dir``; an fsspec URL (``s3://bucket/run/ckpt``) as is."""
+    return cfg.checkpoint.dir if is_url(cfg.checkpoint.dir) else os.path.join(cfg.run_dir, cfg.checkpoint.dir)
 
 
 def _earlier_output(cfg: TrainConfig) -> list[str]:
     names = [cfg.metrics.jsonl, "train_summary.json"]
     found = [os.path.join(cfg.run_dir, n) for n in names if os.path.exists(os.path.join(cfg.run_dir, n))]
     root = checkpoint_root(cfg)
-    if os.path.isdir(root) and os.listdir(root):
+    if list_names(root):
         found.append(root)
     return found
 
@@ -78,7 +79,7 @@ def check_compatible(path: str, cfg: TrainConfig) -> int:
     from shards.config import to_dict
     try:
         meta = read_meta(path)
-        with open(os.path.join(path, "config.yaml"), encoding="utf-8") as f:
+        with open_file(os.path.join(path, "config.yaml"), "r") as f:
             saved = (yaml.safe_load(f) or {}).get("model", {})
     except (OSError, ValueError) as e:
         raise RunFolderError(f"{path}: not a readable colaflow checkpoint ({e}); pick another with "
@@ -106,7 +107,7 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     if ck.overwrite:
         return RunPlan("overwrite")
     if ck.resume not in ("", "latest"):
-        if not os.path.isdir(ck.resume):
+        if not exists(ck.resume):
             raise RunFolderError(f"checkpoint.resume={ck.resume}: no such checkpoint folder; use latest, \"\" "
                                  "or an existing step_XXXXXX folder")
         return RunPlan("resume", ck.resume, check_compatible(ck.resume, cfg))
@@ -124,7 +125,8 @@ def remove_earlier_run(cfg: TrainConfig) -> None:
     """Delete what an earlier run wrote into ``run_dir`` (checkpoints, metrics, events, summary,
     report, profile, TensorBoard); other files in the folder are left alone."""
     names = [*RUN_ARTIFACTS, cfg.metrics.jsonl, cfg.metrics.tensorboard_dir]
-    for path in [checkpoint_root(cfg), *(os.path.join(cfg.run_dir, n) for n in names if n)]:
+    open_store(checkpoint_root(cfg)).remove_all()
+    for path in [os.path.join(cfg.run_dir, n) for n in names if n]:
         if os.path.isdir(path):
             shutil.rmtree(path)
         elif os.path.exists(path):

@@ -9,14 +9,17 @@ Layout of ``<dir>/step_XXXXXX`` (full) and ``<dir>/weights_XXXXXX`` (weights onl
 - ``meta.json``: step, kind, world size, ZeRO stage, git commit, package versions, per-tensor
   checksums and the fixed-batch reference loss; ``config.yaml``: the run's config; ``COMPLETE``.
 
-Every rank writes its own shards in parallel into a hidden ``.NAME.partial`` folder (DCP fsyncs
-them). After all ranks finished, the stored bytes are read back item by item and checked against
-checksums of the live state (:mod:`trainer.checkpointing.verify`; no second model is built); only
-then rank 0 writes ``meta.json``, ``config.yaml`` and ``COMPLETE`` (each fsynced, ``COMPLETE``
-last), renames the folder to its final name and fsyncs the parent, so a visible checkpoint is
-always whole and durable. Replacing a folder of the same step and pruning old ones go through
-hidden ``.NAME.old`` / ``.NAME.deleting`` names (:func:`publish`, :func:`retire`), so no folder is
-ever half-deleted while it still says ``COMPLETE``.
+The root is a local folder or an fsspec URL (``s3://``, ``gs://``); a store
+(:mod:`trainer.checkpointing.storage`) decides where DCP writes and how a save becomes visible.
+Every rank writes its own shards in parallel (local: into a hidden ``.NAME.partial`` folder, DCP
+fsyncs them; URL: straight into the final folder). After all ranks finished, the stored bytes are
+read back item by item, from the disk or the object store, and checked against checksums of the
+live state (:mod:`trainer.checkpointing.verify`; no second model is built); only then rank 0
+writes ``meta.json``, ``config.yaml`` and ``COMPLETE`` last (local: each fsynced, then the folder
+is renamed to its final name and the parent fsynced), so a visible checkpoint is always whole.
+Pruning and replacing a folder of the same step never leave a half-deleted folder that still says
+``COMPLETE`` (local: hidden ``.NAME.old`` / ``.NAME.deleting`` renames; URL: ``COMPLETE`` is
+deleted first).
 
 ZeRO stage 1 (``ZeroRedundancyOptimizer``) owns whole parameters per rank: each rank saves the
 optimizer state of the parameters it owns under their FQNs, so the union is the regular
@@ -29,7 +32,6 @@ import datetime
 import json
 import os
 import pickle
-import shutil
 from dataclasses import dataclass
 
 import torch
@@ -37,8 +39,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from trainer.checkpointing import verify as V
-from trainer.checkpointing.layout import COMPLETE, git_commit, list_checkpoints, package_versions, step_dir
+from trainer.checkpointing.layout import COMPLETE, exists, git_commit, list_checkpoints, package_versions, step_dir
 from trainer.checkpointing.state import apply_state, build_state, load_into, process_rank, set_rng_state
+from trainer.checkpointing.storage import open_store
 
 
 @dataclass
@@ -53,79 +56,22 @@ class _Pending:
     loss: float
 
 
-def _fsync(path: str) -> None:
-    """``fsync`` a file or folder (a folder: so the names created or renamed in it are durable)."""
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_synced(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _hidden(root: str, final: str, suffix: str) -> str:
-    return os.path.join(root, f".{os.path.basename(final)}.{suffix}")
-
-
-def recover_root(root: str) -> None:
-    """Tidy ``root`` after a crash (rank 0, at start): remove unfinished saves (``.NAME.partial``)
-    and half-pruned folders (``.NAME.deleting``); put back a replaced checkpoint (``.NAME.old``) whose
-    replacement never arrived, else remove it."""
-    if not os.path.isdir(root):
-        return
-    for name in sorted(os.listdir(root)):
-        path = os.path.join(root, name)
-        if not name.startswith("."):
-            continue
-        if name.endswith(".old") and not os.path.exists(os.path.join(root, name[1:-len(".old")])):
-            os.replace(path, os.path.join(root, name[1:-len(".old")]))
-        elif name.endswith((".partial", ".deleting", ".old")):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def publish(tmp: str, final: str) -> None:
-    """Rename the finished folder ``tmp`` to ``final`` durably. A folder already at ``final`` (the
-    same step saved again after a rollback) is first renamed aside to ``.NAME.old`` and deleted only
-    after the new one is in place, so at every instant one whole copy exists (:func:`recover_root`
-    puts ``.old`` back after a crash between the renames)."""
-    root = os.path.dirname(final)
-    old = _hidden(root, final, "old")
-    if os.path.exists(final):
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    _fsync(root)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def retire(path: str) -> None:
-    """Delete checkpoint folder ``path`` so that it never looks finished while half-deleted: it is
-    renamed to a hidden ``.NAME.deleting`` first (invisible to :func:`list_checkpoints`), durably,
-    then removed."""
-    root = os.path.dirname(path)
-    doomed = _hidden(root, path, "deleting")
-    os.replace(path, doomed)
-    _fsync(root)
-    shutil.rmtree(doomed, ignore_errors=True)
-
-
 class Checkpointer:
     """Atomic, verified DCP checkpoints of one run; every method is collective.
 
     Args:
-        root: checkpoint folder.
+        root: checkpoint folder: a local path or an fsspec URL (``s3://bucket/run/ckpt``); how a save
+            becomes visible there is :mod:`trainer.checkpointing.storage`'s business.
         device, precision, stage: how the model runs (for the reference forward pass whose loss
             ``meta.json`` keeps for offline verification).
         vocab_size, seq_len: shape of the fixed verification batch.
         config: the run's config as a plain dict (written as ``config.yaml``).
         keep_last: finished checkpoints kept per kind (0 = all).
         async_save: write with ``dcp.async_save`` on a dedicated gloo group.
+
+    Raises:
+        trainer.checkpointing.layout.CheckpointStorageError: a URL ``root`` refuses writes (missing
+            bucket, credentials), on every rank, at construction.
     """
 
     def __init__(self, root: str, device: torch.device, precision: str = "fp32", stage: int = 0,
@@ -140,8 +86,10 @@ class Checkpointer:
         self.pending: _Pending | None = None
         self.commit = git_commit() if process_rank() == 0 else "unknown"
         self.saved: list[str] = []
+        self.store = open_store(root)
+        self.store.check(process_rank())
         if process_rank() == 0:  # saves, prunes or replacements cut short by a crash or a killed worker
-            recover_root(root)
+            self.store.recover()
         if dist.is_initialized():
             dist.barrier()
 
@@ -154,20 +102,19 @@ class Checkpointer:
         """
         self.wait()
         final = step_dir(self.root, step, kind)
-        tmp = _hidden(self.root, final, "partial")
+        tmp = self.store.staging(final)
         if process_rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # left over by a crash during an earlier save
-            os.makedirs(self.root, exist_ok=True)
+            self.store.begin(tmp)  # left over by a crash, or the same step saved before a rollback
         if dist.is_initialized():
             dist.barrier()
         state = build_state(model, optimizer, step, loader_state, trainer_state, kind)
         checksums, digests = V.state_checksums(state, self.device), V.object_digests(state)
         loss = V.reference_loss(model, self.batch, self.device, self.precision, self.stage)
         if self.async_save:
-            future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.pg)
+            future = dcp.async_save(state, storage_writer=self.store.writer(tmp), process_group=self.pg)
             self.pending = _Pending(future, tmp, final, kind, step, checksums, digests, loss)
         else:
-            dcp.save(state, checkpoint_id=tmp)
+            dcp.save(state, storage_writer=self.store.writer(tmp))
             self._commit(_Pending(None, tmp, final, kind, step, checksums, digests, loss))
         return final
 
@@ -209,12 +156,9 @@ class Checkpointer:
                     "versions": package_versions(), "created_utc": datetime.datetime.now(datetime.timezone.utc)
                     .isoformat(timespec="seconds"), "verify": {"loss": p.loss, "seq_len": self.seq_len},
                     "checksums": p.checksums, "digests": p.digests}
-            _write_synced(os.path.join(p.tmp, "meta.json"), json.dumps(meta, indent=1))
-            _write_synced(os.path.join(p.tmp, "config.yaml"), yaml.safe_dump(self.config, sort_keys=False))
-            _fsync(p.tmp)  # meta and config are durable before COMPLETE says so
-            _write_synced(os.path.join(p.tmp, COMPLETE), f"step {p.step} verified\n")
-            _fsync(p.tmp)
-            publish(p.tmp, p.final)
+            self.store.write_text(p.tmp, "meta.json", json.dumps(meta, indent=1))
+            self.store.write_text(p.tmp, "config.yaml", yaml.safe_dump(self.config, sort_keys=False))
+            self.store.commit(p.tmp, p.final, f"step {p.step} verified\n")
             self._prune(p.kind)
         if dist.is_initialized():
             dist.barrier()
@@ -223,7 +167,7 @@ class Checkpointer:
     def _prune(self, kind: str) -> None:
         if self.keep_last > 0:
             for old in list_checkpoints(self.root, kind)[:-self.keep_last]:
-                retire(old)
+                self.store.delete(old)
 
 
 # -- compatibility helpers (single call, no verification) ----------------------------------
@@ -233,11 +177,16 @@ def save_checkpoint(root: str, model, optimizer, step: int, loader_state=None) -
     ``loader_state`` (any picklable value) must be the same on every rank, e.g. the loader's
     merged ``global_state_dict()``. Returns the checkpoint folder.
     """
-    path, tmp = step_dir(root, step), os.path.join(root, f".step_{step:06d}.partial")
-    dcp.save(build_state(model, optimizer, step, loader_state), checkpoint_id=tmp)
+    store = open_store(root)
+    path = step_dir(root, step)
+    tmp = store.staging(path)
     if process_rank() == 0:
-        _write_synced(os.path.join(tmp, COMPLETE), "")
-        publish(tmp, path)
+        store.begin(tmp)
+    if dist.is_initialized():
+        dist.barrier()
+    dcp.save(build_state(model, optimizer, step, loader_state), storage_writer=store.writer(tmp))
+    if process_rank() == 0:
+        store.commit(tmp, path, "")
     if dist.is_initialized():
         dist.barrier()
     return path
@@ -259,10 +208,10 @@ def restore(path: str, model, optimizer, restore_rng: bool = True) -> Restored:
     world size keeps its own; ``Restored.rng_restored`` says which happened).
 
     Raises:
-        FileNotFoundError: ``path`` holds no finished checkpoint.
+        FileNotFoundError: ``path`` (local or URL) holds no finished checkpoint (no ``COMPLETE``).
     """
-    if not os.path.exists(os.path.join(path, ".metadata")):
-        raise FileNotFoundError(f"{path}: no finished DCP checkpoint here (missing .metadata); "
+    if not exists(os.path.join(path, COMPLETE)) or not exists(os.path.join(path, ".metadata")):
+        raise FileNotFoundError(f"{path}: no finished checkpoint here (no {COMPLETE} or .metadata); "
                                 "pick another one or set checkpoint.resume=\"\"")
     state = load_into(path, model, optimizer)
     apply_state(state, model, optimizer)

@@ -1,5 +1,9 @@
 """Names and metadata of checkpoint folders: ``step_XXXXXX`` / ``weights_XXXXXX``, the ``COMPLETE``
-marker, listing finished checkpoints, and the provenance written into ``meta.json``."""
+marker, listing finished checkpoints, and the provenance written into ``meta.json``.
+
+A checkpoint root is a local path or any fsspec URL (``s3://bucket/run/ckpt``, ``gs://...``); the
+helpers here (:func:`exists`, :func:`list_names`, :func:`open_file`, :func:`storage_reader`) read
+both, so listing, verification and restore have one code path."""
 from __future__ import annotations
 
 import json
@@ -9,8 +13,70 @@ import subprocess
 import sys
 from importlib import metadata as importlib_metadata
 
+import fsspec
+
 CKPT_DIR = re.compile(r"^(step|weights)_(\d{6,})$")
 COMPLETE = "COMPLETE"
+
+
+class CheckpointStorageError(OSError):
+    """The checkpoint store refuses reads or writes (missing bucket, wrong or missing credentials)."""
+
+
+def storage_error(root: str, action: str, e: BaseException) -> CheckpointStorageError:
+    """One-line :class:`CheckpointStorageError` for store error ``e`` while doing ``action`` under ``root``."""
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return CheckpointStorageError(
+        f"checkpoint.dir={root}: cannot {action} there ({type(e).__name__}: {reason}); check that the bucket "
+        "exists and the credentials (AWS_* / GOOGLE_* or fsspec config) allow it")
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is an fsspec URL (``PROTOCOL://...``) rather than a local path."""
+    return "://" in path
+
+
+def exists(path: str) -> bool:
+    """Whether file or folder ``path`` (local or URL) exists; URLs are asked of the store, not a
+    cached listing (other processes write checkpoints)."""
+    if not is_url(path):
+        return os.path.exists(path)
+    fs, p = fsspec.core.url_to_fs(path)
+    fs.invalidate_cache()
+    return fs.exists(p)
+
+
+def list_names(root: str) -> list[str]:
+    """Names of the entries directly under folder ``root`` (local or URL); ``[]`` when it is missing.
+
+    Raises:
+        CheckpointStorageError: the store refuses the listing (credentials), in one line.
+    """
+    if not is_url(root):
+        return os.listdir(root) if os.path.isdir(root) else []
+    fs, p = fsspec.core.url_to_fs(root)
+    fs.invalidate_cache()
+    try:
+        return [e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(p, detail=False)]
+    except FileNotFoundError:
+        return []
+    except Exception as e:  # noqa: BLE001 - botocore/gcsfs raise their own types; all mean "cannot list"
+        raise storage_error(root, "list", e) from e
+
+
+def open_file(path: str, mode: str = "rb"):
+    """Open file ``path`` (local or URL) with fsspec; a context manager like :func:`open`."""
+    return fsspec.open(path, mode, encoding="utf-8" if "b" not in mode else None)
+
+
+def storage_reader(path: str):
+    """The DCP storage reader of checkpoint folder ``path``: ``FileSystemReader`` for a local path,
+    ``FsspecReader`` for a URL."""
+    from torch.distributed.checkpoint import FileSystemReader
+    if not is_url(path):
+        return FileSystemReader(path)
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+    return FsspecReader(path)
 
 
 def step_dir(root: str, step: int, kind: str = "full") -> str:
@@ -19,12 +85,10 @@ def step_dir(root: str, step: int, kind: str = "full") -> str:
 
 
 def list_checkpoints(root: str, kind: str = "full") -> list[str]:
-    """Finished (``COMPLETE``) checkpoint folders of ``kind`` under ``root``, oldest first."""
-    if not os.path.isdir(root):
-        return []
+    """Finished (``COMPLETE``) checkpoint folders of ``kind`` under ``root`` (local or URL), oldest first."""
     want = "step" if kind == "full" else "weights"
-    done = [(int(m.group(2)), name) for name in os.listdir(root) if (m := CKPT_DIR.match(name))
-            and m.group(1) == want and os.path.exists(os.path.join(root, name, COMPLETE))]
+    done = [(int(m.group(2)), name) for name in list_names(root) if (m := CKPT_DIR.match(name))
+            and m.group(1) == want and exists(os.path.join(root, name, COMPLETE))]
     return [os.path.join(root, name) for _, name in sorted(done)]
 
 
@@ -60,5 +124,5 @@ def package_versions() -> dict:
 
 def read_meta(path: str) -> dict:
     """The checkpoint's ``meta.json`` (written by :class:`trainer.checkpointing.Checkpointer`)."""
-    with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
+    with open_file(os.path.join(path, "meta.json"), "r") as f:
         return json.load(f)

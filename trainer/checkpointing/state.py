@@ -18,6 +18,8 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_s
                                                      set_model_state_dict, set_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from trainer.checkpointing.layout import storage_reader
+
 
 def process_rank() -> int:
     """This process's rank in the default process group (0 without one)."""
@@ -101,7 +103,7 @@ def apply_state(state: dict, model, optimizer) -> None:
 
 
 def _saved_keys(path: str) -> set[str]:
-    return set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+    return set(storage_reader(path).read_metadata().state_dict_metadata)
 
 
 def load_into(path: str, model, optimizer, kind: str = "full") -> dict:
@@ -112,7 +114,7 @@ def load_into(path: str, model, optimizer, kind: str = "full") -> dict:
     rng_key = f"rng_rank{process_rank()}"
     if rng_key in state and rng_key not in _saved_keys(path):
         del state[rng_key]
-    dcp.load(state, checkpoint_id=path)
+    dcp.load(state, storage_reader=storage_reader(path))
     return state
 
 
@@ -121,7 +123,7 @@ def load_full_state(path: str) -> dict:
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
     state: dict = {}
-    _load_state_dict(state, storage_reader=dcp.FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
+    _load_state_dict(state, storage_reader=storage_reader(path), planner=_EmptyStateDictLoadPlanner(),
                      no_dist=True)
     return state
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
-from trainer.checkpointing.layout import COMPLETE, read_meta
+from trainer.checkpointing.layout import COMPLETE, exists, open_file, read_meta, storage_reader
 from trainer.checkpointing.state import load_full_state
 from trainer.synthetic import synthetic_batch
 
@@ -141,7 +141,7 @@ def object_digests(state: dict) -> dict[str, list[str]]:
 
 
 def _read_item(path: str, info):
-    with open(os.path.join(path, info.relative_path), "rb") as f:
+    with open_file(os.path.join(path, info.relative_path)) as f:
         f.seek(info.offset)
         data = f.read(info.length)
     if len(data) != info.length:
@@ -160,7 +160,7 @@ def _flat_offset(offsets, size) -> int:
 
 def stored_checksums(path: str, device: torch.device) -> tuple[dict[str, list[int]], dict[str, str], list[str]]:
     """Checksums of every tensor and digests of the top-level objects, from the bytes stored in DCP
-    checkpoint ``path``; collective when distributed.
+    checkpoint ``path`` (a local folder or an fsspec URL); collective when distributed.
 
     Stored items are split round-robin over the ranks; each reads its items one at a time on the
     CPU (memory: the largest stored chunk) and adds each tensor chunk's checksum at its flat offset
@@ -168,9 +168,8 @@ def stored_checksums(path: str, device: torch.device) -> tuple[dict[str, list[in
     Returns ``(checksums {key: [sum, weighted sum]}, digests {key: sha256}, unreadable
     ["FILE: KEY: error", ...])``.
     """
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-    md = FileSystemReader(path).read_metadata()
+    md = storage_reader(path).read_metadata()
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     keys = sorted(k for k, m in md.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata))
@@ -203,7 +202,7 @@ def stored_checksums(path: str, device: torch.device) -> tuple[dict[str, list[in
 
 
 def check_stored(path: str, name: str, checksums: dict, digests: dict, device: torch.device) -> None:
-    """Compare checkpoint ``path`` on disk with the ``checksums``/``digests`` taken of the live
+    """Compare checkpoint ``path`` as stored (disk or object store) with the ``checksums``/``digests`` taken of the live
     state at save time (:func:`state_checksums`, :func:`object_digests`); collective.
 
     Raises:
@@ -256,10 +255,9 @@ def compare(expected: dict, got: dict) -> list[str]:
 
 def files_of(path: str, keys) -> dict[str, list[str]]:
     """``{key: [.distcp files holding its chunks]}`` from the checkpoint's DCP metadata."""
-    from torch.distributed.checkpoint import FileSystemReader
     wanted, out = set(keys), {}
     try:
-        storage = FileSystemReader(path).read_metadata().storage_data
+        storage = storage_reader(path).read_metadata().storage_data
     except Exception:  # unreadable metadata: the caller reports the keys without files
         return {}
     for index, info in storage.items():
@@ -273,16 +271,15 @@ def unreadable_items(path: str) -> list[str]:
 
     Returns ``["FILE: KEY: error", ...]`` (empty when every item deserialises).
     """
-    from torch.distributed.checkpoint import FileSystemReader
     try:
-        storage = FileSystemReader(path).read_metadata().storage_data
+        storage = storage_reader(path).read_metadata().storage_data
     except Exception as e:
         return [f"{os.path.join(path, '.metadata')}: {e}"]
     bad = []
     for index, info in sorted(storage.items(), key=lambda kv: (kv[1].relative_path, kv[1].offset)):
         file = os.path.join(path, info.relative_path)
         try:
-            with open(file, "rb") as f:
+            with open_file(file) as f:
                 f.seek(info.offset)
                 data = f.read(info.length)
             if len(data) != info.length:
@@ -318,7 +315,7 @@ def verify_offline(path: str, config_path: str | None = None) -> list[str]:
     from trainer.config import TrainConfig
     from trainer.model import GPT
     problems = []
-    if not os.path.exists(os.path.join(path, COMPLETE)):
+    if not exists(os.path.join(path, COMPLETE)):
         problems.append(f"{path}: no {COMPLETE} marker (an unfinished or unverified save)")
     try:
         meta = read_meta(path)
