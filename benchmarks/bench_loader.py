@@ -6,7 +6,7 @@ distribution, one sample per document) with the same number of worker processes 
 produce ``[B, seq_len]`` int64 ``input_ids`` and ``labels`` (-100 where no loss is taken):
 
 * colaflow: global sample-level order, exact resume state, best-fit-decreasing packing
-  (and token-budget batching), plus position/document ids and ``cu_seqlens``;
+  (and token-budget batching), plus position and document ids;
 * baseline: ``WebDataset`` (shard-level split over workers, no global order, no exact resume),
   each document cut into ``seq_len`` chunks, one chunk per row, padded to ``seq_len``.
 

@@ -8,7 +8,7 @@ import torch
 
 from .packed import PackedBatch, expand
 
-_FIELDS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
+_FIELDS = ("input_ids", "labels", "position_ids", "document_ids")
 
 
 def _rebuild(arrays: tuple, keys: list[str], consumed: list) -> "TokenBatch":
@@ -19,7 +19,7 @@ def _rebuild(arrays: tuple, keys: list[str], consumed: list) -> "TokenBatch":
 class TokenBatch:
     """A micro-batch of packed token rows.
 
-    All tensors are ``int64`` of shape ``[B, T]`` (B rows, T = ``seq_len``) except ``cu_seqlens``.
+    All tensors are ``int64`` of shape ``[B, T]`` (B rows, T = ``seq_len``).
 
     Attributes:
         input_ids: token ids; padding positions hold 0.
@@ -28,8 +28,6 @@ class TokenBatch:
         position_ids: position within the document, restarting at 0 for each document.
         document_ids: per-token document index within the row (0, 1, ...), ``-1`` for padding;
             attention is allowed only where query and key share a document (block-diagonal causal).
-        cu_seqlens: ``int32`` ``[n_docs + 1]`` cumulative document lengths over the flattened
-            batch (FlashAttention varlen convention), padding counted as its own segment.
         keys: sample keys of the documents that contributed tokens, for logging anomalies.
         consumed: ``(global position, chunk index, chunks in the document)`` per chunk delivered
             (chunk ``-1``/``-2`` with 0 chunks: an empty/unreadable document); the loader turns
@@ -42,17 +40,16 @@ class TokenBatch:
     labels: torch.Tensor
     position_ids: torch.Tensor
     document_ids: torch.Tensor
-    cu_seqlens: torch.Tensor
     keys: list[str]
     consumed: list[tuple[int, int, int]] = field(default_factory=list)
     packed: PackedBatch | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_packed(cls, p: PackedBatch) -> "TokenBatch":
-        """Expand a packed batch (:func:`loaders.packed.expand`): ``int64`` ``[B, T]`` tensors, ``int32`` cu_seqlens."""
-        ids, labels, pos, docs, cu = expand(p)
+        """Expand a packed batch (:func:`loaders.packed.expand`) into ``int64`` ``[B, T]`` tensors."""
+        ids, labels, pos, docs = expand(p)
         return cls(torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(pos), torch.from_numpy(docs),
-                   torch.from_numpy(cu), p.keys, p.consumed, p)
+                   p.keys, p.consumed, p)
 
     @property
     def num_real_tokens(self) -> int:
@@ -85,11 +82,9 @@ class TokenBatch:
         """The batch with every tensor moved to ``device`` (keys and resume records unchanged)."""
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return TokenBatch(move(self.input_ids), move(self.labels), move(self.position_ids),
-                          move(self.document_ids), move(self.cu_seqlens), self.keys,
-                          self.consumed)
+                          move(self.document_ids), self.keys, self.consumed)
 
     def pin_memory(self) -> "TokenBatch":
         """The batch with every tensor in pinned host memory (faster, asynchronous host-to-GPU copies)."""
         return TokenBatch(self.input_ids.pin_memory(), self.labels.pin_memory(), self.position_ids.pin_memory(),
-                          self.document_ids.pin_memory(), self.cu_seqlens.pin_memory(), self.keys,
-                          self.consumed)
+                          self.document_ids.pin_memory(), self.keys, self.consumed)

@@ -2,7 +2,7 @@
 
 A packed batch of B rows of T tokens holds only the token ids (``uint16`` when the vocabulary
 fits, else ``int32``), each chunk's length and each row's chunk count, plus the keys and the
-resume records. Labels, position ids, document ids and ``cu_seqlens`` follow from these and are
+resume records. Labels, position ids and document ids follow from these and are
 derived on the consumer side (:func:`expand`), so a worker sends about ``2 B T`` bytes instead
 of four ``int64`` ``[B, T]`` arrays (16x less), and worker processes never import torch.
 """
@@ -53,12 +53,11 @@ def compact_ids(ids: np.ndarray) -> np.ndarray:
 
 def expand(p: PackedBatch) -> tuple[np.ndarray, ...]:
     """The full arrays of a packed batch: ``(input_ids, labels, position_ids, document_ids)``, all
-    ``int64`` ``[B, T]``, and ``cu_seqlens`` ``int32``.
+    ``int64`` ``[B, T]``.
 
     Per chunk: positions 0..len-1, ``document_ids`` = the chunk's index in its row,
     ``labels[t] = input_ids[t+1]`` inside the chunk and ``-100`` on its last token; padding has
-    input 0, position 0, document -1, label -100. ``cu_seqlens`` runs over the flattened batch
-    (FlashAttention varlen convention) with each row's padding tail as its own segment.
+    input 0, position 0, document -1, label -100.
     """
     rows, width = p.ids.shape
     lens = p.lens.astype(np.int64)
@@ -80,8 +79,5 @@ def expand(p: PackedBatch) -> tuple[np.ndarray, ...]:
     docs[flat] = chunk_index[flat_chunk]
     inner = flat[pos[flat] < lens[flat_chunk] - 1]  # every chunk token but its last
     labels[inner] = ids[inner + 1]
-    fill = np.bincount(row_of, weights=lens, minlength=rows).astype(np.int64) if n else np.zeros(rows, np.int64)
-    pad_ends = (np.flatnonzero(fill < width) + 1) * width
-    cu = np.concatenate([[0], np.sort(np.concatenate([chunk_start + lens, pad_ends]))]).astype(np.int32)
     shape = (rows, width)
-    return ids.reshape(shape), labels.reshape(shape), pos.reshape(shape), docs.reshape(shape), cu
+    return ids.reshape(shape), labels.reshape(shape), pos.reshape(shape), docs.reshape(shape)

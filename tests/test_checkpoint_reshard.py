@@ -34,8 +34,7 @@ def _global_batch_part(rank: int, world: int) -> TokenBatch:
     """This rank's rows of one fixed 4-row batch (the same global batch at any world size)."""
     b = synthetic_batch([[20, 9], [32], [12, 12], [30]], 32, vocab=64, seed=5)
     lo, hi = rank * 4 // world, (rank + 1) * 4 // world
-    return TokenBatch(b.input_ids[lo:hi], b.labels[lo:hi], b.position_ids[lo:hi], b.document_ids[lo:hi],
-                      b.cu_seqlens, [])
+    return TokenBatch(b.input_ids[lo:hi], b.labels[lo:hi], b.position_ids[lo:hi], b.document_ids[lo:hi], [])
 
 
 def _full(model) -> dict:

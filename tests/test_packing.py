@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +26,7 @@ def _check_batch(b):
     ids, lab, pos, doc = (t.numpy() for t in (b.input_ids, b.labels, b.position_ids, b.document_ids))
     assert ids.dtype == lab.dtype == pos.dtype == doc.dtype == np.int64
     consumed = [c for c in b.consumed if c[2] > 0]
-    out, cu = [], [0]
+    out = []
     rows, width = ids.shape
     for r in range(rows):
         d = doc[r]
@@ -42,12 +41,8 @@ def _check_batch(b):
             assert lab[r, idx[:-1]].tolist() == seg[1:].tolist()  # next token inside the document
             assert lab[r, idx[-1]] == -100  # never across a boundary
             out.append(seg)
-            cu.append(r * width + idx[-1] + 1)
         pad = ~real
         assert (lab[r, pad] == -100).all() and (ids[r, pad] == 0).all()
-        if pad.any():
-            cu.append((r + 1) * width)
-    assert b.cu_seqlens.tolist() == cu and b.cu_seqlens.dtype == torch.int32
     assert len(out) == len(consumed)
     return [(p, c, seg) for (p, c, _), seg in zip(consumed, out)]
 
@@ -172,6 +167,6 @@ def test_packed_batch_pickles_compact_and_expands_the_same():
     data = pickle.dumps(batch)
     assert len(data) <= 2 * (2 * B * (T + 1))  # at most twice a uint16 [B, T + 1] tensor (four int64 arrays: 16x)
     again = pickle.loads(data)
-    for f in ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens"):
+    for f in ("input_ids", "labels", "position_ids", "document_ids"):
         assert getattr(again, f).equal(getattr(batch, f)), f
     assert again.consumed == batch.consumed and again.keys == batch.keys

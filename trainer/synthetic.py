@@ -11,7 +11,7 @@ def synthetic_batch(doc_lengths_per_row: list[list[int]], seq_len: int, vocab: i
 
     Follows the loader contract: positions restart at 0 per document, the last token of each
     document and all padding have label -100 (so a document of n tokens carries n - 1 real tokens),
-    padding has document id -1 and token 0, ``cu_seqlens`` counts padding as its own segment.
+    padding has document id -1 and token 0.
     Token ids are uniform in ``[1, vocab)`` from a generator seeded with ``seed``.
 
     Raises:
@@ -23,7 +23,6 @@ def synthetic_batch(doc_lengths_per_row: list[list[int]], seq_len: int, vocab: i
     labels = torch.full((b, seq_len), -100, dtype=torch.long)
     pos = torch.zeros(b, seq_len, dtype=torch.long)
     doc = torch.full((b, seq_len), -1, dtype=torch.long)
-    cu, total = [0], 0
     for r, lengths in enumerate(doc_lengths_per_row):
         if sum(lengths) > seq_len:
             raise ValueError(f"row {r}: documents {lengths} exceed seq_len={seq_len}")
@@ -33,13 +32,8 @@ def synthetic_batch(doc_lengths_per_row: list[list[int]], seq_len: int, vocab: i
             ids[r, t:t + n], pos[r, t:t + n], doc[r, t:t + n] = toks, torch.arange(n), d
             labels[r, t:t + n - 1] = toks[1:]
             t += n
-            total += n
-            cu.append(total)
-        if t < seq_len:
-            total += seq_len - t
-            cu.append(total)
     keys = [f"synthetic-{seed}-{r}-{d}" for r, lengths in enumerate(doc_lengths_per_row) for d in range(len(lengths))]
-    return TokenBatch(ids, labels, pos, doc, torch.tensor(cu, dtype=torch.int32), keys)
+    return TokenBatch(ids, labels, pos, doc, keys)
 
 
 def write_counting_shards(directory: str, docs: int, max_samples: int, vocab: int, max_len: int,

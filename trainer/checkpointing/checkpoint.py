@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from trainer.checkpointing import verify as V
+import trainer.checkpointing.verify as V
 from trainer.checkpointing.layout import COMPLETE, exists, git_commit, list_checkpoints, package_versions, step_dir
 from trainer.checkpointing.state import apply_state, build_state, load_into, process_rank, set_rng_state
 from trainer.checkpointing.storage import open_store

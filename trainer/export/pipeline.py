@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from trainer.export import models
+import trainer.export.models as models
 from trainer.export.config import ExportConfig
 from trainer.export.provenance import provenance
 from trainer.export.verify import (ValidationBatch, VariantResult, compare, latency_ms, reference,
