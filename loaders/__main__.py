@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--world-size", type=int, default=1)
     k.add_argument("--workers", type=int, default=0, help="loader worker processes per rank (0 = main process)")
     k.add_argument("--epoch", type=int, default=0)
-    k.add_argument("--resume-at", type=int, default=0, metavar="STEP", help="list what is left after STEP steps")
+    k.add_argument("--resume-at", type=int, default=0, metavar="STEP",
+                   help="list what is left after STEP steps (0 or more; past the end of the epoch is an error)")
     k.add_argument("--config", help="YAML run config (its data: section is used)")
     k.add_argument("--cache-dir", help="read remote shards through a cache.ShardCache in this folder")
     k.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides")

@@ -110,7 +110,10 @@ def _one_shard(path: str) -> str:
 
 def _at_least_one(text: str) -> int:
     """``--limit`` values: an integer >= 1; anything else is a usage error (argparse exits 2)."""
-    n = int(text)
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, not {n}")
     return n
