@@ -61,9 +61,15 @@ def _source(ld: TextLoader, pos: int) -> str:
 
 def keys_command(args) -> int:
     """``keys``: print the sample keys each rank and worker reads (with each key's source for a mixture),
-    in delivery order, optionally from a resume point. Returns the exit code."""
+    in delivery order, optionally from a resume point. Returns the exit code.
+
+    The ranks run in this process, so ``data.step_policy`` acts as ``uneven`` (no torch.distributed
+    agreement). Raises ValueError (exit 2) when ``--resume-at`` is past the end of the epoch."""
     cfg = _data_config(args.config, args.overrides, args.shards)
     cfg.num_workers = args.workers
+    # the ranks are simulated in this process, one after another: no step agreement across them is
+    # possible (nor needed: padded or dropped steps deliver no keys beyond the data each rank reads)
+    cfg.step_policy = "uneven"
     cache = LocalShards()
     if args.cache_dir:
         from cache import CacheConfig, ShardCache
@@ -74,12 +80,17 @@ def keys_command(args) -> int:
         ld.set_epoch(args.epoch)
     if args.resume_at:
         its = [iter(ld) for ld in loaders]
-        for _ in range(args.resume_at):
+        try:
+            for step in range(args.resume_at):
+                if all(batch is None for batch in [next(it, None) for it in its]):  # every rank ran out
+                    raise ValueError(
+                        f"--resume-at {args.resume_at} is past the end of epoch {args.epoch}: its "
+                        f"{loaders[0].progress.num_samples} documents last {step} steps "
+                        f"at world size {args.world_size}; give --resume-at {step} or less")
+            state = loaders[0]._merge([ld.state_dict() for ld in loaders])
+        finally:
             for it in its:
-                next(it, None)
-        state = loaders[0]._merge([ld.state_dict() for ld in loaders])
-        for it in its:
-            it.close()  # unpins the shards these loaders hold open in the cache
+                it.close()  # unpins the shards these loaders hold open in the cache
         loaders = _loaders(cfg, cache, args.world_size)
         for ld in loaders:
             ld.load_state_dict(state)
@@ -126,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--world-size", type=int, default=1)
     k.add_argument("--workers", type=int, default=0, help="loader worker processes per rank (0 = main process)")
     k.add_argument("--epoch", type=int, default=0)
-    k.add_argument("--resume-at", type=int, default=0, metavar="STEP", help="list what is left after STEP steps")
+    k.add_argument("--resume-at", type=int, default=0, metavar="STEP",
+                   help="list what is left after STEP steps (0 or more; past the end of the epoch is an error)")
     k.add_argument("--config", help="YAML run config (its data: section is used)")
     k.add_argument("--cache-dir", help="read remote shards through a cache.ShardCache in this folder")
     k.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides")
@@ -142,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         if args.workers < 0 or args.seq_len < 2 or args.batch_size < 1:
             ap.error("--workers must be >= 0, --seq-len >= 2 and --batch-size >= 1")
-    elif args.world_size < 1 or args.workers < 0:
-        ap.error("--world-size must be >= 1 and --workers >= 0")
+    elif args.world_size < 1 or args.workers < 0 or args.resume_at < 0:
+        ap.error("--world-size must be >= 1, --workers >= 0 and --resume-at >= 0")
     try:
         return bench_command(args) if args.command == "bench" else keys_command(args)
     except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError

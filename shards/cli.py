@@ -91,9 +91,38 @@ def _documents(samples):
         yield from block_documents(sample) if _is_block(sample) else [sample]
 
 
+def _one_shard(path: str) -> str:
+    """The shard to inspect for ``path``: ``path`` itself for a ``.tar``, else the first shard of the
+    dataset folder or manifest (named on stderr, with how to pick another).
+
+    Raises:
+        FileNotFoundError: a local path that does not exist; ValueError: a dataset with no shards.
+    """
+    if not (os.path.isdir(path) or path.endswith("manifest.json")):
+        return path
+    items = resolve([path])
+    if not items:
+        raise ValueError(f"{path}: a dataset with no shards; nothing to inspect")
+    print(f"# {path} is a dataset of {len(items)} shards; inspecting the first, {items[0][0]} "
+          f"(pass a shard to pick another; list them with: python -m shards ls {path})", file=sys.stderr)
+    return items[0][0]
+
+
+def _at_least_one(text: str) -> int:
+    """``--limit`` values: an integer >= 1; anything else is a usage error (argparse exits 2)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {n}")
+    return n
+
+
 def cmd_inspect(args) -> int:
     """``inspect SHARD``: print decoded documents (a block is shown document by document), detokenised
-    when a tokenizer is found. Returns 0."""
+    when a tokenizer is found; a dataset folder or manifest inspects its first shard. Returns 0."""
+    args.shard = _one_shard(args.shard)
     sp = _tokenizer(args.tokenizer, args.shard)
     if args.at is not None:
         sample = read_sample(args.shard, args.at)
@@ -116,7 +145,12 @@ def cmd_inspect(args) -> int:
 
 def cmd_verify(args) -> int:
     """``verify PATHS``: check shards against the spec and the manifest (checksums, token counts,
-    block lengths); prints one line per faulty shard. Returns 0 when all pass, 1 otherwise."""
+    block lengths); prints one line per faulty shard. Returns 0 when all pass, 1 otherwise (1 with
+    ``path not found: X`` when a local path does not exist)."""
+    missing = [p for p in args.paths if "://" not in p and not os.path.exists(p)]
+    if missing:
+        print(f"path not found: {missing[0]}", file=sys.stderr)
+        return 1
     logging.getLogger("shards").setLevel(logging.ERROR)  # faults are printed below, per shard
     cfg = VerifyConfig(strict=not args.lenient, schema=args.schema, checksums=not args.no_checksums)
     reports = verify_paths(args.paths, cfg, progress=not args.quiet)
@@ -219,9 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("ls", help="list shards of a dataset, or members (data offset, size, name) of a .tar")
     s.add_argument("paths", nargs="+")
     s.set_defaults(fn=cmd_ls)
-    s = sub.add_parser("inspect", help="print decoded samples of a shard")
-    s.add_argument("shard")
-    s.add_argument("-n", "--limit", type=int, default=5, help="samples to print (default 5)")
+    s = sub.add_parser("inspect", help="print decoded samples of a shard (a dataset folder or manifest: its first shard)")
+    s.add_argument("shard", help="shard .tar, or a dataset folder / manifest.json (inspects its first shard)")
+    s.add_argument("-n", "--limit", type=_at_least_one, default=5,
+                   help="samples to print, 1 or more (default 5; 0 or negative is a usage error)")
     s.add_argument("--key", help="print only the sample with this key")
     s.add_argument("--at", type=int, help="random access: print sample number AT (uses the .idx beside the shard)")
     s.add_argument("--tokenizer", help="sentencepiece model (default: the manifest's tokenizer)")

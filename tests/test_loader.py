@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import contextlib
+import logging
 import os
 
 import numpy as np
@@ -240,3 +241,18 @@ def test_drop_and_pad_policies_are_reported(text_shards):
     loaders, batches = _run_ranks(d, 5, remainder="pad")
     assert loaders[0].metrics()["padded"] == 5 - N_DOCS % 5
     assert merge_states([ld.state_dict() for ld in loaders])["consumed"] == N_DOCS
+
+
+def test_keys_cli_simulated_ranks_do_not_warn_and_refuse_a_resume_past_the_end(tmp_path, caplog, capsys):
+    d = str(tmp_path)
+    write_text_shards(d, n_docs=12)
+    args = ["keys", "--shards", d, "--world-size", "2", "data.seq_len=64", "data.micro_batch_size=2"]
+    with caplog.at_level(logging.WARNING):
+        assert loaders_cli([*args, "--resume-at", "1"]) == 0
+    assert "needs torch.distributed" not in caplog.text
+    capsys.readouterr()
+    assert loaders_cli([*args, "--resume-at", "99999999"]) == 2
+    out = capsys.readouterr()
+    assert "rank=" not in out.out
+    assert "--resume-at 99999999 is past the end of epoch 0: its 12 documents last" in out.err
+    assert len(out.err.strip().splitlines()) == 1

@@ -95,4 +95,24 @@ def test_cat_as_a_subprocess(dataset):
     assert raw.decode() == LINES[2]
     bad = subprocess.run([sys.executable, "-m", "shards", "verify", "-q", str(dataset / "nope.tar")],
                          capture_output=True, text=True, cwd=ROOT)
-    assert bad.returncode == 1 and "nope.tar: shard file is missing" in bad.stderr
+    assert bad.returncode == 1 and f"path not found: {dataset / 'nope.tar'}" in bad.stderr
+
+
+@pytest.mark.parametrize("which", ["folder", "manifest"])
+def test_inspect_a_dataset_inspects_its_first_shard(dataset, capsys, which):
+    path = dataset if which == "folder" else dataset / "manifest.json"
+    rc, out = run(capsys, "inspect", path, "-n", "1")
+    assert rc == 0 and out.count("== doc%2E0") == 1 and "dataset of 2 shards" in out
+    assert "python -m shards ls" in out and "unpack" not in out
+
+
+def test_verify_a_path_that_does_not_exist(tmp_path, capsys):
+    rc, out = run(capsys, "verify", "-q", tmp_path / "nonexistent")
+    assert rc == 1 and out.strip() == f"path not found: {tmp_path / 'nonexistent'}"
+
+
+@pytest.mark.parametrize("limit", ["-1", "0"])
+def test_inspect_limit_below_one_is_a_usage_error(dataset, capsys, limit):
+    with pytest.raises(SystemExit) as e:
+        main(["inspect", str(dataset / "shard-000000.tar"), "--limit", limit])
+    assert e.value.code == 2 and "must be 1 or more" in capsys.readouterr().err
