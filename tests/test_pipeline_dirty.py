@@ -17,8 +17,8 @@ from pipelines.neardup import minhash, shingle_hashes
 from pipelines.pii import redact
 from pipelines.quality import quality_reason
 from pipelines.tokenizer import train_sentencepiece
-from shards.config import ConfigError
 from shards import Manifest, iter_documents
+from shards.config import ConfigError
 
 FORTUNES = sorted(p for p in glob.glob("/usr/share/games/fortunes/*")
                   if os.path.basename(p) in ("tang300", "song100", "chinese"))
