@@ -11,9 +11,10 @@ that fails or is interrupted removes what it wrote. Exit codes: 0 done, 1 runtim
 
 Anything that is neither one of our flags nor ``key=value`` is passed to Beam, written
 ``--name=value``, e.g. ``--direct_running_mode=multi_processing --direct_num_workers=2`` or
-``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``). Any other bare word
-is refused: it is nearly always the second file of an unquoted ``--input`` glob that the shell
-expanded.
+``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``). A ``--flag`` no Beam
+``PipelineOptions`` declares (a typo such as ``--runer``) is refused with exit 2, as are config
+values outside their allowed set or range. Any other bare word is refused: it is nearly always the
+second file of an unquoted ``--input`` glob that the shell expanded.
 """
 from __future__ import annotations
 
