@@ -11,9 +11,10 @@ that fails or is interrupted removes what it wrote. Exit codes: 0 done, 1 runtim
 
 Anything that is neither one of our flags nor ``key=value`` is passed to Beam, written
 ``--name=value``, e.g. ``--direct_running_mode=multi_processing --direct_num_workers=2`` or
-``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``). Any other bare word
-is refused: it is nearly always the second file of an unquoted ``--input`` glob that the shell
-expanded.
+``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``). A ``--flag`` no Beam
+``PipelineOptions`` declares (a typo such as ``--runer``) is refused with exit 2, as are config
+values outside their allowed set or range. Any other bare word is refused: it is nearly always the
+second file of an unquoted ``--input`` glob that the shell expanded.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import threading
 logging.getLogger().setLevel(logging.ERROR)
 from pipelines.config import PipelineConfig  # noqa: E402
 from pipelines.corpus import CorpusNotInstalled  # noqa: E402
-from pipelines.job import InputError, run  # noqa: E402
+from pipelines.job import InputError, beam_options, run  # noqa: E402
 from pipelines.output import OutputExistsError, OutputNotWritableError  # noqa: E402
 from pipelines.records import input_root  # noqa: E402
 from pipelines.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
@@ -85,6 +86,15 @@ def _os_error_hint(e: OSError, input_glob: str, output: str) -> str:
     return ""
 
 
+class _QuietConfigErrors(logging.Filter):
+    """Drops the traceback Beam logs (``apache_beam.runners.common``) for a ``ConfigError`` raised
+    inside a step: :func:`_failure` prints that error in one line, with exit code 2."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """``False`` (drop) for a record carrying a :class:`shards.config.ConfigError`."""
+        return not (record.exc_info and isinstance(record.exc_info[1], ConfigError))
+
+
 class _Interrupt:
     """SIGINT handler for one clean exit: remember the interrupt, silence logging (Beam logs the
     ``KeyboardInterrupt`` it catches inside a DoFn with a traceback, then re-raises it wrapped),
@@ -103,7 +113,7 @@ class _Interrupt:
 def _failure(e: BaseException, args: argparse.Namespace) -> int:
     """Print the one-line error for an exception of :func:`pipelines.job.run`; return the exit code
     (2 usage, 1 runtime/data). Re-raises exceptions it does not know (a bug: keep the traceback)."""
-    if isinstance(e, (CorpusNotInstalled, OutputExistsError, InputError)):
+    if isinstance(e, (CorpusNotInstalled, OutputExistsError, InputError, ConfigError)):
         print(f"error: {e}", file=sys.stderr)
         return 2
     if isinstance(e, FileNotFoundError) and e.filename is None:  # nothing matches the glob
@@ -128,9 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
     try:
         cfg = load_config(PipelineConfig, args.config, overrides)
+        cfg.validate()
     except (ConfigError, FileNotFoundError) as e:
         print(f"error: config: {e}", file=sys.stderr)
         return 2
+    try:
+        beam_options(beam_args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    quiet = _QuietConfigErrors()
+    logging.getLogger("apache_beam.runners.common").addFilter(quiet)
     if args.tokenizer:
         cfg.tokenizer.path = args.tokenizer
     print(f"preprocessing {args.input} -> {args.output} (beam options: {' '.join(beam_args) or 'DirectRunner'})",
@@ -149,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if in_main:
             signal.signal(signal.SIGINT, previous)
         logging.disable(logging.NOTSET)
+        logging.getLogger("apache_beam.runners.common").removeFilter(quiet)
     out = args.output.rstrip("/")
     print(report_text(stats), end="")
     print(f"done in {stats['seconds']:.1f} s; manifest: {out}/manifest.json; report: {out}/{REPORT_TXT}, "

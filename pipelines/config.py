@@ -7,6 +7,51 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shards.config import ConfigError
+
+# The values each enumerated knob accepts (``section.key`` → allowed values); checked up front by
+# :meth:`PipelineConfig.validate`, since a typo would otherwise fall through to a default branch.
+CHOICES: dict[str, tuple] = {
+    "input.format": ("auto", "jsonl", "text", "parquet"),
+    "input.unknown_files": ("skip", "error", "text"),
+    "clean.normalization": ("NFC", "NFKC", "NFD", "NFKD"),
+    "clean.whitespace": ("trim", "collapse", "keep"),
+    "tokenizer.model_type": ("bpe", "unigram"),
+    "tokenizer.normalization_rule": ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"),
+    "shards.layout": ("token_blocks", "documents"),
+    "shards.compression": ("none", "zstd"),
+}
+
+# Numeric ranges (``section.key`` → (low, high, low inclusive, high inclusive); ``None`` = unbounded).
+RANGES: dict[str, tuple] = {
+    "input.split_bytes": (1, None, True, True),
+    "input.max_record_bytes": (1, None, True, True),
+    "clean.min_chars": (0, None, True, True),
+    "clean.max_chars": (1, None, True, True),
+    "language.threshold": (0.0, 1.0, True, True),
+    "language.max_chars": (1, None, True, True),
+    "dedup.ngram": (1, None, True, True),
+    "dedup.num_perm": (1, None, True, True),
+    "dedup.bands": (1, None, True, True),
+    "dedup.threshold": (0.0, 1.0, False, True),
+    "tokenizer.vocab_size": (1, None, True, True),
+    "tokenizer.sample_fraction": (0.0, 1.0, False, True),
+    "tokenizer.sample_max_bytes": (1, None, True, True),
+    "tokenizer.character_coverage": (0.0, 1.0, False, True),
+    "tokenizer.max_sentence_bytes": (1, None, True, True),
+    "shards.target_bytes": (1, None, True, True),
+    "shards.num_shards": (0, None, True, True),
+    "shards.block_tokens": (0, None, True, True),
+    "split.val_fraction": (0.0, 1.0, True, False),
+}
+
+
+def _range_text(low, high, low_in: bool, high_in: bool) -> str:
+    """``[0, 1)``-style text of a range; an unbounded side reads as ``>= low``."""
+    if high is None:
+        return f"a number {'>=' if low_in else '>'} {low}"
+    return f"a number in {'[' if low_in else '('}{low}, {high}{']' if high_in else ')'}"
+
 
 @dataclass
 class InputConfig:
@@ -240,11 +285,6 @@ class SplitConfig:
 
     val_fraction: float = 0.0
 
-    def validate(self) -> None:
-        """Raise ``ValueError`` when ``val_fraction`` is outside ``[0, 1)``."""
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"split.val_fraction={self.val_fraction}: use a fraction in [0, 1), e.g. 0.01")
-
 
 @dataclass
 class PipelineConfig:
@@ -259,3 +299,32 @@ class PipelineConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
+
+    def validate(self) -> None:
+        """Check every enumerated knob (:data:`CHOICES`) and numeric range (:data:`RANGES`) before a run.
+
+        Raises:
+            shards.config.ConfigError: (a ``ValueError``) one line naming the key, the bad value and
+                the allowed values, e.g. ``input.unknown_files='eror': use one of skip, error, text``.
+        """
+        for key, allowed in CHOICES.items():
+            value = self._get(key)
+            if value not in allowed:
+                raise ConfigError(f"{key}={value!r}: use one of {', '.join(allowed)}")
+        for key, (low, high, low_in, high_in) in RANGES.items():
+            value = self._get(key)
+            ok = (value >= low if low_in else value > low) and (
+                high is None or (value <= high if high_in else value < high))
+            if not ok:
+                raise ConfigError(f"{key}={value!r}: use {_range_text(low, high, low_in, high_in)}")
+        if self.dedup.num_perm % self.dedup.bands:
+            raise ConfigError(f"dedup.num_perm={self.dedup.num_perm} is not a multiple of dedup.bands="
+                              f"{self.dedup.bands}: LSH needs num_perm = bands * rows")
+        if self.clean.min_chars > self.clean.max_chars:
+            raise ConfigError(f"clean.min_chars={self.clean.min_chars} > clean.max_chars={self.clean.max_chars}: "
+                              "every document would be filtered")
+
+    def _get(self, dotted: str):
+        """The value at ``section.key``."""
+        section, key = dotted.split(".")
+        return getattr(getattr(self, section), key)

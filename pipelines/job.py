@@ -19,6 +19,7 @@ a run that fails or is interrupted removes what it wrote.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 import time
@@ -30,6 +31,8 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.direct.direct_runner import DirectRunner
 from apache_beam.runners.runner import PipelineState
+
+from shards.config import ConfigError
 
 from .config import PipelineConfig
 from .neardup import NearDedup
@@ -50,6 +53,28 @@ DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRun
 class InputError(ValueError):
     """``--input`` names no readable set of files (a folder, or files of unknown format under
     ``input.unknown_files: error``); the message says what to pass instead."""
+
+
+def beam_options(beam_args: list[str]) -> PipelineOptions:
+    """Beam's ``PipelineOptions`` for ``beam_args``, refusing any ``--flag`` that no registered
+    ``PipelineOptions`` subclass declares (Beam itself drops them silently, so ``--runer=DataflowRunner``
+    would quietly run locally). The Dask runner's options are registered first when it is chosen.
+
+    Raises:
+        shards.config.ConfigError: an unknown flag; the message names it and the closest known option.
+    """
+    options = PipelineOptions(beam_args)
+    if options.view_as(StandardOptions).runner in DASK_RUNNER_NAMES:
+        from .dask_runner import ColaflowDaskRunner  # noqa: F401 - declares the DaskOptions
+    known = set(PipelineOptions([]).get_all_options())
+    unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean --{close[0]}? " if close else ""
+        raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {' '.join('--' + u for u in unknown)}: "
+                          f"neither a colaflow flag nor a Beam pipeline option; {hint}see --help and Beam's "
+                          "PipelineOptions")
+    return options
 
 
 def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0) -> None:
@@ -173,6 +198,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         the stats dict (see :func:`pipelines.stats.aggregate`) plus ``seconds`` (wall time) and
         ``metrics`` (Beam counters, see :func:`counters`).
     Raises:
+        shards.config.ConfigError: a bad config value (:meth:`PipelineConfig.validate`), an unknown
+            Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
         FileNotFoundError: no file matches ``input_glob``.
         InputError: ``input_glob`` names a folder, or unknown files are refused (see :func:`match_input`).
         pipelines.output.OutputExistsError: ``output_dir`` holds an earlier run and not ``overwrite``.
@@ -184,8 +211,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     first (:func:`pipelines.output.remove_artifacts`), so a rerun needs no ``overwrite``.
     """
     cfg = cfg or PipelineConfig()
-    cfg.split.validate()
-    options = PipelineOptions(beam_args or [])
+    cfg.validate()
+    options = beam_options(beam_args or [])
     FileSystems.set_options(options)  # the driver's own listing of s3:// inputs needs e.g. --s3_endpoint_url
     matched, skipped = match_input(input_glob, cfg)
     if skipped:

@@ -19,6 +19,8 @@ import numpy as np
 import sentencepiece as spm
 from tqdm import tqdm
 
+from shards.config import ConfigError
+
 from .cleaning import content_hash, hash_fraction
 from .config import TokenizerConfig
 from .records import Doc
@@ -113,7 +115,9 @@ def train_sentencepiece(texts: list[str], cfg: TokenizerConfig) -> bytes:
     Raises:
         ValueError: the sample is empty (no document reached the tokenizer: every record was a dead
             letter or filtered).
-        RuntimeError: sentencepiece rejects the sample (message includes its error).
+        shards.config.ConfigError: ``vocab_size`` is below the characters the sample requires at
+            ``character_coverage`` (a config problem: the message says which size would do).
+        RuntimeError: sentencepiece rejects the sample otherwise (message includes its error).
     """
     lines = training_lines(texts, cfg.max_sentence_bytes)
     if not lines:
@@ -133,10 +137,11 @@ def train_sentencepiece(texts: list[str], cfg: TokenizerConfig) -> bytes:
             normalization_rule_name=cfg.normalization_rule, remove_extra_whitespaces=cfg.remove_extra_whitespaces)
     except RuntimeError as e:
         need = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(e))
-        hint = (f"; the sample needs tokenizer.vocab_size > {need.group(2)} at character_coverage="
-                f"{cfg.character_coverage}: raise tokenizer.vocab_size or lower tokenizer.character_coverage"
-                if need else "")
-        raise RuntimeError(f"sentencepiece training on {len(lines)} lines failed: {e}{hint}") from e
+        if need:
+            raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size} is too small: the sample needs "
+                              f"tokenizer.vocab_size > {need.group(2)} at character_coverage={cfg.character_coverage}"
+                              ": raise tokenizer.vocab_size or lower tokenizer.character_coverage") from None
+        raise RuntimeError(f"sentencepiece training on {len(lines)} lines failed: {e}") from e
     return model.getvalue()
 
 

@@ -18,6 +18,7 @@ from pipelines.pii import redact
 from pipelines.quality import quality_reason
 from pipelines.tokenizer import train_sentencepiece
 from shards import Manifest, iter_documents
+from shards.config import ConfigError
 
 FORTUNES = sorted(p for p in glob.glob("/usr/share/games/fortunes/*")
                   if os.path.basename(p) in ("tang300", "song100", "chinese"))
@@ -51,7 +52,7 @@ def test_cjk_and_latin_round_trip_with_character_coverage():
         assert sp.decode(sp.encode(text)) == text  # byte fallback covers characters outside the coverage
     nfkc = spm.SentencePieceProcessor(model_proto=train_sentencepiece(texts, TokenizerConfig(vocab_size=600)))
     assert nfkc.decode(nfkc.encode(probes[-1])) == "ABC full width next line"  # the default folds forms
-    with pytest.raises(RuntimeError, match=r"needs tokenizer.vocab_size > \d+"):
+    with pytest.raises(ConfigError, match=r"needs tokenizer.vocab_size > \d+"):
         train_sentencepiece(texts, TokenizerConfig(vocab_size=300, character_coverage=1.0))
 
 

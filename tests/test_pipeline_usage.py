@@ -1,0 +1,78 @@
+"""Usage and config errors of ``beam_runner``: one line naming the problem, exit code 2, and no
+Beam traceback (a too-small vocabulary, a misspelled enum value, an out-of-range fraction, a
+misspelled Beam option)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import beam_runner
+from pipelines.config import CHOICES, PipelineConfig
+from pipelines.job import beam_options
+from shards.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "text": f"Quick brown fox {i} jumps; zebra quartz {i * 7}!"})
+                            + "\n" for i in range(30)))
+    return path
+
+
+def test_too_small_vocab_is_one_line_and_exit_2(corpus, tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    p = subprocess.run([sys.executable, "beam_runner.py", "--input", str(corpus), "--output", str(tmp_path / "out"),
+                        "tokenizer.vocab_size=20"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr and "ERROR" not in p.stderr
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "needs tokenizer.vocab_size > " in errors[0]
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("override, words", [
+    ("input.unknown_files=eror", ["input.unknown_files", "'eror'", "skip, error, text"]),
+    ("shards.layout=blocks", ["shards.layout", "'blocks'", "token_blocks, documents"]),
+    ("split.val_fraction=1.5", ["split.val_fraction", "1.5", "[0.0, 1.0)"]),
+    ("tokenizer.sample_fraction=0", ["tokenizer.sample_fraction", "(0.0, 1.0]"]),
+])
+def test_bad_config_values_are_refused_up_front(corpus, tmp_path, capsys, override, words):
+    out = tmp_path / "out"
+    assert beam_runner.main(["--input", str(corpus), "--output", str(out), override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and all(w in err for w in words), err
+    assert not out.exists()  # refused before the run touched the output
+
+
+def test_every_enum_knob_rejects_a_typo():
+    for key in CHOICES:
+        section, name = key.split(".")
+        cfg = PipelineConfig()
+        setattr(getattr(cfg, section), name, "typo")
+        with pytest.raises(ConfigError, match=f"{key}='typo': use one of"):
+            cfg.validate()
+    PipelineConfig().validate()  # the defaults pass
+
+
+@pytest.mark.parametrize("flag, named", [(["--runer=DataflowRunner"], "--runer"), (["--runnr", "DirectRunner"], "--runnr")])
+def test_misspelled_beam_option_is_a_usage_error(corpus, tmp_path, capsys, flag, named):
+    out = tmp_path / "out"
+    assert beam_runner.main(["--input", str(corpus), "--output", str(out), *flag]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"unknown option {named}:" in err and "did you mean --runner?" in err
+    assert not out.exists()
+
+
+def test_declared_beam_options_pass():
+    options = beam_options(["--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode",
+                            "multi_processing"])
+    assert options.get_all_options()["direct_num_workers"] == 2
+    with pytest.raises(ConfigError, match="--no_such_flag"):
+        beam_options(["--no_such_flag=1"])
