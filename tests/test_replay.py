@@ -98,3 +98,47 @@ def test_watcher_names_a_spiking_module_and_the_loss():
     clean.remove()
     called = sum(1 for m in model.modules() if not isinstance(m, torch.nn.ModuleList))  # a ModuleList never runs
     assert clean.found == {} and clean.calls["forward"] == called and clean.calls["backward"] > 0
+
+
+def _token_block_shards(directory: str) -> dict[str, list[int]]:
+    """Counting documents stored as token blocks of ~120 tokens (several documents per tar sample),
+    with ids holding dots and slashes (keys are escaped, as in the demo corpus); returns ``{key: tokens}``."""
+    import numpy as np
+
+    from shards import Manifest, TokenBlockWriter, escape_key
+    rng = np.random.default_rng(3)
+    w, docs = TokenBlockWriter(directory, max_samples=4, block_tokens=120), {}
+    for i in range(60):
+        n = int(rng.integers(8, 50))
+        toks = ((int(rng.integers(0, MODEL["vocab_size"])) + np.arange(n)) % MODEL["vocab_size"]).astype(np.uint16)
+        doc_id = f"counting.jsonl/book/{i // 10}/{i % 10}"
+        w.add(doc_id, "counting.jsonl", toks)
+        docs[escape_key(doc_id)] = toks.tolist()
+    Manifest(shards=w.close(), vocab_size=MODEL["vocab_size"], layout="token_blocks").save(directory)
+    return docs
+
+
+def test_replay_finds_documents_inside_token_blocks(tmp_path):
+    """Regression: replay scanned ``samples`` (blocks) per shard instead of documents, so the keys of a
+    token-block dataset past the first few documents of each shard were reported missing."""
+    shards, run = str(tmp_path / "shards"), tmp_path / "run"
+    docs = _token_block_shards(shards)
+    overrides = [f"data.manifest={shards}", f"cache.dir={tmp_path / 'cache'}", f"run_dir={run}",
+                 *(f"model.{k}={v}" for k, v in MODEL.items() if k != "vocab_size"), "model.n_layers=2",
+                 "data.seq_len=32", "data.micro_batch_size=2", "data.num_workers=0", "zero.stage=0",
+                 "precision=fp32", "device=cpu", "steps=3", "log_every=1", "metrics.progress=false",
+                 "checkpoint.every=2", "anomaly.inject_nan_at_steps=[3]", f"anomaly.inject_layer={LAYER}"]
+    proc = subprocess.run([sys.executable, "-m", "trainer", "--config", os.path.join(ROOT, "configs", "demo.yaml"),
+                           *overrides], cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    with open(run / "events.jsonl") as f:
+        event, = [e for e in map(json.loads, f) if e["event"] == "nonfinite"]
+    assert event["step"] == 3 and set(event["keys"]) <= set(docs) and len(event["keys"]) > 1
+    report, = replay_step(str(run), 3)
+    assert set(report.keys) == set(event["keys"])
+    # the logged documents' own tokens: each seq_len (32) chunk predicts all but its last token
+    assert report.tokens == sum(len(docs[k]) - -(-len(docs[k]) // 32) for k in event["keys"])
+    assert (report.forward.module, report.forward.kind) == (LAYER, "nonfinite")
+    cli = subprocess.run([sys.executable, "-m", "trainer", "replay", str(run), "--step", "3"], env=_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and f"forward: first nonfinite output at {LAYER}" in cli.stdout, cli.stderr[-3000:]

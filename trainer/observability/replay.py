@@ -190,8 +190,13 @@ def checkpoint_before(root: str, step: int) -> tuple[str, int]:
 
 
 def batch_from_keys(cfg, keys: list[str]):
-    """One :class:`loaders.batch.TokenBatch` of the samples ``keys`` of the run's dataset, packed as the
+    """One :class:`loaders.batch.TokenBatch` of the documents ``keys`` of the run's dataset, packed as the
     loader packs (``data.seq_len`` rows, at least ``data.micro_batch_size`` of them).
+
+    Keys are document keys (:func:`shards.escape_key` of the id) in both layouts: one tar sample
+    per document, or token blocks (``docs/shard-format.md`` §4.1), whose documents are read by
+    index through :class:`loaders.block_access.BlockShard`. Shards are scanned in manifest order
+    until every key is found.
 
     Raises:
         ReplayError: a key is not in the dataset of ``data.manifest``.
@@ -209,8 +214,9 @@ def batch_from_keys(cfg, keys: list[str]):
     reader = ShardReader(manifest, cfg.data.manifest, cache, cfg.data.index_dir or None)
     wanted, found = set(keys), {}
     try:
-        for shard, info in enumerate(manifest.shards):
-            for i in range(info.samples):
+        # a token-block shard holds more documents than tar samples: address documents, not samples
+        for shard, documents in enumerate(manifest.document_counts()):
+            for i in range(documents):
                 if reader.key(shard, i) in wanted:
                     key, tokens = reader.tokens(shard, i)
                     found[key] = tokens
