@@ -173,3 +173,13 @@ def test_ctrl_c_ends_in_one_line_with_exit_130(tmp_path, common):
     assert proc.returncode == 130, err[-3000:]
     assert [line for line in err.splitlines() if line.strip()] == [line for line in err.splitlines()
                                                                     if "interrupted" in line], err[-3000:]
+
+
+@pytest.mark.parametrize("nproc", [[], ["--nproc-per-node", "2"]])
+def test_bad_steps_without_a_checkpoint_end_in_one_line_exit_1(tmp_path, common, nproc):
+    p = _train(common + ["steps=3", "checkpoint.every=0", "anomaly.inject_nan_at_steps=[1, 2]",
+                         "anomaly.max_consecutive=2", *nproc], tmp_path)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert len(lines) == 1 and "bad steps in a row at step 2 and no checkpoint to roll back to" in lines[0], lines
+    assert lines[0].startswith("error: run: ")

@@ -105,13 +105,13 @@ def _train(argv: list[str]) -> int:
         return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - expected user/data errors end in one line; others re-raise
         from cache.errors import CacheError
-        from trainer.train import NoDataError
+        from trainer.train import NoDataError, RollbackError
         from trainer.checkpointing.layout import CheckpointStorageError
         from trainer.checkpointing.verify import CheckpointVerifyError
-        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, CheckpointVerifyError,
-                              CheckpointStorageError)):
+        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, RollbackError,
+                              CheckpointVerifyError, CheckpointStorageError)):
             raise
-        where = "config" if cfg is None else "run" if isinstance(e, ValueError) else "data"
+        where = "config" if cfg is None else "run" if isinstance(e, (ValueError, RollbackError)) else "data"
         _say(f"error: {where}: {explain(e)}")
         return exit_status(e)
     finally:
