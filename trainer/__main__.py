@@ -62,10 +62,12 @@ def _dry_run(cfg) -> int:
 
     Raises:
         trainer.checkpointing.verify.CheckpointVerifyError: the checkpoint to resume from is damaged.
+        shards.config.ConfigError: the cache cannot hold a shard, or ``eval.manifest`` is missing
+            (:func:`trainer.announce.check_runnable`).
     """
     import torch
 
-    from trainer.announce import data_summary, start_line
+    from trainer.announce import check_runnable, data_summary, start_line
     from trainer.checkpointing import read_meta
     from trainer.checkpointing.verify import check_stored
     from trainer.run_folder import plan_run
@@ -75,7 +77,9 @@ def _dry_run(cfg) -> int:
     if plan.checkpoint:
         meta = read_meta(plan.checkpoint)
         check_stored(plan.checkpoint, plan.checkpoint, meta["checksums"], meta.get("digests", {}), torch.device("cpu"))
-    print(start_line(cfg, data_summary(cfg.data), int(os.environ.get("WORLD_SIZE", "1")), plan))
+    data = data_summary(cfg.data)
+    check_runnable(cfg, data)
+    print(start_line(cfg, data, int(os.environ.get("WORLD_SIZE", "1")), plan, dry_run=True))
     print("dry run: config, data and run folder are fine; nothing was trained")
     return 0
 
@@ -86,6 +90,9 @@ def _train(argv: list[str]) -> int:
         _say("error: give --config FILE and/or key=value overrides (python -m trainer --help for more)")
         return USAGE
     args = _parser().parse_args(argv)
+    if args.config and "://" not in args.config and not os.path.isfile(args.config):
+        _say(f"error: config file not found: {args.config}")
+        return USAGE
     cfg = None  # set once the config loads: later errors are about the run or its data
     try:
         cfg = _load(args)
