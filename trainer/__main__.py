@@ -11,7 +11,8 @@
   ONNX models, each verified on the validation split before it keeps its name
   (:mod:`trainer.export`; ``conversion_report.json``); exit 1 when a variant exceeds its tolerance.
 - ``python -m trainer export CKPT OUT.pt``: one consolidated, verified ``torch.save`` file
-  (``torch.load(OUT.pt)["model"]`` holds the unsharded weights, ``["provenance"]`` where it came from).
+  (``torch.load(OUT.pt)["model"]`` holds the unsharded weights, ``["provenance"]`` where it came from;
+  the report is ``OUT.pt.conversion_report.json`` beside it).
 - ``python -m trainer report RUN_DIR``: HTML report with PNG plots of a run (``RUN_DIR/report/``).
 - ``python -m trainer replay RUN_DIR --step N``: re-run bad step N from the checkpoint before it
   and name the first module whose output went non-finite or spiked (forward, then backward).
@@ -175,16 +176,25 @@ def _export(argv: list[str]) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"error: export config: {e}", file=sys.stderr)
         return 2
+    from trainer.checkpointing.layout import exists
+    if not exists(args.checkpoint):
+        print(f"error: no checkpoint at {args.checkpoint}", file=sys.stderr)
+        return USAGE
     out_dir, pt_name = (os.path.dirname(os.path.abspath(args.out)), os.path.basename(args.out)) if legacy_file \
         else (args.out, "model.pt")
+    prefix = f"{pt_name}." if legacy_file else ""  # OUT.pt's folder may be shared: name the report after it
     try:
-        report = run_export(args.checkpoint, out_dir, cfg, pt_name)
+        report = run_export(args.checkpoint, out_dir, cfg, pt_name, prefix)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: export: {e}", file=sys.stderr)
         return 1
     print(report.table())
+    if report.validation["validated_on"] == "random_tokens":
+        print(f"warning: export NOT verified on validation data: {report.validation['unavailable']}; parity was "
+              "checked on random tokens only. Pass --data MANIFEST (a dataset or val manifest) to verify it",
+              file=sys.stderr)
     kept = [v.path for v in report.variants if v.passed]
-    print(f"wrote {', '.join(kept) or 'no model'} and {os.path.join(out_dir, 'conversion_report.json')}")
+    print(f"wrote {', '.join(kept) or 'no model'} and {os.path.join(out_dir, prefix + 'conversion_report.json')}")
     if not report.passed:
         print("error: some variants exceed their tolerance and were not written under their final name (see the "
               "table); loosen tolerance.* only if the numbers are acceptable", file=sys.stderr)
