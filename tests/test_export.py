@@ -136,7 +136,8 @@ def test_consolidated_pt_is_verified_and_a_failing_tolerance_exits_nonzero(expor
     assert main(["export", ckpt, good, "--batch-sizes", "1", "latency_runs=1"]) == 0
     saved = torch.load(good, weights_only=False)
     assert saved["provenance"]["step"] == 6 and saved["provenance"]["format"] == "pt"
-    with open(tmp_path / "good" / "conversion_report.json") as f:
+    assert not os.path.exists(tmp_path / "good" / "conversion_report.json")  # named after the file it checks
+    with open(tmp_path / "good" / "model.pt.conversion_report.json") as f:
         report = json.load(f)
     assert report["passed"] and report["variants"][0]["max_abs_diff"] == 0.0
 
@@ -161,3 +162,31 @@ def test_validation_data_of_another_vocabulary_is_a_clear_error(exported, tmp_pa
     rc = main(["export", ckpt, str(tmp_path / "out"), "--format", "pt", "--data", other])
     assert rc == 1 and f"{other}: vocabulary of 1000 tokens does not fit the model's {VOCAB}" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "out" / "model.pt")
+
+
+def test_export_with_unreachable_recorded_data_warns_and_records_random_tokens(exported, tmp_path, capsys):
+    import yaml
+    _, _, _, ckpt, _ = exported
+    moved = str(tmp_path / "ckpt")
+    shutil.copytree(ckpt, moved)
+    with open(os.path.join(moved, "config.yaml")) as f:
+        config = yaml.safe_load(f)
+    config["data"]["manifest"] = "http://127.0.0.1:9/manifest.json"  # the training data is gone
+    with open(os.path.join(moved, "config.yaml"), "w") as f:
+        yaml.safe_dump(config, f)
+    out = str(tmp_path / "shared" / "model.pt")
+    assert main(["export", moved, out, "--batch-sizes", "1", "latency_runs=1"]) == 0
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "NOT verified on validation data" in warnings[0] and "--data MANIFEST" in warnings[0]
+    assert "127.0.0.1:9" in warnings[0]
+    with open(tmp_path / "shared" / "model.pt.conversion_report.json") as f:
+        assert json.load(f)["validation"]["validated_on"] == "random_tokens"
+    assert sorted(os.listdir(tmp_path / "shared")) == ["model.pt", "model.pt.conversion_report.json",
+                                                       "model.pt.conversion_report.txt"]
+
+
+def test_export_of_a_missing_checkpoint_is_a_usage_error(tmp_path, capsys):
+    absent = str(tmp_path / "step_000009")
+    assert main(["export", absent, str(tmp_path / "model.pt")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: no checkpoint at {absent}"

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from trainer.config import TrainConfig
-from trainer.run_folder import RunFolderError, plan_run, remove_earlier_run, truncate_metrics
+from trainer.announce import start_line
+from trainer.run_folder import RunFolderError, RunPlan, plan_run, remove_earlier_run, truncate_metrics
 from trainer.synthetic import write_counting_shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,7 +119,7 @@ def test_rerun_resumes_never_restarts_and_logs_each_step_once(tmp_path, common):
     assert "resumed from step 4" in longer.stdout
     assert _steps(tmp_path) == [1, 2, 4, 5, 6]
     dry = _train(common + ["steps=6", "--dry-run"], tmp_path)
-    assert dry.returncode == 0 and "resumed from step 6" in dry.stdout and "nothing was trained" in dry.stdout
+    assert dry.returncode == 0 and "would resume from step 6" in dry.stdout and "nothing was trained" in dry.stdout
     ckpt6 = tmp_path / "run" / "checkpoints" / "step_000006"
     data = next(f for f in os.listdir(ckpt6) if f.endswith(".distcp"))
     os.rename(ckpt6 / data, tmp_path / "saved.distcp")
@@ -173,3 +174,42 @@ def test_ctrl_c_ends_in_one_line_with_exit_130(tmp_path, common):
     assert proc.returncode == 130, err[-3000:]
     assert [line for line in err.splitlines() if line.strip()] == [line for line in err.splitlines()
                                                                     if "interrupted" in line], err[-3000:]
+
+
+@pytest.mark.parametrize("nproc", [[], ["--nproc-per-node", "2"]])
+def test_bad_steps_without_a_checkpoint_end_in_one_line_exit_1(tmp_path, common, nproc):
+    p = _train(common + ["steps=3", "checkpoint.every=0", "anomaly.inject_nan_at_steps=[1, 2]",
+                         "anomaly.max_consecutive=2", *nproc], tmp_path)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert len(lines) == 1 and "bad steps in a row at step 2 and no checkpoint to roll back to" in lines[0], lines
+    assert lines[0].startswith("error: run: ")
+
+
+def test_start_line_counts_documents_of_token_blocks_not_tar_samples(tmp_path):
+    from shards.manifest import Manifest, ShardInfo
+    from trainer.announce import data_summary
+    shards = [ShardInfo(name=f"shard-{i:06d}.tar", samples=30, tokens=1000, bytes=4096 * (i + 1), sha256="0" * 64,
+                        documents=d, blocks=30) for i, d in enumerate((31000, 31319))]
+    Manifest(shards=shards, layout="token_blocks").save(str(tmp_path))
+    cfg = _cfg(tmp_path)
+    cfg.data.manifest = str(tmp_path)
+    data = data_summary(cfg.data)
+    assert (data.shards, data.documents, data.tokens, data.largest_shard_bytes) == (2, 62319, 2000, 8192)
+    assert "data: 2 shards, 62,319 documents, 2,000 tokens" in start_line(cfg, data, 1, RunPlan("fresh"))
+
+
+def test_dry_run_fails_on_what_the_real_run_would_fail_on(tmp_path, common):
+    tiny = _train(common + ["steps=2", "cache.max_bytes=100", "--dry-run"], tmp_path)
+    assert tiny.returncode == 2 and tiny.stderr.strip().count("\n") == 0, tiny.stderr[-3000:]
+    assert "cache.max_bytes=100" in tiny.stderr and "smaller than the largest shard" in tiny.stderr
+    absent = str(tmp_path / "no-such-val")
+    val = _train(common + ["steps=2", "eval.enabled=true", f"eval.manifest={absent}", "--dry-run"], tmp_path)
+    assert val.returncode == 2 and val.stderr.strip().count("\n") == 0, val.stderr[-3000:]
+    assert f"eval.manifest={absent}: no such manifest" in val.stderr
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_missing_config_file_is_a_usage_error(tmp_path):
+    p = _train(["--config", str(tmp_path / "nope.yaml"), "steps=1"], tmp_path)
+    assert p.returncode == 2 and p.stderr.strip() == f"error: config file not found: {tmp_path / 'nope.yaml'}"

@@ -11,7 +11,8 @@
   ONNX models, each verified on the validation split before it keeps its name
   (:mod:`trainer.export`; ``conversion_report.json``); exit 1 when a variant exceeds its tolerance.
 - ``python -m trainer export CKPT OUT.pt``: one consolidated, verified ``torch.save`` file
-  (``torch.load(OUT.pt)["model"]`` holds the unsharded weights, ``["provenance"]`` where it came from).
+  (``torch.load(OUT.pt)["model"]`` holds the unsharded weights, ``["provenance"]`` where it came from;
+  the report is ``OUT.pt.conversion_report.json`` beside it).
 - ``python -m trainer report RUN_DIR``: HTML report with PNG plots of a run (``RUN_DIR/report/``).
 - ``python -m trainer replay RUN_DIR --step N``: re-run bad step N from the checkpoint before it
   and name the first module whose output went non-finite or spiked (forward, then backward).
@@ -62,10 +63,12 @@ def _dry_run(cfg) -> int:
 
     Raises:
         trainer.checkpointing.verify.CheckpointVerifyError: the checkpoint to resume from is damaged.
+        shards.config.ConfigError: the cache cannot hold a shard, or ``eval.manifest`` is missing
+            (:func:`trainer.announce.check_runnable`).
     """
     import torch
 
-    from trainer.announce import data_summary, start_line
+    from trainer.announce import check_runnable, data_summary, start_line
     from trainer.checkpointing import read_meta
     from trainer.checkpointing.verify import check_stored
     from trainer.run_folder import plan_run
@@ -75,7 +78,9 @@ def _dry_run(cfg) -> int:
     if plan.checkpoint:
         meta = read_meta(plan.checkpoint)
         check_stored(plan.checkpoint, plan.checkpoint, meta["checksums"], meta.get("digests", {}), torch.device("cpu"))
-    print(start_line(cfg, data_summary(cfg.data), int(os.environ.get("WORLD_SIZE", "1")), plan))
+    data = data_summary(cfg.data)
+    check_runnable(cfg, data)
+    print(start_line(cfg, data, int(os.environ.get("WORLD_SIZE", "1")), plan, dry_run=True))
     print("dry run: config, data and run folder are fine; nothing was trained")
     return 0
 
@@ -86,6 +91,9 @@ def _train(argv: list[str]) -> int:
         _say("error: give --config FILE and/or key=value overrides (python -m trainer --help for more)")
         return USAGE
     args = _parser().parse_args(argv)
+    if args.config and "://" not in args.config and not os.path.isfile(args.config):
+        _say(f"error: config file not found: {args.config}")
+        return USAGE
     cfg = None  # set once the config loads: later errors are about the run or its data
     try:
         cfg = _load(args)
@@ -105,13 +113,13 @@ def _train(argv: list[str]) -> int:
         return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - expected user/data errors end in one line; others re-raise
         from cache.errors import CacheError
-        from trainer.train import NoDataError
+        from trainer.train import NoDataError, RollbackError
         from trainer.checkpointing.layout import CheckpointStorageError
         from trainer.checkpointing.verify import CheckpointVerifyError
-        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, CheckpointVerifyError,
-                              CheckpointStorageError)):
+        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, RollbackError,
+                              CheckpointVerifyError, CheckpointStorageError)):
             raise
-        where = "config" if cfg is None else "run" if isinstance(e, ValueError) else "data"
+        where = "config" if cfg is None else "run" if isinstance(e, (ValueError, RollbackError)) else "data"
         _say(f"error: {where}: {explain(e)}")
         return exit_status(e)
     finally:
@@ -168,16 +176,25 @@ def _export(argv: list[str]) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"error: export config: {e}", file=sys.stderr)
         return 2
+    from trainer.checkpointing.layout import exists
+    if not exists(args.checkpoint):
+        print(f"error: no checkpoint at {args.checkpoint}", file=sys.stderr)
+        return USAGE
     out_dir, pt_name = (os.path.dirname(os.path.abspath(args.out)), os.path.basename(args.out)) if legacy_file \
         else (args.out, "model.pt")
+    prefix = f"{pt_name}." if legacy_file else ""  # OUT.pt's folder may be shared: name the report after it
     try:
-        report = run_export(args.checkpoint, out_dir, cfg, pt_name)
+        report = run_export(args.checkpoint, out_dir, cfg, pt_name, prefix)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: export: {e}", file=sys.stderr)
         return 1
     print(report.table())
+    if report.validation["validated_on"] == "random_tokens":
+        print(f"warning: export NOT verified on validation data: {report.validation['unavailable']}; parity was "
+              "checked on random tokens only. Pass --data MANIFEST (a dataset or val manifest) to verify it",
+              file=sys.stderr)
     kept = [v.path for v in report.variants if v.passed]
-    print(f"wrote {', '.join(kept) or 'no model'} and {os.path.join(out_dir, 'conversion_report.json')}")
+    print(f"wrote {', '.join(kept) or 'no model'} and {os.path.join(out_dir, prefix + 'conversion_report.json')}")
     if not report.passed:
         print("error: some variants exceed their tolerance and were not written under their final name (see the "
               "table); loosen tolerance.* only if the numbers are acceptable", file=sys.stderr)

@@ -74,6 +74,10 @@ class NoDataError(RuntimeError):
     """A whole epoch produced no batch (every shard failed, or all samples were empty)."""
 
 
+class RollbackError(RuntimeError):
+    """Too many bad steps in a row and no finished checkpoint to roll back to (a run error: exit 1)."""
+
+
 def micro_batches(loader, epoch: int):
     """Endless stream of ``(epoch, TokenBatch)``, calling ``loader.set_epoch`` at each new epoch
     (a loader restored mid-epoch continues where its state points)."""
@@ -176,12 +180,12 @@ def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, s
     steps undone are counted (``micro_batches_per_step``: all ranks' micro-batches of one step).
 
     Raises:
-        RuntimeError: there is no checkpoint to go back to.
+        RollbackError: there is no checkpoint to go back to.
     """
     ckpts.wait()
     path = ckpt.latest_checkpoint(ckpts.root)
     if path is None:
-        raise RuntimeError(f"{guard.consecutive} bad steps in a row at step {step} and no checkpoint to roll back "
+        raise RollbackError(f"{guard.consecutive} bad steps in a row at step {step} and no checkpoint to roll back "
                            "to; set checkpoint.every, lower optim.lr or inspect events.jsonl")
     restored = ckpt.restore(path, model, optimizer)
     guard.rolled_back(step, restored.step, path, micro_batches_per_step)

@@ -37,7 +37,9 @@ class ConversionReport:
     Attributes:
         checkpoint / out_dir / format: the inputs.
         validation: ``manifest``, ``held_out`` (a ``val`` split, not training data), ``batches``,
-            ``rows``, ``seq_len``, ``tokens`` (real tokens compared).
+            ``rows``, ``seq_len``, ``tokens`` (real tokens compared), ``validated_on``
+            (``validation_data``, or ``random_tokens`` when the checkpoint's recorded data was
+            unreachable and no ``--data`` was given; ``unavailable`` then says why).
         reference: the fp32 PyTorch model's ``perplexity`` and ``latency_ms`` per batch size.
         variants: one :class:`VariantResult` per written variant.
         provenance: the record stored inside each model.
@@ -200,9 +202,12 @@ def pt_variant(checkpoint: str, out_dir: str, name: str, train_cfg, cfg: ExportC
     return result
 
 
-def run_export(checkpoint: str, out_dir: str, cfg: ExportConfig, pt_name: str = "model.pt") -> ConversionReport:
+def run_export(checkpoint: str, out_dir: str, cfg: ExportConfig, pt_name: str = "model.pt",
+               report_prefix: str = "") -> ConversionReport:
     """Export ``checkpoint`` into ``out_dir`` as ``cfg`` says; returns the report (also written as
-    ``conversion_report.json``/``.txt``). ``report.passed`` is false when any variant was rejected.
+    ``{report_prefix}conversion_report.json``/``.txt``: a prefix such as ``model.pt.`` keeps the
+    report of a single file exported into a shared folder beside that file, named after it).
+    ``report.passed`` is false when any variant was rejected.
 
     Raises:
         ValueError: invalid ``cfg``; FileNotFoundError: no checkpoint, or ``cfg.data`` is missing.
@@ -213,6 +218,7 @@ def run_export(checkpoint: str, out_dir: str, cfg: ExportConfig, pt_name: str = 
     model, train_cfg, config = load_model(checkpoint)
     seq_len = cfg.seq_len or min(train_cfg.data.seq_len, train_cfg.model.max_seq_len)
     data = cfg.data or train_cfg.data.manifest
+    unavailable = None
     try:
         val_url, held_out = resolve_validation(data)
         check_vocab(val_url, train_cfg.model.vocab_size)
@@ -220,7 +226,7 @@ def run_export(checkpoint: str, out_dir: str, cfg: ExportConfig, pt_name: str = 
     except (FileNotFoundError, OSError, ValueError) as e:
         if cfg.data:
             raise
-        log.warning("no validation data at %s (%s); checking parity on random tokens. Pass --data MANIFEST", data, e)
+        unavailable = f"no validation data at {data} ({type(e).__name__}: {e})"
         val_url, held_out, data = None, False, None
         batches = synthetic_batches(train_cfg.model.vocab_size, seq_len, cfg.rows)
     ref_runner = models.torch_runner(model)
@@ -234,12 +240,13 @@ def run_export(checkpoint: str, out_dir: str, cfg: ExportConfig, pt_name: str = 
     report = ConversionReport(
         checkpoint, out_dir, cfg.format,
         {"manifest": val_url, "held_out": held_out, "batches": len(batches), "rows": cfg.rows, "seq_len": seq_len,
-         "tokens": ref.tokens},
+         "tokens": ref.tokens, "validated_on": "random_tokens" if unavailable else "validation_data",
+         "unavailable": unavailable},
         {"perplexity": ref.perplexity, "latency_ms": latency_ms(ref_runner, batches[0], cfg.batch_sizes,
                                                                 cfg.latency_runs)},
         variants, record)
-    for name, text in ((REPORT_JSON, json.dumps(report.to_dict(), indent=2, default=str) + "\n"),
-                       (REPORT_TXT, report.table() + "\n")):
+    for name, text in ((report_prefix + REPORT_JSON, json.dumps(report.to_dict(), indent=2, default=str) + "\n"),
+                       (report_prefix + REPORT_TXT, report.table() + "\n")):
         tmp = _tmp(out_dir, name)
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
