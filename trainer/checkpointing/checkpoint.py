@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 import trainer.checkpointing.verify as V
 from trainer.checkpointing.layout import COMPLETE, exists, git_commit, list_checkpoints, package_versions, step_dir
@@ -114,7 +115,13 @@ class Checkpointer:
             future = dcp.async_save(state, storage_writer=self.store.writer(tmp), process_group=self.pg)
             self.pending = _Pending(future, tmp, final, kind, step, checksums, digests, loss)
         else:
-            dcp.save(state, storage_writer=self.store.writer(tmp))
+            try:
+                dcp.save(state, storage_writer=self.store.writer(tmp))
+            except CheckpointException as e:
+                # DCP wraps every failure, Ctrl-C included; an interrupt stays an interrupt (exit 130)
+                if any(isinstance(f[0], KeyboardInterrupt) for f in e.failures.values()):
+                    raise KeyboardInterrupt from e
+                raise
             self._commit(_Pending(None, tmp, final, kind, step, checksums, digests, loss))
         return final
 
