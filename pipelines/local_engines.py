@@ -55,9 +55,13 @@ def _spawn(cmd: list[str], log: Path, env: dict | None) -> subprocess.Popen:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, timeout_s: float = 60.0) -> Engine:
+def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, timeout_s: float = 60.0,
+               memory_limit: str = "0") -> Engine:
     """A ``dask scheduler`` and ``workers`` single-threaded ``dask worker`` processes (no nanny, so
     each worker is one process) on 127.0.0.1; returns once all workers have registered.
+
+    ``memory_limit`` is each worker's ``--memory-limit`` (e.g. ``"600MB"``: the worker spills
+    results to its local disk as it nears the limit; ``"0"``: no limit, nothing spilled).
 
     ``env`` is the processes' environment (default: this one); they need colaflow importable.
     Raises ``TimeoutError`` (and stops what started) when the workers do not register in time.
@@ -72,7 +76,7 @@ def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, t
                      address.rsplit(":", 1)[1], "--no-dashboard", "--no-show"], logs[0], env)]
     for log in logs[1:]:
         procs.append(_spawn([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                             "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", "0"],
+                             "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", memory_limit],
                             log, env))
     engine = Engine(address, procs, logs)
     try:

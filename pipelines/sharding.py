@@ -3,7 +3,10 @@
 Assignment: a sample goes to bucket ``sha256(key) mod N`` where ``N`` derives from the
 total encoded size (a singleton side input); each bucket is grouped, sorted by key and
 written as one tar under a temporary name by a DoFn (``_tmp_buckets/bucket-NNNNNN``, no
-``.tar`` suffix, so a killed job leaves nothing that looks like a shard). A final
+``.tar`` suffix, so a killed job leaves nothing that looks like a shard). Each attempt at a
+bucket writes its own ``bucket-NNNNNN.<random hex>.partial`` and renames it into place
+(:class:`shards.TarShardWriter`), so a retried or speculative attempt of the same bucket on a
+shared filesystem cannot corrupt another; both write the same bytes, so either rename may win. A final
 single-element step renames the non-empty buckets, in bucket order, to
 ``{prefix}-000000.tar``... and then writes the manifest. Nothing depends on runner, worker count or arrival order, so every runner
 writes byte-identical shards.

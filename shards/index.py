@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import tarfile
+import uuid
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -133,7 +134,7 @@ def write_dali_index(index: ShardIndex, path: str) -> None:
                 raise ShardError(f"{index.url}: member {name!r} holds whitespace; a DALI index cannot list it")
             parts.append(f"{suffix} {offset} {size} {name}")
         lines.append(" ".join(parts))
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:16]}"  # unique per call: two hosts' writers may share a pid
     with open(tmp, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     os.replace(tmp, path)
@@ -180,7 +181,7 @@ def wids_index(indexes: list[ShardIndex], name: str | None = None) -> dict:
 
 def write_wids_index(indexes: list[ShardIndex], path: str, name: str | None = None) -> None:
     """Write :func:`wids_index` as JSON to ``path`` (atomically)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:16]}"  # unique per call: two hosts' writers may share a pid
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(wids_index(indexes, name), f, indent=1)
         f.write("\n")

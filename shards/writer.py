@@ -1,8 +1,10 @@
 """Writing shards: plain tar (GNU format), deterministic headers, atomic commit.
 
 Every header carries a fixed mtime, owner and mode so the same samples always give
-byte-identical shards. A shard is written under a temporary name and renamed into
-place when closed, so no reader ever sees a partial shard.
+byte-identical shards. A shard is written under a temporary name unique to the writer
+(``NAME.<random hex>.partial``) and renamed into place when closed, so no reader ever sees a
+partial shard, and two writers of one shard (a retried or speculative task on a shared
+filesystem) never write into the same file: the last rename wins, and both wrote the same bytes.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import hashlib
 import io
 import os
 import tarfile
+import uuid
 from typing import BinaryIO
 
 import numpy as np
@@ -72,14 +75,16 @@ class TarShardWriter:
     GNU longname or PAX header are refused (see :func:`shards.keys.member_name`).
 
     Args:
-        path: final shard path; bytes go to ``path + ".partial"`` until :meth:`close`.
+        path: final shard path; bytes go to ``path + ".<16 random hex>.partial"`` (unique per
+            writer, so concurrent attempts at one shard never share it) until :meth:`close`
+            renames that file onto ``path`` (atomic on POSIX filesystems).
         limit_bytes: hard cap on the finished file's size in bytes (default 4 GiB).
     """
 
     def __init__(self, path: str, limit_bytes: int = MAX_SHARD_BYTES):
         self.path = path
         self.limit_bytes = limit_bytes
-        self.tmp_path = path + TMP_SUFFIX
+        self.tmp_path = f"{path}.{uuid.uuid4().hex[:16]}{TMP_SUFFIX}"
         self._raw = open(self.tmp_path, "wb")
         self._out = _HashingFile(self._raw)
         self._tar = tarfile.open(fileobj=self._out, mode="w", format=tarfile.GNU_FORMAT)

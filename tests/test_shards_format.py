@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import tarfile
 
@@ -76,7 +77,8 @@ def test_writer_commits_atomically_and_never_leaves_empty_shard(tmp_path):
     path = str(tmp_path / "s.tar")
     w = TarShardWriter(path)
     w.write("a", text_fields(0))
-    assert os.listdir(tmp_path) == ["s.tar" + TMP_SUFFIX]  # readers never see a partial shard
+    [tmp] = os.listdir(tmp_path)  # readers never see a partial shard
+    assert tmp.startswith("s.tar.") and tmp.endswith(TMP_SUFFIX)
     info = w.close()
     assert os.listdir(tmp_path) == ["s.tar"] and info.bytes == os.path.getsize(path) and info.samples == 1
     with pytest.raises(ValueError, match="empty shard"):
@@ -208,3 +210,25 @@ def test_config_converts_yaml_numbers_and_rejects_wrong_types():
     for bad in (["optim.steps=1.5"], ["optim.on=maybe"], ["optim.lr=fast"], ["optim.nope=1"]):
         with pytest.raises(ConfigError, match="optim."):
             from_dict(_Cfg, apply_overrides({}, bad))
+
+
+def test_two_attempts_of_one_shard_do_not_collide(tmp_path):
+    # A speculative retry of a bucket writes the same shard path while the first attempt runs
+    # (pipelines.sharding on a shared filesystem): neither may truncate or steal the other's file.
+    path = str(tmp_path / "bucket-000001")
+    first = TarShardWriter(path)
+    for i in range(40):
+        first.write(f"k{i:03d}", text_fields(i))
+    second = TarShardWriter(path)  # starts while the first is half written
+    for i in range(40, 80):
+        first.write(f"k{i:03d}", text_fields(i))
+    info_first = first.close()
+    with open(path, "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == info_first.sha256  # committed bytes are whole
+    for i in range(80):
+        second.write(f"k{i:03d}", text_fields(i))
+    info_second = second.close()
+    assert info_second.sha256 == info_first.sha256 and info_second.samples == 80
+    with tarfile.open(path) as tar:
+        assert len(tar.getnames()) == 80 * len(text_fields(0))
+    assert os.listdir(tmp_path) == ["bucket-000001"]  # no temporary file left behind
