@@ -4,17 +4,20 @@
     python benchmarks/bench_scale.py [--scales 1,4,16] [--fraction 0.25] [--runners direct,dask]
         [--workers 2] [--out data/bench_scale]
 
-Scale ``k`` is ``k`` copies of the demo corpus (``--fraction`` of it per copy; the default
-quarter keeps 16x at 80 MB, about 20 minutes on 2 cores): copy 0 is the
+Scale ``k`` is ``k`` copies of the demo corpus (``--fraction`` of it per copy): copy 0 is the
 original, copy ``c >= 1`` has every document's words shuffled with a seed of ``(c, id)`` and the
 id suffixed ``~c``, so the documents are distinct and exact dedup does not shrink the input (the
 word statistics, hence cleaning and quality outcomes, stay close to the original's). Each run is
 ``beam_runner.py`` in a fresh process with the default pipeline config; the Dask cluster is
-started anew per run so each worker's peak RSS belongs to that run.
+started anew per run so each worker's peak RSS belongs to that run. A first run on a tiny
+corpus (``FIXED_FRACTION`` of the demo corpus, about 0.1 MB) measures each runner's fixed cost
+(process start, imports, graph construction and submission, tokenizer training on a tiny sample).
 
 Printed per runner and scale: input MB, wall s, CPU s per input MB (driver plus workers, user +
-system) and peak RSS per worker process (the DirectRunner's worker is its own process), then
-the 1x→largest ratios of CPU/MB and RSS and the Dask/Direct wall ratio.
+system), marginal CPU s per MB (CPU above the fixed run's, per MB above its input), peak RSS per
+worker process (the DirectRunner's worker is its own process), and for Dask the bag partitions
+and the stages whose partitions the scheduler held in memory at the run's peak (by dask's size
+estimate, both workers together). Then the 1x→largest ratios and the CPU slope between scales.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from pipelines.corpus import write_corpus  # noqa: E402
 from pipelines.local_engines import child_env, peak_rss_bytes, start_dask  # noqa: E402
+
+FIXED_FRACTION = 0.005  # of the demo corpus: the fixed-cost run's input (about 0.1 MB)
 
 
 def _cpu_s(pid: int) -> float:
@@ -75,9 +81,48 @@ def run_job(corpus: Path, out: Path, beam_args: list[str], env: dict):
     return wall, usage
 
 
+def _held_by_stage(dask_scheduler) -> dict:
+    """Scheduler-side: bytes (dask's estimate) of in-memory task results, by task-name prefix."""
+    held: dict = {}
+    for ts in dask_scheduler.tasks.values():
+        if ts.state == "memory":
+            held[ts.group_key] = held.get(ts.group_key, 0) + ts.nbytes
+    return held
+
+
+class HeldSampler(threading.Thread):
+    """Polls the Dask scheduler every ``interval_s`` and keeps the sample with the most bytes held."""
+
+    def __init__(self, address: str, interval_s: float = 0.5):
+        super().__init__(daemon=True)
+        from distributed import Client
+
+        self.client, self.interval_s = Client(address), interval_s
+        self.peak: dict = {}
+        self.done = threading.Event()
+
+    def run(self):
+        """Sample until :meth:`stop`."""
+        while not self.done.wait(self.interval_s):
+            try:
+                held = self.client.run_on_scheduler(_held_by_stage)
+            except OSError:  # the scheduler is going away
+                break
+            if sum(held.values()) > sum(self.peak.values()):
+                self.peak = held
+
+    def stop(self) -> dict:
+        """End sampling; returns the peak sample (task-name prefix → bytes)."""
+        self.done.set()
+        self.join()
+        self.client.close()
+        return self.peak
+
+
 def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path) -> dict:
-    """One run; returns wall_s, cpu_s (driver plus Dask workers) and peak RSS (MB) per worker
-    process (the DirectRunner's worker is the driver process itself)."""
+    """One run; returns wall_s, cpu_s (driver plus Dask workers), peak RSS (MB) per worker
+    process (the DirectRunner's worker is the driver process itself) and, for Dask, ``held``:
+    MB held per stage at the peak (the 3 largest)."""
     env = child_env()
     if runner == "direct":
         wall, usage = run_job(corpus, out, [], env)
@@ -85,16 +130,35 @@ def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path) -> d
     engine = start_dask(logs, workers=workers, env=env)
     try:
         cpu0 = sum(_cpu_s(p) for p in engine.worker_pids())
+        sampler = HeldSampler(engine.address)
+        sampler.start()
         wall, usage = run_job(corpus, out, ["--runner=DaskRunner", f"--dask_client_address={engine.address}"], env)
+        held = sampler.stop()
         cpu = usage.ru_utime + usage.ru_stime + sum(_cpu_s(p) for p in engine.worker_pids()) - cpu0
         rss = [peak_rss_bytes(p) / 2**20 for p in engine.worker_pids()]
     finally:
         engine.stop()
-    return {"wall_s": wall, "cpu_s": cpu, "rss_mb": rss}
+    top = sorted(held.items(), key=lambda kv: -kv[1])[:3]
+    return {"wall_s": wall, "cpu_s": cpu, "rss_mb": rss, "held_mb": sum(held.values()) / 2**20,
+            "held": {name.split("-")[0]: n / 2**20 for name, n in top}}
+
+
+def _row(r: dict) -> str:
+    held = ""
+    if "held" in r:
+        held = f"  {r['partitions']} partitions, held {r['held_mb']:.0f} MB: " + ", ".join(
+            f"{name} {mb:.0f}" for name, mb in r["held"].items())
+    marginal = f"{r['marginal_cpu_s_per_mb']:6.2f}" if "marginal_cpu_s_per_mb" in r else "     -"
+    return (f"{r['runner']:6s} {str(r['scale']):>5s}x {r['mb']:8.1f} MB  wall {r['wall_s']:7.1f} s  "
+            f"CPU {r['cpu_s_per_mb']:6.2f} s/MB  marginal {marginal} s/MB  "
+            f"peak RSS/worker {max(r['rss_mb']):6.0f} MB{held}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the job at each scale and runner; print wall s, CPU s per MB and peak RSS per worker."""
+    """Run the job on the fixed-cost corpus and at each scale and runner; print wall s, CPU s per
+    MB (all and marginal), peak RSS per worker and the 1x→largest ratios."""
+    from pipelines.dask_runner import partition_count
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scales", default="1,4,16", help="comma-separated copies of the corpus")
     ap.add_argument("--fraction", type=float, default=0.25, help="fraction of the demo corpus per copy")
@@ -106,24 +170,34 @@ def main(argv: list[str] | None = None) -> int:
     base = out / "demo"
     if not glob.glob(f"{base}/*.jsonl"):
         write_corpus(str(base))
-    rows = []
-    for scale in [int(s) for s in args.scales.split(",")]:
+    runners = args.runners.split(",")
+    rows, fixed = [], {}
+    for scale in ["fixed"] + [int(s) for s in args.scales.split(",")]:
         corpus = out / f"corpus-{scale}x"
-        size = make_corpus(base, corpus, scale, args.fraction)
-        for runner in args.runners.split(","):
+        size = make_corpus(base, corpus, 1 if scale == "fixed" else scale,
+                           FIXED_FRACTION if scale == "fixed" else args.fraction)
+        for runner in runners:
             r = measure(runner, corpus, out / f"shards-{runner}-{scale}x", args.workers, out / f"logs-{scale}x")
             r.update(runner=runner, scale=scale, mb=size / 1e6, cpu_s_per_mb=r["cpu_s"] / (size / 1e6))
+            if runner == "dask":
+                r["partitions"] = partition_count(None, args.workers, size)
+            if scale == "fixed":
+                fixed[runner] = r
+            else:
+                r["marginal_cpu_s_per_mb"] = (r["cpu_s"] - fixed[runner]["cpu_s"]) / (r["mb"] - fixed[runner]["mb"])
             rows.append(r)
-            print(f"{runner:6s} {scale:3d}x {r['mb']:8.1f} MB  wall {r['wall_s']:8.1f} s  "
-                  f"CPU {r['cpu_s_per_mb']:6.2f} s/MB  peak RSS/worker {max(r['rss_mb']):7.0f} MB", flush=True)
+            print(_row(r), flush=True)
     (out / "results.json").write_text(json.dumps(rows, indent=1))
-    for runner in args.runners.split(","):
-        mine = [r for r in rows if r["runner"] == runner]
+    for runner in runners:
+        mine = [r for r in rows if r["runner"] == runner and r["scale"] != "fixed"]
         if len(mine) > 1:
             lo, hi = mine[0], mine[-1]
-            print(f"{runner}: {lo['scale']}x→{hi['scale']}x CPU/MB ratio {hi['cpu_s_per_mb'] / lo['cpu_s_per_mb']:.2f}, "
-                  f"peak RSS/worker ratio {max(hi['rss_mb']) / max(lo['rss_mb']):.2f}")
-    for scale in sorted({r["scale"] for r in rows}):
+            slopes = ", ".join(f"{a['scale']}x→{b['scale']}x {(b['cpu_s'] - a['cpu_s']) / (b['mb'] - a['mb']):.2f}"
+                               for a, b in zip(mine, mine[1:]))
+            print(f"{runner}: {lo['scale']}x→{hi['scale']}x ratios: CPU/MB {hi['cpu_s_per_mb'] / lo['cpu_s_per_mb']:.2f}, "
+                  f"marginal CPU/MB {hi['marginal_cpu_s_per_mb'] / lo['marginal_cpu_s_per_mb']:.2f}, "
+                  f"peak RSS/worker {max(hi['rss_mb']) / max(lo['rss_mb']):.2f}; CPU s per added MB: {slopes}")
+    for scale in sorted({r["scale"] for r in rows if r["scale"] != "fixed"}):
         pair = {r["runner"]: r for r in rows if r["scale"] == scale}
         if {"direct", "dask"} <= pair.keys():
             print(f"{scale}x: dask/direct wall ratio {pair['dask']['wall_s'] / pair['direct']['wall_s']:.2f}")

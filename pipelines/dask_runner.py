@@ -31,6 +31,7 @@ colaflow's ``stats.json`` is built from event records in the graph, not from met
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import apache_beam as beam
 import dask.bag as db
@@ -44,6 +45,20 @@ from apache_beam.transforms.combiners import LiftedCombinePerKey
 from apache_beam.transforms.sideinputs import SideInputMap
 
 MIN_PARTITIONS = 4  # a Reshuffle spreads over at least this many bag partitions
+PARTITION_BYTES = 4_000_000  # input bytes per bag partition: a task's share stays this size as the corpus grows
+
+
+def partition_count(requested: int | None, threads: int, input_bytes: int) -> int:
+    """Bag partitions of created and reshuffled data and of every group.
+
+    ``requested`` (``--dask_npartitions``) when given; else the larger of ``MIN_PARTITIONS``,
+    twice the cluster's worker ``threads`` and ``ceil(input_bytes / PARTITION_BYTES)``, so each
+    task's slice of the input stays about ``PARTITION_BYTES`` however large the corpus (with a
+    fixed count, every task's slice, and its memory, would grow with the corpus).
+    """
+    if requested:
+        return requested
+    return max(MIN_PARTITIONS, 2 * threads, -(-input_bytes // PARTITION_BYTES))
 
 
 class _TagReceiver(Receiver):
@@ -93,9 +108,17 @@ def _run_bundle(items, fn, args, kwargs, label, window_fn, views, *side_values) 
     return out
 
 
-def _select(pairs, tag) -> list:
-    """The values of one output tag from a ParDo partition's ``(tag, value)`` pairs (fault 1)."""
+def _select(pairs, tag, *_after) -> list:
+    """The values of one output tag from a ParDo partition's ``(tag, value)`` pairs (fault 1).
+    ``_after``: partitions of the other tags' selects, passed only to run those first."""
     return [value for t, value in pairs if t == tag]
+
+
+def _task_name(label: str, tag=None) -> str:
+    """Dask task-name prefix for a Beam step (``Shards/WriteBucket`` → ``Shards.WriteBucket``, plus
+    ``.tag`` for a tagged output): the dashboard and the scheduler's memory listing name stages."""
+    name = re.sub(r"[^A-Za-z0-9_.]+", ".", label.replace("/", ".")).strip(".")
+    return f"{name}.{tag}" if tag else name
 
 
 def _concat(parts) -> list:
@@ -155,9 +178,17 @@ class _Translator(PipelineVisitor):
             bag = self._pardo(node, inputs[0])
         else:  # _GroupAlsoByWindow and the like: identity in the global window
             bag = inputs[0] if inputs else None
+        if type(transform) is not beam.ParDo:
+            self.bags.update((pcoll, bag) for pcoll in node.outputs.values())
+            return
+        # The main output's select runs after the tagged ones: it is taken early (its consumers
+        # are on the critical path), so once it has run no select is left that keeps the whole
+        # ParDo output (main values included) in worker memory while other stages run.
+        tagged = {tag: bag.map_partitions(_select, tag, token=_task_name(node.full_label, tag))
+                  for tag in node.outputs if tag is not None}
         for tag, pcoll in node.outputs.items():
-            self.bags[pcoll] = (bag.map_partitions(_select, tag)
-                                if type(transform) is beam.ParDo else bag)
+            self.bags[pcoll] = tagged[tag] if tag is not None else bag.map_partitions(
+                _select, None, *tagged.values(), token=_task_name(node.full_label))
 
     def _pardo(self, node, bag):
         transform = node.transform
@@ -171,7 +202,7 @@ class _Translator(PipelineVisitor):
             # which would fuse a renamed copy of everything upstream into it
             values.append(self.bags[si.pvalue].reduction(list, _concat).to_delayed(optimize_graph=False))
         return bag.map_partitions(_run_bundle, transform.fn, list(args), kwargs, transform.label,
-                                  main.windowing.windowfn, views, *values)
+                                  main.windowing.windowfn, views, *values, token=_task_name(node.full_label))
 
     def sinks(self):
         """One bag over every PCollection that no step reads, each mapped to empty partitions
@@ -184,12 +215,21 @@ class ColaflowDaskRunner(DaskRunner):
     """Beam's :class:`~apache_beam.runners.dask.dask_runner.DaskRunner` with the fixes listed in the
     module docstring. Options: ``--dask_client_address=HOST:PORT`` (a running ``dask scheduler``;
     without it a local cluster is started), ``--dask_npartitions`` (bag partitions of created and
-    reshuffled data and of groups; default twice the cluster's worker threads, at least
+    reshuffled data and of groups; default from :func:`partition_count`: one per
+    ``PARTITION_BYTES`` of ``input_bytes``, at least twice the cluster's worker threads and
     ``MIN_PARTITIONS``). ``--dask_partition_size`` is not used.
+
+    Args:
+        input_bytes: total size of the job's input files in bytes (0 when unknown), which sizes
+            the default partition count.
 
     Importing this module raises ``ImportError`` when ``dask``/``distributed`` are not installed
     (``pip install colaflow[dask]``).
     """
+
+    def __init__(self, input_bytes: int = 0):
+        super().__init__()
+        self.input_bytes = input_bytes
 
     def run_pipeline(self, pipeline, options):
         """Translate ``pipeline`` into one ``dask.bag`` graph and submit it to the cluster; returns a
@@ -201,7 +241,7 @@ class ColaflowDaskRunner(DaskRunner):
         client = ddist.Client(**dask_options)
         threads = sum(client.nthreads().values())
         pipeline.replace_all([_LiftCombines()] + dask_overrides())
-        translator = _Translator(bag_kwargs.get("npartitions") or max(MIN_PARTITIONS, 2 * threads))
+        translator = _Translator(partition_count(bag_kwargs.get("npartitions"), threads, self.input_bytes))
         pipeline.visit(translator)
         futures = client.compute([translator.sinks()])
         return _Result(client, futures)

@@ -218,6 +218,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     if skipped:
         _warn_skipped(skipped)
     prepare_output(output_dir, cfg.shards.prefix, overwrite)
+    total_bytes = sum(m.size_in_bytes for m in matched)
     runner = None
     if options.view_as(StandardOptions).runner in (None, "DirectRunner"):
         # The DirectRunner first tries Prism, a binary it downloads from GitHub at run time;
@@ -226,8 +227,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         runner.is_interactive()
     elif options.view_as(StandardOptions).runner in DASK_RUNNER_NAMES:
         from .dask_runner import ColaflowDaskRunner  # dask is optional (colaflow[dask])
-        runner = ColaflowDaskRunner()
-    total_bytes = sum(m.size_in_bytes for m in matched)
+        runner = ColaflowDaskRunner(total_bytes)
     print(f"reading {len(matched)} files, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:

@@ -124,3 +124,12 @@ def test_combine_per_key_is_lifted_and_exact(dask_cluster, tmp_path):
 
     (out,) = _run(ColaflowDaskRunner, dask_cluster, build, tmp_path, ["out"])
     assert sorted(out) == [[k, sum(range(k, 5000, 7))] for k in range(7)]
+
+
+def test_partitions_grow_with_the_input():
+    from pipelines.dask_runner import MIN_PARTITIONS, PARTITION_BYTES, partition_count
+
+    assert partition_count(None, 2, 0) == MIN_PARTITIONS
+    assert partition_count(None, 8, 0) == 16  # twice the worker threads
+    assert partition_count(None, 2, 16 * PARTITION_BYTES + 1) == 17  # each task's slice stays PARTITION_BYTES
+    assert partition_count(7, 2, 100 * PARTITION_BYTES) == 7  # --dask_npartitions wins
