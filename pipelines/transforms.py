@@ -256,6 +256,15 @@ def _emit_keeper(item, list_duplicates: bool):
     yield keeper
 
 
+IDS = "ids"  # ExactDedup's stream of (content hash, id, source), one per document
+
+
+def _with_ids(pair: tuple[str, Doc]):
+    text_hash, doc = pair
+    yield beam.pvalue.TaggedOutput(IDS, (text_hash, doc.id, doc.source))
+    yield pair
+
+
 def _list_hot(item, hot: dict):
     content, doc_id, source = item
     keeper = hot.get(content)
@@ -284,6 +293,11 @@ class ExactDedup(beam.PTransform):
         """``Doc`` (or ``(hash, Doc)`` when ``keyed_input``) → ``{"docs", "events", "duplicates"}``: one
         keeper per distinct text, ``duplicate:*`` events, and one duplicate line per dropped copy."""
         keyed = docs if self.keyed_input else docs | "KeyByHash" >> beam.Map(key_by_hash)
+        if self.list_duplicates:
+            # the ids for ListHot are a second output of the combine's own input step, so a runner
+            # that materialises steps (Dask) never keeps the documents until ListHot's side input is ready
+            split = keyed | "Ids" >> beam.FlatMap(_with_ids).with_outputs(IDS, main="docs")
+            keyed, ids = split.docs, split[IDS]
         combiner = KeepSmallestId(LIST_MAX if self.list_duplicates else 0)
         out = (keyed
                | "KeepSmallestId" >> beam.CombinePerKey(combiner)
@@ -291,8 +305,7 @@ class ExactDedup(beam.PTransform):
                    EVENTS, DUPLICATES, "hot", main="docs"))
         dups = out[DUPLICATES]
         if self.list_duplicates:
-            hot = (keyed
-                   | "Ids" >> beam.MapTuple(lambda h, d: (h, d.id, d.source))
+            hot = (ids
                    | "ListHot" >> beam.FlatMap(_list_hot, beam.pvalue.AsDict(out.hot)))
             dups = (dups, hot) | "AllExact" >> beam.Flatten()
         return {"docs": out.docs, EVENTS: out[EVENTS], DUPLICATES: dups}
