@@ -1,15 +1,18 @@
 """Benchmark: how the preprocessing job's cost grows with the corpus, on the DirectRunner
 (the baseline) and on a Dask cluster (a scheduler and 2 worker processes on 127.0.0.1).
 
-    python benchmarks/bench_scale.py [--scales 1,4,16] [--fraction 0.25] [--runners direct,dask]
-        [--workers 2] [--out data/bench_scale]
+    python benchmarks/bench_scale.py [--scales 1,4,16] [--fraction 0.25]
+        [--runners direct,dask,dask-weak] [--workers 2] [--out data/bench_scale]
 
 Scale ``k`` is ``k`` copies of the demo corpus (``--fraction`` of it per copy): copy 0 is the
 original, copy ``c >= 1`` has every document's words shuffled with a seed of ``(c, id)`` and the
 id suffixed ``~c``, so the documents are distinct and exact dedup does not shrink the input (the
 word statistics, hence cleaning and quality outcomes, stay close to the original's). Each run is
 ``beam_runner.py`` in a fresh process with the default pipeline config; the Dask cluster is
-started anew per run so each worker's peak RSS belongs to that run. A first run on a tiny
+started anew per run so each worker's peak RSS belongs to that run. ``dask`` keeps ``--workers``
+worker processes at every scale; ``dask-weak`` grows the cluster with the corpus (``--workers``
+times the scale), which shows whether memory per worker stays flat when each worker's share of
+the corpus does. A first run on a tiny
 corpus (``FIXED_FRACTION`` of the demo corpus, about 0.1 MB) measures each runner's fixed cost
 (process start, imports, graph construction and submission, tokenizer training on a tiny sample).
 
@@ -127,7 +130,7 @@ def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path) -> d
     if runner == "direct":
         wall, usage = run_job(corpus, out, [], env)
         return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mb": [usage.ru_maxrss / 1024]}
-    engine = start_dask(logs, workers=workers, env=env)
+    engine = start_dask(logs, workers=workers, env=env, timeout_s=60.0 + 5 * workers)
     try:
         cpu0 = sum(_cpu_s(p) for p in engine.worker_pids())
         sampler = HeldSampler(engine.address)
@@ -146,10 +149,11 @@ def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path) -> d
 def _row(r: dict) -> str:
     held = ""
     if "held" in r:
-        held = f"  {r['partitions']} partitions, held {r['held_mb']:.0f} MB: " + ", ".join(
+        held = f"  {r['workers']} workers, {r['partitions']} partitions, held {r['held_mb']:.0f} MB: " + ", ".join(
             f"{name} {mb:.0f}" for name, mb in r["held"].items())
     marginal = f"{r['marginal_cpu_s_per_mb']:6.2f}" if "marginal_cpu_s_per_mb" in r else "     -"
-    return (f"{r['runner']:6s} {str(r['scale']):>5s}x {r['mb']:8.1f} MB  wall {r['wall_s']:7.1f} s  "
+    scale = "fixed" if r["scale"] == "fixed" else f"{r['scale']}x"
+    return (f"{r['runner']:9s} {scale:>5s} {r['mb']:8.1f} MB  wall {r['wall_s']:7.1f} s  "
             f"CPU {r['cpu_s_per_mb']:6.2f} s/MB  marginal {marginal} s/MB  "
             f"peak RSS/worker {max(r['rss_mb']):6.0f} MB{held}")
 
@@ -162,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scales", default="1,4,16", help="comma-separated copies of the corpus")
     ap.add_argument("--fraction", type=float, default=0.25, help="fraction of the demo corpus per copy")
-    ap.add_argument("--runners", default="direct,dask")
+    ap.add_argument("--runners", default="direct,dask,dask-weak")
     ap.add_argument("--workers", type=int, default=2, help="dask worker processes")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench_scale"))
     args = ap.parse_args(argv)
@@ -177,10 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         size = make_corpus(base, corpus, 1 if scale == "fixed" else scale,
                            FIXED_FRACTION if scale == "fixed" else args.fraction)
         for runner in runners:
-            r = measure(runner, corpus, out / f"shards-{runner}-{scale}x", args.workers, out / f"logs-{scale}x")
-            r.update(runner=runner, scale=scale, mb=size / 1e6, cpu_s_per_mb=r["cpu_s"] / (size / 1e6))
-            if runner == "dask":
-                r["partitions"] = partition_count(None, args.workers, size)
+            workers = args.workers * (scale if runner == "dask-weak" and scale != "fixed" else 1)
+            r = measure(runner, corpus, out / f"shards-{runner}-{scale}x", workers, out / f"logs-{scale}x")
+            r.update(runner=runner, scale=scale, mb=size / 1e6, cpu_s_per_mb=r["cpu_s"] / (size / 1e6), workers=workers)
+            if runner != "direct":
+                r["partitions"] = partition_count(None, workers, size)
             if scale == "fixed":
                 fixed[runner] = r
             else:
@@ -199,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"peak RSS/worker {max(hi['rss_mb']) / max(lo['rss_mb']):.2f}; CPU s per added MB: {slopes}")
     for scale in sorted({r["scale"] for r in rows if r["scale"] != "fixed"}):
         pair = {r["runner"]: r for r in rows if r["scale"] == scale}
-        if {"direct", "dask"} <= pair.keys():
-            print(f"{scale}x: dask/direct wall ratio {pair['dask']['wall_s'] / pair['direct']['wall_s']:.2f}")
+        for name in ("dask", "dask-weak"):
+            if {"direct", name} <= pair.keys():
+                print(f"{scale}x: {name}/direct wall ratio {pair[name]['wall_s'] / pair['direct']['wall_s']:.2f}")
     return 0
 
 

@@ -188,7 +188,7 @@ class _Translator(PipelineVisitor):
                   for tag in node.outputs if tag is not None}
         for tag, pcoll in node.outputs.items():
             self.bags[pcoll] = tagged[tag] if tag is not None else bag.map_partitions(
-                _select, None, *tagged.values(), token=_task_name(node.full_label))
+                _select, None, *tagged.values(), token=_task_name(node.full_label, "main"))
 
     def _pardo(self, node, bag):
         transform = node.transform
