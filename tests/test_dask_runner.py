@@ -133,3 +133,22 @@ def test_partitions_grow_with_the_input():
     assert partition_count(None, 8, 0) == 16  # twice the worker threads
     assert partition_count(None, 2, 16 * PARTITION_BYTES + 1) == 17  # each task's slice stays PARTITION_BYTES
     assert partition_count(7, 2, 100 * PARTITION_BYTES) == 7  # --dask_npartitions wins
+
+
+def test_main_output_is_selected_after_the_tagged_ones():
+    # A ParDo's whole output stays in worker memory until its last select has run; the main
+    # select (run early, on the critical path) depends on the tagged ones, so it is never a late
+    # tagged select that keeps the main values alive.
+    from apache_beam.runners.dask.overrides import dask_overrides
+
+    from pipelines.dask_runner import _LiftCombines, _Translator
+
+    p = beam.Pipeline()
+    out = p | beam.Create([1, 2, 3]) | "Split" >> beam.ParDo(_split).with_outputs("odd", main="all")
+    p.replace_all([_LiftCombines()] + dask_overrides())
+    translator = _Translator(2)
+    p.visit(translator)
+    main, odd = translator.bags[out.all], translator.bags[out.odd]
+    assert odd.name in main.dask.dependencies[main.name]
+    assert main.name.startswith("Split.ParDo.") and odd.name.startswith("Split.ParDo.") and ".odd-" in odd.name
+    assert sorted(main.compute(scheduler="sync")) == [1, 2, 3] and sorted(odd.compute(scheduler="sync")) == [-3, -1]
