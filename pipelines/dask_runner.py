@@ -25,6 +25,14 @@ repartitions the bag (Beam's translation leaves it a no-op, so a job that starts
 pattern ran in one task). Groups use dask's task-based shuffle, which hashes keys with
 ``dask.base.tokenize`` (the same in every worker process).
 
+Costs that grow with the corpus are kept to what the job itself needs: the partition count
+grows with the input (:func:`partition_count`), so a task's slice stays the same size; a DoFn
+is set up once per worker thread and reused for later bundles, as Beam's own workers do
+(a setup per partition made CPU per MB grow with the partition count); a ParDo's main output
+is selected after its tagged outputs, so no late tagged select keeps the whole output in
+memory; and tasks are named after their Beam steps, so the dashboard shows which stage holds
+memory.
+
 Beam metrics are not collected on Dask (``result.metrics()`` raises ``NotImplementedError``);
 colaflow's ``stats.json`` is built from event records in the graph, not from metrics.
 """
@@ -32,6 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
+import uuid
 
 import apache_beam as beam
 import dask.bag as db
@@ -81,12 +91,32 @@ class _Receivers(dict):
         return self[tag]
 
 
-def _run_bundle(items, fn, args, kwargs, label, window_fn, views, *side_values) -> list:
-    """Run DoFn ``fn`` over one bag partition ``items`` as one bundle.
+_SET_UP: dict = {}  # (run id, step, thread id) → a DoFn of that step whose setup() has run in this process
+_SET_UP_LOCK = threading.Lock()
+
+
+def _set_up_fn(fn, run_id: str, step: str):
+    """The DoFn instance to run ``step`` of run ``run_id`` with in this worker thread: one whose
+    ``setup`` already ran (and ``True``), else ``fn`` to set up (and ``False``). Instances of
+    other runs are dropped first (Beam calls ``teardown`` best-effort only)."""
+    key = (run_id, step, threading.get_ident())
+    with _SET_UP_LOCK:
+        for stale in [k for k in _SET_UP if k[0] != run_id]:
+            del _SET_UP[stale]
+        cached = _SET_UP.get(key)
+    return (cached, True) if cached is not None else (fn, False)
+
+
+def _run_bundle(items, fn, args, kwargs, step, run_id, window_fn, views, *side_values) -> list:
+    """Run DoFn ``fn`` (of Beam step ``step``, full label) over one bag partition ``items`` as one bundle.
 
     ``views`` are ``(view class, view options, window mapping fn)`` per side input and
     ``side_values`` the matching fully computed side-input element lists. Returns the
     ``(tag, value)`` pairs emitted by ``process`` and by ``finish_bundle`` (fault 2).
+
+    As on Beam's own workers, a DoFn instance is set up once and reused for later bundles of
+    its step in the same worker thread and run ``run_id`` (a per-bundle ``setup`` would, e.g.,
+    load the language model once per partition); an instance whose bundle raised is discarded.
     """
     out: list = []
     receivers = _Receivers(out)
@@ -95,16 +125,25 @@ def _run_bundle(items, fn, args, kwargs, label, window_fn, views, *side_values) 
                              process_yields_batches=False, process_batch_yields_elements=False)
     side_inputs = [SideInputMap(view_class, options, [get_windowed_value(v, mapping) for v in values])
                    for (view_class, options, mapping), values in zip(views, side_values)]
+    fn, ready = _set_up_fn(fn, run_id, step)
+    key = (run_id, step, threading.get_ident())
     invoker = DoFnInvoker.create_invoker(
-        DoFnSignature(fn), handler, context=DoFnContext(label, state=None), side_inputs=side_inputs,
+        DoFnSignature(fn), handler, context=DoFnContext(step, state=None), side_inputs=side_inputs,
         input_args=args, input_kwargs=kwargs, user_state_context=None,
         bundle_finalizer_param=beam.DoFn.BundleFinalizerParam())
-    invoker.invoke_setup()
-    invoker.invoke_start_bundle()
-    for item in items:
-        invoker.invoke_process(get_windowed_value(item, window_fn))
-    invoker.invoke_finish_bundle()
-    invoker.invoke_teardown()
+    try:
+        if not ready:
+            invoker.invoke_setup()
+            with _SET_UP_LOCK:
+                _SET_UP[key] = fn
+        invoker.invoke_start_bundle()
+        for item in items:
+            invoker.invoke_process(get_windowed_value(item, window_fn))
+        invoker.invoke_finish_bundle()
+    except BaseException:
+        with _SET_UP_LOCK:
+            _SET_UP.pop(key, None)
+        raise
     return out
 
 
@@ -155,6 +194,7 @@ class _Translator(PipelineVisitor):
     """Builds one ``dask.bag`` per PCollection; ``sinks`` collects those nothing consumes."""
 
     partitions: int
+    run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)  # keys reused DoFns per run
     bags: dict = dataclasses.field(default_factory=dict)
     consumed: set = dataclasses.field(default_factory=set)
 
@@ -201,7 +241,7 @@ class _Translator(PipelineVisitor):
             # one graph node per side input, computed once (fault 4); not optimised on its own,
             # which would fuse a renamed copy of everything upstream into it
             values.append(self.bags[si.pvalue].reduction(list, _concat).to_delayed(optimize_graph=False))
-        return bag.map_partitions(_run_bundle, transform.fn, list(args), kwargs, transform.label,
+        return bag.map_partitions(_run_bundle, transform.fn, list(args), kwargs, node.full_label, self.run_id,
                                   main.windowing.windowfn, views, *values, token=_task_name(node.full_label))
 
     def sinks(self):

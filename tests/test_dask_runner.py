@@ -152,3 +152,36 @@ def test_main_output_is_selected_after_the_tagged_ones():
     assert odd.name in main.dask.dependencies[main.name]
     assert main.name.startswith("Split.ParDo.") and odd.name.startswith("Split.ParDo.") and ".odd-" in odd.name
     assert sorted(main.compute(scheduler="sync")) == [1, 2, 3] and sorted(odd.compute(scheduler="sync")) == [-3, -1]
+
+
+class _CountSetups(beam.DoFn):
+    """Records each setup (one file, named by process) and tags elements with the worker's pid."""
+
+    def __init__(self, calls_dir: str):
+        self.calls_dir = calls_dir
+
+    def setup(self):
+        _dump(os.getpid(), self.calls_dir)
+
+    def process(self, x):
+        yield x
+
+
+def test_dofn_is_set_up_once_per_worker_not_per_bundle(dask_cluster, tmp_path):
+    def build(p, calls_dir, out_dir):
+        (p | beam.Create(range(600)) | beam.Reshuffle()  # at least 4 partitions (bundles) on 2 workers
+         | beam.ParDo(_CountSetups(calls_dir)) | beam.Map(_dump, out_dir))
+
+    p = beam.Pipeline(runner=ColaflowDaskRunner(), options=PipelineOptions(
+        [f"--dask_client_address={dask_cluster.address}", "--dask_npartitions=8"]))
+    for d in ("calls", "out"):
+        (tmp_path / d).mkdir()
+    build(p, str(tmp_path / "calls"), str(tmp_path / "out"))
+    result = p.run()
+    try:
+        result.wait_until_finish()
+    finally:
+        result.client.close()
+    calls, out = _read(tmp_path / "calls"), _read(tmp_path / "out")
+    assert sorted(out) == list(range(600))
+    assert 1 <= len(calls) <= 2 and len(set(calls)) == len(calls)  # once per worker process, 8 bundles
