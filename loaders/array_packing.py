@@ -9,8 +9,10 @@ documents into chunks, gathering tokens and building the batch (one gather per b
 numpy operations over whole groups of documents.
 
 A chunk is a row of parallel arrays: ``pos`` (global position), ``idx`` (chunk index), ``n``
-(chunks of its document), ``length``, ``group`` (which token pool holds it), ``off`` (its first
-token in that pool) and ``key`` (index into the pool's key list).
+(chunks of its document), ``length``, ``group`` (the :meth:`ArrayPacker.add` call it came in),
+``key`` (its document's index in that call's keys), ``src`` (the token array holding it) and
+``off`` (its first token there). Token arrays are the shards' own (memory-mapped raw blocks,
+decompressed zstd blocks): a token is copied once, into its batch.
 """
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ from typing import Iterator
 
 import numpy as np
 
-from .packed import PackedBatch, compact_ids
+from .packed import BatchKeys, PackedBatch, compact_ids, consumed_array
 
-FIELDS = ("pos", "idx", "n", "length", "group", "off", "key")
+FIELDS = ("pos", "idx", "n", "length", "group", "key", "src", "off")
 
 
 def split_documents(pos: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, seq_len: int,
@@ -52,21 +54,36 @@ class ArrayPacker:
     def __init__(self, seq_len: int, rows: int, window: int):
         self.seq_len, self.rows, self.window = seq_len, rows, max(window, 1)
         self.buf = {f: np.zeros(0, np.int64) for f in FIELDS}
-        self.ready: list[tuple[dict[str, np.ndarray], np.ndarray]] = []  # (chunks in row order, chunks per row)
-        self.pools: dict[int, tuple[np.ndarray, list[str]]] = {}
+        self.ready: list[PackedBatch] = []  # packed, waiting to be emitted
+        self.pools: dict[int, np.ndarray] = {}  # token arrays by src number
+        self.keys: dict[int, object] = {}  # sample keys by group (add call)
         self.pending: list[tuple[int, int, int]] = []  # empty/bad documents, reported with the next batch
-        self._next_group = 0
+        self._next_group = self._next_src = self._add_base = 0
 
-    def add(self, tokens: np.ndarray, keys: list[str], chunks: dict[str, np.ndarray]) -> Iterator[PackedBatch]:
-        """Add chunks (``pos, idx, n, length, off`` into ``tokens``; ``doc`` indexes ``keys``) in order;
-        yields every batch that becomes ready, exactly as adding them one by one to a
-        :class:`loaders.packing.BestFitPacker` would (empty/bad documents put in :attr:`pending`
-        before a group ride with its first batch instead of a later one)."""
+    def add(self, pools, keys, chunks: dict[str, np.ndarray]) -> Iterator[PackedBatch]:
+        """Add chunks in order and yield every batch that becomes ready, exactly as adding them one by
+        one to a :class:`loaders.packing.BestFitPacker` would (empty/bad documents put in
+        :attr:`pending` before a group ride with its first batch instead of a later one).
+
+        Args:
+            pools: token arrays (or one array) the chunks are read from.
+            keys: sample keys by document (a list, or any object indexed like one; read only when a
+                batch's keys are).
+            chunks: ``int64`` arrays ``pos, idx, n, length, off`` (:func:`split_documents`), ``doc``
+                (index into ``keys``) and ``pool`` (index into ``pools``; all 0 when absent).
+        """
+        pools = [pools] if isinstance(pools, np.ndarray) else list(pools)
         g = self._next_group
         self._next_group += 1
-        self.pools[g] = (tokens, keys)
+        self.keys[g] = keys
+        base = self._add_base = self._next_src
+        self._next_src += len(pools)
+        self.pools.update({base + i: p for i, p in enumerate(pools)})
+        pool = chunks.get("pool")
         new = {"pos": chunks["pos"], "idx": chunks["idx"], "n": chunks["n"], "length": chunks["length"],
-               "group": np.full(len(chunks["pos"]), g, np.int64), "off": chunks["off"], "key": chunks["doc"]}
+               "group": np.full(len(chunks["pos"]), g, np.int64), "key": chunks["doc"],
+               "src": base + (pool if pool is not None else np.zeros(len(chunks["pos"]), np.int64)),
+               "off": chunks["off"]}
         # the stream adds a whole document's chunks, then packs once the window is reached
         doc_end = np.searchsorted(chunks["doc"], chunks["doc"], side="right")
         at = 0
@@ -137,74 +154,93 @@ class ArrayPacker:
         return {f: self.buf[f][rows] for f in FIELDS}, np.bincount(row[sel], minlength=len(bins)).astype(np.int64)
 
     def pop(self) -> PackedBatch:
-        """Next batch; packs the buffer first when no packed batch is waiting."""
+        """Next batch; packs the buffer first when no packed batch is waiting (every batch of one
+        packing is built in one pass)."""
         if not self.ready:
             order, bin_of, fill = self._bins()
             by_fill = np.argsort(-fill, kind="stable")  # fullest first, ties by bin
             n_full = int(np.count_nonzero(fill == self.seq_len))
             take = by_fill[:max(1, n_full // self.rows) * self.rows]
-            self.ready = [self._take(order, bin_of, np.sort(take[i:i + self.rows]))
-                          for i in range(0, len(take), self.rows)]
+            rows = np.concatenate([np.sort(take[i:i + self.rows]) for i in range(0, len(take), self.rows)])
+            self.ready = self._build(*self._take(order, bin_of, rows))
             taken = np.zeros(len(fill), bool)
             taken[take] = True
             keep = np.flatnonzero(~taken[bin_of])
             rest = order[keep[np.argsort(bin_of[keep], kind="stable")]]
             self.buf = {f: self.buf[f][rest] for f in FIELDS}
             self._drop_pools()
-        return self._emit(*self.ready.pop(0))
+        return self._with_pending(self.ready.pop(0))
 
     def flush(self) -> Iterator[PackedBatch]:
         """Everything left: waiting batches, then the buffer packed (the last batch padded with empty rows)."""
         while self.ready:
-            yield self._emit(*self.ready.pop(0))
+            yield self._with_pending(self.ready.pop(0))
         order, bin_of, fill = self._bins()
-        self.ready = [self._take(order, bin_of, np.arange(i, min(i + self.rows, len(fill))))
-                      for i in range(0, len(fill), self.rows)]
+        if len(fill):
+            self.ready = self._build(*self._take(order, bin_of, np.arange(len(fill))))
         self.buf = {f: self.buf[f][:0] for f in FIELDS}
         self._drop_pools()
         while self.ready:
-            yield self._emit(*self.ready.pop(0))
+            yield self._with_pending(self.ready.pop(0))
+
+    def _with_pending(self, batch: PackedBatch) -> PackedBatch:
+        """``batch`` with the empty/bad documents noted since the last batch added to its ``consumed``."""
+        if self.pending:
+            batch.consumed = np.concatenate([consumed_array(self.pending), batch.consumed])
+            self.pending = []
+        return batch
 
     def _drop_pools(self) -> None:
-        """Forget the token pools no buffered or waiting chunk reads any more (the newest group stays)."""
-        live = set(np.unique(self.buf["group"]).tolist())
-        for chunks, _ in self.ready:
-            live.update(np.unique(chunks["group"]).tolist())
-        for g in [g for g in self.pools if g not in live and g != self._next_group - 1]:
+        """Forget the token arrays and key lists no buffered chunk reads any more (the newest stay)."""
+        live = set(np.unique(self.buf["src"]).tolist())
+        newest = set(range(self._add_base, self._next_src))  # the current add call's arrays
+        for g in [g for g in self.pools if g not in live and g not in newest]:
             del self.pools[g]
+        live = set(np.unique(self.buf["group"]).tolist()) | {self._next_group - 1}
+        for g in [g for g in self.keys if g not in live]:
+            del self.keys[g]
 
-    def _emit(self, c: dict[str, np.ndarray], counts: np.ndarray) -> PackedBatch:
+    def _build(self, c: dict[str, np.ndarray], counts: np.ndarray) -> list[PackedBatch]:
+        """Batches of ``rows`` rows from chunks in row order (``counts``: chunks per row; the last batch
+        padded with empty rows), all gathered in one pass."""
         T, B = self.seq_len, self.rows
-        counts = np.concatenate([counts, np.zeros(B - len(counts), np.int64)])
+        n_batches = -(-len(counts) // B)
+        R = n_batches * B
+        counts = np.concatenate([counts, np.zeros(R - len(counts), np.int64)])
         lens = c["length"]
-        ends = np.cumsum(lens)
-        row_of = np.repeat(np.arange(B, dtype=np.int64), counts)
-        row_first = np.concatenate([[0], np.cumsum(counts)])[:-1]
-        starts = ends - lens  # each chunk's first token in the batch's concatenated tokens
-        col = starts - np.concatenate([[0], ends])[row_first][row_of]
-        step = np.arange(int(ends[-1]) if len(ends) else 0)
-        src = np.repeat(c["off"] - starts, lens) + step  # token positions in each chunk's pool
-        dst = np.repeat(row_of * T + col - starts, lens) + step  # and in the flat [B * T] batch
+        chunk_end = np.cumsum(counts)
+        total = int(lens.sum())
+        srcs = c["src"]
+        used = np.unique(srcs).tolist()
+        pools = [self.pools[g] for g in used]
+        # int32 token indices where the arrays allow: half the memory traffic of the gather
+        itype = np.int32 if max(len(p) for p in pools) + total < 1 << 31 else np.int64
+        starts = np.cumsum(lens, dtype=itype) - lens  # each chunk's first token in the concatenated tokens
+        if len(used) == 1:
+            flat = pools[0][np.repeat((c["off"] - starts).astype(itype), lens) + np.arange(total, dtype=itype)]
+        else:  # gather array by array (chunks sorted by array), then put the tokens in row order
+            by = np.argsort(srcs, kind="stable")
+            lb = lens[by]
+            sb = np.cumsum(lb, dtype=itype) - lb
+            src = np.repeat((c["off"][by] - sb).astype(itype), lb) + np.arange(total, dtype=itype)
+            cuts = np.append(sb[np.searchsorted(srcs[by], used)], total)  # each array's tokens in `src`
+            part = np.empty(total, np.result_type(*pools))
+            for pool, a, b in zip(pools, cuts[:-1].tolist(), cuts[1:].tolist()):
+                part[a:b] = pool[src[a:b]]
+            flat = np.empty_like(part)
+            flat[np.repeat((starts[by] - sb).astype(itype), lb) + np.arange(total, dtype=itype)] = part
+        # rows are filled from the left with their chunks in order: the row-major cells below each
+        # row's fill take the concatenated tokens in order
+        done = np.concatenate([[0], np.cumsum(lens)])
+        fill = done[chunk_end] - done[chunk_end - counts]  # tokens per row
+        ids = np.zeros((R, T), flat.dtype if flat.dtype == np.uint16 else np.int64)
+        ids[np.arange(T) < fill[:, None]] = flat
+        ids = ids if ids.dtype == np.uint16 else compact_ids(ids)
+        consumed = np.stack([c["pos"], c["idx"], c["n"]], 1)
+        lens32, counts32 = lens.astype(np.int32), counts.astype(np.int32)
         group = c["group"]
-        groups = np.unique(group).tolist()
-        pools = [self.pools[g][0] for g in groups]
-        # uint16 pools fill a uint16 batch directly (what compact_ids would return); others go via int64
-        ids = np.zeros(B * T, np.uint16 if all(p.dtype == np.uint16 for p in pools) else np.int64)
-        if len(groups) == 1:
-            ids[dst] = pools[0][src]
-        else:
-            tok_group = np.repeat(group, lens)
-            for g, pool in zip(groups, pools):
-                m = tok_group == g
-                ids[dst[m]] = pool[src[m]]
-        k = c["key"]
-        first = np.flatnonzero(np.concatenate([[True], (group[1:] != group[:-1]) | (k[1:] != k[:-1])])) \
-            if len(group) else group
-        keys: list[str] = []
-        for key in [self.pools[gi][1][ki] for gi, ki in zip(group[first].tolist(), k[first].tolist())]:
-            if not keys or keys[-1] != key:  # one key per run of the same document
-                keys.append(key)
-        consumed = self.pending + list(zip(c["pos"].tolist(), c["idx"].tolist(), c["n"].tolist()))
-        self.pending = []
-        ids = ids.reshape(B, T) if ids.dtype == np.uint16 else compact_ids(ids.reshape(B, T))
-        return PackedBatch(ids, lens.astype(np.int32), counts.astype(np.int32), keys, consumed)
+        tables = {g: self.keys[g] for g in np.unique(group).tolist()}
+        bounds = np.concatenate([[0], chunk_end[B - 1::B]]).tolist()
+        return [PackedBatch(ids[i * B:(i + 1) * B], lens32[a:b], counts32[i * B:(i + 1) * B],
+                            BatchKeys(tables, group[a:b], c["key"][a:b]), consumed[a:b])
+                for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]

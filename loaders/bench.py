@@ -45,16 +45,17 @@ def loader_pass(spec: dict) -> dict:
         cache = ShardCache(CacheConfig(dir=spec["cache_dir"]))
     t0 = time.perf_counter()
     loader = build_text_loader(cfg, cache)
-    first, tokens, slots, batches, sizes = None, 0, 0, 0, []
+    first, tokens, slots, batches, kept = None, 0, 0, 0, []
     for b in loader:
         if first is None:
             first = time.perf_counter() - t0
         tokens += b.num_doc_tokens
-        slots += b.input_ids.numel()
+        slots += b.num_slots
         batches += 1
-        if len(sizes) < TRANSFER_SAMPLE:
-            sizes.append(len(pickle.dumps(b, protocol=pickle.HIGHEST_PROTOCOL)))
+        if len(kept) < TRANSFER_SAMPLE:
+            kept.append(b)
     dt = time.perf_counter() - t0
+    sizes = [len(pickle.dumps(b, protocol=pickle.HIGHEST_PROTOCOL)) for b in kept]  # outside the timed pass
     if cache is not None:
         cache.close()
     per_batch = float(np.mean(sizes)) if sizes else 0.0

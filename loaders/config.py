@@ -58,7 +58,7 @@ class DataConfig:
     remainder: str = "uneven"
     step_policy: str = "pad"
     batching: str = "packed"
-    pack_window: int = 1024
+    pack_window: int = 4096
     max_tokens: int = 2048
     prefetch_batches: int = 2
     pin_memory: bool = True

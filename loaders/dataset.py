@@ -196,7 +196,7 @@ class TextLoader:
             self._record(batch)
             self.totals["batches"] += 1
             self.totals["doc_tokens"] += batch.num_doc_tokens
-            self.totals["slots"] += batch.input_ids.numel()
+            self.totals["slots"] += batch.num_slots
             self.totals["data_wait_seconds"] += self.data_wait_seconds
             yield batch
             t0 = time.perf_counter()

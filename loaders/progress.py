@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .packed import consumed_array
+
 STATE_VERSION = 1
 EMPTY, BAD = -1, -2
 
@@ -92,15 +94,17 @@ class Progress:
             self._finish(pos)
 
     def record_many(self, consumed) -> None:
-        """:meth:`record` for each ``(position, chunk, n_chunks)`` of a batch; one-chunk documents
-        (most of them) take a fast path that adds them to :attr:`done` and advances the prefix once."""
-        done = self.done
-        for pos, chunk, n_chunks in consumed:
-            if n_chunks == 1:
-                if pos >= self.prefix:
-                    done.add(pos)
-            else:
+        """:meth:`record` for each ``(position, chunk, n_chunks)`` row of ``consumed`` (``int64 [k, 3]``
+        or a list of tuples); one-chunk documents (most of them) are added to :attr:`done` in one
+        set update and the prefix advanced once."""
+        consumed = consumed_array(consumed)
+        single = consumed[:, 2] == 1
+        pos = consumed[single, 0]
+        self.done.update(pos[pos >= self.prefix].tolist())
+        if not single.all():
+            for pos, chunk, n_chunks in consumed[~single].tolist():
                 self.record(pos, chunk, n_chunks)
+        done = self.done
         while self.prefix in done:
             done.discard(self.prefix)
             self.prefix += 1
