@@ -58,7 +58,9 @@ class ArrayPacker:
         self.pools: dict[int, np.ndarray] = {}  # token arrays by src number
         self.keys: dict[int, object] = {}  # sample keys by group (add call)
         self.pending: list[tuple[int, int, int]] = []  # empty/bad documents, reported with the next batch
-        self._next_group = self._next_src = self._add_base = 0
+        self._next_group = self._next_src = 0
+        self._src_of: dict[int, int] = {}  # id() of a live token array -> its src number
+        self._current: set[int] = set()  # src numbers of the current add call
 
     def add(self, pools, keys, chunks: dict[str, np.ndarray]) -> Iterator[PackedBatch]:
         """Add chunks in order and yield every batch that becomes ready, exactly as adding them one by
@@ -76,13 +78,18 @@ class ArrayPacker:
         g = self._next_group
         self._next_group += 1
         self.keys[g] = keys
-        base = self._add_base = self._next_src
-        self._next_src += len(pools)
-        self.pools.update({base + i: p for i, p in enumerate(pools)})
+        src = np.empty(len(pools), np.int64)
+        for i, p in enumerate(pools):  # an array seen before (a shard's memory map) keeps its number
+            src[i] = self._src_of.get(id(p), self._next_src)
+            if src[i] == self._next_src:
+                self._src_of[id(p)] = self._next_src
+                self.pools[self._next_src] = p
+                self._next_src += 1
+        self._current = set(src.tolist())
         pool = chunks.get("pool")
         new = {"pos": chunks["pos"], "idx": chunks["idx"], "n": chunks["n"], "length": chunks["length"],
                "group": np.full(len(chunks["pos"]), g, np.int64), "key": chunks["doc"],
-               "src": base + (pool if pool is not None else np.zeros(len(chunks["pos"]), np.int64)),
+               "src": src[pool] if pool is not None else np.full(len(chunks["pos"]), src[0] if len(src) else 0),
                "off": chunks["off"]}
         # the stream adds a whole document's chunks, then packs once the window is reached
         doc_end = np.searchsorted(chunks["doc"], chunks["doc"], side="right")
@@ -192,13 +199,48 @@ class ArrayPacker:
 
     def _drop_pools(self) -> None:
         """Forget the token arrays and key lists no buffered chunk reads any more (the newest stay)."""
-        live = set(np.unique(self.buf["src"]).tolist())
-        newest = set(range(self._add_base, self._next_src))  # the current add call's arrays
-        for g in [g for g in self.pools if g not in live and g not in newest]:
-            del self.pools[g]
+        live = set(np.unique(self.buf["src"]).tolist()) | self._current  # and the current add call's arrays
+        for g in [g for g in self.pools if g not in live]:
+            del self._src_of[id(self.pools.pop(g))]
         live = set(np.unique(self.buf["group"]).tolist()) | {self._next_group - 1}
         for g in [g for g in self.keys if g not in live]:
             del self.keys[g]
+
+    def _cell_index(self, off, lens, counts, before, fill, pad, itype) -> np.ndarray:
+        """Per cell of the ``[R, T]`` rows, the index of its token in the (single) token array, as one
+        cumulative sum: +1 per cell, a jump at each chunk's first cell; padding cells repeat the
+        previous index (valid, zeroed by the caller)."""
+        T, R = self.seq_len, len(counts)
+        row_of = np.repeat(np.arange(R, dtype=np.int64), counts)
+        first = np.cumsum(lens) - lens  # each chunk's first token among all chunks
+        cell = row_of * T + (first - before[row_of])  # each chunk's first cell
+        d = np.ones(R * T, itype)
+        for r in pad:
+            d[r * T + fill[r]:(r + 1) * T] = 0
+        prev_end = np.concatenate([[1], off[:-1] + lens[:-1]])  # 1: the sum starts at 0 before the first cell
+        d[cell] = off - prev_end + 1
+        return np.cumsum(d, dtype=itype)
+
+    def _gather_many(self, c, pools, used, fill, itype) -> np.ndarray:
+        """Rows gathered from several token arrays: array by array (chunks sorted by array), then the
+        tokens put in row order (``[R, T]``, padding not yet zeroed)."""
+        T, R = self.seq_len, len(fill)
+        lens, srcs = c["length"], c["src"]
+        total = int(lens.sum())
+        starts = np.cumsum(lens, dtype=itype) - lens  # each chunk's first token in the concatenated tokens
+        by = np.argsort(srcs, kind="stable")
+        lb = lens[by]
+        sb = np.cumsum(lb, dtype=itype) - lb
+        src = np.repeat((c["off"][by] - sb).astype(itype), lb) + np.arange(total, dtype=itype)
+        cuts = np.append(sb[np.searchsorted(srcs[by], used)], total)  # each array's tokens in `src`
+        part = np.empty(total, np.result_type(*pools))
+        for pool, a, b in zip(pools, cuts[:-1].tolist(), cuts[1:].tolist()):
+            part[a:b] = pool[src[a:b]]
+        flat = np.empty_like(part)
+        flat[np.repeat((starts[by] - sb).astype(itype), lb) + np.arange(total, dtype=itype)] = part
+        ids = np.zeros((R, T), part.dtype)
+        ids[np.arange(T) < fill[:, None]] = flat
+        return ids
 
     def _build(self, c: dict[str, np.ndarray], counts: np.ndarray) -> list[PackedBatch]:
         """Batches of ``rows`` rows from chunks in row order (``counts``: chunks per row; the last batch
@@ -209,33 +251,22 @@ class ArrayPacker:
         counts = np.concatenate([counts, np.zeros(R - len(counts), np.int64)])
         lens = c["length"]
         chunk_end = np.cumsum(counts)
-        total = int(lens.sum())
+        done = np.concatenate([[0], np.cumsum(lens)])
+        before = done[chunk_end - counts]  # tokens before each row
+        fill = done[chunk_end] - before  # tokens per row
+        pad = np.flatnonzero(fill < T).tolist()  # rows ending in padding (few: packed bins are full)
         srcs = c["src"]
         used = np.unique(srcs).tolist()
         pools = [self.pools[g] for g in used]
         # int32 token indices where the arrays allow: half the memory traffic of the gather
-        itype = np.int32 if max(len(p) for p in pools) + total < 1 << 31 else np.int64
-        starts = np.cumsum(lens, dtype=itype) - lens  # each chunk's first token in the concatenated tokens
+        itype = np.int32 if max(len(p) for p in pools) + R * T < 1 << 31 else np.int64
         if len(used) == 1:
-            flat = pools[0][np.repeat((c["off"] - starts).astype(itype), lens) + np.arange(total, dtype=itype)]
-        else:  # gather array by array (chunks sorted by array), then put the tokens in row order
-            by = np.argsort(srcs, kind="stable")
-            lb = lens[by]
-            sb = np.cumsum(lb, dtype=itype) - lb
-            src = np.repeat((c["off"][by] - sb).astype(itype), lb) + np.arange(total, dtype=itype)
-            cuts = np.append(sb[np.searchsorted(srcs[by], used)], total)  # each array's tokens in `src`
-            part = np.empty(total, np.result_type(*pools))
-            for pool, a, b in zip(pools, cuts[:-1].tolist(), cuts[1:].tolist()):
-                part[a:b] = pool[src[a:b]]
-            flat = np.empty_like(part)
-            flat[np.repeat((starts[by] - sb).astype(itype), lb) + np.arange(total, dtype=itype)] = part
-        # rows are filled from the left with their chunks in order: the row-major cells below each
-        # row's fill take the concatenated tokens in order
-        done = np.concatenate([[0], np.cumsum(lens)])
-        fill = done[chunk_end] - done[chunk_end - counts]  # tokens per row
-        ids = np.zeros((R, T), flat.dtype if flat.dtype == np.uint16 else np.int64)
-        ids[np.arange(T) < fill[:, None]] = flat
-        ids = ids if ids.dtype == np.uint16 else compact_ids(ids)
+            ids = pools[0][self._cell_index(c["off"], lens, counts, before, fill, pad, itype)].reshape(R, T)
+        else:
+            ids = self._gather_many(c, pools, used, fill, itype)
+        for r in pad:
+            ids[r, fill[r]:] = 0
+        ids = ids if ids.dtype in (np.uint16, np.int32) else compact_ids(ids)
         consumed = np.stack([c["pos"], c["idx"], c["n"]], 1)
         lens32, counts32 = lens.astype(np.int32), counts.astype(np.int32)
         group = c["group"]

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .packed import consumed_array
 
 STATE_VERSION = 1
@@ -52,6 +54,7 @@ class Progress:
     complete_ranks: set[int] = field(default_factory=set)
     bad: int = 0
     empty: int = 0
+    _advance_at: int = field(default=4096, repr=False, compare=False)  # len(done) that triggers _advance
 
     @property
     def consumed(self) -> int:
@@ -96,7 +99,7 @@ class Progress:
     def record_many(self, consumed) -> None:
         """:meth:`record` for each ``(position, chunk, n_chunks)`` row of ``consumed`` (``int64 [k, 3]``
         or a list of tuples); one-chunk documents (most of them) are added to :attr:`done` in one
-        set update and the prefix advanced once."""
+        set update, and the prefix is advanced in bulk once :attr:`done` has grown (amortised)."""
         consumed = consumed_array(consumed)
         single = consumed[:, 2] == 1
         pos = consumed[single, 0]
@@ -104,13 +107,24 @@ class Progress:
         if not single.all():
             for pos, chunk, n_chunks in consumed[~single].tolist():
                 self.record(pos, chunk, n_chunks)
-        done = self.done
-        while self.prefix in done:
-            done.discard(self.prefix)
-            self.prefix += 1
+        if len(self.done) >= self._advance_at:
+            self._advance()
+
+    def _advance(self) -> None:
+        """Move :attr:`prefix` past every consumed position that directly follows it (vectorised)."""
+        if self.prefix not in self.done:
+            return
+        run = np.sort(np.fromiter(self.done, np.int64, len(self.done)))
+        run = run[run >= self.prefix]
+        gaps = np.flatnonzero(run != self.prefix + np.arange(len(run)))
+        k = int(gaps[0]) if len(gaps) else len(run)
+        self.done.difference_update(range(self.prefix, self.prefix + k))
+        self.prefix += k
+        self._advance_at = max(4096, 2 * len(self.done))
 
     def state_dict(self) -> dict:
         """Plain JSON-able dict (ints and lists only)."""
+        self._advance()
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "order_key": dict(self.order_key),
             "num_samples": self.num_samples, "world_size": self.world_size, "consumed": self.consumed,

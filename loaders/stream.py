@@ -44,6 +44,19 @@ def _worker_cache(cache):
         return cache.cls(cache.config), True
 
 
+def _runs(packer: ArrayPacker, batches: Iterator[PackedBatch]) -> Iterator[list[PackedBatch]]:
+    """``batches`` grouped into the runs the packer makes at once (a run ends where the next batch
+    needs more input or another packing)."""
+    run: list[PackedBatch] = []
+    for b in batches:
+        run.append(b)
+        if not packer.ready:
+            yield run
+            run = []
+    if run:
+        yield run
+
+
 class TextStream:
     """Packed batches of one rank for the epoch and resume point set by :meth:`start`.
 
@@ -94,14 +107,19 @@ class TextStream:
 
     def consumer_batches(self, worker: int, num_workers: int) -> Iterator[PackedBatch]:
         """Packed batches of one consumer (what loader worker ``worker`` of ``num_workers`` yields)."""
+        return (b for run in self.consumer_runs(worker, num_workers) for b in run)
+
+    def consumer_runs(self, worker: int, num_workers: int) -> Iterator[list[PackedBatch]]:
+        """:meth:`consumer_batches` in runs: the batches one packing makes come as one list, so they
+        cross a thread or a pipe in one hand-over instead of one each."""
         if self.manifest.layout == "token_blocks" and self.cfg.batching == "packed":
             return self._block_batches(worker, num_workers)
-        return self._document_batches(worker, num_workers)
+        return ([b] for b in self._document_batches(worker, num_workers))
 
-    def _block_batches(self, worker: int, num_workers: int) -> Iterator[PackedBatch]:
-        """Token-block shards, one shuffle block of this consumer's documents at a time: gathered,
+    def _block_batches(self, worker: int, num_workers: int) -> Iterator[list[PackedBatch]]:
+        """Token-block shards, one shuffle block of this consumer's documents at a time: located,
         split into chunks and packed with numpy (:mod:`loaders.array_packing`); same batches as
-        :meth:`_document_batches` would pack."""
+        :meth:`_document_batches` would pack, in runs (see :meth:`consumer_runs`)."""
         order = self.order()
         cache, owned = _worker_cache(self.cache)
         reader = self.open_reader(cache, order)
@@ -112,8 +130,8 @@ class TextStream:
                                                      self.world_size * num_workers, self.prefix, self.skip,
                                                      self.cfg.remainder):
                 reader.retain(set(shard.tolist()))
-                yield from self._pack_group(reader, packer, pos, shard, local)
-            yield from packer.flush()
+                yield from _runs(packer, self._pack_group(reader, packer, pos, shard, local))
+            yield from _runs(packer, packer.flush())
         finally:
             reader.close()
             if owned and hasattr(cache, "close"):

@@ -8,13 +8,15 @@ threads, locks or pooled connections of the trainer.
 
 Protocol: the parent writes one pickle to the worker's stdin, ``(stream, worker, num_workers)``
 (:class:`loaders.stream.TextStream`, whose cache travels as its class and config); the worker
-writes pickles to its stdout: ``("batch", PackedBatch)`` per batch, then ``("end", peak RSS in
-MiB)``, or ``("error", message)``. The pipe's buffer bounds how far a worker reads ahead. The parent takes
+writes pickles to its stdout: ``("batches", [PackedBatch, ...])`` per run of batches one packing
+made (:meth:`loaders.stream.TextStream.consumer_runs`), then ``("end", peak RSS in MiB)``, or
+``("error", message)``. The pipe's buffer bounds how far a worker reads ahead. The parent takes
 batches round-robin over the workers, skipping finished ones — the order of
 :meth:`loaders.stream.TextStream.rank_batches` — so the batches do not depend on timing.
 """
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import subprocess
@@ -82,17 +84,38 @@ class WorkerPool:
             raise WorkerError(f"loader worker {w} failed: {item}")
         return kind, item
 
+    def _fill(self, w: int, into: collections.deque) -> bool:
+        """Read worker ``w``'s next run into ``into``; ``False`` when the worker has finished."""
+        while not into:
+            kind, item = self._next(w)
+            if kind == "end":
+                self.peak_rss_mb = max(self.peak_rss_mb, float(item or 0.0))
+                return False
+            into.extend(item)
+        return True
+
     def __iter__(self) -> Iterator[PackedBatch]:
+        return (b for run in self.runs() for b in run)
+
+    def runs(self) -> Iterator[list[PackedBatch]]:
+        """The batches in round-robin order over the workers (finished ones skipped), as lists: each
+        list holds what can be handed on without waiting for a worker."""
+        waiting: list[collections.deque] = [collections.deque() for _ in self.procs]
         active = list(range(len(self.procs)))
         try:
             while active:
+                run = []
                 for w in list(active):
-                    kind, item = self._next(w)
-                    if kind == "end":
-                        active.remove(w)
-                        self.peak_rss_mb = max(self.peak_rss_mb, float(item or 0.0))
-                        continue
-                    yield item
+                    if not waiting[w]:
+                        if run:  # hand on what is ready before blocking on this worker
+                            yield run
+                            run = []
+                        if not self._fill(w, waiting[w]):
+                            active.remove(w)
+                            continue
+                    run.append(waiting[w].popleft())
+                if run:
+                    yield run
         finally:
             self.close()
 
@@ -111,8 +134,8 @@ def _serve() -> int:
     os.dup2(2, 1)  # a stray print must not corrupt the batch stream
     stream, worker, num_workers = pickle.load(sys.stdin.buffer)
     try:
-        for batch in stream.consumer_batches(worker, num_workers):
-            pickle.dump(("batch", batch), out, protocol=pickle.HIGHEST_PROTOCOL)
+        for run in stream.consumer_runs(worker, num_workers):
+            pickle.dump(("batches", run), out, protocol=pickle.HIGHEST_PROTOCOL)
         pickle.dump(("end", peak_rss_mb()), out)
     except BrokenPipeError:  # the parent stopped reading (end of iteration): nothing to report
         return 0

@@ -13,10 +13,11 @@ are compared with the manifest only when the shard read without any fault.
 """
 from __future__ import annotations
 
+# fsspec is imported where it is used: loader worker processes reading local shards skip its import
+
 import os
 from dataclasses import dataclass, field
 
-import fsspec
 from tqdm import tqdm
 
 from .blocks import BLOCK_LAYOUT
@@ -93,6 +94,7 @@ def verify_shard(path: str, expected: ShardInfo | None = None, cfg: VerifyConfig
     rep = ShardReport(path)
     stats = rep.stats
     try:
+        import fsspec
         f = fsspec.open(path, "rb").open()
     except FileNotFoundError:
         stats.add("missing_shard", f"{path}: shard file is missing")
