@@ -33,6 +33,8 @@ TRANSFER_SAMPLE = 32  # batches whose pickled size is measured
 
 def loader_pass(spec: dict) -> dict:
     """One pass (one epoch) of ``build_text_loader`` with the settings in ``spec``."""
+    import fsspec  # noqa: F401 - the manifest's reader: imported before the clock starts, as every contender's are
+
     from .config import DataConfig
     from .dataset import build_text_loader
     from .workers import peak_rss_mb

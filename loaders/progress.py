@@ -68,12 +68,8 @@ class Progress:
 
     def _finish(self, pos: int) -> None:
         self.partial.pop(pos, None)
-        if pos < self.prefix:
-            return
-        self.done.add(pos)
-        while self.prefix in self.done:
-            self.done.discard(self.prefix)
-            self.prefix += 1
+        if pos >= self.prefix:
+            self.done.add(pos)  # the prefix moves in bulk (_advance)
 
     def is_consumed(self, pos: int) -> bool:
         """Whether document ``pos`` (position in the epoch's order) was fully delivered."""
@@ -147,6 +143,7 @@ class Progress:
         for pos, n, chunks in state["partial"]:
             for c in chunks:
                 p.record(int(pos), int(c), int(n))
+        p._advance()
         return p
 
 
