@@ -267,7 +267,7 @@ class ArrayPacker:
         fill = done[chunk_end] - before  # tokens per row
         pad = np.flatnonzero(fill < T).tolist()  # rows ending in padding (few: packed bins are full)
         srcs = c["src"]
-        used = np.unique(srcs).tolist()
+        used = [int(srcs[0])] if len(srcs) and srcs.min() == srcs.max() else np.unique(srcs).tolist()
         pools = [self.pools[g] for g in used]
         # int32 token indices where the arrays allow: half the memory traffic of the gather
         itype = np.int32 if max(len(p) for p in pools) + R * T < 1 << 31 else np.int64
@@ -281,7 +281,7 @@ class ArrayPacker:
         consumed = np.stack([c["pos"], c["idx"], c["n"]], 1)
         lens32, counts32 = lens.astype(np.int32), counts.astype(np.int32)
         group = c["group"]
-        tables = {g: self.keys[g] for g in np.unique(group).tolist()}
+        tables = dict(self.keys)  # the live groups' keys (a few): no per-chunk pass to find the used ones
         bounds = np.concatenate([[0], chunk_end[B - 1::B]]).tolist()
         return [PackedBatch(ids[i * B:(i + 1) * B], lens32[a:b], counts32[i * B:(i + 1) * B],
                             BatchKeys(tables, group[a:b], c["key"][a:b]), consumed[a:b])
