@@ -40,7 +40,8 @@ def loader_pass(spec: dict) -> dict:
     from .workers import peak_rss_mb
 
     cfg = DataConfig(manifest=spec["shards"], seq_len=spec["seq_len"], micro_batch_size=spec["batch_size"],
-                     num_workers=spec["workers"], pin_memory=False, seed=spec.get("seed", 0))
+                     num_workers=spec["workers"], pin_memory=False, seed=spec.get("seed", 0),
+                     worker_start=spec.get("worker_start", "fork"))
     cache = None
     if spec.get("cache_dir"):
         from cache import CacheConfig, ShardCache
@@ -124,14 +125,14 @@ def run_pass(spec: dict) -> dict:
 
 
 def bench(shards: str, seq_len: int = 512, batch_size: int = 16, workers: int = 0, baseline: str | None = None,
-          cache_dir: str | None = None, seed: int = 0) -> dict:
+          cache_dir: str | None = None, seed: int = 0, worker_start: str = "fork") -> dict:
     """Time the loader (and the memmap floor with ``baseline="memmap"``) on ``shards``; returns the JSON report.
 
     Raises:
         FileNotFoundError / ValueError: no manifest at ``shards``; RuntimeError: a pass failed.
     """
     spec = {"shards": shards, "seq_len": seq_len, "batch_size": batch_size, "workers": workers,
-            "cache_dir": cache_dir, "seed": seed}
+            "cache_dir": cache_dir, "seed": seed, "worker_start": worker_start}
     out = {"settings": spec, "loader": run_pass({**spec, "kind": "loader"})}
     if baseline == "memmap":
         with tempfile.TemporaryDirectory(prefix="colaflow-flat-") as tmp:

@@ -167,7 +167,7 @@ class TextLoader:
         if self.in_process:
             return _expand(self.dataset.rank_batches(cfg.num_workers))
         if cfg.num_workers > 0:
-            self.pool = WorkerPool(self.dataset, cfg.num_workers)
+            self.pool = WorkerPool(self.dataset, cfg.num_workers, cfg.worker_start)
             runs = self.pool.runs()
         else:
             runs = self.dataset.consumer_runs(0, 1)

@@ -17,6 +17,8 @@ import hashlib
 import re
 from urllib.parse import quote, unquote
 
+import numpy as np
+
 MAX_NAME_BYTES = 100  # USTAR/GNU header name field
 MAX_KEY_CHARS = 80  # leaves 20 bytes for ".tokens.npy.zst" and other field suffixes
 HASHED_KEY_PREFIX = "~"
@@ -67,7 +69,11 @@ def escape_keys(doc_ids: list[str]) -> list[str]:
     joined = "\n".join(doc_ids)
     if not doc_ids or any(not i or "\n" in i for i in (doc_ids[0], doc_ids[-1])) or "\n\n" in joined:
         return [escape_key(i) for i in doc_ids]
-    special = set(joined) - _SAFE_CHARS
+    if joined.isascii():  # the characters present, from a byte histogram (set(joined) is 5x slower)
+        counts = np.bincount(np.frombuffer(joined.encode("ascii"), np.uint8), minlength=128)
+        special = {chr(c) for c in np.flatnonzero(counts).tolist()} - _SAFE_CHARS
+    else:
+        special = set(joined) - _SAFE_CHARS
     try:
         for c in sorted(special, key=lambda c: c != "%"):  # "%" first: later replacements introduce it
             joined = joined.replace(c, "".join(f"%{b:02X}" for b in c.encode("utf-8")))

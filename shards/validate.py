@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from tqdm import tqdm
 
 from .blocks import BLOCK_LAYOUT
 from .index import HashingReader
@@ -173,6 +172,8 @@ def verify_paths(paths: list[str], cfg: VerifyConfig | None = None, progress: bo
     """Verify shards given as folders, manifests or ``.tar`` paths (see :func:`resolve`)."""
     cfg = cfg or VerifyConfig()
     reports = []
+    from tqdm import tqdm  # imported where used, as fsspec is (loader workers import this module)
+
     for path, entry, manifest in tqdm(resolve(paths), desc="verify", unit="shard", disable=not progress):
         reports.append(verify_shard(path, entry, cfg, _schema(cfg, manifest)))
     return reports
