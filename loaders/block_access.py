@@ -52,9 +52,9 @@ class DocTable:
     block_tokens: np.ndarray
     _keys: list[str] = field(default_factory=list, repr=False, compare=False)
 
-    def key(self, index: int) -> str:
-        """Sample key of document ``index``; the first call keys the whole shard
-        (:func:`shards.keys.escape_keys`), most runs never ask (keys are read for anomalies and logs).
+    def key_list(self) -> list[str]:
+        """Every document's sample key, in file order; computed on the first call
+        (:func:`shards.keys.escape_keys`): most runs never ask (keys are read for anomalies and logs).
 
         Raises:
             ShardError: an id cannot be a key (empty).
@@ -63,8 +63,12 @@ class DocTable:
             try:
                 self._keys.extend(escape_keys(self.ids))
             except ValueError as e:
-                raise ShardError(f"document {index}: {e}", "undecodable") from e
-        return self._keys[index]
+                raise ShardError(f"a document id cannot be a sample key: {e}", "undecodable") from e
+        return self._keys
+
+    def key(self, index: int) -> str:
+        """Sample key of document ``index`` (see :meth:`key_list`)."""
+        return self.key_list()[index]
 
 
 class GroupKeys:
@@ -82,6 +86,20 @@ class GroupKeys:
     def __getitem__(self, d: int) -> str:
         t = self.tables[self.table[d]]
         return "" if t is None else t.key(int(self.local[d]))
+
+    def take(self, docs: np.ndarray) -> list[str]:
+        """Sample keys of documents ``docs`` (``int64`` array), looked up in bulk."""
+        which, local = self.table[docs], self.local[docs]
+        out: list[str] = [""] * len(docs)
+        for t in np.unique(which).tolist():
+            table = self.tables[t]
+            if table is None:
+                continue
+            at = np.flatnonzero(which == t)
+            keys = table.key_list()
+            for i, j in zip(at.tolist(), local[at].tolist()):
+                out[i] = keys[j]
+        return out
 
     def __len__(self) -> int:
         return len(self.table)

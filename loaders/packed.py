@@ -36,10 +36,17 @@ class BatchKeys(Sequence):
         if self._keys is None:
             g, k = self._group, self._index
             first = np.flatnonzero(np.concatenate([[True], (g[1:] != g[:-1]) | (k[1:] != k[:-1])])) if len(g) else g
+            g, k = g[first], k[first]
+            found: list = [None] * len(first)
+            for gi in np.unique(g).tolist():  # one look-up per group (add call), in bulk
+                at = np.flatnonzero(g == gi)
+                table = self._tables[gi]
+                got = table.take(k[at]) if hasattr(table, "take") else [table[i] for i in k[at].tolist()]
+                for i, key in zip(at.tolist(), got):
+                    found[i] = key
             keys: list[str] = []
-            for gi, ki in zip(g[first].tolist(), k[first].tolist()):
-                key = self._tables[gi][ki]
-                if not keys or keys[-1] != key:
+            for key in found:
+                if not keys or keys[-1] != key:  # one key per run of the same document
                     keys.append(key)
             self._keys = keys
             self._tables = {}
@@ -50,6 +57,9 @@ class BatchKeys(Sequence):
 
     def __len__(self) -> int:
         return len(self._list())
+
+    def __iter__(self):
+        return iter(self._list())
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Sequence) and not isinstance(other, str) and self._list() == list(other)
