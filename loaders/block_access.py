@@ -87,8 +87,8 @@ class GroupKeys:
         t = self.tables[self.table[d]]
         return "" if t is None else t.key(int(self.local[d]))
 
-    def take(self, docs: np.ndarray) -> list[str]:
-        """Sample keys of documents ``docs`` (``int64`` array), looked up in bulk."""
+    def take(self, docs: np.ndarray, escaped: bool = True) -> list[str]:
+        """Sample keys (``escaped``) or raw ids of documents ``docs`` (``int64`` array), in bulk."""
         which, local = self.table[docs], self.local[docs]
         out: list[str] = [""] * len(docs)
         for t in np.unique(which).tolist():
@@ -96,7 +96,7 @@ class GroupKeys:
             if table is None:
                 continue
             at = np.flatnonzero(which == t)
-            keys = table.key_list()
+            keys = table.key_list() if escaped else table.ids
             for i, j in zip(at.tolist(), local[at].tolist()):
                 out[i] = keys[j]
         return out

@@ -13,44 +13,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shards.keys import escape_keys
+
 IGNORE = -100
 
 
-class BatchKeys(Sequence):
-    """The sample keys of a batch's documents, looked up only when read (most batches' keys never are).
+class _Keys(Sequence):
+    """A list of sample keys built on first read (:meth:`_list`)."""
 
-    Args:
-        tables: key lists by token-pool group (shared with the packer, not copied).
-        group, index: ``int64`` ``[chunks]``: each chunk's group and its document's index in that
-            group's key list, in row order.
-
-    Reads as a list of ``str`` with one key per run of chunks of the same document; it pickles
-    as that plain list.
-    """
-
-    def __init__(self, tables: dict[int, list[str]], group: np.ndarray, index: np.ndarray):
-        self._tables, self._group, self._index = tables, group, index
-        self._keys: list[str] | None = None
+    _keys: list[str] | None = None
 
     def _list(self) -> list[str]:
-        if self._keys is None:
-            g, k = self._group, self._index
-            first = np.flatnonzero(np.concatenate([[True], (g[1:] != g[:-1]) | (k[1:] != k[:-1])])) if len(g) else g
-            g, k = g[first], k[first]
-            found: list = [None] * len(first)
-            for gi in np.unique(g).tolist():  # one look-up per group (add call), in bulk
-                at = np.flatnonzero(g == gi)
-                table = self._tables[gi]
-                got = table.take(k[at]) if hasattr(table, "take") else [table[i] for i in k[at].tolist()]
-                for i, key in zip(at.tolist(), got):
-                    found[i] = key
-            keys: list[str] = []
-            for key in found:
-                if not keys or keys[-1] != key:  # one key per run of the same document
-                    keys.append(key)
-            self._keys = keys
-            self._tables = {}
-        return self._keys
+        raise NotImplementedError
 
     def __getitem__(self, i):
         return self._list()[i]
@@ -67,8 +41,76 @@ class BatchKeys(Sequence):
     def __repr__(self) -> str:
         return repr(self._list())
 
+
+def _runs_of(values: list[str]) -> list[str]:
+    """``values`` with consecutive repeats dropped (one key per run of chunks of one document)."""
+    out: list[str] = []
+    for v in values:
+        if not out or out[-1] != v:
+            out.append(v)
+    return out
+
+
+class BatchKeys(_Keys):
+    """The sample keys of a batch's documents, looked up only when read (most batches' keys never are).
+
+    Args:
+        tables: by token-pool group (shared with the packer, not copied): a key list, or an object
+            with ``take(index, escaped)`` (:class:`loaders.block_access.GroupKeys`) that also gives
+            the raw document ids.
+        group, index: ``int64`` ``[chunks]``: each chunk's group and its document's index in that
+            group's table, in row order.
+
+    Reads as a list of ``str`` with one key per run of chunks of the same document. It pickles
+    as the documents' ids (:class:`IdKeys`, escaped when read on the other side) when its tables
+    give ids, else as the key list.
+    """
+
+    def __init__(self, tables: dict, group: np.ndarray, index: np.ndarray):
+        self._tables, self._group, self._index = tables, group, index
+
+    def _lookup(self, escaped: bool) -> list[str]:
+        g, k = self._group, self._index
+        first = np.flatnonzero(np.concatenate([[True], (g[1:] != g[:-1]) | (k[1:] != k[:-1])])) if len(g) else g
+        g, k = g[first], k[first]
+        found: list = [None] * len(first)
+        for gi in np.unique(g).tolist():  # one look-up per group (add call), in bulk
+            at = np.flatnonzero(g == gi)
+            table = self._tables[gi]
+            got = table.take(k[at], escaped) if hasattr(table, "take") else [table[i] for i in k[at].tolist()]
+            for i, key in zip(at.tolist(), got):
+                found[i] = key
+        return _runs_of(found)
+
+    def _list(self) -> list[str]:
+        if self._keys is None:
+            self._keys = self._lookup(escaped=True)
+            self._tables = {}
+        return self._keys
+
     def __reduce__(self):
+        if self._keys is None and all(hasattr(t, "take") for t in self._tables.values()):
+            return IdKeys, (self._lookup(escaped=False),)  # no escaping in the worker: the reader does it, if ever
         return list, (self._list(),)
+
+
+class IdKeys(_Keys):
+    """Sample keys of documents given by id, escaped (:func:`shards.keys.escape_keys`) on first read.
+
+    Raises (when read):
+        ValueError: an id is empty.
+    """
+
+    def __init__(self, ids: list[str]):
+        self._ids = ids
+
+    def _list(self) -> list[str]:
+        if self._keys is None:
+            self._keys = _runs_of(escape_keys(self._ids))
+        return self._keys
+
+    def __reduce__(self):
+        return IdKeys, (self._ids,)
 
 
 @dataclass
@@ -100,7 +142,7 @@ class PackedBatch:
         wide = len(c) and (int(c.max()) >= 1 << 31 or int(c.min()) < -(1 << 31))
         c = c if wide else c.astype(np.int32)
         return _unpack, (self.ids.tobytes(), self.ids.dtype.str, self.ids.shape, self.lens.astype(np.int32).tobytes(),
-                         self.row_chunks.astype(np.int32).tobytes(), c.tobytes(), c.dtype.str, list(self.keys))
+                         self.row_chunks.astype(np.int32).tobytes(), c.tobytes(), c.dtype.str, self.keys)
 
     @property
     def num_doc_tokens(self) -> int:
