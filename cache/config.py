@@ -172,6 +172,10 @@ def _overlay(data: dict, hostname: str | None, environ: dict | None) -> dict:
             data[key] = raw  # a path stays a string ("~" would be YAML null)
         else:
             apply_overrides(data, [f"{key}={raw}"])
+            try:  # checked here, so that an error names the variable rather than cache.<field>
+                from_dict(CacheConfig, {key: data[key]}, "cache.")
+            except ConfigError as e:
+                raise ConfigError(f"environment variable {var}={raw!r}: {e}") from e
     return data
 
 

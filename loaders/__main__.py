@@ -122,7 +122,8 @@ def bench_command(args) -> int:
     real-token fraction, bytes per batch; with ``--baseline memmap`` the flat uint16 floor). Returns 0."""
     from .bench import bench
 
-    report = bench(args.shards, args.seq_len, args.batch_size, args.workers, args.baseline, args.cache_dir, args.seed)
+    report = bench(args.shards, args.seq_len, args.batch_size, args.workers, args.baseline, args.cache_dir, args.seed,
+                   args.worker_start)
     print(json.dumps(report, indent=2))
     return 0
 
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seq-len", type=int, default=512)
     b.add_argument("--batch-size", type=int, default=16)
     b.add_argument("--workers", type=int, default=0, help="worker processes (0 = main process)")
+    b.add_argument("--worker-start", choices=["fork", "spawn"], default="fork", help="how workers start (data.worker_start)")
     b.add_argument("--baseline", choices=["memmap"], help="also time a flat uint16 memmap copy (the floor)")
     b.add_argument("--cache-dir", help="read remote shards through a cache.ShardCache in this folder")
     b.add_argument("--seed", type=int, default=0)

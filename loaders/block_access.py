@@ -16,13 +16,13 @@ from __future__ import annotations
 import collections
 import mmap
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from shards import ShardError
 from shards.blocks import META_SUFFIX, decode_meta, npy_data_offset
-from shards.keys import escape_key
+from shards.keys import escape_keys
 
 from .member_index import member_table
 from .token_decode import TokenDecoder
@@ -50,6 +50,59 @@ class DocTable:
     length: np.ndarray
     ids: list[str]
     block_tokens: np.ndarray
+    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
+
+    def key_list(self) -> list[str]:
+        """Every document's sample key, in file order; computed on the first call
+        (:func:`shards.keys.escape_keys`): most runs never ask (keys are read for anomalies and logs).
+
+        Raises:
+            ShardError: an id cannot be a key (empty).
+        """
+        if not self._keys and self.ids:
+            try:
+                self._keys.extend(escape_keys(self.ids))
+            except ValueError as e:
+                raise ShardError(f"a document id cannot be a sample key: {e}", "undecodable") from e
+        return self._keys
+
+    def key(self, index: int) -> str:
+        """Sample key of document ``index`` (see :meth:`key_list`)."""
+        return self.key_list()[index]
+
+
+class GroupKeys:
+    """Sample keys of a group of documents gathered from several shards, looked up when read.
+
+    Args:
+        tables: the shards' :class:`DocTable` s (``None``: an unreadable shard, whose documents
+            have the key ``""``).
+        table, local: ``int64`` ``[documents]``: each document's table and its index there.
+    """
+
+    def __init__(self, tables: list[DocTable | None], table: np.ndarray, local: np.ndarray):
+        self.tables, self.table, self.local = tables, table, local
+
+    def __getitem__(self, d: int) -> str:
+        t = self.tables[self.table[d]]
+        return "" if t is None else t.key(int(self.local[d]))
+
+    def take(self, docs: np.ndarray, escaped: bool = True) -> list[str]:
+        """Sample keys (``escaped``) or raw ids of documents ``docs`` (``int64`` array), in bulk."""
+        which, local = self.table[docs], self.local[docs]
+        out: list[str] = [""] * len(docs)
+        for t in np.unique(which).tolist():
+            table = self.tables[t]
+            if table is None:
+                continue
+            at = np.flatnonzero(which == t)
+            keys = table.key_list() if escaped else table.ids
+            for i, j in zip(at.tolist(), local[at].tolist()):
+                out[i] = keys[j]
+        return out
+
+    def __len__(self) -> int:
+        return len(self.table)
 
 
 _tables: collections.OrderedDict[tuple, DocTable] = collections.OrderedDict()
@@ -140,18 +193,14 @@ class BlockShard:
         self._at = self._at_arr.tolist()
         self._block_of = self.docs.block.tolist()
         self._len = self.docs.length.tolist()
-        self._keys: list[str | None] = [None] * len(self.docs.ids)
         self.errors: list[str] = []  # undecodable blocks met by gather(), for the caller to log
 
     def __len__(self) -> int:
         return len(self.docs.ids)
 
     def key(self, index: int) -> str:
-        """Sample key of document ``index`` (:func:`shards.escape_key` of its id, computed once)."""
-        k = self._keys[index]
-        if k is None:
-            k = self._keys[index] = escape_key(self.docs.ids[index])
-        return k
+        """Sample key of document ``index`` (:func:`shards.escape_key` of its id)."""
+        return self.docs.key(index)
 
     def _block(self, b: int) -> np.ndarray:
         got = self._blocks.get(b)
@@ -183,48 +232,31 @@ class BlockShard:
         src = self._all if self._raw else self._block(self._block_of[index])
         return self.key(index), src[a:a + n]
 
-    def gather(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Documents ``index`` (``int64`` array) in one vectorised copy.
+    def locate(self, index: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Where documents ``index`` (``int64`` array) are, without copying a token.
 
-        Returns ``(tokens, lengths, offsets, ok)``: every readable document's tokens concatenated
-        (the manifest's dtype), ``int64`` lengths and offsets into ``tokens`` per document, and a
-        ``bool`` mask of the readable ones (documents of a zstd block that fails to decode are not,
-        and are logged by the caller as bad).
+        Returns ``(pools, pool, offset, length, ok)``: token arrays (the manifest's dtype: the shard's
+        memory map for raw blocks, one decompressed array per zstd block) and per document the
+        ``int64`` index of its pool, its first token there and its token count, plus a ``bool`` mask
+        of the readable ones (documents of a zstd block that fails to decode are not; the error is
+        in :attr:`errors` for the caller to log as bad).
         """
         n = self.docs.length[index]
-        ok = np.ones(len(index), bool)
         if self._raw:
-            src, at = self._all, self._at_arr[index]
-        else:
-            blocks = self.docs.block[index]
-            wanted = np.unique(blocks)
-            parts, base, done = [], {}, 0
-            for b in wanted.tolist():
-                try:
-                    part = self._block(b)
-                except ShardError as e:
-                    self.errors.append(str(e))
-                    ok &= blocks != b
-                    continue
-                base[b], done = done, done + len(part)
-                parts.append(part)
-            src = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, self.dtype)
-            bases = np.array([base.get(b, 0) for b in wanted.tolist()], np.int64)
-            at = bases[np.searchsorted(wanted, blocks)] + self.docs.start[index]
-        n = np.where(ok, n, 0)
-        ends = np.cumsum(n)
-        out = src[np.repeat(at - (ends - n), n) + np.arange(int(ends[-1]) if len(ends) else 0)]
-        return out, n, ends - n, ok
-
-    def keys(self, index: np.ndarray) -> list[str]:
-        """Sample keys of documents ``index``."""
-        cached, ids, out = self._keys, self.docs.ids, []
-        for i in index.tolist():  # inlined self.key(i): this runs once per document read
-            k = cached[i]
-            if k is None:
-                k = cached[i] = escape_key(ids[i])
-            out.append(k)
-        return out
+            return [self._all], np.zeros(len(index), np.int64), self._at_arr[index], n, np.ones(len(index), bool)
+        blocks = self.docs.block[index]
+        wanted = np.unique(blocks)
+        pools, slot = [], np.full(len(wanted), -1, np.int64)
+        for i, b in enumerate(wanted.tolist()):
+            try:
+                pools.append(self._block(b))
+            except ShardError as e:
+                self.errors.append(str(e))
+                continue
+            slot[i] = len(pools) - 1
+        pool = slot[np.searchsorted(wanted, blocks)]
+        ok = pool >= 0
+        return pools, np.maximum(pool, 0), self.docs.start[index], np.where(ok, n, 0), ok
 
     def read(self, index: int, fields: tuple[str, ...] | None = None) -> dict:
         """Document ``index`` as a sample: ``{"__key__", "json": {"id", "block"}, "tokens"}``."""

@@ -165,16 +165,13 @@ class TextLoader:
         cfg = self.cfg
         pin = cfg.pin_memory and torch.cuda.is_available()
         if self.in_process:
-            packed = self.dataset.rank_batches(cfg.num_workers)
-        elif cfg.num_workers > 0:
-            self.pool = WorkerPool(self.dataset, cfg.num_workers)
-            packed = iter(self.pool)
+            return _expand(self.dataset.rank_batches(cfg.num_workers))
+        if cfg.num_workers > 0:
+            self.pool = WorkerPool(self.dataset, cfg.num_workers, cfg.worker_start)
+            runs = self.pool.runs()
         else:
-            packed = self.dataset.consumer_batches(0, 1)
-        batches = _expand(packed)
-        if self.in_process:
-            return batches
-        return _thread_prefetch(batches, cfg.prefetch_batches * max(cfg.num_workers, 1), pin, self._queue_depth)
+            runs = self.dataset.consumer_runs(0, 1)
+        return _thread_prefetch(runs, cfg.prefetch_batches * max(cfg.num_workers, 1), pin, self._queue_depth)
 
     def _queue_depth(self, ready: int) -> None:
         """Count the batches ready in the prefetch queue when the trainer asks for one (metric)."""
@@ -196,7 +193,7 @@ class TextLoader:
             self._record(batch)
             self.totals["batches"] += 1
             self.totals["doc_tokens"] += batch.num_doc_tokens
-            self.totals["slots"] += batch.input_ids.numel()
+            self.totals["slots"] += batch.num_slots
             self.totals["data_wait_seconds"] += self.data_wait_seconds
             yield batch
             t0 = time.perf_counter()
@@ -227,7 +224,7 @@ class TextLoader:
 
 
 def _expand(packed: Iterator) -> Iterator[TokenBatch]:
-    """Packed batches expanded into :class:`TokenBatch` es; closing it closes ``packed`` (and its workers)."""
+    """Packed batches as :class:`TokenBatch` es; closing it closes ``packed``."""
     try:
         for p in packed:
             yield TokenBatch.from_packed(p)
@@ -236,21 +233,24 @@ def _expand(packed: Iterator) -> Iterator[TokenBatch]:
             packed.close()
 
 
-def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool,
+def _thread_prefetch(runs: Iterator[list], depth: int, pin: bool,
                      on_get: Callable[[int], None] | None = None) -> Iterator[TokenBatch]:
-    """Run ``it`` in a background thread, ``depth`` batches ahead; stops when the consumer stops.
-    ``on_get(n)`` is told the number of batches ready in the queue each time the consumer asks."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
+    """Expand runs of packed batches into :class:`TokenBatch` es in a background thread, about
+    ``depth`` batches ahead (a run crosses the thread in one hand-over); stops when the consumer
+    stops, and closes ``runs`` (stopping worker processes still reading ahead). ``on_get(n)`` is
+    told the number of batches ready each time the consumer asks for one."""
+    q: queue.Queue = queue.Queue(maxsize=max(1, depth))
     stop = threading.Event()
     end = object()
 
     def run():
         try:
-            for b in it:
-                b = b.pin_memory() if pin else b
+            for packed in runs:
+                batch = [TokenBatch.from_packed(p) for p in packed]
+                item = [b.pin_memory() for b in batch] if pin else batch
                 while not stop.is_set():
                     try:
-                        q.put(b, timeout=0.1)
+                        q.put(item, timeout=0.1)
                         break
                     except queue.Full:
                         continue
@@ -260,20 +260,25 @@ def _thread_prefetch(it: Iterator[TokenBatch], depth: int, pin: bool,
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer thread
             q.put(e)
         finally:
-            if hasattr(it, "close"):  # stops worker processes still reading ahead
-                it.close()
+            if hasattr(runs, "close"):
+                runs.close()
 
     thread = threading.Thread(target=run, name="colaflow-batch-prefetch", daemon=True)
     thread.start()
+    ready: list = []
     try:
         while True:
             if on_get is not None:
-                on_get(q.qsize())
-            if (item := q.get()) is end:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+                with q.mutex:  # the producer appends under this lock
+                    queued = sum(len(r) for r in q.queue if isinstance(r, list))
+                on_get(len(ready) + queued)
+            if not ready:
+                if (item := q.get()) is end:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                ready = item[::-1]
+            yield ready.pop()
     finally:
         stop.set()
         thread.join(timeout=5)

@@ -55,10 +55,12 @@ def chunk_tokens(batch: TokenBatch) -> np.ndarray:
     Raises:
         RuntimeError: the batch's rows and its ``consumed`` list disagree.
     """
+    if batch.packed is not None:  # chunk lengths in row order: no need to expand the batch
+        return batch.packed.lens.astype(np.int64)
     docs = batch.document_ids.cpu().numpy()
     lengths = [np.bincount(row[row >= 0]) for row in docs]
     out = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
-    expected = sum(1 for _, _, n in batch.consumed if n > 0)
+    expected = int(np.count_nonzero(batch.consumed[:, 2] > 0))
     if len(out) != expected:
         raise RuntimeError(f"batch lists {expected} chunks but its rows hold {len(out)}: cannot count tokens per source")
     return out.astype(np.int64)
@@ -95,14 +97,14 @@ class MixtureLoader(TextLoader):
         super()._record(batch)
         self.bad_new += self.progress.bad - bad
         self.empty_new += self.progress.empty - empty
-        if not batch.consumed:
+        if not len(batch.consumed):
             return
         src, item = self.plan.epoch_draws(self.epoch)
-        chunks = np.array([p for p, _, n in batch.consumed if n > 0], np.int64)
+        chunks = batch.consumed[batch.consumed[:, 2] > 0, 0]
         if len(chunks):
             per = np.bincount(src[chunks], weights=chunk_tokens(batch), minlength=len(self.sources))
             self.tokens_new = [t + int(x) for t, x in zip(self.tokens_new, per)]
-        pos = np.array([p for p, _, _ in batch.consumed], np.int64)
+        pos = batch.consumed[:, 0]
         for s in np.unique(src[pos]).tolist():
             epoch = int(item[pos[src[pos] == s]].max()) // self.sources[s].items
             if epoch > self.source_epochs[s]:
@@ -144,7 +146,9 @@ class MixtureLoader(TextLoader):
                              " resume with the same sources (names and manifests) and data.seed/shuffle/seq_len")
         plan = MixturePlan.from_state(self.plan.items, self.plan.tokens, state["plan"])
         epoch, sources = int(state["epoch"]), [dict(s) for s in state["sources"]]
-        if len(state["complete_ranks"]) >= int(state["world_size"]):
+        over = len(state["complete_ranks"]) >= int(state["world_size"]) or \
+            self._nothing_left(to_progress(sources, plan, epoch, self.order_key, self.world_size))
+        if over:  # also a state saved right after the epoch's last batch, before any rank's iterator ended
             epoch += 1
             for s, first in zip(sources, plan.first_items(epoch)):
                 s.update(cursor=max(s["cursor"], first), done=[d for d in s["done"] if d > first], partial=[])

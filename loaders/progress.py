@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from .packed import consumed_array
+
 STATE_VERSION = 1
 EMPTY, BAD = -1, -2
 
@@ -50,6 +54,7 @@ class Progress:
     complete_ranks: set[int] = field(default_factory=set)
     bad: int = 0
     empty: int = 0
+    _advance_at: int = field(default=4096, repr=False, compare=False)  # len(done) that triggers _advance
 
     @property
     def consumed(self) -> int:
@@ -63,12 +68,8 @@ class Progress:
 
     def _finish(self, pos: int) -> None:
         self.partial.pop(pos, None)
-        if pos < self.prefix:
-            return
-        self.done.add(pos)
-        while self.prefix in self.done:
-            self.done.discard(self.prefix)
-            self.prefix += 1
+        if pos >= self.prefix:
+            self.done.add(pos)  # the prefix moves in bulk (_advance)
 
     def is_consumed(self, pos: int) -> bool:
         """Whether document ``pos`` (position in the epoch's order) was fully delivered."""
@@ -92,21 +93,34 @@ class Progress:
             self._finish(pos)
 
     def record_many(self, consumed) -> None:
-        """:meth:`record` for each ``(position, chunk, n_chunks)`` of a batch; one-chunk documents
-        (most of them) take a fast path that adds them to :attr:`done` and advances the prefix once."""
-        done = self.done
-        for pos, chunk, n_chunks in consumed:
-            if n_chunks == 1:
-                if pos >= self.prefix:
-                    done.add(pos)
-            else:
+        """:meth:`record` for each ``(position, chunk, n_chunks)`` row of ``consumed`` (``int64 [k, 3]``
+        or a list of tuples); one-chunk documents (most of them) are added to :attr:`done` in one
+        set update, and the prefix is advanced in bulk once :attr:`done` has grown (amortised)."""
+        consumed = consumed_array(consumed)
+        single = consumed[:, 2] == 1
+        pos = consumed[single, 0]
+        self.done.update(pos[pos >= self.prefix].tolist())
+        if not single.all():
+            for pos, chunk, n_chunks in consumed[~single].tolist():
                 self.record(pos, chunk, n_chunks)
-        while self.prefix in done:
-            done.discard(self.prefix)
-            self.prefix += 1
+        if len(self.done) >= self._advance_at:
+            self._advance()
+
+    def _advance(self) -> None:
+        """Move :attr:`prefix` past every consumed position that directly follows it (vectorised)."""
+        if self.prefix not in self.done:
+            return
+        run = np.sort(np.fromiter(self.done, np.int64, len(self.done)))
+        run = run[run >= self.prefix]
+        gaps = np.flatnonzero(run != self.prefix + np.arange(len(run)))
+        k = int(gaps[0]) if len(gaps) else len(run)
+        self.done.difference_update(range(self.prefix, self.prefix + k))
+        self.prefix += k
+        self._advance_at = max(4096, 2 * len(self.done))
 
     def state_dict(self) -> dict:
         """Plain JSON-able dict (ints and lists only)."""
+        self._advance()
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "order_key": dict(self.order_key),
             "num_samples": self.num_samples, "world_size": self.world_size, "consumed": self.consumed,
@@ -129,6 +143,7 @@ class Progress:
         for pos, n, chunks in state["partial"]:
             for c in chunks:
                 p.record(int(pos), int(c), int(n))
+        p._advance()
         return p
 
 

@@ -111,7 +111,7 @@ def equal_steps(batches: Iterator[TokenBatch], policy: str, sync: StepSync | Non
             dropped = [batch, *batches] if batch is not None else []
             for b in dropped:
                 counts.dropped_tokens += b.num_doc_tokens
-                counts.dropped_positions.update(p for p, _, n in b.consumed if n > 0)
+                counts.dropped_positions.update(b.consumed[b.consumed[:, 2] > 0, 0].tolist())
             counts.dropped_batches += len(dropped)
             counts.dropped_samples += len(counts.dropped_positions)
             if dropped:

@@ -16,6 +16,7 @@ from shards import Manifest, ShardError
 
 from .config import DataConfig
 from .array_packing import ArrayPacker, split_documents
+from .block_access import GroupKeys
 from .order import SampleOrder, consumer_arrays, consumer_items
 from .packed import PackedBatch
 from .packing import BestFitPacker, TokenBudgetBatcher, split_document
@@ -41,6 +42,19 @@ def _worker_cache(cache):
         return cache.cls(cache.config, resolve=False), True
     except TypeError:
         return cache.cls(cache.config), True
+
+
+def _runs(packer: ArrayPacker, batches: Iterator[PackedBatch]) -> Iterator[list[PackedBatch]]:
+    """``batches`` grouped into the runs the packer makes at once (a run ends where the next batch
+    needs more input or another packing)."""
+    run: list[PackedBatch] = []
+    for b in batches:
+        run.append(b)
+        if not packer.ready:
+            yield run
+            run = []
+    if run:
+        yield run
 
 
 class TextStream:
@@ -93,14 +107,19 @@ class TextStream:
 
     def consumer_batches(self, worker: int, num_workers: int) -> Iterator[PackedBatch]:
         """Packed batches of one consumer (what loader worker ``worker`` of ``num_workers`` yields)."""
+        return (b for run in self.consumer_runs(worker, num_workers) for b in run)
+
+    def consumer_runs(self, worker: int, num_workers: int) -> Iterator[list[PackedBatch]]:
+        """:meth:`consumer_batches` in runs: the batches one packing makes come as one list, so they
+        cross a thread or a pipe in one hand-over instead of one each."""
         if self.manifest.layout == "token_blocks" and self.cfg.batching == "packed":
             return self._block_batches(worker, num_workers)
-        return self._document_batches(worker, num_workers)
+        return ([b] for b in self._document_batches(worker, num_workers))
 
-    def _block_batches(self, worker: int, num_workers: int) -> Iterator[PackedBatch]:
-        """Token-block shards, one shuffle block of this consumer's documents at a time: gathered,
+    def _block_batches(self, worker: int, num_workers: int) -> Iterator[list[PackedBatch]]:
+        """Token-block shards, one shuffle block of this consumer's documents at a time: located,
         split into chunks and packed with numpy (:mod:`loaders.array_packing`); same batches as
-        :meth:`_document_batches` would pack."""
+        :meth:`_document_batches` would pack, in runs (see :meth:`consumer_runs`)."""
         order = self.order()
         cache, owned = _worker_cache(self.cache)
         reader = self.open_reader(cache, order)
@@ -111,50 +130,49 @@ class TextStream:
                                                      self.world_size * num_workers, self.prefix, self.skip,
                                                      self.cfg.remainder):
                 reader.retain(set(shard.tolist()))
-                yield from self._pack_group(reader, packer, pos, shard, local)
-            yield from packer.flush()
+                yield from _runs(packer, self._pack_group(reader, packer, pos, shard, local))
+            yield from _runs(packer, packer.flush())
         finally:
             reader.close()
             if owned and hasattr(cache, "close"):
                 cache.close()
 
     def _pack_group(self, reader: ShardReader, packer: ArrayPacker, pos, shard, local) -> Iterator[PackedBatch]:
-        """Gather one group's documents shard by shard, then feed their chunks in position order."""
-        pools, keys, lengths, offsets, where = [], [], [], [], []
-        done = 0
+        """Locate one group's documents shard by shard (no copy), then feed their chunks in position order."""
+        pools, tables, pool_of, lengths, offsets, where = [], [], [], [], [], []
         for s in dict.fromkeys(shard.tolist()):
             m = np.flatnonzero(shard == s)
             try:
                 handle = reader.block_shard(s)
-                toks, n, off, ok = handle.gather(local[m])
+                arrays, pool, off, n, ok = handle.locate(local[m])
             except ShardError as e:
                 if not reader.failed(s):
                     log.warning("shard %s: %d documents skipped (counted as bad): %s", self.manifest.shards[s].name,
                                 len(m), e)
-                toks, n, off, ok = np.zeros(0, np.int64), np.zeros(len(m), np.int64), np.zeros(len(m), np.int64), \
-                    np.zeros(len(m), bool)
-                handle = None
+                arrays, handle = [], None
+                pool, off, n, ok = (np.zeros(len(m), np.int64),) * 3 + (np.zeros(len(m), bool),)
             for err in handle.errors if handle is not None else ():
                 log.warning("%s; its documents are skipped (counted as bad)", err)
             if handle is not None:
                 handle.errors.clear()
-            pools.append(toks)
-            keys += handle.keys(local[m]) if handle is not None else [""] * len(m)
+            pool_of.append(pool + len(pools))
+            pools += arrays
+            tables.append(handle.docs if handle is not None else None)
             lengths.append(np.where(ok, n, -1))
-            offsets.append(off + done)
+            offsets.append(off)
             where.append(m)
-            done += len(toks)
         at = np.empty(len(pos), np.int64)
-        at[np.concatenate(where)] = np.arange(len(pos))  # position order -> row in the gathered arrays
-        lengths, offsets = np.concatenate(lengths)[at], np.concatenate(offsets)[at]
-        keys = [keys[i] for i in at.tolist()]
+        at[np.concatenate(where)] = np.arange(len(pos))  # position order -> row in the located arrays
+        lengths, offsets, pool_of = np.concatenate(lengths)[at], np.concatenate(offsets)[at], np.concatenate(pool_of)[at]
+        which = np.repeat(np.arange(len(tables)), [len(w) for w in where])[at]
+        keys = GroupKeys(tables, which, local[np.concatenate(where)][at])
         for p, n in zip(pos[lengths <= 0].tolist(), lengths[lengths <= 0].tolist()):
             packer.pending.append((p, BAD if n < 0 else EMPTY, 0))
         real = lengths > 0
-        pool = np.concatenate(pools) if len(pools) > 1 else pools[0]
         chunks = split_documents(pos[real], lengths[real], offsets[real], self.cfg.seq_len, self.partial)
         chunks["doc"] = np.flatnonzero(real)[chunks["doc"]]
-        yield from packer.add(pool, keys, chunks)
+        chunks["pool"] = pool_of[chunks["doc"]]
+        yield from packer.add(pools, keys, chunks)
 
     def _document_batches(self, worker: int, num_workers: int) -> Iterator[PackedBatch]:
         """One document at a time (one-sample-per-document shards, or ``token_budget`` batching)."""

@@ -14,6 +14,8 @@ Offsets come from ``tarfile.TarInfo.offset_data``; :func:`read_sample` seeks to 
 """
 from __future__ import annotations
 
+# fsspec is imported where it is used: loader worker processes reading local shards skip its import
+
 import functools
 import hashlib
 import json
@@ -23,7 +25,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-import fsspec
 
 from .keys import split_name
 from .reader import ShardError, decode_sample, iter_groups
@@ -98,6 +99,7 @@ def build_shard_index(path: str, url: str | None = None, schema: str = "any") ->
             or a tokens member cannot be decoded.
     """
     samples, tokens = [], 0
+    import fsspec
     with fsspec.open(path, "rb") as f:
         hf = HashingReader(f)
         for key, fields, infos in iter_groups(path, hf, schema=schema):
@@ -146,6 +148,7 @@ def read_dali_index(path: str) -> list[SampleEntry]:
     Raises:
         ShardError: unknown version, malformed line, or a sample count that does not match.
     """
+    import fsspec
     with fsspec.open(path, "r", encoding="utf-8") as f:
         lines = f.read().splitlines()
     head = lines[0].split() if lines else []
@@ -242,6 +245,7 @@ def read_sample(shard_path: str, entry_or_i: SampleEntry | int, index: ShardInde
         fileobj.seek(start)
         span = fileobj.read(end - start)
     else:
+        import fsspec
         with (open if "://" not in shard_path else fsspec.open)(shard_path, "rb") as f:
             f.seek(start)
             span = f.read(end - start)

@@ -17,6 +17,8 @@ import hashlib
 import re
 from urllib.parse import quote, unquote
 
+import numpy as np
+
 MAX_NAME_BYTES = 100  # USTAR/GNU header name field
 MAX_KEY_CHARS = 80  # leaves 20 bytes for ".tokens.npy.zst" and other field suffixes
 HASHED_KEY_PREFIX = "~"
@@ -27,6 +29,8 @@ _HASH_HEX = 40
 _KEY_RE = re.compile(r"[A-Za-z0-9_%~+=@,:-]+")
 # Ids that quote() would only change by escaping "/" (and that we escape "." in): the fast path.
 _PLAIN_ID_RE = re.compile(r"[A-Za-z0-9_./-]+")
+# Characters a key keeps as they are; escape_key percent-encodes every other one
+_SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-\n")
 # Field suffixes: lower-case dotted words, e.g. "json", "tokens.npy.zst".
 _SUFFIX_RE = re.compile(r"[a-z0-9_]+(\.[a-z0-9_]+)*")
 
@@ -49,6 +53,38 @@ def escape_key(doc_id: str) -> str:
     if len(key) > MAX_KEY_CHARS:
         return HASHED_KEY_PREFIX + hashlib.sha256(doc_id.encode("utf-8")).hexdigest()[:_HASH_HEX]
     return key
+
+
+def escape_keys(doc_ids: list[str]) -> list[str]:
+    """:func:`escape_key` of every id in ``doc_ids`` (same results), in bulk.
+
+    Every character outside ``A-Za-z0-9_-`` becomes ``%XX`` per UTF-8 byte, as ``escape_key`` does;
+    here that is one ``str.replace`` per distinct such character over all ids joined, about
+    0.05 us per id instead of 0.5-2 us (the loader keys a whole shard's documents at once). Ids
+    whose key is too long are hashed one by one.
+
+    Raises:
+        ValueError: an id is empty.
+    """
+    joined = "\n".join(doc_ids)
+    if not doc_ids or any(not i or "\n" in i for i in (doc_ids[0], doc_ids[-1])) or "\n\n" in joined:
+        return [escape_key(i) for i in doc_ids]
+    if joined.isascii():  # the characters present, from a byte histogram (set(joined) is 5x slower)
+        counts = np.bincount(np.frombuffer(joined.encode("ascii"), np.uint8), minlength=128)
+        special = {chr(c) for c in np.flatnonzero(counts).tolist()} - _SAFE_CHARS
+    else:
+        special = set(joined) - _SAFE_CHARS
+    try:
+        for c in sorted(special, key=lambda c: c != "%"):  # "%" first: later replacements introduce it
+            joined = joined.replace(c, "".join(f"%{b:02X}" for b in c.encode("utf-8")))
+    except UnicodeEncodeError:  # a lone surrogate: escape_key says which id
+        return [escape_key(i) for i in doc_ids]
+    keys = joined.split("\n")
+    if len(keys) != len(doc_ids):  # an id holds a newline
+        return [escape_key(i) for i in doc_ids]
+    if max(map(len, keys)) > MAX_KEY_CHARS:
+        keys = [k if len(k) <= MAX_KEY_CHARS else escape_key(i) for k, i in zip(keys, doc_ids)]
+    return keys
 
 
 def is_hashed_key(key: str) -> bool:

@@ -6,11 +6,12 @@ load it by URL (fsspec) and hand the sha256/bytes to the cache for verification.
 """
 from __future__ import annotations
 
+# fsspec is imported where it is used: loader worker processes reading local shards skip its import
+
 import json
 import os
 from dataclasses import asdict, dataclass, field
 
-import fsspec
 
 from shards.urls import shard_url  # noqa: F401  (re-exported: shard URLs beside a manifest)
 
@@ -147,6 +148,7 @@ class Manifest:
         """
         if "://" not in url and os.path.isdir(url):
             url = os.path.join(url, "manifest.json")
+        import fsspec
         with fsspec.open(url, "r", encoding="utf-8") as f:
             try:
                 d = json.load(f)

@@ -12,13 +12,14 @@ marker follow (POSIX.1-1988 ustar: "two consecutive 512-byte blocks of zeros").
 """
 from __future__ import annotations
 
+# fsspec is imported where it is used: loader worker processes reading local shards skip its import
+
 import collections
 import logging
 import tarfile
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
 
-import fsspec
 
 from .keys import split_name
 from .sample import decode_member, missing_fields
@@ -145,6 +146,7 @@ def iter_groups(path: str, fileobj=None, *, stats: ReadStats | None = None, sche
                 ) -> Iterator[tuple[str, dict[str, bytes], dict[str, tarfile.TarInfo]]]:
     """Like :func:`iter_raw`, also yielding each member's ``tarfile.TarInfo`` (``offset_data``, ``size``)."""
     if fileobj is None:
+        import fsspec
         with fsspec.open(path, "rb") as f:
             yield from iter_groups(path, f, stats=stats, schema=schema)
         return

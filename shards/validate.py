@@ -13,11 +13,11 @@ are compared with the manifest only when the shard read without any fault.
 """
 from __future__ import annotations
 
+# fsspec is imported where it is used: loader worker processes reading local shards skip its import
+
 import os
 from dataclasses import dataclass, field
 
-import fsspec
-from tqdm import tqdm
 
 from .blocks import BLOCK_LAYOUT
 from .index import HashingReader
@@ -93,6 +93,7 @@ def verify_shard(path: str, expected: ShardInfo | None = None, cfg: VerifyConfig
     rep = ShardReport(path)
     stats = rep.stats
     try:
+        import fsspec
         f = fsspec.open(path, "rb").open()
     except FileNotFoundError:
         stats.add("missing_shard", f"{path}: shard file is missing")
@@ -171,6 +172,8 @@ def verify_paths(paths: list[str], cfg: VerifyConfig | None = None, progress: bo
     """Verify shards given as folders, manifests or ``.tar`` paths (see :func:`resolve`)."""
     cfg = cfg or VerifyConfig()
     reports = []
+    from tqdm import tqdm  # imported where used, as fsspec is (loader workers import this module)
+
     for path, entry, manifest in tqdm(resolve(paths), desc="verify", unit="shard", disable=not progress):
         reports.append(verify_shard(path, entry, cfg, _schema(cfg, manifest)))
     return reports

@@ -57,6 +57,8 @@ def test_node_and_env_overrides():
     assert (r.dir, r.max_bytes, r.verify, r.retries, r.prefetch_shards) == ("~/x", "5GiB", "always", 7, 8)
     with pytest.raises(ConfigError, match="COLAFLOW_CACHE_MAX_BYTE"):
         cfg.resolved(hostname="x", environ={"COLAFLOW_CACHE_MAX_BYTE": "1"})
+    with pytest.raises(ConfigError, match=r"environment variable COLAFLOW_CACHE_MAX_BYTES='banana': .*not a byte size"):
+        cfg.resolved(hostname="x", environ={"COLAFLOW_CACHE_MAX_BYTES": "banana"})
 
 
 def test_load_cache_config_from_yaml(tmp_path):

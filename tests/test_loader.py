@@ -7,6 +7,7 @@ import io
 import contextlib
 import logging
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -71,7 +72,7 @@ def _chunks(batches):
             d = b.document_ids[r]
             for k in range(int(d.max()) + 1 if (d >= 0).any() else 0):
                 segs.append(b.input_ids[r][d == k].numpy())
-        real = [c for c in b.consumed if c[2] > 0]
+        real = [tuple(c) for c in b.consumed.tolist() if c[2] > 0]
         assert len(real) == len(segs)
         for (p, c, _), seg in zip(real, segs):
             assert (p, c) not in out, f"chunk {(p, c)} delivered twice"
@@ -148,7 +149,7 @@ def test_resume_at_epoch_end_starts_next_epoch(text_shards):
     assert nxt.epoch == 1
     fresh = build_text_loader(_cfg(d), in_process=True)
     fresh.set_epoch(1)
-    assert [b.consumed for b in ep1] == [b.consumed for b in fresh]
+    assert [b.consumed.tolist() for b in ep1] == [b.consumed.tolist() for b in fresh]
     assert [b.keys for b in ep0] != [b.keys for b in ep1]
     _assert_epoch(_chunks(ep1), docs, 64, nxt)
 
@@ -183,7 +184,7 @@ def test_dataloader_workers_and_real_cache_over_http(http_server, tmp_path):
     try:
         got = list(build_text_loader(cfg, cache, rank=0, world_size=2))
         want = list(build_text_loader(cfg, cache, rank=0, world_size=2, in_process=True))
-        assert [b.consumed for b in got] == [b.consumed for b in want]
+        assert [b.consumed.tolist() for b in got] == [b.consumed.tolist() for b in want]
         assert all(a.input_ids.equal(b.input_ids) for a, b in zip(got, want))
         other = build_text_loader(cfg, cache, rank=1, world_size=2, in_process=True)
         _assert_epoch(_chunks(got + list(other)), docs, 64, other)
@@ -256,3 +257,29 @@ def test_keys_cli_simulated_ranks_do_not_warn_and_refuse_a_resume_past_the_end(t
     assert "rank=" not in out.out
     assert "--resume-at 99999999 is past the end of epoch 0: its 12 documents last" in out.err
     assert len(out.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_worker_start_methods_give_the_in_process_batches(text_shards, start):
+    """Forked and spawned worker processes deliver exactly the in-process batches (ids, resume records)."""
+    d = text_shards[0]
+    got = list(build_text_loader(_cfg(d, num_workers=2, worker_start=start)))
+    want = list(build_text_loader(_cfg(d, num_workers=2), in_process=True))
+    assert [b.consumed.tolist() for b in got] == [b.consumed.tolist() for b in want]
+    assert all(a.input_ids.equal(b.input_ids) and list(a.keys) == list(b.keys) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_killed_worker_is_reported_with_its_exit_status(tmp_path, start):
+    """A worker that dies mid-epoch (SIGKILL while its pipe is full) stops the epoch with a
+    WorkerError naming the worker and its status, instead of hanging or ending the epoch early."""
+    from loaders.workers import WorkerError, WorkerPool
+
+    write_text_shards(str(tmp_path), n_docs=3000)
+    loader = build_text_loader(_cfg(str(tmp_path), num_workers=1, micro_batch_size=1, seq_len=16))
+    loader.dataset.start(loader.progress)
+    pool = WorkerPool(loader.dataset, 1, start)
+    os.kill(pool.procs[0].pid, signal.SIGKILL)
+    with pytest.raises(WorkerError, match=r"loader worker 0 \(pid \d+\) exited with status -9"):
+        for _ in pool:
+            pass

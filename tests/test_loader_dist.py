@@ -23,7 +23,7 @@ def _rank_main(rank: int, world: int, shards: str, port: int, out: str) -> None:
         batches = [next(it) for _ in range(STEPS)]
         state = loader.global_state_dict()
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-            json.dump({"state": state, "consumed": [c for b in batches for c in b.consumed]}, f)
+            json.dump({"state": state, "consumed": [c for b in batches for c in b.consumed.tolist()]}, f)
     finally:
         dist.destroy_process_group()
 
@@ -44,7 +44,7 @@ def test_global_state_with_gloo_ranks_then_resume_on_three(tmp_path):
     state = ranks[0]["state"]
     before = [tuple(c) for r in ranks for c in r["consumed"]]
     _, after_batches = _run_ranks(shards, 3, state=state)
-    after = [tuple(c) for b in after_batches for c in b.consumed]
+    after = [tuple(c) for b in after_batches for c in b.consumed.tolist()]
     delivered = [(p, c) for p, c, n in before + after if n > 0]
     assert len(delivered) == len(set(delivered)), "a chunk was delivered twice"
     n_chunks = {p: n for p, _, n in before + after}
@@ -64,8 +64,8 @@ def _policy_rank(rank: int, world: int, shards: str, port: int, out: str) -> Non
             loader = build_text_loader(_cfg(shards, step_policy=policy), rank=rank, world_size=world)
             batches = list(loader)
             result[policy] = {"batches": len(batches), "metrics": loader.metrics(),
-                              "masked": sum(b.num_real_tokens == 0 and not b.consumed for b in batches),
-                              "consumed": [c for b in batches for c in b.consumed],
+                              "masked": sum(b.num_real_tokens == 0 and not len(b.consumed) for b in batches),
+                              "consumed": [c for b in batches for c in b.consumed.tolist()],
                               "state": loader.global_state_dict()}
         with open(os.path.join(out, f"policy{rank}.json"), "w") as f:
             json.dump(result, f)

@@ -15,7 +15,7 @@ from shards import (Manifest, ReadStats, ShardError, ShardSequenceWriter, TarSha
                     encode_text_sample, escape_key, iter_raw, iter_samples, read_sample, unescape_key)
 from shards.config import ConfigError, apply_overrides, from_dict
 from shards.index import build_shard_index, dali_index_path, read_dali_index, write_dali_index
-from shards.keys import MAX_KEY_CHARS, MAX_NAME_BYTES, is_hashed_key, member_name
+from shards.keys import MAX_KEY_CHARS, MAX_NAME_BYTES, escape_keys, is_hashed_key, member_name
 from shards.writer import TMP_SUFFIX
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
@@ -43,6 +43,20 @@ def test_escape_key_is_safe_and_reversible(doc_id):
         assert key == escape_key(doc_id) and len(key) == 41
     else:
         assert unescape_key(key) == doc_id
+
+
+@given(st.lists(st.text(min_size=1, max_size=120), min_size=1, max_size=8))
+@settings(max_examples=200)
+def test_escape_keys_in_bulk_equals_escape_key_per_id(doc_ids):
+    """The loader's bulk escaping gives exactly escape_key's keys (spaces, %, ~, dots, non-ASCII,
+    newlines, lone surrogates, over-long ids), or escape_key's error."""
+    try:
+        want = [escape_key(i) for i in doc_ids]
+    except (ValueError, UnicodeEncodeError) as e:
+        with pytest.raises(type(e)):
+            escape_keys(doc_ids)
+        return
+    assert escape_keys(doc_ids) == want
 
 
 def test_member_names_need_no_longname_or_pax_header(tmp_path):

@@ -24,6 +24,7 @@ import math
 import os
 import signal
 import time
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
@@ -117,9 +118,10 @@ class AnomalyGuard:
 
     # -- the check -----------------------------------------------------------------------
     def check(self, step: int, loss_sum: torch.Tensor, local_tokens: torch.Tensor, grad_norm: torch.Tensor,
-              keys: list[str]) -> bool:
+              keys: Iterable[str]) -> bool:
         """``True`` when step ``step`` may be applied. Collective (one all-reduce of 3 values, one
-        host read); logs and counts a skipped step. ``keys``: this rank's batch keys."""
+        host read); logs and counts a skipped step. ``keys``: this rank's batch keys (iterated only
+        when the step is reported)."""
         self.applied = self._check(step, loss_sum, local_tokens, grad_norm, keys)
         self.good_since_checkpoint += int(self.applied)
         return self.applied

@@ -17,6 +17,7 @@ learning-rate scale.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -138,7 +139,8 @@ def train_step(model, optimizer, batches: list[TokenBatch], info: parallel.DistI
     if stats is not None:
         stats.before_step()
     grad_norm = clip_grad_norm(list(model.parameters()), cfg.optim.grad_clip)
-    apply = guard is None or guard.check(step, loss_sum, local_tokens, grad_norm, [k for b in batches for k in b.keys])
+    keys = itertools.chain.from_iterable(b.keys for b in batches)  # read only if the step is reported
+    apply = guard is None or guard.check(step, loss_sum, local_tokens, grad_norm, keys)
     if timer is not None:
         timer.mark("comm")
     if apply:
