@@ -96,13 +96,12 @@ _SET_UP: dict = {}  # (run id, step, thread id) → a DoFn of that step whose se
 _SET_UP_LOCK = threading.Lock()
 
 
-def _set_up_fn(fn, run_id: str, step: str):
-    """The DoFn instance to run ``step`` of run ``run_id`` with in this worker thread: one whose
-    ``setup`` already ran (and ``True``), else ``fn`` to set up (and ``False``). Instances of
-    other runs are dropped first (Beam calls ``teardown`` best-effort only)."""
-    key = (run_id, step, threading.get_ident())
+def _set_up_fn(fn, key: tuple):
+    """The DoFn instance to run with under ``key`` ``(run id, step, thread id)``: one whose
+    ``setup`` already ran in this process (and ``True``), else ``fn`` to set up (and ``False``).
+    Instances of other runs are dropped first (Beam calls ``teardown`` best-effort only)."""
     with _SET_UP_LOCK:
-        for stale in [k for k in _SET_UP if k[0] != run_id]:
+        for stale in [k for k in _SET_UP if k[0] != key[0]]:
             del _SET_UP[stale]
         cached = _SET_UP.get(key)
     return (cached, True) if cached is not None else (fn, False)
@@ -126,8 +125,8 @@ def _run_bundle(items, fn, args, kwargs, step, run_id, window_fn, views, *side_v
                              process_yields_batches=False, process_batch_yields_elements=False)
     side_inputs = [SideInputMap(view_class, options, [get_windowed_value(v, mapping) for v in values])
                    for (view_class, options, mapping), values in zip(views, side_values)]
-    fn, ready = _set_up_fn(fn, run_id, step)
     key = (run_id, step, threading.get_ident())
+    fn, ready = _set_up_fn(fn, key)
     invoker = DoFnInvoker.create_invoker(
         DoFnSignature(fn), handler, context=DoFnContext(step, state=None), side_inputs=side_inputs,
         input_args=args, input_kwargs=kwargs, user_state_context=None,
