@@ -2,7 +2,7 @@
 (the baseline) and on a Dask cluster (a scheduler and 2 worker processes on 127.0.0.1).
 
     python benchmarks/bench_scale.py [--scales 1,4,16] [--fraction 0.25]
-        [--runners direct,dask,dask-weak] [--workers 2] [--out data/bench_scale]
+        [--runners direct,dask[,dask-weak]] [--workers 2] [--out data/bench_scale]
 
 Scale ``k`` is ``k`` copies of the demo corpus (``--fraction`` of it per copy): copy 0 is the
 original, copy ``c >= 1`` has every document's words shuffled with a seed of ``(c, id)`` and the
@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scales", default="1,4,16", help="comma-separated copies of the corpus")
     ap.add_argument("--fraction", type=float, default=0.25, help="fraction of the demo corpus per copy")
-    ap.add_argument("--runners", default="direct,dask,dask-weak")
+    ap.add_argument("--runners", default="direct,dask",
+                    help="direct, dask and/or dask-weak (2 x scale workers: 32 processes at 16x)")
     ap.add_argument("--workers", type=int, default=2, help="dask worker processes")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench_scale"))
     args = ap.parse_args(argv)
