@@ -217,41 +217,18 @@ class ArrayPacker:
         for g in [g for g in self.keys if g not in live]:
             del self.keys[g]
 
-    def _cell_index(self, off, lens, counts, before, fill, pad, itype) -> np.ndarray:
-        """Per cell of the ``[R, T]`` rows, the index of its token in the (single) token array, as one
-        cumulative sum: +1 per cell, a jump at each chunk's first cell; padding cells repeat the
-        previous index (valid, zeroed by the caller)."""
-        T, R = self.seq_len, len(counts)
-        row_of = np.repeat(np.arange(R, dtype=np.int64), counts)
-        first = np.cumsum(lens) - lens  # each chunk's first token among all chunks
-        cell = row_of * T + (first - before[row_of])  # each chunk's first cell
-        d = np.ones(R * T, itype)
+    def _per_cell(self, cell: np.ndarray, start: np.ndarray, lens: np.ndarray, step: int, pad: list[int],
+                  fill: np.ndarray, itype) -> np.ndarray:
+        """A value per cell of the ``[R, T]`` rows as one cumulative sum: ``start[k]`` at chunk ``k``'s first
+        cell (``cell[k]``), then ``step`` more per cell of the chunk; padding cells repeat the previous
+        value (the caller zeroes their tokens)."""
+        T = self.seq_len
+        d = np.full(len(fill) * T, step, itype)
         for r in pad:
             d[r * T + fill[r]:(r + 1) * T] = 0
-        prev_end = np.concatenate([[1], off[:-1] + lens[:-1]])  # 1: the sum starts at 0 before the first cell
-        d[cell] = off - prev_end + 1
+        last = np.concatenate([[0], start[:-1] + step * (lens[:-1] - 1)])  # the value just before each chunk
+        d[cell] = start - last
         return np.cumsum(d, dtype=itype)
-
-    def _gather_many(self, c, pools, used, fill, itype) -> np.ndarray:
-        """Rows gathered from several token arrays: array by array (chunks sorted by array), then the
-        tokens put in row order (``[R, T]``, padding not yet zeroed)."""
-        T, R = self.seq_len, len(fill)
-        lens, srcs = c["length"], c["src"]
-        total = int(lens.sum())
-        starts = np.cumsum(lens, dtype=itype) - lens  # each chunk's first token in the concatenated tokens
-        by = np.argsort(srcs, kind="stable")
-        lb = lens[by]
-        sb = np.cumsum(lb, dtype=itype) - lb
-        src = np.repeat((c["off"][by] - sb).astype(itype), lb) + np.arange(total, dtype=itype)
-        cuts = np.append(sb[np.searchsorted(srcs[by], used)], total)  # each array's tokens in `src`
-        part = np.empty(total, np.result_type(*pools))
-        for pool, a, b in zip(pools, cuts[:-1].tolist(), cuts[1:].tolist()):
-            part[a:b] = pool[src[a:b]]
-        flat = np.empty_like(part)
-        flat[np.repeat((starts[by] - sb).astype(itype), lb) + np.arange(total, dtype=itype)] = part
-        ids = np.zeros((R, T), part.dtype)
-        ids[np.arange(T) < fill[:, None]] = flat
-        return ids
 
     def _build(self, c: dict[str, np.ndarray], counts: np.ndarray) -> list[PackedBatch]:
         """Batches of ``rows`` rows from chunks in row order (``counts``: chunks per row; the last batch
@@ -271,10 +248,18 @@ class ArrayPacker:
         pools = [self.pools[g] for g in used]
         # int32 token indices where the arrays allow: half the memory traffic of the gather
         itype = np.int32 if max(len(p) for p in pools) + R * T < 1 << 31 else np.int64
+        row_of = np.repeat(np.arange(R, dtype=np.int64), counts)
+        cell = row_of * T + (done[:-1] - before[row_of])  # each chunk's first cell
+        index = self._per_cell(cell, c["off"], lens, 1, pad, fill, itype)  # each cell's token in its array
         if len(used) == 1:
-            ids = pools[0][self._cell_index(c["off"], lens, counts, before, fill, pad, itype)].reshape(R, T)
-        else:
-            ids = self._gather_many(c, pools, used, fill, itype)
+            ids = pools[0][index].reshape(R, T)
+        else:  # token arrays (zstd blocks) one by one, over the cells of their chunks
+            which = self._per_cell(cell, np.searchsorted(used, srcs), lens, 0, pad, fill, itype)
+            ids = np.zeros(R * T, np.result_type(*pools))
+            for i, pool in enumerate(pools):
+                m = which == i
+                ids[m] = pool[index[m]]
+            ids = ids.reshape(R, T)
         for r in pad:
             ids[r, fill[r]:] = 0
         ids = ids if ids.dtype in (np.uint16, np.int32) else compact_ids(ids)

@@ -101,10 +101,30 @@ class Progress:
         pos = consumed[single, 0]
         self.done.update(pos[pos >= self.prefix].tolist())
         if not single.all():
-            for pos, chunk, n_chunks in consumed[~single].tolist():
-                self.record(pos, chunk, n_chunks)
+            self._record_chunks(consumed[~single].tolist())
         if len(self.done) >= self._advance_at:
             self._advance()
+
+    def _record_chunks(self, rows: list) -> None:
+        """:meth:`record` of many ``[position, chunk, n_chunks]`` rows (n_chunks != 1), inlined: this runs
+        once per chunk of every long document."""
+        prefix, done, partial = self.prefix, self.done, self.partial
+        for pos, chunk, n_chunks in rows:
+            if pos < prefix or pos in done:
+                continue
+            if n_chunks <= 0:
+                self.bad += chunk == BAD
+                self.empty += chunk == EMPTY
+                partial.pop(pos, None)
+                done.add(pos)
+                continue
+            entry = partial.get(pos)
+            if entry is None:
+                entry = partial[pos] = (n_chunks, set())
+            entry[1].add(chunk)
+            if len(entry[1]) >= entry[0]:
+                del partial[pos]
+                done.add(pos)
 
     def _advance(self) -> None:
         """Move :attr:`prefix` past every consumed position that directly follows it (vectorised)."""
