@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return bench_command(args) if args.command == "bench" else keys_command(args)
     except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
-        print(f"python -m loaders keys: {explain(e)}", file=sys.stderr)
+        print(f"python -m loaders {args.command}: {explain(e)}", file=sys.stderr)
         return exit_status(e)
 
 

@@ -132,6 +132,9 @@ def bench(shards: str, seq_len: int = 512, batch_size: int = 16, workers: int = 
     Raises:
         FileNotFoundError / ValueError: no manifest at ``shards``; RuntimeError: a pass failed.
     """
+    from shards import Manifest
+
+    Manifest.load(shards)  # a missing or bad manifest is reported here, not as a failed pass
     spec = {"shards": shards, "seq_len": seq_len, "batch_size": batch_size, "workers": workers,
             "cache_dir": cache_dir, "seed": seed, "worker_start": worker_start}
     out = {"settings": spec, "loader": run_pass({**spec, "kind": "loader"})}

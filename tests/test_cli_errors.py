@@ -34,3 +34,22 @@ def test_closed_pipe_ends_quietly(tmp_path):
 def test_cache_serve_refuses_missing_folder(tmp_path):
     p = run("-m", "cache", "serve", str(tmp_path / "missing"))
     assert p.returncode == 2 and "is not a folder" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_trainer_refuses_bad_data_settings_and_a_too_small_vocabulary_in_one_line(tmp_path):
+    """Loader settings are checked with the config, before any rank starts; a model vocabulary
+    smaller than the data's is a config error naming both sizes, not an embedding IndexError."""
+    p = run("-m", "trainer", "--config", "configs/demo.yaml", "data.worker_start=banana", f"run_dir={tmp_path}")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "config: data.worker_start='banana': use one of ('fork', 'spawn')" in p.stderr
+    write_counting_shards(str(tmp_path / "data"), 40, max_samples=20, vocab=64, max_len=20)
+    p = run("-m", "trainer", "--config", "configs/demo.yaml", f"data.manifest={tmp_path / 'data'}", "model.vocab_size=16",
+            f"run_dir={tmp_path / 'run'}", f"cache.dir={tmp_path / 'cache'}", "--dry-run")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "model.vocab_size=16 is below the data's vocabulary (64" in p.stderr
+
+
+def test_loaders_bench_names_a_missing_manifest(tmp_path):
+    p = run("-m", "loaders", "bench", "--shards", str(tmp_path / "nope"))
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "python -m loaders bench: not found or unreachable:" in p.stderr

@@ -174,6 +174,23 @@ def test_ctrl_c_ends_in_one_line_with_exit_130(tmp_path, common):
     assert proc.returncode == 130, err[-3000:]
     assert [line for line in err.splitlines() if line.strip()] == [line for line in err.splitlines()
                                                                     if "interrupted" in line], err[-3000:]
+    from trainer.checkpointing.layout import latest_checkpoint
+    if latest_checkpoint(str(tmp_path / "run" / "checkpoints")) is None:  # the advice matches what is on disk
+        assert "nothing to resume; run again with checkpoint.overwrite=true" in err, err[-3000:]
+    else:
+        assert "run the same command again to resume" in err, err[-3000:]
+
+
+def test_interrupt_advice_without_and_with_a_checkpoint(tmp_path):
+    """Ctrl-C before the first checkpoint must not advise a resume that the next run refuses."""
+    from trainer.__main__ import _interrupted
+    cfg = TrainConfig(run_dir=str(tmp_path))
+    assert "nothing to resume; run again with checkpoint.overwrite=true" in _interrupted(cfg)
+    from trainer.checkpointing.layout import COMPLETE, step_dir
+    from trainer.run_folder import checkpoint_root
+    os.makedirs(step_dir(checkpoint_root(cfg), 4))
+    open(os.path.join(step_dir(checkpoint_root(cfg), 4), COMPLETE), "w").close()
+    assert "resume from the last checkpoint" in _interrupted(cfg)
 
 
 @pytest.mark.parametrize("nproc", [[], ["--nproc-per-node", "2"]])

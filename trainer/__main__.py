@@ -57,6 +57,23 @@ def _load(args):
     return cfg
 
 
+def _interrupted(cfg) -> str:
+    """What to do after Ctrl-C: resume from the last checkpoint, or start over when there is none."""
+    if cfg is None:
+        return "interrupted"
+    from trainer.checkpointing.layout import latest_checkpoint
+    from trainer.run_folder import checkpoint_root
+    root = checkpoint_root(cfg)
+    try:
+        last = latest_checkpoint(root)
+    except Exception:  # noqa: BLE001 - unreadable storage: the general advice still holds
+        last = root
+    if last is None:
+        return (f"interrupted before the first checkpoint (checkpoint.every={cfg.checkpoint.every}): nothing to "
+                f"resume; run again with checkpoint.overwrite=true to start over")
+    return f"interrupted; run the same command again to resume from the last checkpoint ({last})"
+
+
 def _dry_run(cfg) -> int:
     """Check data (manifest), run folder, checkpoint compatibility and the checkpoint's stored
     bytes against its checksums (one stored item in memory at a time); print the start line.
@@ -106,10 +123,7 @@ def _train(argv: list[str]) -> int:
         from trainer.train import train
         train(cfg)
     except KeyboardInterrupt:
-        from trainer.run_folder import checkpoint_root
-        _say(f"interrupted; run the same command again to resume from the last checkpoint "
-             f"(in {checkpoint_root(cfg)}, every {cfg.checkpoint.every or 'no'} steps)"
-             if cfg is not None else "interrupted")
+        _say(_interrupted(cfg))
         return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - expected user/data errors end in one line; others re-raise
         from cache.errors import CacheError

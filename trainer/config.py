@@ -306,3 +306,4 @@ class TrainConfig:
         p = self.profile
         if p.enabled and (p.active < 1 or min(p.skip_first, p.wait, p.warmup) < 0):
             raise ValueError(f"profile: active={p.active} must be >= 1 and skip_first/wait/warmup >= 0")
+        self.data.validate()

@@ -55,14 +55,22 @@ def build_data(cfg: TrainConfig, info: parallel.DistInfo):
 
 
 def resolve_vocab_size(cfg: TrainConfig) -> None:
-    """Fill ``model.vocab_size`` from the manifest when it is 0."""
+    """Fill ``model.vocab_size`` from the manifest when it is 0, and check that a set one covers the
+    data's token ids.
+
+    Raises:
+        ValueError: no vocabulary size anywhere, or ``model.vocab_size`` below the manifest's.
+    """
+    from shards.manifest import Manifest
+    url = cfg.data.mixture[0].get("manifest", "") if cfg.data.mixture else cfg.data.manifest  # sources share one
+    vocab = Manifest.load(url).vocab_size
     if cfg.model.vocab_size == 0:
-        from shards.manifest import Manifest
-        url = cfg.data.mixture[0].get("manifest", "") if cfg.data.mixture else cfg.data.manifest  # sources share one
-        vocab = Manifest.load(url).vocab_size
         if vocab < 1:
             raise ValueError(f"{url}: manifest has no vocab_size; set model.vocab_size")
         cfg.model.vocab_size = vocab
+    elif vocab > cfg.model.vocab_size:
+        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is below the data's vocabulary ({vocab} in {url}): "
+                         f"its token ids would not fit the embedding; set model.vocab_size={vocab} (or 0: the manifest's)")
 
 
 def loader_state(loader, epoch: int) -> dict:
