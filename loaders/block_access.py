@@ -83,10 +83,6 @@ class GroupKeys:
     def __init__(self, tables: list[DocTable | None], table: np.ndarray, local: np.ndarray):
         self.tables, self.table, self.local = tables, table, local
 
-    def __getitem__(self, d: int) -> str:
-        t = self.tables[self.table[d]]
-        return "" if t is None else t.key(int(self.local[d]))
-
     def take(self, docs: np.ndarray, escaped: bool = True) -> list[str]:
         """Sample keys (``escaped``) or raw ids of documents ``docs`` (``int64`` array), in bulk."""
         which, local = self.table[docs], self.local[docs]
