@@ -50,12 +50,13 @@ from apache_beam.pipeline import PipelineVisitor, PTransformOverride
 from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, Receiver, _OutputHandler
 from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner, DaskRunnerResult
 from apache_beam.runners.dask.overrides import _Create, _Flatten, _GroupByKeyOnly, _Reshuffle, dask_overrides
-from apache_beam.runners.dask.transform_evaluator import defenestrate, get_windowed_value
+from apache_beam.runners.dask.transform_evaluator import get_windowed_value
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 from apache_beam.transforms.sideinputs import SideInputMap
 
+from .dask_parts import decode, encode, encode_list, shuffle, spread
+
 MIN_PARTITIONS = 4  # a Reshuffle spreads over at least this many bag partitions
-MAX_BRANCH = 128  # partitions a group's task shuffle moves in one stage
 PARTITION_BYTES = 4_000_000  # input bytes per bag partition: a task's share stays this size as the corpus grows
 
 
@@ -73,52 +74,57 @@ def partition_count(requested: int | None, threads: int, input_bytes: int) -> in
 
 
 class _TagReceiver(Receiver):
-    """Appends ``(tag, value)`` for each element a DoFn emits on ``tag`` (``None``: main output)."""
+    """Appends each element a DoFn emits on one tag to that tag's list."""
 
-    def __init__(self, tag, out: list):
-        self.tag, self.out = tag, out
+    def __init__(self, values: list):
+        self.values = values
 
     def receive(self, windowed_value):
-        self.out.append((self.tag, windowed_value.value))
+        self.values.append(windowed_value.value)
 
 
 class _Receivers(dict):
-    def __init__(self, out: list):
+    """Tag (``None``: main output) → receiver; ``out`` maps each tag to the values emitted on it."""
+
+    def __init__(self, out: dict):
         super().__init__()
         self.out = out
 
     def __missing__(self, tag):
-        self[tag] = _TagReceiver(tag, self.out)
+        self[tag] = _TagReceiver(self.out.setdefault(tag, []))
         return self[tag]
 
 
-_SET_UP: dict = {}  # (run id, step, thread id) → a DoFn of that step whose setup() has run in this process
+_SET_UP: dict = {}  # (run id, step, thread id) → (a DoFn of that step set up in this process, its state after setup)
 _SET_UP_LOCK = threading.Lock()
 
 
 def _set_up_fn(fn, key: tuple):
-    """The DoFn instance to run with under ``key`` ``(run id, step, thread id)``: one whose
-    ``setup`` already ran in this process (and ``True``), else ``fn`` to set up (and ``False``).
-    Instances of other runs are dropped first (Beam calls ``teardown`` best-effort only)."""
+    """The DoFn instance to run with under ``key`` ``(run id, step, thread id)`` and its attributes
+    right after ``setup``: one whose ``setup`` already ran in this process, else ``(fn, None)`` (set
+    it up). Instances of other runs are dropped first (Beam calls ``teardown`` best-effort only)."""
     with _SET_UP_LOCK:
         for stale in [k for k in _SET_UP if k[0] != key[0]]:
             del _SET_UP[stale]
-        cached = _SET_UP.get(key)
-    return (cached, True) if cached is not None else (fn, False)
+        return _SET_UP.get(key, (fn, None))
 
 
-def _run_bundle(items, fn, args, kwargs, step, run_id, window_fn, views, *side_values) -> list:
-    """Run DoFn ``fn`` (of Beam step ``step``, full label) over one bag partition ``items`` as one bundle.
+def _run_bundle(part: bytes, fn, args, kwargs, step, run_id, window_fn, views, *side_values) -> dict:
+    """Run DoFn ``fn`` (of Beam step ``step``, full label) over one encoded bag partition as one bundle.
 
     ``views`` are ``(view class, view options, window mapping fn)`` per side input and
-    ``side_values`` the matching fully computed side-input element lists. Returns the
-    ``(tag, value)`` pairs emitted by ``process`` and by ``finish_bundle`` (fault 2).
+    ``side_values`` the matching fully computed side-input element lists. Returns, per output
+    tag (``None``: main), the encoded values emitted by ``process`` and by ``finish_bundle``
+    (fault 2; :func:`pipelines.dask_parts.encode`).
 
     As on Beam's own workers, a DoFn instance is set up once and reused for later bundles of
     its step in the same worker thread and run ``run_id`` (a per-bundle ``setup`` would, e.g.,
     load the language model once per partition); an instance whose bundle raised is discarded.
+    After each bundle the instance's attributes are reset to what ``setup`` left, so what a
+    bundle built (a lifted combine's per-key accumulators: a whole partition for exact dedup)
+    is not kept alive in the worker, outside dask's memory accounting, until the next bundle.
     """
-    out: list = []
+    out: dict = {}
     receivers = _Receivers(out)
     handler = _OutputHandler(window_fn=window_fn, main_receivers=receivers[None], tagged_receivers=receivers,
                              per_element_output_counter=None, output_batch_converter=None,
@@ -126,31 +132,37 @@ def _run_bundle(items, fn, args, kwargs, step, run_id, window_fn, views, *side_v
     side_inputs = [SideInputMap(view_class, options, [get_windowed_value(v, mapping) for v in values])
                    for (view_class, options, mapping), values in zip(views, side_values)]
     key = (run_id, step, threading.get_ident())
-    fn, ready = _set_up_fn(fn, key)
+    fn, after_setup = _set_up_fn(fn, key)
     invoker = DoFnInvoker.create_invoker(
         DoFnSignature(fn), handler, context=DoFnContext(step, state=None), side_inputs=side_inputs,
         input_args=args, input_kwargs=kwargs, user_state_context=None,
         bundle_finalizer_param=beam.DoFn.BundleFinalizerParam())
     try:
-        if not ready:
+        if after_setup is None:
             invoker.invoke_setup()
+            after_setup = dict(vars(fn))
             with _SET_UP_LOCK:
-                _SET_UP[key] = fn
+                _SET_UP[key] = fn, after_setup
         invoker.invoke_start_bundle()
-        for item in items:
+        for item in decode(part):
             invoker.invoke_process(get_windowed_value(item, window_fn))
         invoker.invoke_finish_bundle()
     except BaseException:
         with _SET_UP_LOCK:
             _SET_UP.pop(key, None)
         raise
-    return out
+    vars(fn).clear()
+    vars(fn).update(after_setup)
+    return {tag: encode(values) for tag, values in out.items()}
 
 
-def _select(pairs, tag, *_after) -> list:
-    """The values of one output tag from a ParDo partition's ``(tag, value)`` pairs (fault 1).
+_EMPTY = encode([])
+
+
+def _select(outputs: dict, tag, *_after) -> bytes:
+    """The encoded values of one output tag from a ParDo partition's outputs (fault 1).
     ``_after``: partitions of the other tags' selects, passed only to run those first."""
-    return [value for t, value in pairs if t == tag]
+    return outputs.get(tag, _EMPTY)
 
 
 def _task_name(label: str, tag=None) -> str:
@@ -166,15 +178,6 @@ def _concat(parts) -> list:
 
 def _nothing(_) -> list:
     return []
-
-
-def _key(item):
-    return item[0]
-
-
-def _group_values(item):
-    key, values = item
-    return key, [defenestrate(v[1]) for v in values]
 
 
 class _LiftCombines(PTransformOverride):
@@ -204,18 +207,14 @@ class _Translator(PipelineVisitor):
         self.consumed.update(p for p in node.inputs if not isinstance(p, pvalue.PBegin))
         if isinstance(transform, _Create):
             values = list(transform.values)
-            bag = db.from_sequence(values, npartitions=max(1, min(len(values), self.partitions)))
+            bag = db.from_sequence(values, npartitions=max(1, min(len(values), self.partitions))).map_partitions(
+                encode_list, token=_task_name(node.full_label))
         elif isinstance(transform, _Flatten):
             bag = db.concat(inputs)
         elif isinstance(transform, _GroupByKeyOnly):
-            bag = inputs[0]
-            if bag.npartitions > self.partitions:  # a task shuffle costs partitions² tasks
-                bag = bag.repartition(npartitions=self.partitions)
-            # one shuffle stage up to MAX_BRANCH partitions (dask's default of 32 would add a second
-            # stage, about 13 % more CPU at 40 partitions), at the cost of partitions² small tasks
-            bag = bag.groupby(_key, shuffle="tasks", max_branch=MAX_BRANCH).map(_group_values)
+            bag = shuffle(inputs[0], self.partitions, _task_name(node.full_label))
         elif isinstance(transform, _Reshuffle):
-            bag = inputs[0].repartition(npartitions=max(inputs[0].npartitions, self.partitions))
+            bag = spread(inputs[0], self.partitions, _task_name(node.full_label))
         elif type(transform) is beam.ParDo:
             bag = self._pardo(node, inputs[0])
         else:  # _GroupAlsoByWindow and the like: identity in the global window
@@ -242,7 +241,7 @@ class _Translator(PipelineVisitor):
             views.append((type(si), si._view_options(), si._window_mapping_fn))
             # one graph node per side input, computed once (fault 4); not optimised on its own,
             # which would fuse a renamed copy of everything upstream into it
-            values.append(self.bags[si.pvalue].reduction(list, _concat).to_delayed(optimize_graph=False))
+            values.append(self.bags[si.pvalue].reduction(decode, _concat).to_delayed(optimize_graph=False))
         return bag.map_partitions(_run_bundle, transform.fn, list(args), kwargs, node.full_label, self.run_id,
                                   main.windowing.windowfn, views, *values, token=_task_name(node.full_label))
 

@@ -27,6 +27,11 @@ from .records import Doc
 from .stats import EventTally
 
 
+# Intermediate merges of the sample: the final merge holds SAMPLE_FANOUT partial samples (each at
+# most sample_max_bytes) instead of one per bundle, which grew with the corpus on a cluster
+SAMPLE_FANOUT = 8
+
+
 class SmallestHashSample(beam.CombineFn):
     """Combine ``(hash, text)`` pairs into the hash-ordered prefix of at most ``max_bytes`` UTF-8 bytes
     of the texts whose hash lies under ``fraction`` of the hash space, or, when there is none, of
@@ -169,6 +174,7 @@ def build_model(docs, cfg: TokenizerConfig, label: str = "Tokenizer", keyed: boo
             | f"{label}/Hash" >> (beam.MapTuple(lambda h, d: (h, d.text)) if keyed
                                   else beam.Map(lambda d: (content_hash(d.text), d.text)))
             | f"{label}/Sample" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes, cfg.sample_fraction))
+            .with_fanout(SAMPLE_FANOUT)
             | f"{label}/Train" >> beam.Map(train_sentencepiece, cfg))
 
 
