@@ -10,7 +10,8 @@ id suffixed ``~c``, so the documents are distinct and exact dedup does not shrin
 word statistics, hence cleaning and quality outcomes, stay close to the original's). Each run is
 ``beam_runner.py`` in a fresh process with the default pipeline config; the Dask cluster is
 started anew per run so each worker's peak RSS belongs to that run. ``dask`` keeps ``--workers``
-worker processes at every scale; ``dask-weak`` grows the cluster with the corpus (``--workers``
+worker processes at every scale; ``dask-spill`` is the same with each worker's ``--memory-limit``
+(default ``SPILL_LIMIT``) and colaflow's spill settings (:func:`pipelines.local_engines.dask_spill_env`); ``dask-weak`` grows the cluster with the corpus (``--workers``
 times the scale), which shows whether memory per worker stays flat when each worker's share of
 the corpus does. A first run on a tiny
 corpus (``FIXED_FRACTION`` of the demo corpus, about 0.1 MB) measures each runner's fixed cost
@@ -39,9 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pipelines.corpus import write_corpus  # noqa: E402
-from pipelines.local_engines import child_env, peak_rss_bytes, start_dask  # noqa: E402
+from pipelines.local_engines import SPILL_TARGET, child_env, peak_rss_bytes, start_dask  # noqa: E402
 
 FIXED_FRACTION = 0.005  # of the demo corpus: the fixed-cost run's input (about 0.1 MB)
+SPILL_LIMIT = "500MB"  # dask-spill's per-worker --memory-limit: 100 MB of results in memory above a worker's own ~250 MB
 
 
 def _cpu_s(pid: int) -> float:
@@ -122,34 +124,46 @@ class HeldSampler(threading.Thread):
         return self.peak
 
 
-def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path) -> dict:
+def _spilled_bytes(dask_worker) -> float:
+    """Worker-side: bytes this worker has written to its spill directory so far."""
+    metrics = getattr(dask_worker.data, "cumulative_metrics", {})
+    return metrics.get(("disk-write", "bytes"), 0.0)
+
+
+def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path, memory_limit: str = "0") -> dict:
     """One run; returns wall_s, cpu_s (driver plus Dask workers), peak RSS (MB) per worker
     process (the DirectRunner's worker is the driver process itself) and, for Dask, ``held``:
-    MB held per stage at the peak (the 3 largest)."""
+    MB held in worker memory per stage at the peak (the 3 largest) and ``spilled_mb``: MB the
+    workers wrote to disk (with a ``memory_limit``, e.g. ``"500MB"``, per worker)."""
     env = child_env()
     if runner == "direct":
         wall, usage = run_job(corpus, out, [], env)
         return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mb": [usage.ru_maxrss / 1024]}
-    engine = start_dask(logs, workers=workers, env=env, timeout_s=60.0 + 5 * workers)
+    engine = start_dask(logs, workers=workers, env=env, timeout_s=60.0 + 5 * workers, memory_limit=memory_limit)
     try:
         cpu0 = sum(_cpu_s(p) for p in engine.worker_pids())
         sampler = HeldSampler(engine.address)
         sampler.start()
         wall, usage = run_job(corpus, out, ["--runner=DaskRunner", f"--dask_client_address={engine.address}"], env)
         held = sampler.stop()
+        from distributed import Client
+
+        with Client(engine.address) as client:
+            spilled = sum(client.run(_spilled_bytes).values())
         cpu = usage.ru_utime + usage.ru_stime + sum(_cpu_s(p) for p in engine.worker_pids()) - cpu0
         rss = [peak_rss_bytes(p) / 2**20 for p in engine.worker_pids()]
     finally:
         engine.stop()
     top = sorted(held.items(), key=lambda kv: -kv[1])[:3]
-    return {"wall_s": wall, "cpu_s": cpu, "rss_mb": rss, "held_mb": sum(held.values()) / 2**20,
+    return {"wall_s": wall, "cpu_s": cpu, "rss_mb": rss, "held_mb": sum(held.values()) / 2**20, "spilled_mb": spilled / 2**20,
             "held": {name.split("-")[0]: n / 2**20 for name, n in top}}
 
 
 def _row(r: dict) -> str:
     held = ""
     if "held" in r:
-        held = f"  {r['workers']} workers, {r['partitions']} partitions, held {r['held_mb']:.0f} MB: " + ", ".join(
+        held = (f"  {r['workers']} workers, {r['partitions']} partitions, spilled {r['spilled_mb']:.0f} MB, "
+                f"held {r['held_mb']:.0f} MB: ") + ", ".join(
             f"{name} {mb:.0f}" for name, mb in r["held"].items())
     marginal = f"{r['marginal_cpu_s_per_mb']:6.2f}" if "marginal_cpu_s_per_mb" in r else "     -"
     scale = "fixed" if r["scale"] == "fixed" else f"{r['scale']}x"
@@ -167,8 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scales", default="1,4,16", help="comma-separated copies of the corpus")
     ap.add_argument("--fraction", type=float, default=0.25, help="fraction of the demo corpus per copy")
     ap.add_argument("--runners", default="direct,dask",
-                    help="direct, dask and/or dask-weak (2 x scale workers: 32 processes at 16x)")
+                    help="direct, dask, dask-spill (dask with --memory-limit) and/or dask-weak (2 x scale "
+                         "workers: 32 processes at 16x)")
     ap.add_argument("--workers", type=int, default=2, help="dask worker processes")
+    ap.add_argument("--memory-limit", default=SPILL_LIMIT,
+                    help="each dask-spill worker's --memory-limit; results beyond "
+                         f"{SPILL_TARGET:.0%} of it go to local disk")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench_scale"))
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -183,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                            FIXED_FRACTION if scale == "fixed" else args.fraction)
         for runner in runners:
             workers = args.workers * (scale if runner == "dask-weak" and scale != "fixed" else 1)
-            r = measure(runner, corpus, out / f"shards-{runner}-{scale}x", workers, out / f"logs-{scale}x")
+            r = measure(runner, corpus, out / f"shards-{runner}-{scale}x", workers, out / f"logs-{scale}x-{runner}",
+                        args.memory_limit if runner == "dask-spill" else "0")
             r.update(runner=runner, scale=scale, mb=size / 1e6, cpu_s_per_mb=r["cpu_s"] / (size / 1e6), workers=workers)
             if runner != "direct":
                 r["partitions"] = partition_count(None, workers, size)
@@ -205,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"peak RSS/worker {max(hi['rss_mb']) / max(lo['rss_mb']):.2f}; CPU s per added MB: {slopes}")
     for scale in sorted({r["scale"] for r in rows if r["scale"] != "fixed"}):
         pair = {r["runner"]: r for r in rows if r["scale"] == scale}
-        for name in ("dask", "dask-weak"):
+        for name in ("dask", "dask-spill", "dask-weak"):
             if {"direct", name} <= pair.keys():
                 print(f"{scale}x: {name}/direct wall ratio {pair[name]['wall_s'] / pair['direct']['wall_s']:.2f}")
     return 0

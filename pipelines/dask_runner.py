@@ -7,7 +7,7 @@ things wrong; each is fixed here, and ``tests/test_dask_runner.py`` reproduces e
 
 1. **Tagged outputs.** A ParDo's main and tagged outputs land in one bag, stripped of their tags,
    so a consumer of the main output also receives every tagged element (and the reverse).
-   Here a ParDo's bag holds ``(tag, value)`` pairs and each output PCollection selects its tag.
+   Here a ParDo's partition holds its values per tag and each output PCollection selects its tag.
 2. **finish_bundle outputs.** The bundle's results are taken before ``finish_bundle`` runs, so
    what it emits (``BatchElements``' last batch, our per-bundle event tallies, lifted combiners)
    is lost. Here results are collected after ``finish_bundle``.
@@ -22,16 +22,24 @@ Two more changes make the runner usable at scale: ``CombinePerKey`` is lifted (p
 per bundle, then group, then merge: :class:`apache_beam.transforms.combiners.LiftedCombinePerKey`,
 as the DirectRunner does), so a key's values are never grouped in one list; and ``Reshuffle``
 repartitions the bag (Beam's translation leaves it a no-op, so a job that starts from one file
-pattern ran in one task). Groups use dask's task-based shuffle, which hashes keys with
-``dask.base.tokenize`` (the same in every worker process).
+pattern ran in one task).
+
+Every partition is held between tasks as pickled bytes (:mod:`pipelines.dask_parts`, which
+says why: held Python objects fragmented the worker's heap to several times what was live), so
+groups and ``Reshuffle`` use its own task shuffle (keys hashed with ``dask.base.tokenize``, the
+same in every worker process) and spread instead of dask's, which look into partitions.
 
 Costs that grow with the corpus are kept to what the job itself needs: the partition count
 grows with the input (:func:`partition_count`), so a task's slice stays the same size; a DoFn
 is set up once per worker thread and reused for later bundles, as Beam's own workers do
-(a setup per partition made CPU per MB grow with the partition count); a ParDo's main output
+(a setup per partition made CPU per MB grow with the partition count), and what a bundle
+left on the instance (a lifted combine's accumulators: a partition's worth) is dropped after
+it, leaving what ``setup`` made; a ParDo's main output
 is selected after its tagged outputs, so no late tagged select keeps the whole output in
 memory; and tasks are named after their Beam steps, so the dashboard shows which stage holds
-memory.
+memory. Held partitions are dask task results, so a worker started with ``--memory-limit`` and
+the settings of :func:`pipelines.local_engines.dask_spill_env` spills them to its local disk
+(``docs/cluster.md``).
 
 Beam metrics are not collected on Dask (``result.metrics()`` raises ``NotImplementedError``);
 colaflow's ``stats.json`` is built from event records in the graph, not from metrics.

@@ -55,13 +55,35 @@ def _spawn(cmd: list[str], log: Path, env: dict | None) -> subprocess.Popen:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
+# Dask worker memory settings for a worker given a --memory-limit (see docs/cluster.md, "Dask"):
+# results beyond SPILL_TARGET of the limit (by dask's size estimate) go to the worker's local disk
+# as they are stored. Spilling on the process's measured memory and pausing are off: a Beam
+# worker's own memory (imports, the language model, sentencepiece, the running task) is above
+# dask's default 70 % / 80 % thresholds of a small limit, so a worker paused for good (the job
+# stalled at 300 MB) or evicted every result as soon as it was stored (the job ran 5x slower).
+SPILL_TARGET = 0.2
+# glibc returns freed heap memory to the OS above this many bytes; a dask nanny sets it for its
+# worker, and start_dask's workers run without one
+MALLOC_TRIM_THRESHOLD = 65536
+
+
+def dask_spill_env(target: float = SPILL_TARGET) -> dict[str, str]:
+    """Environment variables (dask's config names) that make a ``dask worker`` started with
+    ``--memory-limit`` spill its stored results to local disk beyond ``target`` of the limit
+    (a fraction, 0..1), and never spill on measured process memory nor pause."""
+    return {"DASK_DISTRIBUTED__WORKER__MEMORY__TARGET": str(target),
+            "DASK_DISTRIBUTED__WORKER__MEMORY__SPILL": "False",
+            "DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "False"}
+
+
 def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, timeout_s: float = 60.0,
                memory_limit: str = "0") -> Engine:
     """A ``dask scheduler`` and ``workers`` single-threaded ``dask worker`` processes (no nanny, so
     each worker is one process) on 127.0.0.1; returns once all workers have registered.
 
-    ``memory_limit`` is each worker's ``--memory-limit`` (e.g. ``"600MB"``: the worker spills
-    results to its local disk as it nears the limit; ``"0"``: no limit, nothing spilled).
+    ``memory_limit`` is each worker's ``--memory-limit`` (e.g. ``"500MB"``); with a limit the
+    workers get :func:`dask_spill_env` (results beyond ``SPILL_TARGET`` of the limit are spilled
+    to ``log_dir/worker-N.spill``); ``"0"``: no limit, nothing spilled.
 
     ``env`` is the processes' environment (default: this one); they need colaflow importable.
     Raises ``TimeoutError`` (and stops what started) when the workers do not register in time.
@@ -74,10 +96,13 @@ def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, t
     logs = [log_dir / "scheduler.log"] + [log_dir / f"worker-{i}.log" for i in range(workers)]
     procs = [_spawn([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
                      address.rsplit(":", 1)[1], "--no-dashboard", "--no-show"], logs[0], env)]
+    worker_env = dict(os.environ if env is None else env, MALLOC_TRIM_THRESHOLD_=str(MALLOC_TRIM_THRESHOLD))
+    if memory_limit != "0":
+        worker_env.update(dask_spill_env())
     for log in logs[1:]:
         procs.append(_spawn([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                             "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", memory_limit],
-                            log, env))
+                             "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", memory_limit,
+                             "--local-directory", str(log.with_suffix(".spill"))], log, worker_env))
     engine = Engine(address, procs, logs)
     try:
         with Client(address, timeout=timeout_s) as client:

@@ -1,0 +1,149 @@
+"""What bounds a Dask worker's memory under :class:`ColaflowDaskRunner`: partitions held as bytes
+(:mod:`pipelines.dask_parts`), no bundle state kept by a reused DoFn, and spilling to disk with
+colaflow's worker settings (:func:`pipelines.local_engines.dask_spill_env`) on a real scheduler
+and 2 workers on 127.0.0.1."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+
+import apache_beam as beam
+import cloudpickle
+import dask
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("distributed")
+import dask.bag as db  # noqa: E402
+from distributed import Client  # noqa: E402
+
+from pipelines.dask_parts import decode, encode, encode_list, shuffle, spread  # noqa: E402
+from pipelines.dask_runner import ColaflowDaskRunner  # noqa: E402
+from pipelines.local_engines import SPILL_TARGET, child_env, start_dask  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
+
+
+def _partitions(bag) -> list[list]:
+    return [decode(part) for part in dask.compute(*bag.to_delayed(optimize_graph=False), scheduler="sync")]
+
+
+@settings(max_examples=40, deadline=None)
+@given(pairs=st.lists(st.tuples(st.sampled_from(["a", "b", "c", 7, (1, "x")]), st.integers()), max_size=60),
+       parts=st.integers(1, 5), n=st.integers(1, 6))
+def test_shuffle_groups_every_value_under_its_key_in_one_partition(pairs, parts, n):
+    bag = db.from_sequence(pairs, npartitions=parts).map_partitions(encode_list)
+    out = _partitions(shuffle(bag, n))
+    assert len(out) == n
+    grouped = [kv for part in out for kv in part]
+    keys = [k for k, _ in grouped]
+    assert len(keys) == len(set(keys))  # each key in exactly one partition, once
+    expected: dict = {}
+    for k, v in pairs:
+        expected.setdefault(k, []).append(v)
+    assert {k: sorted(vs) for k, vs in grouped} == {k: sorted(vs) for k, vs in expected.items()}
+
+
+@settings(max_examples=40, deadline=None)
+@given(items=st.lists(st.integers(), max_size=50), parts=st.integers(1, 4), n=st.integers(1, 9))
+def test_spread_keeps_every_element_in_order_over_at_least_n_partitions(items, parts, n):
+    bag = db.from_sequence(items, npartitions=parts).map_partitions(encode_list)
+    out = _partitions(spread(bag, n))
+    assert len(out) >= n
+    assert [x for part in out for x in part] == items
+
+
+def test_encoded_partition_round_trips():
+    values = [("h", ("id", "text é", "src")), (None, 3)]
+    assert decode(encode(values)) == values and isinstance(encode(values), bytes)
+
+
+def _dump(element, folder: str):
+    with open(os.path.join(folder, uuid.uuid4().hex), "w") as f:
+        json.dump(element, f)
+
+
+def _read(folder) -> list:
+    return [json.load(open(os.path.join(folder, n))) for n in sorted(os.listdir(folder))]
+
+
+def _run(address: str, build, tmp_path, npartitions: int = 8):
+    out = tmp_path / "out"
+    out.mkdir()
+    p = beam.Pipeline(runner=ColaflowDaskRunner(), options=PipelineOptions(
+        [f"--dask_client_address={address}", f"--dask_npartitions={npartitions}"]))
+    build(p, str(out))
+    result = p.run()
+    try:
+        result.wait_until_finish()
+    finally:
+        result.client.close()
+    return _read(out)
+
+
+class _KeepsAcrossBundles(beam.DoFn):
+    """Builds ``self.seen`` without resetting it in ``start_bundle``: reports its length per bundle."""
+
+    def setup(self):
+        self.setup_value = 42
+
+    def process(self, x):
+        self.seen = getattr(self, "seen", []) + [x]
+        return []
+
+    def finish_bundle(self):
+        yield beam.transforms.window.GlobalWindows.windowed_value((len(self.seen), self.setup_value))
+
+
+def test_reused_dofn_keeps_its_setup_state_but_not_a_bundles_state(tmp_path):
+    engine = start_dask(tmp_path / "logs", workers=1, env=child_env())
+    try:
+        def build(p, out_dir):
+            (p | beam.Create(range(400)) | beam.Reshuffle() | beam.ParDo(_KeepsAcrossBundles())
+             | beam.Map(list) | beam.Map(_dump, out_dir))
+
+        out = _run(engine.address, build, tmp_path)
+    finally:
+        engine.stop()
+    # one worker thread runs all 8 bundles on one instance: state built by a bundle does not
+    # reach the next (it would count 400 elements in the last bundle), setup's does
+    assert sum(n for n, _ in out) == 400 and len(out) == 8
+    assert {v for _, v in out} == {42}
+
+
+def _blob(i: int) -> list[str]:
+    return [f"{i}:{j}:" + "x" * 1000 for j in range(1000)]  # about 1 MB per input element
+
+
+def _spilled(dask_worker) -> float:
+    return dask_worker.data.cumulative_metrics.get(("disk-write", "bytes"), 0.0)
+
+
+def test_workers_with_a_memory_limit_spill_held_partitions_and_finish(tmp_path):
+    """120 MB of strings are held behind a side input (their count) on 2 workers limited to
+    200 MB each: stored results beyond SPILL_TARGET of the limit go to disk and the job ends
+    (dask's default thresholds pause a worker on its own memory and stall such a job)."""
+    limit = 200_000_000
+    engine = start_dask(tmp_path / "logs", workers=2, env=child_env(), memory_limit=str(limit))
+    try:
+        def build(p, out_dir):
+            strings = p | beam.Create(range(120)) | beam.Reshuffle() | beam.FlatMap(_blob)
+            count = strings | beam.combiners.Count.Globally()
+            (strings | beam.Map(lambda s, n: (len(s), n), beam.pvalue.AsSingleton(count))
+             | beam.CombineGlobally(lambda pairs: [sum(a for a, _ in pairs), max(n for _, n in pairs)])
+             | beam.Map(_dump, out_dir))
+
+        out = _run(engine.address, build, tmp_path)
+        with Client(engine.address) as client:
+            spilled = client.run(_spilled)
+            limits = client.run(lambda dask_worker: dask_worker.memory_manager.memory_limit)
+    finally:
+        engine.stop()
+    total = sum(len(s) for i in range(120) for s in _blob(i))
+    assert out == [[total, 120_000]]
+    assert set(limits.values()) == {limit}
+    assert sum(spilled.values()) > 120e6 - 2 * SPILL_TARGET * limit  # what did not fit under the target
