@@ -140,10 +140,12 @@ def test_workers_with_a_memory_limit_spill_held_partitions_and_finish(tmp_path):
         out = _run(engine.address, build, tmp_path)
         with Client(engine.address) as client:
             spilled = client.run(_spilled)
-            limits = client.run(lambda dask_worker: dask_worker.memory_manager.memory_limit)
+            worker_memory = client.run(lambda dask_worker: (
+                dask_worker.memory_manager.memory_limit, dask_worker.memory_manager.memory_target_fraction,
+                dask_worker.memory_manager.memory_spill_fraction, dask_worker.memory_manager.memory_pause_fraction))
     finally:
         engine.stop()
     total = sum(len(s) for i in range(120) for s in _blob(i))
     assert out == [[total, 120_000]]
-    assert set(limits.values()) == {limit}
+    assert set(worker_memory.values()) == {(limit, SPILL_TARGET, False, False)}  # no pause, no process-memory spill
     assert sum(spilled.values()) > 120e6 - 2 * SPILL_TARGET * limit  # what did not fit under the target
