@@ -2,7 +2,8 @@
 (the baseline) and on a Dask cluster (a scheduler and 2 worker processes on 127.0.0.1).
 
     python benchmarks/bench_scale.py [--scales 1,4,16] [--fraction 0.25]
-        [--runners direct,dask[,dask-weak]] [--workers 2] [--out data/bench_scale]
+        [--runners direct,dask[,dask-spill][,dask-weak]] [--workers 2] [--memory-limit 500MB]
+        [--out data/bench_scale]
 
 Scale ``k`` is ``k`` copies of the demo corpus (``--fraction`` of it per copy): copy 0 is the
 original, copy ``c >= 1`` has every document's words shuffled with a seed of ``(c, id)`` and the
@@ -11,17 +12,18 @@ word statistics, hence cleaning and quality outcomes, stay close to the original
 ``beam_runner.py`` in a fresh process with the default pipeline config; the Dask cluster is
 started anew per run so each worker's peak RSS belongs to that run. ``dask`` keeps ``--workers``
 worker processes at every scale; ``dask-spill`` is the same with each worker's ``--memory-limit``
-(default ``SPILL_LIMIT``) and colaflow's spill settings (:func:`pipelines.local_engines.dask_spill_env`); ``dask-weak`` grows the cluster with the corpus (``--workers``
-times the scale), which shows whether memory per worker stays flat when each worker's share of
-the corpus does. A first run on a tiny
+(default ``SPILL_LIMIT``) and colaflow's spill settings
+(:func:`pipelines.local_engines.dask_spill_env`); ``dask-weak`` grows the cluster with the
+corpus (``--workers`` times the scale), which shows whether memory per worker stays flat when
+each worker's share of the corpus does. A first run on a tiny
 corpus (``FIXED_FRACTION`` of the demo corpus, about 0.1 MB) measures each runner's fixed cost
 (process start, imports, graph construction and submission, tokenizer training on a tiny sample).
 
 Printed per runner and scale: input MB, wall s, CPU s per input MB (driver plus workers, user +
 system), marginal CPU s per MB (CPU above the fixed run's, per MB above its input), peak RSS per
-worker process (the DirectRunner's worker is its own process), and for Dask the bag partitions
-and the stages whose partitions the scheduler held in memory at the run's peak (by dask's size
-estimate, both workers together). Then the 1x→largest ratios and the CPU slope between scales.
+worker process (the DirectRunner's worker is its own process), and for Dask the bag partitions,
+the MB the workers spilled to disk, and the stages whose partitions the scheduler held in
+memory at the run's peak (by dask's size estimate, both workers together). Then the 1x→largest ratios and the CPU slope between scales.
 """
 from __future__ import annotations
 
