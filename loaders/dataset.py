@@ -22,6 +22,7 @@ import time
 from hashlib import sha256
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from shards import Manifest
@@ -36,6 +37,8 @@ from .stream import TextStream
 from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
+
+RECORD_EVERY = 64  # delivered batches whose consumed records are applied to the resume state at once
 
 
 def dataset_fingerprint(manifest: Manifest) -> str:
@@ -66,6 +69,7 @@ class TextLoader:
         self.cache = cache
         self.order_key = {"seed": cfg.seed, "shuffle": cfg.shuffle, "shuffle_block": cfg.shuffle_block,
                           "seq_len": cfg.seq_len, "dataset": dataset_fingerprint(manifest)}
+        self._unrecorded: list[np.ndarray] = []  # consumed records of delivered batches, not yet applied
         self.progress = self._epoch_progress(0)
         self.data_wait_seconds = 0.0
         self.last_split = None  # loaders.order.Split of the current epoch (drop/pad counts)
@@ -75,6 +79,23 @@ class TextLoader:
         self.pool: WorkerPool | None = None  # this epoch's worker processes
 
     # -- epochs and state -------------------------------------------------------------
+    @property
+    def progress(self) -> Progress:
+        """The current epoch's resume state, every delivered batch recorded (applied in bulk: a
+        batch's records wait until the state is read, or ``RECORD_EVERY`` batches have come)."""
+        self._apply_records()
+        return self._progress
+
+    @progress.setter
+    def progress(self, p: Progress) -> None:
+        self._apply_records()  # to the state being replaced
+        self._progress = p
+
+    def _apply_records(self) -> None:
+        if self._unrecorded:
+            records, self._unrecorded = self._unrecorded, []
+            self._progress.record_many(np.concatenate(records))
+
     @property
     def epoch(self) -> int:
         """The epoch the loader is in (0-based)."""
@@ -202,7 +223,9 @@ class TextLoader:
     def _record(self, batch: TokenBatch) -> None:
         """Note a delivered batch's ``consumed`` entries in the resume state (seam: a mixture also
         counts tokens per source)."""
-        self.progress.record_many(batch.consumed)
+        self._unrecorded.append(batch.consumed)
+        if len(self._unrecorded) >= RECORD_EVERY:
+            self._apply_records()
 
     def _sync(self) -> StepSync | None:
         """The step agreement of this epoch (``None``: none needed or none possible, warned)."""

@@ -1,0 +1,80 @@
+"""The per-shard document tables of token-block shards (``loaders.doc_table``): parsed once, kept in
+the node's index store, and the same from the store as from the block metadata."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from loaders import doc_table as dt
+from loaders.block_access import BlockShard
+from shards import Manifest, TokenBlockWriter
+from shards.keys import escape_key
+
+
+def _write(d, compression="none"):
+    rng = np.random.default_rng(3)
+    docs = [(f"src/dóc {i}/ü", "src", rng.integers(0, 4000, int(rng.integers(1, 60))).astype(np.uint16))
+            for i in range(40)]
+    w = TokenBlockWriter(str(d), max_samples=3, block_tokens=200, compression=compression)
+    for doc_id, source, toks in docs:
+        w.add(doc_id, source, toks)
+    m = Manifest(shards=w.close(), layout="token_blocks", token_dtype="uint16")
+    m.save(str(d))
+    return m, docs
+
+
+def _open(d, info, index_dir):
+    return BlockShard(str(d / info.name), info.samples, info.sha256, info.bytes, str(index_dir), "uint16",
+                      info.documents)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_table_is_stored_once_and_equal_from_the_store(tmp_path, compression):
+    m, docs = _write(tmp_path / "shards", compression)
+    info = m.shards[0]
+    index = tmp_path / "index"
+    dt._memory.clear()
+    parsed = _open(tmp_path / "shards", info, index)
+    stored = index / f"{info.sha256}-{info.bytes}.docs.npy"
+    assert stored.exists()
+    dt._memory.clear()  # the next open reads the store, not the metadata
+    calls = []
+    real_parse = dt._parse
+    dt._parse = lambda *a: calls.append(a) or real_parse(*a)
+    try:
+        loaded = _open(tmp_path / "shards", info, index)
+    finally:
+        dt._parse = real_parse
+    assert calls == []
+    for name in ("block", "start", "length", "block_tokens", "id_offsets", "id_bytes"):
+        np.testing.assert_array_equal(getattr(loaded.docs, name), getattr(parsed.docs, name))
+    n = len(parsed)
+    assert loaded.docs.ids == [d[0] for d in docs[:n]]
+    assert loaded.docs.key_list() == [escape_key(d[0]) for d in docs[:n]]
+    for i in range(n):
+        np.testing.assert_array_equal(loaded.tokens(i)[1], docs[i][2])
+
+
+def test_a_table_that_does_not_fit_is_rebuilt(tmp_path, caplog):
+    m, docs = _write(tmp_path / "shards")
+    info = m.shards[0]
+    index = tmp_path / "index"
+    dt._memory.clear()
+    _open(tmp_path / "shards", info, index)
+    stored = index / f"{info.sha256}-{info.bytes}.docs.npy"
+    np.save(stored, np.arange(7, dtype=np.int64))  # a foreign or truncated table
+    dt._memory.clear()
+    with caplog.at_level(logging.WARNING, logger="loaders.doc_table"):
+        shard = _open(tmp_path / "shards", info, index)
+    assert "rebuilding it from the block metadata" in caplog.text
+    assert shard.docs.ids == [d[0] for d in docs[:len(shard)]]
+    assert len(np.load(stored, mmap_mode="r")) > 7  # written anew
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")  # a store that cannot be written only costs parsing again
+    dt._memory.clear()
+    with caplog.at_level(logging.WARNING, logger="loaders.doc_table"):
+        again = _open(tmp_path / "shards", info, blocked)
+    assert "cannot store the document table" in caplog.text
+    assert again.docs.ids == shard.docs.ids
