@@ -238,3 +238,32 @@ def test_expand_derives_labels_positions_and_documents_per_chunk(rows, width):
     lazy = TokenBatch.from_packed(PackedBatch(ids, lens, counts)).to("cpu")
     assert lazy.labels.equal(got[1]) and lazy.document_ids.equal(got[3])
     assert lazy.num_doc_tokens == int(lens.sum()) and lazy.num_slots == ids.size
+
+
+def test_bins_that_cannot_fill_are_emitted_not_repacked_with_every_document():
+    """Documents of 1,950-2,000 tokens leave tails of 414-464 tokens that never share a row of 512.
+    Kept back as 'not full', they used to pile up until every new document triggered a packing of
+    all of them (quadratic). A packing now also emits them once the kept bins exceed half the window."""
+    from loaders.array_packing import ArrayPacker, split_documents
+
+    rng = np.random.default_rng(5)
+    seq_len, rows, window = 512, 4, 16384
+    lengths = rng.integers(1950, 2001, 300).astype(np.int64)
+    pool = rng.integers(1, 60000, int(lengths.sum())).astype(np.uint16)
+    offsets = np.cumsum(lengths) - lengths
+    packer, got, packings = ArrayPacker(seq_len, rows, window), [], []
+    real_bins = packer._bins
+    packer._bins = lambda: packings.append(packer.buffered) or real_bins()
+    for s in range(0, len(lengths), 10):
+        part = slice(s, s + 10)
+        got += list(packer.add(pool, [f"k{i}" for i in range(s, s + 10)],
+                               split_documents(np.arange(len(lengths))[part], lengths[part], offsets[part], seq_len)))
+        assert packer.buffered < window + 2000
+    got += list(packer.flush())
+    assert sum(b.num_doc_tokens for b in got) == int(lengths.sum())
+    assert len(packings) <= 2 * int(lengths.sum()) // window + 2  # each packing emits >= half a window
+    docs = [pool[o:o + n] for o, n in zip(offsets, lengths)]
+    ref = [TokenBatch.from_packed(b) for b in _packed_run(BestFitPacker(seq_len, rows, window), docs, seq_len)]
+    assert len(ref) == len(got)
+    for a, b in zip(ref, got):
+        assert torch.equal(a.input_ids, TokenBatch.from_packed(b).input_ids)
