@@ -180,7 +180,8 @@ class ArrayPacker:
         rank[bins] = np.arange(len(bins))
         row = rank[bin_of]
         sel = np.flatnonzero(row >= 0)
-        rows = order[sel[np.argsort(row[sel], kind="stable")]]
+        # a stable sort of small ints is a radix sort: 10x faster than of int64
+        rows = order[sel[np.argsort(row[sel].astype(np.uint16 if len(bins) < 1 << 16 else np.int64), kind="stable")]]
         return {f: self.buf[f][rows] for f in FIELDS}, np.bincount(row[sel], minlength=len(bins)).astype(np.int64)
 
     def pop(self) -> PackedBatch:
@@ -190,12 +191,11 @@ class ArrayPacker:
             order, bin_of, fill = self._bins()
             by_fill = np.argsort(-fill, kind="stable")  # fullest first, ties by bin
             take = by_fill[:bins_to_take(fill[by_fill], self.seq_len, self.rows, self.window)]
-            rows = np.concatenate([np.sort(take[i:i + self.rows]) for i in range(0, len(take), self.rows)])
-            self.ready = self._build(*self._take(order, bin_of, rows))
+            rows = np.sort(take.reshape(-1, self.rows) if len(take) % self.rows == 0 else take[None], axis=1)
+            self.ready = self._build(*self._take(order, bin_of, rows.reshape(-1)))
             taken = np.zeros(len(fill), bool)
             taken[take] = True
-            keep = np.flatnonzero(~taken[bin_of])
-            rest = order[keep[np.argsort(bin_of[keep], kind="stable")]]
+            rest = order[~taken[bin_of]]  # any order: the next packing sorts the buffer (a total order)
             self.buf = {f: self.buf[f][rest] for f in FIELDS}
             self.buffered = int(self.buf["length"].sum())
             self._drop_pools()
