@@ -141,7 +141,7 @@ class ArrayPacker:
             heaps[room].append(k)  # bin numbers ascend: each list is already a heap
         rooms = sum(1 << r for r in set((T - lengths[full:big]).tolist()))  # bit r: an open bin has r free tokens
         bins = big  # bins opened so far
-        bin_of = list(range(big))
+        run_bin, run_len = list(range(big)), [1] * big  # the bin of each chunk in packing order, run-length coded
         rest = lengths[big:]
         starts = np.flatnonzero(np.concatenate([[True], rest[1:] != rest[:-1]])) if len(rest) else rest
         counts = np.diff(np.append(starts, len(rest)))
@@ -151,19 +151,34 @@ class ArrayPacker:
         for n, left in zip(rest[starts].tolist(), counts.tolist()):
             while left:
                 fits = rooms >> n
-                if fits:
-                    room = n + (fits & -fits).bit_length() - 1  # least room >= n
-                    heap = heaps[room]
-                    k = heapq.heappop(heap)
-                    if not heap:
-                        rooms ^= 1 << room
-                else:
-                    room, k = T, bins
-                    bins += 1
+                if not fits:  # no open bin fits: the rest open new bins of T // n chunks each
+                    q = T // n
+                    whole, part = divmod(left, q)
+                    run_bin.extend(range(bins, bins + whole))
+                    run_len.extend([q] * whole)
+                    if whole and T - q * n:  # their rooms are below n and new bins have the highest numbers
+                        if not heaps[T - q * n]:
+                            rooms |= 1 << (T - q * n)
+                        heaps[T - q * n].extend(range(bins, bins + whole))  # still a heap
+                    bins += whole
+                    if part:
+                        run_bin.append(bins)
+                        run_len.append(part)
+                        if not heaps[T - part * n]:
+                            rooms |= 1 << (T - part * n)
+                        heaps[T - part * n].append(bins)
+                        bins += 1
+                    break
+                room = n + (fits & -fits).bit_length() - 1  # least room >= n
+                heap = heaps[room]
+                k = heapq.heappop(heap)
+                if not heap:
+                    rooms ^= 1 << room
                 q = room // n
                 if q > left:
                     q = left
-                bin_of += [k] * q
+                run_bin.append(k)
+                run_len.append(q)
                 left -= q
                 room -= q * n
                 if room:
@@ -171,7 +186,7 @@ class ArrayPacker:
                     if not heap:
                         rooms |= 1 << room
                     heapq.heappush(heap, k)
-        bin_of = np.array(bin_of, np.int64)
+        bin_of = np.repeat(np.array(run_bin, np.int64), run_len)
         return order, bin_of, np.bincount(bin_of, lengths, bins).astype(np.int64)
 
     def _take(self, order: np.ndarray, bin_of: np.ndarray, bins: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -276,11 +291,12 @@ class ArrayPacker:
             for r in pad:
                 ids[r, fill[r]:] = 0
         else:  # chunks grouped by token array (shards, zstd blocks): one gather and one scatter per array
-            by = np.argsort(srcs, kind="stable")
+            slot = np.searchsorted(used, srcs)  # each chunk's array, numbered 0.. in `used`
+            by = np.argsort(slot.astype(np.uint16 if len(used) < 1 << 16 else np.int64), kind="stable")  # radix sort
             row_of = np.repeat(np.arange(R, dtype=np.int64), counts)
             cell = row_of * T + (done[:-1] - before[row_of])  # each chunk's first cell
             src, dst = self._runs(c["off"][by], lens[by], None, 0), self._runs(cell[by], lens[by], None, 1)
-            cut = np.concatenate([[0], np.cumsum(lens[by])])[np.searchsorted(srcs[by], used + [used[-1] + 1])]
+            cut = np.concatenate([[0], np.cumsum(lens[by])])[np.searchsorted(slot[by], np.arange(len(used) + 1))]
             ids = np.zeros(R * T, np.result_type(*pools))
             for pool, a, b in zip(pools, cut[:-1].tolist(), cut[1:].tolist()):
                 ids[dst[a:b]] = np.take(pool, src[a:b])

@@ -88,7 +88,8 @@ class TextLoader:
 
     @progress.setter
     def progress(self, p: Progress) -> None:
-        self._apply_records()  # to the state being replaced
+        """Replace the resume state (records not yet applied go to the state being replaced)."""
+        self._apply_records()
         self._progress = p
 
     def _apply_records(self) -> None:

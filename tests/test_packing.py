@@ -137,7 +137,7 @@ def test_long_documents_pack_to_995_percent_with_the_default_window():
 
 @settings(max_examples=40, deadline=None)
 @given(lengths=st.lists(st.integers(0, 70), min_size=1, max_size=80), seq_len=st.integers(2, 32),
-       rows=st.integers(1, 4), window=st.integers(1, 40), group=st.integers(1, 30))
+       rows=st.integers(1, 4), window=st.integers(1, 400), group=st.integers(1, 30))
 def test_array_packer_gives_the_object_packers_batches(lengths, seq_len, rows, window, group):
     """The token-block loader's numpy packer emits exactly BestFitPacker's batches (ids, chunks, order)."""
     from loaders.array_packing import ArrayPacker, split_documents
