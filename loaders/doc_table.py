@@ -26,6 +26,8 @@ from shards import ShardError
 from shards.blocks import META_SUFFIX, decode_meta
 from shards.keys import escape_keys
 
+from .member_index import store_file
+
 log = logging.getLogger(__name__)
 
 MEMORY_TABLES = 128  # shards whose document tables one process keeps
@@ -118,16 +120,7 @@ def _store(table: DocTable, path: str) -> None:
     ids += b"\0" * (-len(ids) % 8)
     flat = np.concatenate([[len(table), len(table.block_tokens), len(table.id_bytes)], table.block, table.start,
                            table.length, table.block_tokens, table.id_offsets]).astype(np.int64)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "wb") as f:
-            np.save(f, np.concatenate([flat, np.frombuffer(ids, np.int64)]))
-        os.replace(tmp, path)
-    except OSError as e:
-        log.warning("cannot store the document table %s (%s); it is rebuilt when next needed", path, e)
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    store_file(path, lambda f: np.save(f, np.concatenate([flat, np.frombuffer(ids, np.int64)])), "document table")
 
 
 def _load(path: str, blocks: int) -> DocTable | None:
