@@ -74,7 +74,7 @@ def test_a_table_that_does_not_fit_is_rebuilt(tmp_path, caplog):
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("")  # a store that cannot be written only costs parsing again
     dt._memory.clear()
-    with caplog.at_level(logging.WARNING, logger="loaders.doc_table"):
+    with caplog.at_level(logging.WARNING, logger="loaders.member_index"):  # the store's writer
         again = _open(tmp_path / "shards", info, blocked)
     assert "cannot store the document table" in caplog.text
     assert again.docs.ids == shard.docs.ids
