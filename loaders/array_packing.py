@@ -16,6 +16,7 @@ decompressed zstd blocks): a token is copied once, into its batch.
 """
 from __future__ import annotations
 
+import collections
 import heapq
 from typing import Iterator
 
@@ -136,7 +137,7 @@ class ArrayPacker:
         full = int(np.searchsorted(-lengths, -T, side="right"))  # chunks of seq_len come first, one bin each
         # chunks over half a row come next: each opens a bin (every open bin holds a longer one)
         big = int(np.searchsorted(-lengths, -(T // 2), side="left"))
-        heaps: list[list[int]] = [[] for _ in range(T + 1)]  # room -> heap of bin numbers with that room
+        heaps: collections.defaultdict[int, list[int]] = collections.defaultdict(list)  # room -> heap of bin numbers
         for k, room in zip(range(full, big), (T - lengths[full:big]).tolist()):
             heaps[room].append(k)  # bin numbers ascend: each list is already a heap
         rooms = sum(1 << r for r in set((T - lengths[full:big]).tolist()))  # bit r: an open bin has r free tokens

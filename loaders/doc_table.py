@@ -125,18 +125,25 @@ def _store(table: DocTable, path: str) -> None:
 
 def _load(path: str, blocks: int) -> DocTable | None:
     """The stored table (views of its memory map), or ``None`` when it is unreadable or does not
-    fit the shard (then rebuilt)."""
+    fit the shard (then rebuilt): sizes that do not add up, or a document outside its block."""
     try:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
+        if a.dtype != np.int64 or a.ndim != 1 or len(a) < 3:
+            raise ValueError(f"not a table ({a.dtype}, shape {a.shape})")
         n, nb, n_bytes = (int(x) for x in a[:3])
         at = np.cumsum([3, n, n, n, nb, n + 1])
-        if a.dtype != np.int64 or a.ndim != 1 or nb != blocks or len(a) != at[-1] + -(-n_bytes // 8):
+        if min(n, nb, n_bytes) < 0 or nb != blocks or len(a) != at[-1] + -(-n_bytes // 8):
             raise ValueError(f"sizes do not add up (documents {n}, blocks {nb}, id bytes {n_bytes})")
-    except (OSError, ValueError) as e:
-        log.warning("document table %s unreadable (%s); rebuilding it from the block metadata", path, e)
+        block, start, length, block_tokens, id_offsets = (a[lo:hi] for lo, hi in zip(at[:-1], at[1:]))
+        inside = (block >= 0) & (block < nb) & (start >= 0) & (length >= 0)
+        if not inside.all() or (start + length > block_tokens[np.where(inside, block, 0)]).any() \
+                or (np.diff(id_offsets) < 0).any() or (n and (id_offsets[0] != 0 or id_offsets[-1] != n_bytes)):
+            raise ValueError("a document lies outside its block, or the ids overlap")
+    except Exception as e:  # noqa: BLE001 - whatever is wrong with a store file (empty, foreign, corrupt), it is rebuilt
+        log.warning("document table %s unreadable (%s: %s); rebuilding it from the block metadata", path,
+                    type(e).__name__, e)
         return None
-    parts = [a[lo:hi] for lo, hi in zip(at[:-1], at[1:])]
-    return DocTable(*parts[:4], a[at[-1]:].view(np.uint8)[:n_bytes], parts[4])
+    return DocTable(block, start, length, block_tokens, a[at[-1]:].view(np.uint8)[:n_bytes], id_offsets)
 
 
 def doc_table(path: str, fd: int, meta_rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,

@@ -151,8 +151,8 @@ def _load(idx: str) -> MemberTable | None:
             with np.load(idx, allow_pickle=False) as z:
                 return MemberTable(*(z[k] for k in TABLE_FIELDS))
         return MemberTable.from_entries(read_dali_index(idx))
-    except (OSError, ShardError, ValueError, KeyError) as e:
-        log.warning("shard index %s unreadable (%s); rebuilding it from the tar headers", idx, e)
+    except Exception as e:  # noqa: BLE001 - whatever is wrong with an index file (empty, foreign, corrupt), it is rebuilt
+        log.warning("shard index %s unreadable (%s: %s); rebuilding it from the tar headers", idx, type(e).__name__, e)
         return None
 
 

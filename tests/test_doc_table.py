@@ -57,20 +57,37 @@ def test_table_is_stored_once_and_equal_from_the_store(tmp_path, compression):
         np.testing.assert_array_equal(loaded.tokens(i)[1], docs[i][2])
 
 
-def test_a_table_that_does_not_fit_is_rebuilt(tmp_path, caplog):
+def _corrupt(stored, how):
+    good = np.load(stored)
+    if how == "foreign":
+        np.save(stored, np.arange(7, dtype=np.int64))
+    elif how == "empty":  # a crash between create and write
+        stored.write_bytes(b"")
+    elif how == "2-d":
+        np.save(stored, np.zeros((4, 4), np.int64))
+    else:  # right sizes, a document's start moved before its block: would read other tokens
+        n = int(good[0])
+        good[3 + n] = -5
+        np.save(stored, good)
+
+
+@pytest.mark.parametrize("how", ["foreign", "empty", "2-d", "outside its block"])
+def test_a_table_that_does_not_fit_is_rebuilt(tmp_path, caplog, how):
     m, docs = _write(tmp_path / "shards")
     info = m.shards[0]
     index = tmp_path / "index"
     dt._memory.clear()
     _open(tmp_path / "shards", info, index)
     stored = index / f"{info.sha256}-{info.bytes}.docs.npy"
-    np.save(stored, np.arange(7, dtype=np.int64))  # a foreign or truncated table
+    _corrupt(stored, how)
     dt._memory.clear()
     with caplog.at_level(logging.WARNING, logger="loaders.doc_table"):
         shard = _open(tmp_path / "shards", info, index)
     assert "rebuilding it from the block metadata" in caplog.text
     assert shard.docs.ids == [d[0] for d in docs[:len(shard)]]
-    assert len(np.load(stored, mmap_mode="r")) > 7  # written anew
+    for i in range(len(shard)):
+        np.testing.assert_array_equal(shard.tokens(i)[1], docs[i][2])
+    assert dt._load(str(stored), len(shard.docs.block_tokens)) is not None  # written anew
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("")  # a store that cannot be written only costs parsing again
     dt._memory.clear()
