@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 import numpy.ma  # noqa: F401 - np.unique imports it on its first call: 10 ms inside the first batch otherwise
 
-from .packed import BatchKeys, PackedBatch, compact_ids, consumed_array
+from .packed import BatchKeys, PackedBatch, compact_ids, consumed_array, records_only
 from .packing import bins_to_take
 
 FIELDS = ("pos", "idx", "n", "length", "group", "key", "src", "off")
@@ -218,7 +218,8 @@ class ArrayPacker:
         return self._with_pending(self.ready.pop(0))
 
     def flush(self) -> Iterator[PackedBatch]:
-        """Everything left: waiting batches, then the buffer packed (the last batch padded with empty rows)."""
+        """Everything left: waiting batches, then the buffer packed (the last batch padded with empty rows),
+        then the empty/bad documents noted after it (a :func:`loaders.packed.records_only` batch)."""
         while self.ready:
             yield self._with_pending(self.ready.pop(0))
         order, bin_of, fill = self._bins()
@@ -229,6 +230,9 @@ class ArrayPacker:
         self._drop_pools()
         while self.ready:
             yield self._with_pending(self.ready.pop(0))
+        if self.pending:  # empty/bad documents after the last batch
+            yield records_only(self.pending, self.seq_len)
+            self.pending = []
 
     def _with_pending(self, batch: PackedBatch) -> PackedBatch:
         """``batch`` with the empty/bad documents noted since the last batch added to its ``consumed``."""

@@ -209,8 +209,8 @@ class TextLoader:
                          self.epoch, split.dropped, split.padded, self.cfg.remainder)
         self.dataset.start(self.progress)
         t0 = time.perf_counter()
-        for batch in equal_steps(self._batches(), self.cfg.step_policy, self._sync(), self.world_size,
-                                 self._padding_batch, self.steps):
+        for batch in equal_steps(self._deliverable(self._batches()), self.cfg.step_policy, self._sync(),
+                                 self.world_size, self._padding_batch, self.steps):
             self.data_wait_seconds = time.perf_counter() - t0
             self._record(batch)
             self.totals["batches"] += 1
@@ -220,6 +220,15 @@ class TextLoader:
             yield batch
             t0 = time.perf_counter()
         self.progress.complete_ranks.add(self.rank)
+
+    def _deliverable(self, batches: Iterator[TokenBatch]) -> Iterator[TokenBatch]:
+        """``batches`` without the records-only ones (no rows: empty/bad documents after a consumer's
+        last batch, :func:`loaders.packed.records_only`), whose records are noted here."""
+        for batch in batches:
+            if batch.shape[0]:
+                yield batch
+            else:
+                self._record(batch)
 
     def _record(self, batch: TokenBatch) -> None:
         """Note a delivered batch's ``consumed`` entries in the resume state (seam: a mixture also

@@ -22,7 +22,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from .packed import PackedBatch, compact_ids
+from .packed import PackedBatch, compact_ids, records_only
 
 
 class Chunk:
@@ -166,11 +166,16 @@ class BestFitPacker:
         return self._emit(self.ready_rows.pop(0))
 
     def flush(self) -> list[PackedBatch]:
-        """Emit everything left (the last batch padded with empty rows)."""
+        """Emit everything left (the last batch padded with empty rows; empty/bad documents noted
+        after it in a :func:`loaders.packed.records_only` batch)."""
         out = [self._emit(rows) for rows in self.ready_rows]
         bins = best_fit_decreasing(self.buffer, self.seq_len)
         self.buffer, self.ready_rows, self.buffered = [], [], 0
-        return out + [self._emit(bins[i:i + self.rows]) for i in range(0, len(bins), self.rows)]
+        out += [self._emit(bins[i:i + self.rows]) for i in range(0, len(bins), self.rows)]
+        if self.pending:
+            out.append(records_only(self.pending, self.seq_len))
+            self.pending = []
+        return out
 
     def _emit(self, rows: list[list[Chunk]]) -> PackedBatch:
         batch = pack_rows(rows, self.seq_len, self.rows, self.pending)
@@ -220,10 +225,15 @@ class TokenBudgetBatcher:
         return self._emit(group)
 
     def flush(self) -> list[PackedBatch]:
-        """Emit every buffered chunk as batches (end of the stream)."""
+        """Emit every buffered chunk as batches (end of the stream; empty/bad documents noted after
+        the last one in a :func:`loaders.packed.records_only` batch)."""
         groups = self._groups()
         self.buffer, self.buffered = [], 0
-        return [self._emit(g) for g in groups]
+        out = [self._emit(g) for g in groups]
+        if self.pending:
+            out.append(records_only(self.pending, 1))
+            self.pending = []
+        return out
 
     def _emit(self, group: list[Chunk]) -> PackedBatch:
         batch = pack_rows([[c] for c in group], max(c.length for c in group), extra_consumed=self.pending)
