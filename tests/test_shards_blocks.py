@@ -212,3 +212,11 @@ def test_escape_key_fast_path_equals_percent_encoding(doc_id):
     ref = quote(doc_id, safe="-_").replace(".", "%2E").replace("~", "%7E")
     hashed = "~" + hashlib.sha256(doc_id.encode()).hexdigest()[:40]
     assert escape_key(doc_id) == (ref if len(ref) <= 80 else hashed)
+
+
+def test_writer_refuses_an_empty_document_id(tmp_path):
+    """An empty id could never be a sample key: refused when written, not when a trainer reads keys."""
+    w = TokenBlockWriter(str(tmp_path), max_samples=4)
+    w.add("a", "s", np.arange(3, dtype=np.uint16))
+    with pytest.raises(ValueError, match="empty id"):
+        w.add("", "s", np.arange(3, dtype=np.uint16))
