@@ -69,6 +69,11 @@ class TextLoader:
         self.cache = cache
         self.order_key = {"seed": cfg.seed, "shuffle": cfg.shuffle, "shuffle_block": cfg.shuffle_block,
                           "seq_len": cfg.seq_len, "dataset": dataset_fingerprint(manifest)}
+        batch_tokens = cfg.seq_len * cfg.micro_batch_size
+        if rank == 0 and cfg.batching == "packed" and 1 < cfg.pack_window < batch_tokens:
+            log.warning("data.pack_window=%d tokens is less than one batch (seq_len x micro_batch_size = %d): most "
+                        "rows will be padding; use at least %d (32 batches)", cfg.pack_window, batch_tokens,
+                        32 * batch_tokens)
         self._unrecorded: list[np.ndarray] = []  # consumed records of delivered batches, not yet applied
         self.progress = self._epoch_progress(0)
         self.data_wait_seconds = 0.0

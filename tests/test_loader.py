@@ -336,3 +336,18 @@ def test_state_after_the_last_batch_counts_the_empty_documents_after_it(tmp_path
         again.load_state_dict(state)
         epoch, batch = next(micro_batches(again, again.epoch))
         assert epoch == 1 and batch.num_doc_tokens == 39
+
+
+def test_pack_window_settings_are_named_in_errors_and_warnings(tmp_path, caplog):
+    """A bad value is one error naming the field and the value; a window below one batch (rows mostly
+    padding) is warned about, with the size to use."""
+    with pytest.raises(ValueError, match=r"data.pack_window=0: must be >= 1"):
+        DataConfig(manifest="x", pack_window=0).validate()
+    with pytest.raises(ValueError, match=r"data.prefetch_batches=-1: must be >= 1"):
+        DataConfig(manifest="x", prefetch_batches=-1).validate()
+    d = str(tmp_path / "s")
+    write_text_shards(d)
+    with caplog.at_level(logging.WARNING, logger="loaders.dataset"):
+        build_text_loader(_cfg(d, pack_window=100))
+    assert "data.pack_window=100 tokens is less than one batch (seq_len x micro_batch_size = 128)" in caplog.text
+    assert "use at least 4096" in caplog.text
