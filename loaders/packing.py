@@ -195,6 +195,7 @@ class TokenBudgetBatcher:
         self.max_tokens, self.window = max_tokens, max(window, 1)
         self.buffer: list[Chunk] = []
         self.buffered = 0  # tokens in the buffer
+        self.ready_groups: list[list[Chunk]] = []  # formed, waiting to be emitted
         self.pending: list[tuple[int, int, int]] = []
 
     def add(self, chunk: Chunk) -> None:
@@ -203,8 +204,8 @@ class TokenBudgetBatcher:
         self.buffered += chunk.length
 
     def ready(self) -> bool:
-        """Whether the buffer holds ``window`` tokens."""
-        return self.buffered >= self.window
+        """Whether a batch can be popped (one is formed, or the buffer holds ``window`` tokens)."""
+        return bool(self.ready_groups) or self.buffered >= self.window
 
     def _groups(self) -> list[list[Chunk]]:
         groups: list[list[Chunk]] = []
@@ -216,19 +217,28 @@ class TokenBudgetBatcher:
         return groups
 
     def pop(self) -> PackedBatch:
-        """Emit the group holding the oldest buffered chunk (so no chunk waits for ever)."""
-        oldest = self.buffer[0]
-        group = next(g for g in self._groups() if any(c is oldest for c in g))
-        taken = {id(c) for c in group}
-        self.buffer = [c for c in self.buffer if id(c) not in taken]
-        self.buffered -= sum(c.length for c in group)
-        return self._emit(group)
+        """Next batch. When none is formed: group the buffer once (one sort) and take groups, the one
+        holding the oldest buffered chunk first (so no chunk waits for ever), until at most half the
+        window stays buffered."""
+        if not self.ready_groups:
+            arrival = {id(c): i for i, c in enumerate(self.buffer)}
+            groups = sorted(self._groups(), key=lambda g: min(arrival[id(c)] for c in g))
+            left = self.buffered
+            for g in groups:
+                self.ready_groups.append(g)
+                left -= sum(c.length for c in g)
+                if left <= self.window // 2:
+                    break
+            taken = {id(c) for g in self.ready_groups for c in g}
+            self.buffer = [c for c in self.buffer if id(c) not in taken]
+            self.buffered = left
+        return self._emit(self.ready_groups.pop(0))
 
     def flush(self) -> list[PackedBatch]:
         """Emit every buffered chunk as batches (end of the stream; empty/bad documents noted after
         the last one in a :func:`loaders.packed.records_only` batch)."""
-        groups = self._groups()
-        self.buffer, self.buffered = [], 0
+        groups = self.ready_groups + self._groups()
+        self.buffer, self.buffered, self.ready_groups = [], 0, []
         out = [self._emit(g) for g in groups]
         if self.pending:
             out.append(records_only(self.pending, 1))

@@ -267,3 +267,17 @@ def test_bins_that_cannot_fill_are_emitted_not_repacked_with_every_document():
     assert len(ref) == len(got)
     for a, b in zip(ref, got):
         assert torch.equal(a.input_ids, TokenBatch.from_packed(b).input_ids)
+
+
+def test_token_budget_groups_the_window_once_per_half_window():
+    """The token-budget batcher used to sort its whole window for every batch (2.9 M tok/s at the
+    default window); it now groups once and emits groups until half the window is left."""
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(0, 1000, int(n)) for n in rng.integers(1, 120, 3000)]
+    batcher, window = TokenBudgetBatcher(max_tokens=512, window=16384), 16384
+    calls = []
+    real_groups = batcher._groups
+    batcher._groups = lambda: calls.append(1) or real_groups()
+    batches = _run(batcher, docs, 128)
+    _check_all(batches, docs, 128)
+    assert len(batches) > 4 * len(calls) and len(calls) <= 2 * sum(len(d) for d in docs) // window + 2
