@@ -111,7 +111,7 @@ def _measure(batches) -> dict:
 def run_colaflow(shards: str, args, batching: str) -> dict:
     """One pass of colaflow's text loader over ``shards`` in ``batching`` mode; throughput numbers."""
     cfg = DataConfig(manifest=shards, seq_len=args.seq_len, micro_batch_size=args.batch, num_workers=args.workers,
-                     batching=batching, max_tokens=args.seq_len * args.batch, pack_window=256,
+                     batching=batching, max_tokens=args.seq_len * args.batch, pack_window=256 * args.seq_len,
                      pin_memory=False, index_dir=os.path.join(shards, "index"))
 
     def counts():

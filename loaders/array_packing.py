@@ -1,9 +1,9 @@
 """Best-fit-decreasing packing over chunk arrays (the token-block loader's hot path).
 
 Same algorithm and the same batches as :class:`loaders.packing.BestFitPacker` (Johnson 1973;
-Ding et al., ICML 2024): chunks are buffered until ``window`` of them wait, packed into rows
-of ``seq_len`` by best-fit-decreasing, the ``rows`` fullest bins (plus further batches made only
-of full bins) are emitted and the other bins' chunks go back to the buffer. Only the bin search
+Ding et al., ICML 2024): chunks are buffered until they hold ``window`` tokens, packed into rows
+of ``seq_len`` by best-fit-decreasing, the fullest bins are emitted in whole batches
+(:func:`loaders.packing.bins_to_take`) and the other bins' chunks go back to the buffer. Only the bin search
 runs in Python, one step per run of equal-length chunks and bin (ints, no objects); splitting
 documents into chunks, gathering tokens and building the batch (one gather per batch) are
 numpy operations over whole groups of documents.
@@ -16,12 +16,15 @@ decompressed zstd blocks): a token is copied once, into its batch.
 """
 from __future__ import annotations
 
+import collections
 import heapq
 from typing import Iterator
 
 import numpy as np
+import numpy.ma  # noqa: F401 - np.unique imports it on its first call: 10 ms inside the first batch otherwise
 
-from .packed import BatchKeys, PackedBatch, compact_ids, consumed_array
+from .packed import BatchKeys, PackedBatch, compact_ids, consumed_array, records_only
+from .packing import bins_to_take
 
 FIELDS = ("pos", "idx", "n", "length", "group", "key", "src", "off")
 
@@ -59,12 +62,13 @@ class ArrayPacker:
     Args:
         seq_len: row length in tokens (T).
         rows: rows per batch (B).
-        window: chunks buffered before a batch is packed (>= 1).
+        window: tokens buffered before a batch is packed (>= 1; checked after each whole document).
     """
 
     def __init__(self, seq_len: int, rows: int, window: int):
         self.seq_len, self.rows, self.window = seq_len, rows, max(window, 1)
         self.buf = {f: np.zeros(0, np.int64) for f in FIELDS}
+        self.buffered = 0  # tokens in the buffer
         self.ready: list[PackedBatch] = []  # packed, waiting to be emitted
         self.pools: dict[int, np.ndarray] = {}  # token arrays by src number
         self.keys: dict[int, object] = {}  # sample keys by group (add call)
@@ -72,6 +76,7 @@ class ArrayPacker:
         self._next_group = self._next_src = 0
         self._src_of: dict[int, int] = {}  # id() of a live token array -> its src number
         self._current: set[int] = set()  # src numbers of the current add call
+        self._work = [np.empty(0, np.int64), np.empty(0, np.int64)]  # see _scratch
 
     def add(self, pools, keys, chunks: dict[str, np.ndarray]) -> Iterator[PackedBatch]:
         """Add chunks in order and yield every batch that becomes ready, exactly as adding them one by
@@ -103,13 +108,18 @@ class ArrayPacker:
                "src": src[pool] if pool is not None else np.full(len(chunks["pos"]), src[0] if len(src) else 0),
                "off": chunks["off"]}
         # the stream adds a whole document's chunks, then packs once the window is reached
+        n = len(new["pos"])
         doc_end = np.searchsorted(chunks["doc"], chunks["doc"], side="right")
+        tokens = np.cumsum(new["length"])  # tokens of the new chunks up to each
         at = 0
-        while at < len(new["pos"]):
-            end = int(doc_end[min(len(new["pos"]), at + max(1, self.window - len(self.buf["pos"]))) - 1])
+        while at < n:
+            base = int(tokens[at - 1]) if at else 0
+            reach = int(np.searchsorted(tokens, base + self.window - self.buffered))  # chunk that fills the window
+            end = int(doc_end[min(reach, n - 1)])
             self.buf = {f: np.concatenate([self.buf[f], new[f][at:end]]) for f in FIELDS}
+            self.buffered += int(tokens[end - 1]) - base
             at = end
-            while self.ready or len(self.buf["pos"]) >= self.window:
+            while self.ready or self.buffered >= self.window:
                 yield self.pop()
 
     def _bins(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -127,32 +137,49 @@ class ArrayPacker:
         full = int(np.searchsorted(-lengths, -T, side="right"))  # chunks of seq_len come first, one bin each
         # chunks over half a row come next: each opens a bin (every open bin holds a longer one)
         big = int(np.searchsorted(-lengths, -(T // 2), side="left"))
-        heaps: list[list[int]] = [[] for _ in range(T + 1)]  # room -> heap of bin numbers with that room
+        heaps: collections.defaultdict[int, list[int]] = collections.defaultdict(list)  # room -> heap of bin numbers
         for k, room in zip(range(full, big), (T - lengths[full:big]).tolist()):
             heaps[room].append(k)  # bin numbers ascend: each list is already a heap
         rooms = sum(1 << r for r in set((T - lengths[full:big]).tolist()))  # bit r: an open bin has r free tokens
-        fill = [T] * full + lengths[full:big].tolist()
-        bin_of = list(range(big))
+        bins = big  # bins opened so far
+        run_bin, run_len = list(range(big)), [1] * big  # the bin of each chunk in packing order, run-length coded
         rest = lengths[big:]
         starts = np.flatnonzero(np.concatenate([[True], rest[1:] != rest[:-1]])) if len(rest) else rest
         counts = np.diff(np.append(starts, len(rest)))
         # equal chunks in a row go to one bin while they fit: after one lands in the best-fit bin,
-        # that bin's smaller room is still the unique best fit for the next (older bins had more room)
+        # that bin's smaller room is still the unique best fit for the next (older bins had more room);
+        # fills are summed afterwards, so the loop only tracks rooms
         for n, left in zip(rest[starts].tolist(), counts.tolist()):
             while left:
                 fits = rooms >> n
-                if fits:
-                    room = n + (fits & -fits).bit_length() - 1  # least room >= n
-                    heap = heaps[room]
-                    k = heapq.heappop(heap)
-                    if not heap:
-                        rooms ^= 1 << room
-                else:
-                    room, k = T, len(fill)
-                    fill.append(0)
-                q = min(left, room // n)
-                bin_of += [k] * q
-                fill[k] += q * n
+                if not fits:  # no open bin fits: the rest open new bins of T // n chunks each
+                    q = T // n
+                    whole, part = divmod(left, q)
+                    run_bin.extend(range(bins, bins + whole))
+                    run_len.extend([q] * whole)
+                    if whole and T - q * n:  # their rooms are below n and new bins have the highest numbers
+                        if not heaps[T - q * n]:
+                            rooms |= 1 << (T - q * n)
+                        heaps[T - q * n].extend(range(bins, bins + whole))  # still a heap
+                    bins += whole
+                    if part:
+                        run_bin.append(bins)
+                        run_len.append(part)
+                        if not heaps[T - part * n]:
+                            rooms |= 1 << (T - part * n)
+                        heaps[T - part * n].append(bins)
+                        bins += 1
+                    break
+                room = n + (fits & -fits).bit_length() - 1  # least room >= n
+                heap = heaps[room]
+                k = heapq.heappop(heap)
+                if not heap:
+                    rooms ^= 1 << room
+                q = room // n
+                if q > left:
+                    q = left
+                run_bin.append(k)
+                run_len.append(q)
                 left -= q
                 room -= q * n
                 if room:
@@ -160,7 +187,8 @@ class ArrayPacker:
                     if not heap:
                         rooms |= 1 << room
                     heapq.heappush(heap, k)
-        return order, np.array(bin_of, np.int64), np.array(fill, np.int64)
+        bin_of = np.repeat(np.array(run_bin, np.int64), run_len)
+        return order, bin_of, np.bincount(bin_of, lengths, bins).astype(np.int64)
 
     def _take(self, order: np.ndarray, bin_of: np.ndarray, bins: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The chunks of ``bins`` (bin numbers, in row order) as a batch: chunk fields in row order, chunks per row."""
@@ -168,7 +196,8 @@ class ArrayPacker:
         rank[bins] = np.arange(len(bins))
         row = rank[bin_of]
         sel = np.flatnonzero(row >= 0)
-        rows = order[sel[np.argsort(row[sel], kind="stable")]]
+        # a stable sort of small ints is a radix sort: 10x faster than of int64
+        rows = order[sel[np.argsort(row[sel].astype(np.uint16 if len(bins) < 1 << 16 else np.int64), kind="stable")]]
         return {f: self.buf[f][rows] for f in FIELDS}, np.bincount(row[sel], minlength=len(bins)).astype(np.int64)
 
     def pop(self) -> PackedBatch:
@@ -177,29 +206,33 @@ class ArrayPacker:
         if not self.ready:
             order, bin_of, fill = self._bins()
             by_fill = np.argsort(-fill, kind="stable")  # fullest first, ties by bin
-            n_full = int(np.count_nonzero(fill == self.seq_len))
-            take = by_fill[:max(1, n_full // self.rows) * self.rows]
-            rows = np.concatenate([np.sort(take[i:i + self.rows]) for i in range(0, len(take), self.rows)])
-            self.ready = self._build(*self._take(order, bin_of, rows))
+            take = by_fill[:bins_to_take(fill[by_fill], self.seq_len, self.rows, self.window)]
+            rows = np.sort(take.reshape(-1, self.rows) if len(take) % self.rows == 0 else take[None], axis=1)
+            self.ready = self._build(*self._take(order, bin_of, rows.reshape(-1)))
             taken = np.zeros(len(fill), bool)
             taken[take] = True
-            keep = np.flatnonzero(~taken[bin_of])
-            rest = order[keep[np.argsort(bin_of[keep], kind="stable")]]
+            rest = order[~taken[bin_of]]  # any order: the next packing sorts the buffer (a total order)
             self.buf = {f: self.buf[f][rest] for f in FIELDS}
+            self.buffered = int(self.buf["length"].sum())
             self._drop_pools()
         return self._with_pending(self.ready.pop(0))
 
     def flush(self) -> Iterator[PackedBatch]:
-        """Everything left: waiting batches, then the buffer packed (the last batch padded with empty rows)."""
+        """Everything left: waiting batches, then the buffer packed (the last batch padded with empty rows),
+        then the empty/bad documents noted after it (a :func:`loaders.packed.records_only` batch)."""
         while self.ready:
             yield self._with_pending(self.ready.pop(0))
         order, bin_of, fill = self._bins()
         if len(fill):
             self.ready = self._build(*self._take(order, bin_of, np.arange(len(fill))))
         self.buf = {f: self.buf[f][:0] for f in FIELDS}
+        self.buffered = 0
         self._drop_pools()
         while self.ready:
             yield self._with_pending(self.ready.pop(0))
+        if self.pending:  # empty/bad documents after the last batch
+            yield records_only(self.pending, self.seq_len)
+            self.pending = []
 
     def _with_pending(self, batch: PackedBatch) -> PackedBatch:
         """``batch`` with the empty/bad documents noted since the last batch added to its ``consumed``."""
@@ -217,18 +250,26 @@ class ArrayPacker:
         for g in [g for g in self.keys if g not in live]:
             del self.keys[g]
 
-    def _per_cell(self, cell: np.ndarray, start: np.ndarray, lens: np.ndarray, step: int, pad: list[int],
-                  fill: np.ndarray, itype) -> np.ndarray:
-        """A value per cell of the ``[R, T]`` rows as one cumulative sum: ``start[k]`` at chunk ``k``'s first
-        cell (``cell[k]``), then ``step`` more per cell of the chunk; padding cells repeat the previous
-        value (the caller zeroes their tokens)."""
-        T = self.seq_len
-        d = np.full(len(fill) * T, step, itype)
-        for r in pad:
-            d[r * T + fill[r]:(r + 1) * T] = 0
-        last = np.concatenate([[0], start[:-1] + step * (lens[:-1] - 1)])  # the value just before each chunk
-        d[cell] = start - last
-        return np.cumsum(d, dtype=itype)
+    def _scratch(self, n: int, slot: int) -> np.ndarray:
+        """A reused ``int64`` work array of ``n`` elements (``slot`` 0 or 1): a fresh multi-MB array per
+        packing costs a page fault per 4 KiB, which the allocator hands back to the OS between packings."""
+        if len(self._work[slot]) < n:
+            self._work[slot] = np.empty(max(n, 2 * len(self._work[slot])), np.int64)
+        return self._work[slot][:n]
+
+    def _runs(self, start: np.ndarray, lens: np.ndarray, gaps: np.ndarray | None, slot: int) -> np.ndarray:
+        """Chunk ``k``'s ``lens[k]`` consecutive values from ``start[k]``, all chunks one after another,
+        as one cumulative sum (in work array ``slot``); ``gaps[k]`` more cells after chunk ``k`` repeat
+        its last value (row padding)."""
+        ends = np.cumsum(lens + (gaps if gaps is not None else 0))
+        d = self._scratch(int(ends[-1]) if len(ends) else 0, slot)
+        d.fill(1)
+        if gaps is not None:
+            for k in np.flatnonzero(gaps).tolist():
+                d[ends[k] - gaps[k]:ends[k]] = 0
+        last = np.concatenate([[0], start[:-1] + lens[:-1] - 1])  # the value just before each chunk
+        d[ends - lens - (gaps if gaps is not None else 0)] = start - last
+        return np.cumsum(d, out=d)
 
     def _build(self, c: dict[str, np.ndarray], counts: np.ndarray) -> list[PackedBatch]:
         """Batches of ``rows`` rows from chunks in row order (``counts``: chunks per row; the last batch
@@ -246,22 +287,25 @@ class ArrayPacker:
         srcs = c["src"]
         used = [int(srcs[0])] if len(srcs) and srcs.min() == srcs.max() else np.unique(srcs).tolist()
         pools = [self.pools[g] for g in used]
-        # int32 token indices where the arrays allow: half the memory traffic of the gather
-        itype = np.int32 if max(len(p) for p in pools) + R * T < 1 << 31 else np.int64
-        row_of = np.repeat(np.arange(R, dtype=np.int64), counts)
-        cell = row_of * T + (done[:-1] - before[row_of])  # each chunk's first cell
-        index = self._per_cell(cell, c["off"], lens, 1, pad, fill, itype)  # each cell's token in its array
         if len(used) == 1:
-            ids = pools[0][index].reshape(R, T)
-        else:  # token arrays (zstd blocks) one by one, over the cells of their chunks
-            which = self._per_cell(cell, np.searchsorted(used, srcs), lens, 0, pad, fill, itype)
+            # each cell's token in the one array (padding cells repeat the row's last token, zeroed after);
+            # np.take with intp indices: about twice as fast as fancy indexing here
+            gaps = np.zeros(len(lens), np.int64)  # a padded row's cells follow its last chunk (empty rows: the last one's)
+            np.add.at(gaps, chunk_end[fill < T] - 1, (T - fill)[fill < T])
+            ids = np.take(pools[0], self._runs(c["off"], lens, gaps, 0)).reshape(R, T)
+            for r in pad:
+                ids[r, fill[r]:] = 0
+        else:  # chunks grouped by token array (shards, zstd blocks): one gather and one scatter per array
+            slot = np.searchsorted(used, srcs)  # each chunk's array, numbered 0.. in `used`
+            by = np.argsort(slot.astype(np.uint16 if len(used) < 1 << 16 else np.int64), kind="stable")  # radix sort
+            row_of = np.repeat(np.arange(R, dtype=np.int64), counts)
+            cell = row_of * T + (done[:-1] - before[row_of])  # each chunk's first cell
+            src, dst = self._runs(c["off"][by], lens[by], None, 0), self._runs(cell[by], lens[by], None, 1)
+            cut = np.concatenate([[0], np.cumsum(lens[by])])[np.searchsorted(slot[by], np.arange(len(used) + 1))]
             ids = np.zeros(R * T, np.result_type(*pools))
-            for i, pool in enumerate(pools):
-                m = which == i
-                ids[m] = pool[index[m]]
+            for pool, a, b in zip(pools, cut[:-1].tolist(), cut[1:].tolist()):
+                ids[dst[a:b]] = np.take(pool, src[a:b])
             ids = ids.reshape(R, T)
-        for r in pad:
-            ids[r, fill[r]:] = 0
         ids = ids if ids.dtype in (np.uint16, np.int32) else compact_ids(ids)
         consumed = np.stack([c["pos"], c["idx"], c["n"]], 1)
         lens32, counts32 = lens.astype(np.int32), counts.astype(np.int32)

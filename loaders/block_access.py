@@ -1,9 +1,9 @@
 """Reading documents out of token-block shards (``layout: token_blocks``, see ``shards.blocks``).
 
 A shard is opened once per consumer: its blocks' member offsets come from the node's member
-index (:func:`loaders.member_index.member_table`), and every block's metadata (``json.zst``:
-ids, sources, lengths) is read once into a per-shard document table of numpy arrays, kept in a
-per-process LRU. A document is then a slice:
+index (:func:`loaders.member_index.member_table`) and its documents' blocks, offsets and
+lengths from the node's document tables (:func:`loaders.doc_table.doc_table`). A document is
+then a slice:
 
 * raw blocks (``tokens.npy``): the whole shard file is memory-mapped and viewed as one token
   array (block data is 64-byte aligned inside the tar), so a document's tokens are a zero-copy
@@ -16,59 +16,19 @@ from __future__ import annotations
 import collections
 import mmap
 import os
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from shards import ShardError
-from shards.blocks import META_SUFFIX, decode_meta, npy_data_offset
-from shards.keys import escape_keys
+from shards.blocks import npy_data_offset
 
+from .doc_table import DocTable, doc_table
 from .member_index import member_table
 from .token_decode import TokenDecoder
 
-MEMORY_TABLES = 128  # shards whose document tables one process keeps
 # Decompressed zstd blocks kept per open shard: a shuffle block's documents span several token
 # blocks and are visited in random order, so the whole span must stay decompressed.
 ZSTD_KEEP_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class DocTable:
-    """Documents of one token-block shard, in file order.
-
-    Attributes:
-        block: ``int64`` ``[documents]``: the block holding each document.
-        start: ``int64`` ``[documents]``: its first token's offset inside the block (tokens).
-        length: ``int64`` ``[documents]``: its token count.
-        ids: original document ids.
-        block_tokens: ``int64`` ``[blocks]``: tokens per block (from the metadata).
-    """
-
-    block: np.ndarray
-    start: np.ndarray
-    length: np.ndarray
-    ids: list[str]
-    block_tokens: np.ndarray
-    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
-
-    def key_list(self) -> list[str]:
-        """Every document's sample key, in file order; computed on the first call
-        (:func:`shards.keys.escape_keys`): most runs never ask (keys are read for anomalies and logs).
-
-        Raises:
-            ShardError: an id cannot be a key (empty).
-        """
-        if not self._keys and self.ids:
-            try:
-                self._keys.extend(escape_keys(self.ids))
-            except ValueError as e:
-                raise ShardError(f"a document id cannot be a sample key: {e}", "undecodable") from e
-        return self._keys
-
-    def key(self, index: int) -> str:
-        """Sample key of document ``index`` (see :meth:`key_list`)."""
-        return self.key_list()[index]
 
 
 class GroupKeys:
@@ -101,37 +61,6 @@ class GroupKeys:
         return len(self.table)
 
 
-_tables: collections.OrderedDict[tuple, DocTable] = collections.OrderedDict()
-
-
-def _doc_table(path: str, fd: int, meta_rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, cache_key) -> DocTable:
-    table = _tables.get(cache_key)
-    if table is not None:
-        _tables.move_to_end(cache_key)
-        return table
-    blocks, starts, lengths, ids, totals = [], [], [], [], []
-    for b, row in enumerate(meta_rows.tolist()):
-        if row < 0:
-            raise ShardError(f"{path}: block {b} has no {META_SUFFIX} member", "missing_field")
-        data = os.pread(fd, int(sizes[row]), int(offsets[row]))
-        try:
-            meta = decode_meta(data, f"{path}: block {b}")
-        except ValueError as e:
-            raise ShardError(str(e), "undecodable") from e
-        n = len(meta.ids)
-        blocks.append(np.full(n, b, np.int64))
-        starts.append(meta.offsets[:-1])
-        lengths.append(meta.lengths)
-        ids.extend(meta.ids)
-        totals.append(meta.tokens)
-    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
-    table = DocTable(cat(blocks), cat(starts), cat(lengths), ids, np.asarray(totals, np.int64))
-    _tables[cache_key] = table
-    while len(_tables) > MEMORY_TABLES:
-        _tables.popitem(last=False)
-    return table
-
-
 class BlockShard:
     """One open token-block shard: documents by index (file order), as read-only token arrays.
 
@@ -160,10 +89,10 @@ class BlockShard:
 
     def _open(self, sha256, size, index_dir, expected_blocks, expected_documents) -> None:
         t = member_table(self.path, self._f, sha256, size, index_dir, expected_blocks)
-        key = (sha256, size) if sha256 else (self.path, os.stat(self.path).st_mtime_ns)
-        self.docs = _doc_table(self.path, self._f.fileno(), t.field_rows("json"), t.offset, t.size, key)
-        if expected_documents and len(self.docs.ids) != expected_documents:
-            raise ShardError(f"{self.path}: {len(self.docs.ids)} documents but the manifest says {expected_documents};"
+        self.docs = doc_table(self.path, self._f.fileno(), t.field_rows("json"), t.offset, t.size, sha256, size,
+                              index_dir)
+        if expected_documents and len(self.docs) != expected_documents:
+            raise ShardError(f"{self.path}: {len(self.docs)} documents but the manifest says {expected_documents};"
                              " the shard or the manifest is stale — rebuild the manifest", "count_mismatch")
         rows = t.field_rows("tokens")
         if (rows < 0).any():
@@ -186,13 +115,10 @@ class BlockShard:
             self._at_arr = (data_off // item)[self.docs.block] + self.docs.start  # per document, in _all
         else:
             self._at_arr = self.docs.start
-        self._at = self._at_arr.tolist()
-        self._block_of = self.docs.block.tolist()
-        self._len = self.docs.length.tolist()
         self.errors: list[str] = []  # undecodable blocks met by gather(), for the caller to log
 
     def __len__(self) -> int:
-        return len(self.docs.ids)
+        return len(self.docs)
 
     def key(self, index: int) -> str:
         """Sample key of document ``index`` (:func:`shards.escape_key` of its id)."""
@@ -224,8 +150,8 @@ class BlockShard:
         Raises:
             ShardError: its block cannot be read or decoded (names shard and block).
         """
-        a, n = self._at[index], self._len[index]
-        src = self._all if self._raw else self._block(self._block_of[index])
+        a, n = int(self._at_arr[index]), int(self.docs.length[index])
+        src = self._all if self._raw else self._block(int(self.docs.block[index]))
         return self.key(index), src[a:a + n]
 
     def locate(self, index: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

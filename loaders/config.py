@@ -42,9 +42,10 @@ class DataConfig:
         batching: ``packed`` (B rows of ``seq_len``, best-fit-decreasing packing) or
             ``token_budget`` (one chunk per row, rows padded to the longest in the batch,
             rows x padded length <= ``max_tokens``).
-        pack_window: chunks buffered per consumer for packing; larger = fewer padding tokens and
-            more batches per packing (demo corpus, rows of 512, batch 16: 96.8 % real tokens at
-            256, 99.86 % at 1024 and 4096); the default 4096 chunks hold at most 4096 x seq_len tokens.
+        pack_window: tokens buffered per consumer before a packing (counted after each whole
+            document); larger = fewer padding tokens and more batches per packing, at about 20
+            bytes of work memory per token (demo corpus, rows of 512, batch 16: 99.86 % real
+            tokens at the default 262,144 = 512 rows of 512).
         max_tokens: token budget per micro-batch in ``token_budget`` mode (>= ``seq_len``).
         prefetch_batches: batches prefetched ahead of the trainer per worker (or by the background
             thread when ``num_workers`` is 0).
@@ -63,7 +64,7 @@ class DataConfig:
     remainder: str = "uneven"
     step_policy: str = "pad"
     batching: str = "packed"
-    pack_window: int = 4096
+    pack_window: int = 262144
     max_tokens: int = 2048
     prefetch_batches: int = 2
     pin_memory: bool = True
@@ -73,8 +74,11 @@ class DataConfig:
         """Raise ``ValueError`` naming the bad field and its valid range."""
         if self.seq_len < 2:
             raise ValueError(f"data.seq_len={self.seq_len}: must be >= 2")
-        if self.micro_batch_size < 1 or self.num_workers < 0 or self.shuffle_block < 1:
-            raise ValueError("data.micro_batch_size and data.shuffle_block must be >= 1, data.num_workers >= 0")
+        for name in ("micro_batch_size", "shuffle_block", "pack_window", "prefetch_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"data.{name}={getattr(self, name)}: must be >= 1")
+        if self.num_workers < 0:
+            raise ValueError(f"data.num_workers={self.num_workers}: must be >= 0")
         if self.remainder not in REMAINDER_POLICIES:
             raise ValueError(f"data.remainder={self.remainder!r}: use one of {REMAINDER_POLICIES}")
         if self.step_policy not in STEP_POLICIES:
@@ -83,8 +87,6 @@ class DataConfig:
             raise ValueError(f"data.worker_start={self.worker_start!r}: use one of {WORKER_STARTS}")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"data.batching={self.batching!r}: use one of {BATCHING_MODES}")
-        if self.pack_window < 1 or self.prefetch_batches < 1:
-            raise ValueError("data.pack_window and data.prefetch_batches must be >= 1")
         if self.batching == "token_budget" and self.max_tokens < self.seq_len:
             raise ValueError(f"data.max_tokens={self.max_tokens} is below data.seq_len={self.seq_len}:"
                              " a chunk of seq_len tokens would not fit in a batch")

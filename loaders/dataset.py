@@ -22,6 +22,7 @@ import time
 from hashlib import sha256
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from shards import Manifest
@@ -36,6 +37,8 @@ from .stream import TextStream
 from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
+
+RECORD_EVERY = 64  # delivered batches whose consumed records are applied to the resume state at once
 
 
 def dataset_fingerprint(manifest: Manifest) -> str:
@@ -66,6 +69,12 @@ class TextLoader:
         self.cache = cache
         self.order_key = {"seed": cfg.seed, "shuffle": cfg.shuffle, "shuffle_block": cfg.shuffle_block,
                           "seq_len": cfg.seq_len, "dataset": dataset_fingerprint(manifest)}
+        batch_tokens = cfg.seq_len * cfg.micro_batch_size
+        if rank == 0 and cfg.batching == "packed" and 1 < cfg.pack_window < batch_tokens:
+            log.warning("data.pack_window=%d tokens is less than one batch (seq_len x micro_batch_size = %d): most "
+                        "rows will be padding; use at least %d (32 batches)", cfg.pack_window, batch_tokens,
+                        32 * batch_tokens)
+        self._unrecorded: list[np.ndarray] = []  # consumed records of delivered batches, not yet applied
         self.progress = self._epoch_progress(0)
         self.data_wait_seconds = 0.0
         self.last_split = None  # loaders.order.Split of the current epoch (drop/pad counts)
@@ -75,6 +84,24 @@ class TextLoader:
         self.pool: WorkerPool | None = None  # this epoch's worker processes
 
     # -- epochs and state -------------------------------------------------------------
+    @property
+    def progress(self) -> Progress:
+        """The current epoch's resume state, every delivered batch recorded (applied in bulk: a
+        batch's records wait until the state is read, or ``RECORD_EVERY`` batches have come)."""
+        self._apply_records()
+        return self._progress
+
+    @progress.setter
+    def progress(self, p: Progress) -> None:
+        """Replace the resume state (records not yet applied go to the state being replaced)."""
+        self._apply_records()
+        self._progress = p
+
+    def _apply_records(self) -> None:
+        if self._unrecorded:
+            records, self._unrecorded = self._unrecorded, []
+            self._progress.record_many(np.concatenate(records))
+
     @property
     def epoch(self) -> int:
         """The epoch the loader is in (0-based)."""
@@ -187,8 +214,8 @@ class TextLoader:
                          self.epoch, split.dropped, split.padded, self.cfg.remainder)
         self.dataset.start(self.progress)
         t0 = time.perf_counter()
-        for batch in equal_steps(self._batches(), self.cfg.step_policy, self._sync(), self.world_size,
-                                 self._padding_batch, self.steps):
+        for batch in equal_steps(self._deliverable(self._batches()), self.cfg.step_policy, self._sync(),
+                                 self.world_size, self._padding_batch, self.steps):
             self.data_wait_seconds = time.perf_counter() - t0
             self._record(batch)
             self.totals["batches"] += 1
@@ -199,10 +226,21 @@ class TextLoader:
             t0 = time.perf_counter()
         self.progress.complete_ranks.add(self.rank)
 
+    def _deliverable(self, batches: Iterator[TokenBatch]) -> Iterator[TokenBatch]:
+        """``batches`` without the records-only ones (no rows: empty/bad documents after a consumer's
+        last batch, :func:`loaders.packed.records_only`), whose records are noted here."""
+        for batch in batches:
+            if batch.shape[0]:
+                yield batch
+            else:
+                self._record(batch)
+
     def _record(self, batch: TokenBatch) -> None:
         """Note a delivered batch's ``consumed`` entries in the resume state (seam: a mixture also
         counts tokens per source)."""
-        self.progress.record_many(batch.consumed)
+        self._unrecorded.append(batch.consumed)
+        if len(self._unrecorded) >= RECORD_EVERY:
+            self._apply_records()
 
     def _sync(self) -> StepSync | None:
         """The step agreement of this epoch (``None``: none needed or none possible, warned)."""

@@ -151,21 +151,23 @@ def _load(idx: str) -> MemberTable | None:
             with np.load(idx, allow_pickle=False) as z:
                 return MemberTable(*(z[k] for k in TABLE_FIELDS))
         return MemberTable.from_entries(read_dali_index(idx))
-    except (OSError, ShardError, ValueError, KeyError) as e:
-        log.warning("shard index %s unreadable (%s); rebuilding it from the tar headers", idx, e)
+    except Exception as e:  # noqa: BLE001 - whatever is wrong with an index file (empty, foreign, corrupt), it is rebuilt
+        log.warning("shard index %s unreadable (%s: %s); rebuilding it from the tar headers", idx, type(e).__name__, e)
         return None
 
 
-def _store(table: MemberTable, idx: str) -> None:
-    """Write ``table`` to the store (atomic rename); a failure only costs a re-listing later."""
-    tmp = f"{idx}.tmp-{os.getpid()}"
+def store_file(path: str, write, what: str) -> None:
+    """Write a file of the node's index store: ``write(f)`` fills a temporary file that is then
+    renamed to ``path`` (atomic: readers see the old file or the whole new one). A failure is
+    logged (naming ``what``) and only costs rebuilding the file when next needed."""
+    tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        os.makedirs(os.path.dirname(idx), exist_ok=True)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(tmp, "wb") as f:
-            np.savez(f, **{k: getattr(table, k) for k in TABLE_FIELDS})
-        os.replace(tmp, idx)
+            write(f)
+        os.replace(tmp, path)
     except OSError as e:
-        log.warning("cannot store the shard index %s (%s); it is rebuilt when next needed", idx, e)
+        log.warning("cannot store the %s %s (%s); it is rebuilt when next needed", what, path, e)
         if os.path.exists(tmp):
             os.remove(tmp)
 
@@ -205,7 +207,7 @@ def member_table(path: str, fileobj, sha256: str | None, size: int | None, index
             raise ShardError(f"{path}: {len(table)} samples but the manifest says {expected_samples};"
                              " the shard or the manifest is stale — rebuild the manifest")
     if store and source != store:
-        _store(table, store)
+        store_file(store, lambda f: np.savez(f, **{k: getattr(table, k) for k in TABLE_FIELDS}), "shard index")
     _memory[mem_key] = table
     while len(_memory) > MEMORY_SHARDS:
         _memory.popitem(last=False)

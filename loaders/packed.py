@@ -171,6 +171,14 @@ def consumed_array(records) -> np.ndarray:
     return np.asarray(records if records is not None and len(records) else np.empty((0, 3)), np.int64).reshape(-1, 3)
 
 
+def records_only(records, row_len: int) -> PackedBatch:
+    """A batch of no rows that only carries resume ``records`` (empty or unreadable documents met after
+    a consumer's last batch): the loader notes them in its resume state and does not deliver it,
+    so every document of the epoch is accounted for."""
+    return PackedBatch(np.zeros((0, row_len), np.uint16), np.zeros(0, np.int32), np.zeros(0, np.int32), [],
+                       consumed_array(records))
+
+
 def compact_ids(ids: np.ndarray) -> np.ndarray:
     """``ids`` as ``uint16`` when every id fits, else ``int32`` (token ids are < 2**31)."""
     if ids.size and int(ids.max()) >= 1 << 16:

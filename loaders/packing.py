@@ -4,16 +4,16 @@ A document of ``n`` tokens is cut into ``ceil(n / seq_len)`` chunks of at most `
 tokens; **each chunk is treated as its own document** (positions restart at 0, no label
 crosses into the next chunk, so one next-token target is lost per cut).
 
-``packed`` mode (:class:`BestFitPacker`): chunks are buffered (``window`` of them) and packed
-into rows of ``seq_len`` by best-fit-decreasing (Johnson, "Near-optimal bin packing
+``packed`` mode (:class:`BestFitPacker`): chunks are buffered until they hold ``window`` tokens
+and packed into rows of ``seq_len`` by best-fit-decreasing (Johnson, "Near-optimal bin packing
 algorithms", MIT 1973; used for LM data by Ding et al., "Fewer Truncations Improve Language
-Modeling", ICML 2024). Each batch takes the ``rows`` fullest bins; the chunks of the other bins
-go back to the buffer and are packed again with new chunks, so only the end of the stream pays
-for badly filled rows.
+Modeling", ICML 2024). A packing emits its full bins, fullest first, in whole batches
+(:func:`bins_to_take`); the chunks of the other bins go back to the buffer and are packed again
+with new chunks, so only the end of the stream pays for badly filled rows.
 
 ``token_budget`` mode (:class:`TokenBudgetBatcher`): one chunk per row, chunks sorted by length
-in the window, rows padded to the longest chunk of the batch, ``rows x padded_len <= max_tokens``
-(dynamic batching as in fairseq's ``max_tokens``).
+in the window (``window`` tokens), rows padded to the longest chunk of the batch,
+``rows x padded_len <= max_tokens`` (dynamic batching as in fairseq's ``max_tokens``).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from .packed import PackedBatch, compact_ids
+from .packed import PackedBatch, compact_ids, records_only
 
 
 class Chunk:
@@ -90,6 +90,20 @@ def make_batch(rows: list[list[Chunk]], row_len: int, n_rows: int | None = None,
     return TokenBatch.from_packed(pack_rows(rows, row_len, n_rows, extra_consumed))
 
 
+def bins_to_take(fill: np.ndarray, seq_len: int, rows: int, window: int) -> int:
+    """How many bins a packing emits, fullest first (``fill``: tokens per bin, sorted descending).
+
+    Every full bin, in whole batches of ``rows``; then more whole batches while the bins kept back
+    would hold more than ``window // 2`` tokens, so bins that cannot fill (the tails of documents
+    just over a row long, say) are emitted instead of being packed again with every new document.
+    At least one batch (all bins when fewer than ``rows``)."""
+    n, n_full = len(fill), int(np.count_nonzero(fill == seq_len))
+    over = int(fill.sum()) - window // 2  # tokens to emit so that at most window // 2 stay
+    k = int(np.searchsorted(np.cumsum(fill), over)) + 1 if over > 0 else 0
+    k = min(-(-k // rows) * rows, n // rows * rows)
+    return min(max(n_full // rows, 1) * rows, n) if k <= n_full // rows * rows else k
+
+
 def best_fit_decreasing(chunks: list[Chunk], capacity: int) -> list[list[Chunk]]:
     """Pack chunks (each ``<= capacity`` tokens) into bins by best-fit-decreasing.
 
@@ -117,43 +131,51 @@ class BestFitPacker:
     Args:
         seq_len: row length in tokens (T).
         rows: rows per batch (B).
-        window: chunks buffered before a batch is packed (>= 1).
+        window: tokens buffered before a batch is packed (>= 1; checked after each whole document).
     """
 
     def __init__(self, seq_len: int, rows: int, window: int):
         self.seq_len, self.rows, self.window = seq_len, rows, max(window, 1)
         self.buffer: list[Chunk] = []
+        self.buffered = 0  # tokens in the buffer
         self.ready_rows: list[list[list[Chunk]]] = []  # packed batches waiting to be emitted
         self.pending: list[tuple[int, int, int]] = []  # empty/bad documents, reported with the next batch
 
     def add(self, chunk: Chunk) -> None:
         """Buffer one chunk."""
         self.buffer.append(chunk)
+        self.buffered += chunk.length
 
     def ready(self) -> bool:
-        """Whether a batch can be popped (one is packed, or the buffer holds ``window`` chunks)."""
-        return bool(self.ready_rows) or len(self.buffer) >= self.window
+        """Whether a batch can be popped (one is packed, or the buffer holds ``window`` tokens)."""
+        return bool(self.ready_rows) or self.buffered >= self.window
 
     def pop(self) -> PackedBatch:
-        """Next batch. When none is packed: pack the buffer, keep the ``rows`` fullest bins plus
-        further batches made only of full bins; the other bins' chunks stay buffered."""
+        """Next batch. When none is packed: pack the buffer and emit the fullest bins
+        (:func:`bins_to_take`); the other bins' chunks stay buffered."""
         if not self.ready_rows:
             bins = best_fit_decreasing(self.buffer, self.seq_len)
             fill = [sum(c.length for c in b) for b in bins]
             order = sorted(range(len(bins)), key=lambda b: (-fill[b], b))
-            n_full = sum(f == self.seq_len for f in fill)
-            take = order[:max(1, n_full // self.rows) * self.rows]
+            take = order[:bins_to_take(np.array([fill[b] for b in order], np.int64), self.seq_len, self.rows,
+                                       self.window)]
             taken = set(take)
             self.buffer = [c for b in range(len(bins)) if b not in taken for c in bins[b]]
+            self.buffered = sum(c.length for c in self.buffer)
             self.ready_rows = [[bins[b] for b in sorted(take[i:i + self.rows])] for i in range(0, len(take), self.rows)]
         return self._emit(self.ready_rows.pop(0))
 
     def flush(self) -> list[PackedBatch]:
-        """Emit everything left (the last batch padded with empty rows)."""
+        """Emit everything left (the last batch padded with empty rows; empty/bad documents noted
+        after it in a :func:`loaders.packed.records_only` batch)."""
         out = [self._emit(rows) for rows in self.ready_rows]
         bins = best_fit_decreasing(self.buffer, self.seq_len)
-        self.buffer, self.ready_rows = [], []
-        return out + [self._emit(bins[i:i + self.rows]) for i in range(0, len(bins), self.rows)]
+        self.buffer, self.ready_rows, self.buffered = [], [], 0
+        out += [self._emit(bins[i:i + self.rows]) for i in range(0, len(bins), self.rows)]
+        if self.pending:
+            out.append(records_only(self.pending, self.seq_len))
+            self.pending = []
+        return out
 
     def _emit(self, rows: list[list[Chunk]]) -> PackedBatch:
         batch = pack_rows(rows, self.seq_len, self.rows, self.pending)
@@ -166,21 +188,24 @@ class TokenBudgetBatcher:
 
     Args:
         max_tokens: token budget per batch, counting padding (>= the longest chunk).
-        window: chunks buffered before a batch is formed.
+        window: tokens buffered before a batch is formed.
     """
 
     def __init__(self, max_tokens: int, window: int):
         self.max_tokens, self.window = max_tokens, max(window, 1)
         self.buffer: list[Chunk] = []
+        self.buffered = 0  # tokens in the buffer
+        self.ready_groups: list[list[Chunk]] = []  # formed, waiting to be emitted
         self.pending: list[tuple[int, int, int]] = []
 
     def add(self, chunk: Chunk) -> None:
         """Buffer one chunk."""
         self.buffer.append(chunk)
+        self.buffered += chunk.length
 
     def ready(self) -> bool:
-        """Whether the buffer holds ``window`` chunks."""
-        return len(self.buffer) >= self.window
+        """Whether a batch can be popped (one is formed, or the buffer holds ``window`` tokens)."""
+        return bool(self.ready_groups) or self.buffered >= self.window
 
     def _groups(self) -> list[list[Chunk]]:
         groups: list[list[Chunk]] = []
@@ -192,18 +217,33 @@ class TokenBudgetBatcher:
         return groups
 
     def pop(self) -> PackedBatch:
-        """Emit the group holding the oldest buffered chunk (so no chunk waits for ever)."""
-        oldest = self.buffer[0]
-        group = next(g for g in self._groups() if any(c is oldest for c in g))
-        taken = {id(c) for c in group}
-        self.buffer = [c for c in self.buffer if id(c) not in taken]
-        return self._emit(group)
+        """Next batch. When none is formed: group the buffer once (one sort) and take groups, the one
+        holding the oldest buffered chunk first (so no chunk waits for ever), until at most half the
+        window stays buffered."""
+        if not self.ready_groups:
+            arrival = {id(c): i for i, c in enumerate(self.buffer)}
+            groups = sorted(self._groups(), key=lambda g: min(arrival[id(c)] for c in g))
+            left = self.buffered
+            for g in groups:
+                self.ready_groups.append(g)
+                left -= sum(c.length for c in g)
+                if left <= self.window // 2:
+                    break
+            taken = {id(c) for g in self.ready_groups for c in g}
+            self.buffer = [c for c in self.buffer if id(c) not in taken]
+            self.buffered = left
+        return self._emit(self.ready_groups.pop(0))
 
     def flush(self) -> list[PackedBatch]:
-        """Emit every buffered chunk as batches (end of the stream)."""
-        groups = self._groups()
-        self.buffer = []
-        return [self._emit(g) for g in groups]
+        """Emit every buffered chunk as batches (end of the stream; empty/bad documents noted after
+        the last one in a :func:`loaders.packed.records_only` batch)."""
+        groups = self.ready_groups + self._groups()
+        self.buffer, self.buffered, self.ready_groups = [], 0, []
+        out = [self._emit(g) for g in groups]
+        if self.pending:
+            out.append(records_only(self.pending, 1))
+            self.pending = []
+        return out
 
     def _emit(self, group: list[Chunk]) -> PackedBatch:
         batch = pack_rows([[c] for c in group], max(c.length for c in group), extra_consumed=self.pending)

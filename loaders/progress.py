@@ -94,20 +94,37 @@ class Progress:
 
     def record_many(self, consumed) -> None:
         """:meth:`record` for each ``(position, chunk, n_chunks)`` row of ``consumed`` (``int64 [k, 3]``
-        or a list of tuples); one-chunk documents (most of them) are added to :attr:`done` in one
-        set update, and the prefix is advanced in bulk once :attr:`done` has grown (amortised)."""
+        or a list of tuples), in bulk: one-chunk documents (most of them) and documents whose every
+        chunk is among the rows go to :attr:`done` in one set update; only the chunks of documents
+        that straddle calls are noted one by one. The prefix is advanced once :attr:`done` has grown
+        (amortised)."""
         consumed = consumed_array(consumed)
-        single = consumed[:, 2] == 1
-        pos = consumed[single, 0]
-        self.done.update(pos[pos >= self.prefix].tolist())
-        if not single.all():
-            self._record_chunks(consumed[~single].tolist())
+        consumed = consumed[consumed[:, 0] >= self.prefix]  # below the prefix: repeats, ignored
+        n = consumed[:, 2]
+        finished = [consumed[n == 1, 0]]
+        if (n > 1).any():
+            multi = consumed[n > 1]
+            pairs = np.unique(multi[:, 0] * (int(multi[:, 2].max()) + 1) + multi[:, 1])  # distinct chunks, by position
+            pos = pairs // (int(multi[:, 2].max()) + 1)
+            first = np.flatnonzero(np.concatenate([[True], pos[1:] != pos[:-1]]))
+            per_doc = np.diff(np.append(first, len(pos)))
+            n_of = dict(zip(multi[:, 0].tolist(), multi[:, 2].tolist()))
+            docs = pos[first]
+            whole = per_doc == np.array([n_of[p] for p in docs.tolist()], np.int64)
+            finished.append(docs[whole])
+            for p in set(docs[whole].tolist()) & self.partial.keys():
+                del self.partial[p]
+            straddle = np.isin(multi[:, 0], docs[~whole])
+            if straddle.any():
+                self._record_chunks(multi[straddle].tolist())
+        if (n <= 0).any():
+            self._record_chunks(consumed[n <= 0].tolist())
+        self.done.update(np.concatenate(finished).tolist())
         if len(self.done) >= self._advance_at:
             self._advance()
 
     def _record_chunks(self, rows: list) -> None:
-        """:meth:`record` of many ``[position, chunk, n_chunks]`` rows (n_chunks != 1), inlined: this runs
-        once per chunk of every long document."""
+        """:meth:`record` of many ``[position, chunk, n_chunks]`` rows (n_chunks != 1), inlined."""
         prefix, done, partial = self.prefix, self.done, self.partial
         for pos, chunk, n_chunks in rows:
             if pos < prefix or pos in done:

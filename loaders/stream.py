@@ -57,6 +57,29 @@ def _runs(packer: ArrayPacker, batches: Iterator[PackedBatch]) -> Iterator[list[
         yield run
 
 
+def _trailing_records(runs: Iterator[list[PackedBatch]]) -> Iterator[list[PackedBatch]]:
+    """``runs`` with the latest batch held back until the next one (or the end), so the records of
+    empty/bad documents met after the consumer's last batch (the records-only batch a packer's
+    ``flush`` ends with) ride with that batch: a state saved right after it accounts for every
+    document. A consumer with no batch at all passes its records-only batch on."""
+    held: PackedBatch | None = None
+    extra: list[PackedBatch] = []
+    for run in runs:
+        real = [b for b in run if b.num_slots]
+        if real:
+            out = ([held] if held is not None else []) + real[:-1]
+            if out:
+                yield out
+            held = real[-1]
+        extra += [b for b in run if not b.num_slots]
+    if held is not None:
+        for b in extra:
+            held.consumed = np.concatenate([held.consumed, b.consumed])
+        yield [held]
+    elif extra:
+        yield extra
+
+
 class TextStream:
     """Packed batches of one rank for the epoch and resume point set by :meth:`start`.
 
@@ -113,8 +136,8 @@ class TextStream:
         """:meth:`consumer_batches` in runs: the batches one packing makes come as one list, so they
         cross a thread or a pipe in one hand-over instead of one each."""
         if self.manifest.layout == "token_blocks" and self.cfg.batching == "packed":
-            return self._block_batches(worker, num_workers)
-        return ([b] for b in self._document_batches(worker, num_workers))
+            return _trailing_records(self._block_batches(worker, num_workers))
+        return _trailing_records([b] for b in self._document_batches(worker, num_workers))
 
     def _block_batches(self, worker: int, num_workers: int) -> Iterator[list[PackedBatch]]:
         """Token-block shards, one shuffle block of this consumer's documents at a time: located,

@@ -208,7 +208,14 @@ class BlockPacker:
 
     def add(self, doc_id: str, source: str, tokens: np.ndarray, text: str | None = None
             ) -> tuple[str, dict[str, bytes], int, int] | None:
-        """Add one document; returns a finished block ``(key, fields, documents, tokens)`` or ``None``."""
+        """Add one document; returns a finished block ``(key, fields, documents, tokens)`` or ``None``.
+
+        Raises:
+            ValueError: an empty ``doc_id`` (it could never be a sample key).
+        """
+        if not str(doc_id):
+            raise ValueError(f"document {len(self._docs)} of the block being filled has an empty id; "
+                             "every document needs an id (its sample key)")
         out = None
         if self._docs and self._n + len(tokens) > self.block_tokens:
             out = self.flush()

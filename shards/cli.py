@@ -121,7 +121,8 @@ def _at_least_one(text: str) -> int:
 
 def cmd_inspect(args) -> int:
     """``inspect SHARD``: print decoded documents (a block is shown document by document), detokenised
-    when a tokenizer is found; a dataset folder or manifest inspects its first shard. Returns 0."""
+    when a tokenizer is found; a dataset folder or manifest inspects its first shard. Returns 0, or 1
+    when ``--key`` names no document of the shard."""
     args.shard = _one_shard(args.shard)
     sp = _tokenizer(args.tokenizer, args.shard)
     if args.at is not None:
@@ -140,6 +141,10 @@ def cmd_inspect(args) -> int:
         shown += 1
         if shown >= args.limit:
             break
+    if args.key and not shown:
+        print(f"error: {args.shard} has no document with key {args.key!r}; python -m shards inspect "
+              f"{args.shard} lists its keys", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -224,25 +229,33 @@ def cmd_reshard(args) -> int:
 
 
 def cmd_cat(args) -> int:
-    """``cat SHARD [MEMBER...]``: write member bytes to stdout (``--decompress`` for ``.zst``); a document
-    key inside a token block writes that document's tokens (little-endian). Returns 0."""
+    """``cat SHARD [MEMBER...]``: write member bytes to stdout (``--decompress`` for ``.zst``). In a token
+    block a bare KEY is a document (its tokens, little-endian; a block's key is its first document's),
+    KEY.SUFFIX a member of the block. Returns 0, or 1 when a named KEY or member is not in the shard."""
     want = set(args.members)
+    found: set[str] = set()
     out = sys.stdout.buffer
     for key, fields in iter_raw(args.shard):
-        if want and is_block(fields) and key not in want and not any(n.startswith(key + ".") for n in want):
-            # document keys inside a block: write their tokens (little-endian, the block's dtype)
+        if want and is_block(fields) and not any(f"{key}.{suffix}" in want for suffix in fields):
             for doc in block_documents(decode_sample(args.shard, key, fields)):
                 if doc["__key__"] in want:
                     out.write(doc["tokens"].tobytes())
+                    found.add(doc["__key__"])
             continue
         for suffix, data in fields.items():
             name = f"{key}.{suffix}"
             if want and name not in want and key not in want:
                 continue
+            found |= {name, key}
             if args.decompress and suffix.endswith(".zst"):
                 data = zstd_decompress(data)
             out.write(data)
     out.flush()
+    missing = sorted(want - found)
+    if missing:
+        print(f"error: {args.shard} has no sample, document or member {', '.join(map(repr, missing))}; "
+              f"python -m shards inspect {args.shard} lists its keys", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -284,8 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prefix", default="shard")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_reshard)
-    s = sub.add_parser("cat", help="write member bytes to stdout (all, or the named KEY / KEY.SUFFIX); the key of "
-                       "a document inside a token block writes its tokens (little-endian, the block's dtype)")
+    s = sub.add_parser("cat", help="write member bytes to stdout (all, or the named KEY / KEY.SUFFIX); in a token "
+                       "block a KEY is a document (its tokens, little-endian, the block's dtype) and KEY.SUFFIX a "
+                       "member of the block; exit 1 when a name is not in the shard")
     s.add_argument("shard")
     s.add_argument("members", nargs="*")
     s.add_argument("-d", "--decompress", action="store_true", help="zstd-decompress .zst members")

@@ -283,3 +283,71 @@ def test_a_killed_worker_is_reported_with_its_exit_status(tmp_path, start):
     with pytest.raises(WorkerError, match=r"loader worker 0 \(pid \d+\) exited with status -9"):
         for _ in pool:
             pass
+
+
+@pytest.mark.parametrize("layout", ["token_blocks/none", "documents"])
+@pytest.mark.parametrize("batching", ["packed", "token_budget"])
+def test_empty_documents_after_the_last_batch_are_consumed(tmp_path, layout, batching):
+    """Empty documents after a consumer's last batch used to ride with no batch and were lost from
+    the state (1 of 13 consumed): the resume state must account for every document, and a checkpoint
+    after the last batch must go on with the next epoch."""
+    d = str(tmp_path / "s")
+    blocks = layout.startswith("token_blocks")
+    w = TokenBlockWriter(d, max_bytes=64 * 1024, block_tokens=2048) if blocks else ShardSequenceWriter(d, max_bytes=64 * 1024)
+    for i in range(13):
+        toks = np.arange(1, 40, dtype=np.uint16) if i == 0 else np.zeros(0, np.uint16)
+        if blocks:
+            w.add(f"e{i}", "t", toks)
+        else:
+            w.write(f"e{i}", encode_text_sample(toks, {"id": f"e{i}"}), tokens=len(toks))
+    Manifest(shards=w.close(), vocab_size=100, layout=layout.split("/")[0]).save(d)
+    for workers, world in ((0, 1), (2, 1), (0, 3)):
+        cfg = _cfg(d, shuffle=False, batching=batching, max_tokens=64, num_workers=workers)
+        loaders = [build_text_loader(cfg, rank=r, world_size=world, in_process=True) for r in range(world)]
+        batches = [b for ld in loaders for b in ld]
+        assert sum(b.num_doc_tokens for b in batches) == 39 and all(b.shape[0] for b in batches)
+        state = merge_states([ld.state_dict() for ld in loaders])
+        assert (state["consumed"], state["empty"]) == (13, 12)
+        again = build_text_loader(cfg, in_process=True)
+        again.load_state_dict(state)
+        assert again.epoch == 1
+
+
+def test_state_after_the_last_batch_counts_the_empty_documents_after_it(tmp_path):
+    """A checkpoint taken right after the last batch (the trainer asks for no further batch) holds the
+    empty documents its consumer met after it, so the resume goes on with the next epoch (it used to
+    re-enter the finished epoch, find only empty documents and stop with 'the loader yielded no
+    batch'). With 2 workers, the other worker's documents (all empty) may not have been delivered
+    yet: the resumed epoch then yields no batch and the trainer goes on with the next one."""
+    from trainer.train import micro_batches
+
+    d = str(tmp_path / "s")
+    w = TokenBlockWriter(d, max_bytes=64 * 1024, block_tokens=2048)
+    for i in range(13):
+        w.add(f"e{i}", "t", np.arange(1, 40, dtype=np.uint16) if i == 0 else np.zeros(0, np.uint16))
+    Manifest(shards=w.close(), vocab_size=100, layout="token_blocks").save(d)
+    for workers, consumed in ((0, 13), (2, 7)):
+        cfg = _cfg(d, shuffle=False, num_workers=workers)
+        ld = build_text_loader(cfg)
+        next(iter(ld))  # the one batch, and no next() past it
+        state = ld.state_dict()
+        assert (state["consumed"], state["empty"]) == (consumed, consumed - 1)
+        again = build_text_loader(cfg, in_process=True)
+        again.load_state_dict(state)
+        epoch, batch = next(micro_batches(again, again.epoch))
+        assert epoch == 1 and batch.num_doc_tokens == 39
+
+
+def test_pack_window_settings_are_named_in_errors_and_warnings(tmp_path, caplog):
+    """A bad value is one error naming the field and the value; a window below one batch (rows mostly
+    padding) is warned about, with the size to use."""
+    with pytest.raises(ValueError, match=r"data.pack_window=0: must be >= 1"):
+        DataConfig(manifest="x", pack_window=0).validate()
+    with pytest.raises(ValueError, match=r"data.prefetch_batches=-1: must be >= 1"):
+        DataConfig(manifest="x", prefetch_batches=-1).validate()
+    d = str(tmp_path / "s")
+    write_text_shards(d)
+    with caplog.at_level(logging.WARNING, logger="loaders.dataset"):
+        build_text_loader(_cfg(d, pack_window=100))
+    assert "data.pack_window=100 tokens is less than one batch (seq_len x micro_batch_size = 128)" in caplog.text
+    assert "use at least 4096" in caplog.text

@@ -102,6 +102,22 @@ def test_cat_writes_a_documents_tokens(blocks, capfdbinary):
     shard = str(d / m.shards[0].name)
     assert main(["cat", shard, escape_key(docs[3][0])]) == 0
     assert capfdbinary.readouterr().out == docs[3][2].astype("<u2").tobytes()
+    # a block's first document has the block's key: the key still means the document
+    assert main(["cat", shard, escape_key(docs[0][0])]) == 0
+    assert capfdbinary.readouterr().out == docs[0][2].astype("<u2").tobytes()
+    # a member of the block by its full name
+    assert main(["cat", shard, f"{escape_key(docs[0][0])}.{META_SUFFIX}", "-d"]) == 0
+    assert json.loads(capfdbinary.readouterr().out)["ids"][0] == docs[0][0]
+
+
+def test_cat_of_a_key_not_in_the_shard_is_an_error(blocks, capfdbinary):
+    d, docs, m, _ = blocks
+    shard = str(d / m.shards[0].name)
+    assert main(["cat", shard, "no-such-document"]) == 1
+    err = capfdbinary.readouterr().err.decode()
+    assert "no sample, document or member 'no-such-document'" in err
+    assert main(["inspect", shard, "--key", "no-such-document"]) == 1
+    assert "no document with key 'no-such-document'" in capfdbinary.readouterr().err.decode()
 
 
 def test_verify_catches_metadata_that_disagrees_with_tokens(tmp_path):
@@ -196,3 +212,11 @@ def test_escape_key_fast_path_equals_percent_encoding(doc_id):
     ref = quote(doc_id, safe="-_").replace(".", "%2E").replace("~", "%7E")
     hashed = "~" + hashlib.sha256(doc_id.encode()).hexdigest()[:40]
     assert escape_key(doc_id) == (ref if len(ref) <= 80 else hashed)
+
+
+def test_writer_refuses_an_empty_document_id(tmp_path):
+    """An empty id could never be a sample key: refused when written, not when a trainer reads keys."""
+    w = TokenBlockWriter(str(tmp_path), max_samples=4)
+    w.add("a", "s", np.arange(3, dtype=np.uint16))
+    with pytest.raises(ValueError, match="empty id"):
+        w.add("", "s", np.arange(3, dtype=np.uint16))

@@ -89,14 +89,20 @@ class RollbackError(RuntimeError):
 
 def micro_batches(loader, epoch: int):
     """Endless stream of ``(epoch, TokenBatch)``, calling ``loader.set_epoch`` at each new epoch
-    (a loader restored mid-epoch continues where its state points)."""
+    (a loader restored mid-epoch continues where its state points).
+
+    Raises:
+        NoDataError: an epoch read from its start yields no batch.
+    """
     while True:
         loader.set_epoch(epoch)
+        # a resumed epoch may hold only empty documents after its last batch: then go on with the next
+        resumed = getattr(getattr(loader, "progress", None), "consumed", 0) > 0
         empty = True
         for batch in loader:
             empty = False
             yield epoch, batch
-        if empty:
+        if empty and not resumed:
             raise NoDataError(
                 f"the loader yielded no batch in epoch {epoch}; the errors logged above name the shards. Common causes: "
                 "cache.max_bytes smaller than one shard, an unreachable data.manifest, corrupt shards "

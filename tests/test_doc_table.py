@@ -1,0 +1,97 @@
+"""The per-shard document tables of token-block shards (``loaders.doc_table``): parsed once, kept in
+the node's index store, and the same from the store as from the block metadata."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from loaders import doc_table as dt
+from loaders.block_access import BlockShard
+from shards import Manifest, TokenBlockWriter
+from shards.keys import escape_key
+
+
+def _write(d, compression="none"):
+    rng = np.random.default_rng(3)
+    docs = [(f"src/dóc {i}/ü", "src", rng.integers(0, 4000, int(rng.integers(1, 60))).astype(np.uint16))
+            for i in range(40)]
+    w = TokenBlockWriter(str(d), max_samples=3, block_tokens=200, compression=compression)
+    for doc_id, source, toks in docs:
+        w.add(doc_id, source, toks)
+    m = Manifest(shards=w.close(), layout="token_blocks", token_dtype="uint16")
+    m.save(str(d))
+    return m, docs
+
+
+def _open(d, info, index_dir):
+    return BlockShard(str(d / info.name), info.samples, info.sha256, info.bytes, str(index_dir), "uint16",
+                      info.documents)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_table_is_stored_once_and_equal_from_the_store(tmp_path, compression):
+    m, docs = _write(tmp_path / "shards", compression)
+    info = m.shards[0]
+    index = tmp_path / "index"
+    dt._memory.clear()
+    parsed = _open(tmp_path / "shards", info, index)
+    stored = index / f"{info.sha256}-{info.bytes}.docs.npy"
+    assert stored.exists()
+    dt._memory.clear()  # the next open reads the store, not the metadata
+    calls = []
+    real_parse = dt._parse
+    dt._parse = lambda *a: calls.append(a) or real_parse(*a)
+    try:
+        loaded = _open(tmp_path / "shards", info, index)
+    finally:
+        dt._parse = real_parse
+    assert calls == []
+    for name in ("block", "start", "length", "block_tokens", "id_offsets", "id_bytes"):
+        np.testing.assert_array_equal(getattr(loaded.docs, name), getattr(parsed.docs, name))
+    n = len(parsed)
+    assert loaded.docs.ids == [d[0] for d in docs[:n]]
+    assert loaded.docs.key_list() == [escape_key(d[0]) for d in docs[:n]]
+    for i in range(n):
+        np.testing.assert_array_equal(loaded.tokens(i)[1], docs[i][2])
+
+
+def _corrupt(stored, how):
+    good = np.load(stored)
+    if how == "foreign":
+        np.save(stored, np.arange(7, dtype=np.int64))
+    elif how == "empty":  # a crash between create and write
+        stored.write_bytes(b"")
+    elif how == "2-d":
+        np.save(stored, np.zeros((4, 4), np.int64))
+    else:  # right sizes, a document's start moved before its block: would read other tokens
+        n = int(good[0])
+        good[3 + n] = -5
+        np.save(stored, good)
+
+
+@pytest.mark.parametrize("how", ["foreign", "empty", "2-d", "outside its block"])
+def test_a_table_that_does_not_fit_is_rebuilt(tmp_path, caplog, how):
+    m, docs = _write(tmp_path / "shards")
+    info = m.shards[0]
+    index = tmp_path / "index"
+    dt._memory.clear()
+    _open(tmp_path / "shards", info, index)
+    stored = index / f"{info.sha256}-{info.bytes}.docs.npy"
+    _corrupt(stored, how)
+    dt._memory.clear()
+    with caplog.at_level(logging.WARNING, logger="loaders.doc_table"):
+        shard = _open(tmp_path / "shards", info, index)
+    assert "rebuilding it from the block metadata" in caplog.text
+    assert shard.docs.ids == [d[0] for d in docs[:len(shard)]]
+    for i in range(len(shard)):
+        np.testing.assert_array_equal(shard.tokens(i)[1], docs[i][2])
+    assert dt._load(str(stored), len(shard.docs.block_tokens)) is not None  # written anew
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")  # a store that cannot be written only costs parsing again
+    dt._memory.clear()
+    with caplog.at_level(logging.WARNING, logger="loaders.member_index"):  # the store's writer
+        again = _open(tmp_path / "shards", info, blocked)
+    assert "cannot store the document table" in caplog.text
+    assert again.docs.ids == shard.docs.ids
