@@ -70,10 +70,12 @@ MALLOC_TRIM_THRESHOLD = 65536
 def dask_spill_env(target: float = SPILL_TARGET) -> dict[str, str]:
     """Environment variables (dask's config names) that make a ``dask worker`` started with
     ``--memory-limit`` spill its stored results to local disk beyond ``target`` of the limit
-    (a fraction, 0..1), and never spill on measured process memory nor pause."""
+    (a fraction, 0..1), and never spill on measured process memory, pause, nor (under a nanny)
+    restart at 95 % of the limit: the limit sizes what is kept in memory, it is not a hard cap."""
     return {"DASK_DISTRIBUTED__WORKER__MEMORY__TARGET": str(target),
             "DASK_DISTRIBUTED__WORKER__MEMORY__SPILL": "False",
-            "DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "False"}
+            "DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "False",
+            "DASK_DISTRIBUTED__WORKER__MEMORY__TERMINATE": "False"}
 
 
 def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, timeout_s: float = 60.0,
