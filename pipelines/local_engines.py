@@ -61,7 +61,7 @@ def _spawn(cmd: list[str], log: Path, env: dict | None) -> subprocess.Popen:
 # worker's own memory (imports, the language model, sentencepiece, the running task) is above
 # dask's default 70 % / 80 % thresholds of a small limit, so a worker paused for good (the job
 # stalled at 300 MB) or evicted every result as soon as it was stored (the job ran 5x slower).
-SPILL_TARGET = 0.2
+SPILL_TARGET = 0.1
 # glibc returns freed heap memory to the OS above this many bytes; a dask nanny sets it for its
 # worker, and start_dask's workers run without one
 MALLOC_TRIM_THRESHOLD = 65536
