@@ -78,6 +78,7 @@ class TokenBatch:
         self._compact: tuple[torch.Tensor, ...] | None = None
         self._doc_tokens: int | None = None
         self.keys, self.consumed = keys, consumed_array(consumed)
+        self.worker = 0  # the loader worker that packed it (see loaders.packed.PackedBatch)
         self.packed: PackedBatch | None = None
 
     @classmethod
@@ -87,13 +88,13 @@ class TokenBatch:
         b._full, b.packed = None, p
         b._compact = (torch.from_numpy(p.ids), torch.from_numpy(p.lens), torch.from_numpy(p.row_chunks))
         b._doc_tokens = p.num_doc_tokens
-        b.keys, b.consumed = p.keys, p.consumed
+        b.keys, b.consumed, b.worker = p.keys, p.consumed, p.worker
         return b
 
     def _lazy(self, compact: tuple[torch.Tensor, ...], doc_tokens: int | None) -> "TokenBatch":
         b = TokenBatch.__new__(TokenBatch)
         b._full, b._compact, b._doc_tokens, b.packed = None, compact, doc_tokens, None
-        b.keys, b.consumed = self.keys, self.consumed
+        b.keys, b.consumed, b.worker = self.keys, self.consumed, self.worker
         return b
 
     def _fields(self) -> tuple[torch.Tensor, ...]:

@@ -191,11 +191,12 @@ class TextLoader:
     def _batches(self) -> Iterator[TokenBatch]:
         cfg = self.cfg
         pin = cfg.pin_memory and torch.cuda.is_available()
+        first = self.progress.next_worker.get(self.rank, 0)  # the workers' round-robin goes on there
         if self.in_process:
-            return _expand(self.dataset.rank_batches(cfg.num_workers))
+            return _expand(self.dataset.rank_batches(cfg.num_workers, first))
         if cfg.num_workers > 0:
             self.pool = WorkerPool(self.dataset, cfg.num_workers, cfg.worker_start)
-            runs = self.pool.runs()
+            runs = self.pool.runs(first)
         else:
             runs = self.dataset.consumer_runs(0, 1)
         return _thread_prefetch(runs, cfg.prefetch_batches * max(cfg.num_workers, 1), pin, self._queue_depth)
@@ -212,7 +213,11 @@ class TextLoader:
         if split.dropped or split.padded:
             log.info("epoch %d: %d samples dropped, %d repeated (data.remainder=%s)",
                          self.epoch, split.dropped, split.padded, self.cfg.remainder)
-        self.dataset.start(self.progress)
+        p, workers = self.progress, max(self.cfg.num_workers, 1)
+        if not (p.deal and p.deal["world_size"] == self.world_size and p.deal["workers"] == workers):
+            p.deal = {"world_size": self.world_size, "workers": workers, "prefix": p.prefix, "done": sorted(p.done)}
+            p.next_worker = {}
+        self.dataset.start(p)
         t0 = time.perf_counter()
         for batch in equal_steps(self._deliverable(self._batches()), self.cfg.step_policy, self._sync(),
                                  self.world_size, self._padding_batch, self.steps):
@@ -229,8 +234,10 @@ class TextLoader:
     def _deliverable(self, batches: Iterator[TokenBatch]) -> Iterator[TokenBatch]:
         """``batches`` without the records-only ones (no rows: empty/bad documents after a consumer's
         last batch, :func:`loaders.packed.records_only`), whose records are noted here."""
+        workers = max(self.cfg.num_workers, 1)
         for batch in batches:
             if batch.shape[0]:
+                self._progress.next_worker[self.rank] = (batch.worker + 1) % workers
                 yield batch
             else:
                 self._record(batch)

@@ -16,7 +16,6 @@ table is made once and kept, in this order of preference:
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 
@@ -26,7 +25,7 @@ from shards import ShardError
 from shards.blocks import META_SUFFIX, decode_meta
 from shards.keys import escape_keys
 
-from .member_index import store_file
+from .member_index import TableCache, store_file, store_path, table_key
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +89,7 @@ class DocTable:
         return self.key_list()[index]
 
 
-_memory: collections.OrderedDict[tuple, DocTable] = collections.OrderedDict()
+_memory = TableCache(MEMORY_TABLES)
 
 
 def _parse(path: str, fd: int, meta_rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> DocTable:
@@ -159,19 +158,16 @@ def doc_table(path: str, fd: int, meta_rows: np.ndarray, offsets: np.ndarray, si
     Raises:
         ShardError: a block without metadata, or metadata that does not decode.
     """
-    key = (sha256, size) if sha256 else (path, os.stat(path).st_mtime_ns)
-    table = _memory.get(key)
+    key = table_key(path, sha256, size)
+    table = _memory.get_recent(key)
     if table is not None:
-        _memory.move_to_end(key)
         return table
-    store = os.path.join(index_dir, f"{sha256}-{size}.docs.npy") if index_dir and sha256 and size is not None else None
+    store = store_path(index_dir, sha256, size, "docs.npy")
     if store and os.path.exists(store):
         table = _load(store, len(meta_rows))
     if table is None:
         table = _parse(path, fd, meta_rows, offsets, sizes)
         if store:
             _store(table, store)
-    _memory[key] = table
-    while len(_memory) > MEMORY_TABLES:
-        _memory.popitem(last=False)
+    _memory.keep(key, table)
     return table

@@ -94,7 +94,40 @@ class MemberTable:
         return rows
 
 
-_memory: collections.OrderedDict[tuple, MemberTable] = collections.OrderedDict()
+class TableCache(collections.OrderedDict):
+    """This process's recently used per-shard tables (least recently used dropped past ``capacity``),
+    keyed by :func:`table_key`."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+
+    def get_recent(self, key: tuple):
+        """The table under ``key`` (now the most recently used), or ``None``."""
+        table = self.get(key)
+        if table is not None:
+            self.move_to_end(key)
+        return table
+
+    def keep(self, key: tuple, table) -> None:
+        """Keep ``table`` under ``key``, dropping the least recently used past ``capacity``."""
+        self[key] = table
+        while len(self) > self.capacity:
+            self.popitem(last=False)
+
+
+def table_key(path: str, sha256: str | None, size: int | None) -> tuple:
+    """A shard's key in this process's table caches: the manifest's digest and size, else the file's
+    path and modification time."""
+    return (sha256, size) if sha256 else (path, os.stat(path).st_mtime_ns)
+
+
+def store_path(index_dir: str | None, sha256: str | None, size: int | None, suffix: str) -> str | None:
+    """``INDEX_DIR/SHA256-SIZE.SUFFIX`` in the node's index store, or ``None`` (no store, or no digest)."""
+    return os.path.join(index_dir, f"{sha256}-{size}.{suffix}") if index_dir and sha256 and size is not None else None
+
+
+_memory = TableCache(MEMORY_SHARDS)
 
 
 def default_index_dir(cache) -> str:
@@ -184,12 +217,11 @@ def member_table(path: str, fileobj, sha256: str | None, size: int | None, index
     Raises:
         ShardError: the tar cannot be listed, or its sample count differs from ``expected_samples``.
     """
-    mem_key = (sha256, size) if sha256 else (path, os.stat(path).st_mtime_ns)
-    table = _memory.get(mem_key)
+    mem_key = table_key(path, sha256, size)
+    table = _memory.get_recent(mem_key)
     if table is not None:
-        _memory.move_to_end(mem_key)
         return table
-    store = os.path.join(index_dir, f"{sha256}-{size}.npz") if index_dir and sha256 and size is not None else None
+    store = store_path(index_dir, sha256, size, "npz")
     beside = dali_index_path(path)
     candidates = [store] if store and os.path.exists(store) else []
     if os.path.exists(beside) and os.stat(beside).st_mtime_ns >= os.stat(path).st_mtime_ns:
@@ -208,7 +240,5 @@ def member_table(path: str, fileobj, sha256: str | None, size: int | None, index
                              " the shard or the manifest is stale — rebuild the manifest")
     if store and source != store:
         store_file(store, lambda f: np.savez(f, **{k: getattr(table, k) for k in TABLE_FIELDS}), "shard index")
-    _memory[mem_key] = table
-    while len(_memory) > MEMORY_SHARDS:
-        _memory.popitem(last=False)
+    _memory.keep(mem_key, table)
     return table

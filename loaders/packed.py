@@ -124,6 +124,8 @@ class PackedBatch:
         keys: sample keys of the documents that contributed tokens (a list, or :class:`BatchKeys`).
         consumed: ``int64`` ``[k, 3]``: ``(global position, chunk, n_chunks)`` records (see
             :mod:`loaders.progress`); a list of such tuples is converted.
+        worker: the loader worker (of its rank) that packed it: where the workers' round-robin
+            goes on after a resume.
     """
 
     ids: np.ndarray
@@ -131,6 +133,7 @@ class PackedBatch:
     row_chunks: np.ndarray
     keys: list[str] = field(default_factory=list)
     consumed: np.ndarray = field(default_factory=lambda: consumed_array(None))
+    worker: int = 0
 
     def __post_init__(self):
         self.consumed = consumed_array(self.consumed)
@@ -142,7 +145,7 @@ class PackedBatch:
         wide = len(c) and (int(c.max()) >= 1 << 31 or int(c.min()) < -(1 << 31))
         c = c if wide else c.astype(np.int32)
         return _unpack, (self.ids.tobytes(), self.ids.dtype.str, self.ids.shape, self.lens.astype(np.int32).tobytes(),
-                         self.row_chunks.astype(np.int32).tobytes(), c.tobytes(), c.dtype.str, self.keys)
+                         self.row_chunks.astype(np.int32).tobytes(), c.tobytes(), c.dtype.str, self.keys, self.worker)
 
     @property
     def num_doc_tokens(self) -> int:
@@ -156,12 +159,12 @@ class PackedBatch:
 
 
 def _unpack(ids: bytes, ids_dtype: str, shape, lens: bytes, row_chunks: bytes, consumed: bytes, consumed_dtype: str,
-            keys: list[str]) -> PackedBatch:
+            keys: list[str], worker: int) -> PackedBatch:
     """Inverse of :meth:`PackedBatch.__reduce__`."""
     # bytearray: writable arrays (torch.from_numpy warns on read-only ones)
     return PackedBatch(np.frombuffer(bytearray(ids), ids_dtype).reshape(shape), np.frombuffer(bytearray(lens), np.int32),
                        np.frombuffer(bytearray(row_chunks), np.int32), keys,
-                       np.frombuffer(consumed, consumed_dtype).astype(np.int64).reshape(-1, 3))
+                       np.frombuffer(consumed, consumed_dtype).astype(np.int64).reshape(-1, 3), worker)
 
 
 def consumed_array(records) -> np.ndarray:

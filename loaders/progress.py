@@ -42,6 +42,11 @@ class Progress:
         partial: position -> (n_chunks, delivered chunk indices) for documents in flight.
         complete_ranks: ranks whose share of the epoch was fully delivered.
         bad, empty: unreadable / empty documents seen (counted, never silently dropped).
+        deal: how the epoch's documents were dealt to consumers: ``{"world_size", "workers",
+            "prefix", "done"}``, the layout and the consumed positions the deal started from
+            (:func:`loaders.order.consumer_arrays`). A resume with the same layout deals from it
+            again and skips what was consumed since, so each consumer keeps its documents, in
+            order; another layout deals the documents left anew. ``None``: not dealt yet.
     """
 
     epoch: int
@@ -54,6 +59,8 @@ class Progress:
     complete_ranks: set[int] = field(default_factory=set)
     bad: int = 0
     empty: int = 0
+    deal: dict | None = None
+    next_worker: dict[int, int] = field(default_factory=dict)
     _advance_at: int = field(default=4096, repr=False, compare=False)  # len(done) that triggers _advance
 
     @property
@@ -164,6 +171,7 @@ class Progress:
             "prefix": self.prefix, "done": sorted(self.done),
             "partial": [[p, n, sorted(c)] for p, (n, c) in sorted(self.partial.items())],
             "complete_ranks": sorted(self.complete_ranks), "bad": self.bad, "empty": self.empty,
+            "deal": self.deal, "next_worker": {str(r): w for r, w in sorted(self.next_worker.items())},
         }
 
     @classmethod
@@ -174,6 +182,8 @@ class Progress:
         p = cls(int(state["epoch"]), dict(state["order_key"]), int(state["num_samples"]),
                 int(state["world_size"]), bad=int(state.get("bad", 0)), empty=int(state.get("empty", 0)))
         p.complete_ranks = set(state.get("complete_ranks", []))
+        p.deal = state.get("deal")
+        p.next_worker = {int(r): int(w) for r, w in state.get("next_worker", {}).items()}
         p.prefix = int(state["prefix"])
         for pos in state["done"]:
             p._finish(int(pos))
@@ -200,6 +210,8 @@ def merge_states(states: list[dict]) -> dict:
                              f"({first.epoch}, {first.order_key}): states come from different runs or steps")
     merged = Progress(first.epoch, first.order_key, first.num_samples, max(p.world_size for p in ps))
     merged.prefix = min(p.prefix for p in ps)
+    merged.deal = first.deal if all(p.deal == first.deal for p in ps) else None
+    merged.next_worker = {r: w for p in ps for r, w in p.next_worker.items()}
     for p in ps:
         for pos in list(range(merged.prefix, p.prefix)) + sorted(p.done):
             merged._finish(pos)

@@ -17,7 +17,7 @@ from shards import Manifest, ShardError
 from .config import DataConfig
 from .array_packing import ArrayPacker, split_documents
 from .block_access import GroupKeys
-from .order import SampleOrder, consumer_arrays, consumer_items
+from .order import SampleOrder, consumer_arrays
 from .packed import PackedBatch
 from .packing import BestFitPacker, TokenBudgetBatcher, split_document
 from .progress import BAD, EMPTY, Progress
@@ -80,6 +80,13 @@ def _trailing_records(runs: Iterator[list[PackedBatch]]) -> Iterator[list[Packed
         yield extra
 
 
+def _from_worker(run: list[PackedBatch], worker: int) -> list[PackedBatch]:
+    """``run`` with each batch marked as packed by ``worker``."""
+    for b in run:
+        b.worker = worker
+    return run
+
+
 class TextStream:
     """Packed batches of one rank for the epoch and resume point set by :meth:`start`.
 
@@ -101,12 +108,31 @@ class TextStream:
         self.epoch, self.prefix = 0, 0
         self.skip = np.empty(0, np.int64)
         self.partial: dict[int, set[int]] = {}
+        self.deal: dict | None = None
 
     def start(self, progress: Progress) -> None:
-        """Read epoch ``progress.epoch`` from its resume point on (positions already consumed skipped)."""
+        """Read epoch ``progress.epoch`` from its resume point on (positions already consumed skipped),
+        dealt as ``progress.deal`` says when it was made for this layout."""
         self.epoch, self.prefix = progress.epoch, progress.prefix
         self.skip = np.array(sorted(progress.done), dtype=np.int64)
         self.partial = {p: set(c) for p, (_, c) in progress.partial.items()}
+        self.deal = progress.deal
+
+    def _dealt(self, worker: int, num_workers: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """One consumer's ``(positions, shards, locals)`` groups (:func:`loaders.order.consumer_arrays`):
+        dealt from :attr:`deal` when it was made for this world size and worker count (consumed
+        positions then skipped, so the consumer keeps the documents it had, in order), else from
+        the resume point."""
+        order, c, n = self.order(), self.rank * num_workers + worker, self.world_size * num_workers
+        deal = self.deal
+        if not (deal and deal["world_size"] == self.world_size and deal["workers"] == num_workers):
+            yield from consumer_arrays(order, c, n, self.prefix, self.skip, self.cfg.remainder)
+            return
+        for pos, shard, local in consumer_arrays(order, c, n, deal["prefix"], np.array(deal["done"], np.int64),
+                                                 self.cfg.remainder):
+            keep = (pos >= self.prefix) & ~np.isin(pos, self.skip)
+            if keep.any():
+                yield pos[keep], shard[keep], local[keep]
 
     def order(self) -> SampleOrder:
         """The epoch's document order (documents per shard from the manifest)."""
@@ -115,8 +141,8 @@ class TextStream:
 
     def consumer_positions(self, worker: int, num_workers: int) -> Iterator[tuple[int, int, int]]:
         """``(position, shard, local index)`` read by worker ``worker`` of ``num_workers`` on this rank."""
-        return consumer_items(self.order(), self.rank * num_workers + worker, self.world_size * num_workers,
-                              self.prefix, self.skip, self.cfg.remainder)
+        for pos, shard, local in self._dealt(worker, num_workers):
+            yield from zip(pos.tolist(), shard.tolist(), local.tolist())
 
     def open_reader(self, cache, order: SampleOrder) -> ShardReader:
         """The shard reader of one consumer, indexed like ``order``'s shards (seam: a mixture returns
@@ -136,8 +162,10 @@ class TextStream:
         """:meth:`consumer_batches` in runs: the batches one packing makes come as one list, so they
         cross a thread or a pipe in one hand-over instead of one each."""
         if self.manifest.layout == "token_blocks" and self.cfg.batching == "packed":
-            return _trailing_records(self._block_batches(worker, num_workers))
-        return _trailing_records([b] for b in self._document_batches(worker, num_workers))
+            runs = _trailing_records(self._block_batches(worker, num_workers))
+        else:
+            runs = _trailing_records([b] for b in self._document_batches(worker, num_workers))
+        return (_from_worker(run, worker) for run in runs)
 
     def _block_batches(self, worker: int, num_workers: int) -> Iterator[list[PackedBatch]]:
         """Token-block shards, one shuffle block of this consumer's documents at a time: located,
@@ -149,9 +177,7 @@ class TextStream:
         packer = ArrayPacker(self.cfg.seq_len, self.cfg.micro_batch_size, self.cfg.pack_window)
         try:
             reader.prefetch(order.shards_from(self.prefix))
-            for pos, shard, local in consumer_arrays(order, self.rank * num_workers + worker,
-                                                     self.world_size * num_workers, self.prefix, self.skip,
-                                                     self.cfg.remainder):
+            for pos, shard, local in self._dealt(worker, num_workers):
                 reader.retain(set(shard.tolist()))
                 yield from _runs(packer, self._pack_group(reader, packer, pos, shard, local))
             yield from _runs(packer, packer.flush())
@@ -243,11 +269,11 @@ class TextStream:
             return None
         return key, tokens
 
-    def rank_batches(self, num_workers: int) -> Iterator[PackedBatch]:
-        """This rank's batches in the workers' delivery order, without processes: worker round-robin,
-        exhausted workers skipped (``num_workers`` 0 means 1)."""
+    def rank_batches(self, num_workers: int, first: int = 0) -> Iterator[PackedBatch]:
+        """This rank's batches in the workers' delivery order, without processes: worker round-robin
+        from worker ``first`` on, exhausted workers skipped (``num_workers`` 0 means 1)."""
         num_workers = max(num_workers, 1)
-        streams = [self.consumer_batches(w, num_workers) for w in range(num_workers)]
+        streams = [self.consumer_batches(w % num_workers, num_workers) for w in range(first, first + num_workers)]
         while streams:
             for it in list(streams):
                 try:

@@ -153,11 +153,12 @@ class WorkerPool:
     def __iter__(self) -> Iterator[PackedBatch]:
         return (b for run in self.runs() for b in run)
 
-    def runs(self) -> Iterator[list[PackedBatch]]:
-        """The batches in round-robin order over the workers (finished ones skipped), as lists: each
-        list holds what can be handed on without waiting for a worker."""
+    def runs(self, first: int = 0) -> Iterator[list[PackedBatch]]:
+        """The batches in round-robin order over the workers from worker ``first`` on (finished ones
+        skipped), as lists: each list holds what can be handed on without waiting for a worker."""
         waiting: list[collections.deque] = [collections.deque() for _ in self.procs]
-        active = list(range(len(self.procs)))
+        n = len(self.procs)
+        active = [w % n for w in range(first, first + n)]
         try:
             while active:
                 run = []
