@@ -91,12 +91,18 @@ class MixtureLoader(TextLoader):
         """A fresh :class:`Progress` of mixture epoch ``epoch`` (its length comes from the plan)."""
         return Progress(epoch, self.order_key, self.plan.epoch_length(epoch), self.world_size)
 
+    def _apply_records(self) -> None:
+        """Apply the delivered batches' resume records, counting the bad/empty documents they add."""
+        if self._unrecorded:
+            bad, empty = self._progress.bad, self._progress.empty
+            super()._apply_records()
+            self.bad_new += self._progress.bad - bad
+            self.empty_new += self._progress.empty - empty
+
     def _record(self, batch: TokenBatch) -> None:
-        """Resume state, tokens per source, bad/empty counts, and a log line when a source starts an epoch."""
-        bad, empty = self.progress.bad, self.progress.empty
+        """Resume state (applied in bulk, see :meth:`_apply_records`), tokens per source, and a log
+        line when a source starts an epoch."""
         super()._record(batch)
-        self.bad_new += self.progress.bad - bad
-        self.empty_new += self.progress.empty - empty
         if not len(batch.consumed):
             return
         src, item = self.plan.epoch_draws(self.epoch)
@@ -116,6 +122,7 @@ class MixtureLoader(TextLoader):
     def state_dict(self) -> dict:
         """This rank's mixture state (JSON-able, per source; see :mod:`loaders.mixture_state`).
         Merge all ranks' states (:meth:`global_state_dict`) before saving."""
+        self._apply_records()  # before bad_new/empty_new are read
         return {"kind": STATE_KIND, "version": STATE_VERSION, "order_key": dict(self.order_key),
                 "epoch": self.epoch, "plan": self.plan.state_dict(),
                 "sources": source_states(self.progress, self.plan, self.names, self.tokens_base, self.tokens_new),
@@ -181,6 +188,7 @@ class MixtureLoader(TextLoader):
     def metrics(self) -> dict:
         """:meth:`TextLoader.metrics` plus ``sources``: name -> ``tokens`` (see :meth:`source_tokens`),
         ``share`` (of those tokens), ``weight`` (token share in force) and ``epoch`` (the source's)."""
+        self._apply_records()  # before bad_new/empty_new are read
         m = super().metrics()
         m.update(bad=self.bad_base + self.bad_new, empty=self.empty_base + self.empty_new)
         tokens = self.source_tokens()

@@ -227,3 +227,22 @@ def test_worker_processes_read_a_mixture_of_layouts_like_in_process(two_sources,
              "sys.exit(1 if 'torch' in sys.modules else 0)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     assert subprocess.run([sys.executable, "-c", probe], env=env).returncode == 0
+
+
+def test_empty_documents_are_counted_with_bulk_records(tmp_path):
+    """The mixture counts empty documents (metrics and state) though resume records are applied in
+    bulk, not per batch."""
+    from shards import TokenBlockWriter
+
+    srcs = {}
+    for name, n in SIZES.items():
+        d = str(tmp_path / name)
+        w = TokenBlockWriter(d, max_bytes=64 * 1024, block_tokens=600)
+        for i in range(n):
+            w.add(f"{name}{i}", name, np.arange(1, 30, dtype=np.uint16) if i % 3 else np.zeros(0, np.uint16))
+        Manifest(shards=w.close(), vocab_size=100, layout="token_blocks").save(d)
+        srcs[name] = (d, None)
+    ld = build_text_loader(_cfg(srcs), in_process=True)
+    assert sum(b.num_doc_tokens for b in ld) > 0
+    state = ld.state_dict()
+    assert ld.metrics()["empty"] == ld.progress.empty == state["empty"] + state["empty_new"] >= 10
