@@ -261,14 +261,14 @@ class ArrayPacker:
         """Chunk ``k``'s ``lens[k]`` consecutive values from ``start[k]``, all chunks one after another,
         as one cumulative sum (in work array ``slot``); ``gaps[k]`` more cells after chunk ``k`` repeat
         its last value (row padding)."""
-        ends = np.cumsum(lens + (gaps if gaps is not None else 0))
+        width = lens if gaps is None else lens + gaps
+        ends = np.cumsum(width)
         d = self._scratch(int(ends[-1]) if len(ends) else 0, slot)
         d.fill(1)
-        if gaps is not None:
-            for k in np.flatnonzero(gaps).tolist():
-                d[ends[k] - gaps[k]:ends[k]] = 0
+        for k in np.flatnonzero(gaps).tolist() if gaps is not None else ():
+            d[ends[k] - gaps[k]:ends[k]] = 0
         last = np.concatenate([[0], start[:-1] + lens[:-1] - 1])  # the value just before each chunk
-        d[ends - lens - (gaps if gaps is not None else 0)] = start - last
+        d[ends - width] = start - last
         return np.cumsum(d, out=d)
 
     def _build(self, c: dict[str, np.ndarray], counts: np.ndarray) -> list[PackedBatch]:

@@ -30,7 +30,7 @@ from shards import Manifest
 from .batch import TokenBatch
 from .config import DataConfig
 from .order import plan_split
-from .progress import Progress, merge_states
+from .progress import Progress, deal_fits, merge_states
 from .shard_access import LocalShards
 from .steps import StepCounts, StepSync, equal_steps, padding_batch, torch_step_sync
 from .stream import TextStream
@@ -214,7 +214,7 @@ class TextLoader:
             log.info("epoch %d: %d samples dropped, %d repeated (data.remainder=%s)",
                          self.epoch, split.dropped, split.padded, self.cfg.remainder)
         p, workers = self.progress, max(self.cfg.num_workers, 1)
-        if not (p.deal and p.deal["world_size"] == self.world_size and p.deal["workers"] == workers):
+        if not deal_fits(p.deal, self.world_size, workers):
             p.deal = {"world_size": self.world_size, "workers": workers, "prefix": p.prefix, "done": sorted(p.done)}
             p.next_worker = {}
         self.dataset.start(p)

@@ -111,13 +111,11 @@ class Progress:
         finished = [consumed[n == 1, 0]]
         if (n > 1).any():
             multi = consumed[n > 1]
-            pairs = np.unique(multi[:, 0] * (int(multi[:, 2].max()) + 1) + multi[:, 1])  # distinct chunks, by position
-            pos = pairs // (int(multi[:, 2].max()) + 1)
-            first = np.flatnonzero(np.concatenate([[True], pos[1:] != pos[:-1]]))
-            per_doc = np.diff(np.append(first, len(pos)))
-            n_of = dict(zip(multi[:, 0].tolist(), multi[:, 2].tolist()))
-            docs = pos[first]
-            whole = per_doc == np.array([n_of[p] for p in docs.tolist()], np.int64)
+            base = int(multi[:, 2].max()) + 1
+            docs, at = np.unique(multi[:, 0], return_index=True)
+            per_doc = np.bincount(np.searchsorted(docs, np.unique(multi[:, 0] * base + multi[:, 1]) // base),
+                                  minlength=len(docs))  # distinct chunks delivered per document
+            whole = per_doc == multi[at, 2]
             finished.append(docs[whole])
             for p in set(docs[whole].tolist()) & self.partial.keys():
                 del self.partial[p]
@@ -192,6 +190,11 @@ class Progress:
                 p.record(int(pos), int(c), int(n))
         p._advance()
         return p
+
+
+def deal_fits(deal: dict | None, world_size: int, workers: int) -> bool:
+    """Whether :attr:`Progress.deal` was made for ``world_size`` ranks of ``workers`` workers each."""
+    return bool(deal) and deal["world_size"] == world_size and deal["workers"] == workers
 
 
 def merge_states(states: list[dict]) -> dict:

@@ -20,7 +20,7 @@ from .block_access import GroupKeys
 from .order import SampleOrder, consumer_arrays
 from .packed import PackedBatch
 from .packing import BestFitPacker, TokenBudgetBatcher, split_document
-from .progress import BAD, EMPTY, Progress
+from .progress import BAD, EMPTY, Progress, deal_fits
 from .shard_access import ShardReader
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class TextStream:
         the resume point."""
         order, c, n = self.order(), self.rank * num_workers + worker, self.world_size * num_workers
         deal = self.deal
-        if not (deal and deal["world_size"] == self.world_size and deal["workers"] == num_workers):
+        if not deal_fits(deal, self.world_size, num_workers):
             yield from consumer_arrays(order, c, n, self.prefix, self.skip, self.cfg.remainder)
             return
         for pos, shard, local in consumer_arrays(order, c, n, deal["prefix"], np.array(deal["done"], np.int64),
