@@ -32,7 +32,14 @@ class PositionSet:
             raise ValueError(f"PositionSet size {size} is negative")
         self.size = int(size)
         self.bits = np.zeros(-(-self.size // 8), np.uint8)
-        self.count = 0  # positions in the set
+        self._count: int | None = 0  # None: to be counted again (adds only set bits, counted when asked)
+
+    @property
+    def count(self) -> int:
+        """Positions in the set (a popcount of the bitmap, redone only after a change)."""
+        if self._count is None:
+            self._count = int(np.bitwise_count(self.bits).sum())
+        return self._count
 
     def __len__(self) -> int:
         return self.count
@@ -40,21 +47,20 @@ class PositionSet:
     def __contains__(self, pos: int) -> bool:
         return 0 <= pos < self.size and bool(self.bits[pos >> 3] >> (pos & 7) & 1)
 
-    def _check(self, positions: np.ndarray) -> None:
-        if len(positions) and (positions[0] < 0 or positions[-1] >= self.size):
-            raise ValueError(f"positions {int(positions[0])}..{int(positions[-1])} out of range [0, {self.size})")
+    def add(self, positions) -> None:
+        """Add ``positions`` (any ints, in any order, repeats allowed).
 
-    def add(self, positions) -> np.ndarray:
-        """Add ``positions`` (any ints, repeats allowed) and return the ones that were not in the set
-        (sorted unique ``int64``). Raises ``ValueError`` for a position outside ``[0, size)``."""
-        pos = np.unique(np.asarray(positions, np.int64))
-        self._check(pos)
-        byte, mask = pos >> 3, (np.uint8(1) << (pos & 7).astype(np.uint8))
-        new = (self.bits[byte] & mask) == 0
-        pos, byte, mask = pos[new], byte[new], mask[new]
-        np.bitwise_or.at(self.bits, byte, mask)  # .at: several positions may share a byte
-        self.count += len(pos)
-        return pos
+        Raises:
+            ValueError: a position outside ``[0, size)``.
+        """
+        pos = np.asarray(positions, np.int64).ravel()
+        if not len(pos):
+            return
+        lo, hi = int(pos.min()), int(pos.max())
+        if lo < 0 or hi >= self.size:
+            raise ValueError(f"positions {lo}..{hi} out of range [0, {self.size})")
+        np.bitwise_or.at(self.bits, pos >> 3, np.left_shift(1, pos & 7).astype(np.uint8))  # .at: bytes repeat
+        self._count = None
 
     def add_range(self, lo: int, hi: int) -> None:
         """Add every position in ``[lo, hi)`` (clipped to ``[0, size)``)."""
@@ -62,7 +68,6 @@ class PositionSet:
         if lo >= hi:
             return
         first, last = lo >> 3, (hi - 1) >> 3
-        before = int(np.bitwise_count(self.bits[first:last + 1]).sum())
         head = np.uint8((0xFF << (lo & 7)) & 0xFF)
         tail = np.uint8(0xFF >> (7 - ((hi - 1) & 7)))
         if first == last:
@@ -71,14 +76,14 @@ class PositionSet:
             self.bits[first] |= head
             self.bits[first + 1:last] = 0xFF
             self.bits[last] |= tail
-        self.count += int(np.bitwise_count(self.bits[first:last + 1]).sum()) - before
+        self._count = None
 
     def update(self, other: "PositionSet") -> None:
         """Add every position of ``other`` (a set of the same size). Raises ``ValueError`` otherwise."""
         if other.size != self.size:
             raise ValueError(f"PositionSet sizes differ: {other.size} vs {self.size}")
         self.bits |= other.bits
-        self.count = int(np.bitwise_count(self.bits).sum())
+        self._count = None
 
     def positions(self, lo: int = 0) -> np.ndarray:
         """The positions ``>= lo`` in the set, sorted (``int64``)."""
