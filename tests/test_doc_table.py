@@ -95,3 +95,22 @@ def test_a_table_that_does_not_fit_is_rebuilt(tmp_path, caplog, how):
         again = _open(tmp_path / "shards", info, blocked)
     assert "cannot store the document table" in caplog.text
     assert again.docs.ids == shard.docs.ids
+
+
+def test_an_unwritable_store_is_reported_once_not_per_shard(tmp_path, caplog):
+    """Each shard has two store files (member and document tables); a store that cannot be written
+    used to log two warnings per shard and process."""
+    from loaders import member_index as mi
+    m, _ = _write(tmp_path / "shards")
+    assert len(m.shards) > 1
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    dt._memory.clear()
+    mi._memory.clear()
+    mi._unwritable.clear()
+    with caplog.at_level(logging.DEBUG, logger="loaders.member_index"):
+        for info in m.shards:
+            _open(tmp_path / "shards", info, blocked / "store")
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "cannot store" in r.getMessage()]
+    assert len(warned) == 1 and "data.index_dir" in warned[0].getMessage()
+    assert sum("cannot store" in r.getMessage() for r in caplog.records) == 2 * len(m.shards)
