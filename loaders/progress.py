@@ -40,7 +40,8 @@ class Progress:
         prefix: all positions ``< prefix`` are consumed (given: a starting point; read: the
             longest consumed prefix, computed when read).
         done: every consumed position (:class:`loaders.positions.PositionSet`, S bits).
-        partial: position -> (n_chunks, delivered chunk indices) for documents in flight.
+        partial: position -> (n_chunks, delivered chunk indices) for documents in flight (read-only,
+            built from the ``(position, chunk, n_chunks)`` rows kept for them).
         complete_ranks: ranks whose share of the epoch was fully delivered.
         bad, empty: unreadable / empty documents seen (counted, never silently dropped).
         deal: how the epoch's documents were dealt to consumers: ``{"world_size", "workers",
@@ -58,7 +59,7 @@ class Progress:
         self.done = PositionSet(num_samples)
         self.done.add_range(0, prefix)
         self._prefix = 0
-        self.partial: dict[int, tuple[int, set[int]]] = {}
+        self._carry = np.empty((0, 3), np.int64)  # unique rows of the documents with some chunks delivered
         self.complete_ranks: set[int] = set()
         self.bad, self.empty = bad, empty
         self.deal: dict | None = None
@@ -84,46 +85,46 @@ class Progress:
         """Whether document ``pos`` (position in the epoch's order) was fully delivered."""
         return pos in self.done
 
+    @property
+    def partial(self) -> dict[int, tuple[int, set[int]]]:
+        """position -> (n_chunks, delivered chunk indices) of the documents with some chunks delivered."""
+        out: dict[int, tuple[int, set[int]]] = {}
+        for pos, chunk, n in self._carry.tolist():
+            out.setdefault(pos, (n, set()))[1].add(chunk)
+        return out
+
     def record(self, pos: int, chunk: int, n_chunks: int) -> None:
         """Note one delivered chunk (or an empty/bad document); repeats are ignored."""
-        if pos in self.done:
-            return
-        if n_chunks <= 0:
-            self.bad += chunk == BAD
-            self.empty += chunk == EMPTY
-        elif n_chunks > 1:
-            n, chunks = self.partial.setdefault(pos, (n_chunks, set()))
-            chunks.add(chunk)
-            if len(chunks) < n:
-                return
-        self.partial.pop(pos, None)
-        self.done.add([pos])
+        self.record_many(np.array([[pos, chunk, n_chunks]], np.int64))
 
     def record_many(self, consumed) -> None:
         """:meth:`record` for each ``(position, chunk, n_chunks)`` row of ``consumed`` (``int64 [k, 3]``
-        or a list of tuples), in bulk: one-chunk documents (most of them) and documents whose every
-        chunk is among the rows are added to :attr:`done` at once; only the chunks of documents that
-        straddle calls, and empty/bad documents, are noted one by one."""
+        or a list of tuples), vectorised: one-chunk documents (most of them) are consumed at once;
+        an empty/bad document is counted once and consumed; the chunks of longer documents join the
+        rows kept for documents in flight, and a document whose every chunk is there is consumed."""
         consumed = consumed_array(consumed)
         n = consumed[:, 2]
-        finished = [consumed[n == 1, 0]]
-        if (n > 1).any():
-            multi = consumed[n > 1]
-            base = int(multi[:, 2].max()) + 1
-            docs, at = np.unique(multi[:, 0], return_index=True)
-            per_doc = np.bincount(np.searchsorted(docs, np.unique(multi[:, 0] * base + multi[:, 1]) // base),
-                                  minlength=len(docs))  # distinct chunks delivered per document
-            whole = per_doc == multi[at, 2]
-            finished.append(docs[whole])
-            for p in set(docs[whole].tolist()) & self.partial.keys():
-                del self.partial[p]
-            straddle = np.isin(multi[:, 0], docs[~whole])
-            if straddle.any():
-                for pos, chunk, n_chunks in multi[straddle].tolist():
-                    self.record(pos, chunk, n_chunks)
+        finished = [consumed[n == 1, 0]]  # adding a consumed document again changes nothing
+        if (n != 1).any():  # the others' repeats would count twice or wait for chunks forever: dropped
+            consumed = consumed[n != 1]
+            consumed = consumed[~self.done.contains(consumed[:, 0])]
+            n = consumed[:, 2]
         if (n <= 0).any():
-            for pos, chunk, n_chunks in consumed[n <= 0].tolist():
-                self.record(pos, chunk, n_chunks)
+            empties = consumed[n <= 0]
+            pos, first = np.unique(empties[:, 0], return_index=True)
+            kind = empties[first, 1]
+            self.bad += int(np.count_nonzero(kind == BAD))
+            self.empty += int(np.count_nonzero(kind == EMPTY))
+            finished.append(pos)
+        if (n > 1).any() or len(self._carry):
+            rows = np.concatenate([self._carry, consumed[n > 1]])
+            base = int(rows[:, 2].max()) + 1
+            _, first = np.unique(rows[:, 0] * base + rows[:, 1], return_index=True)
+            rows = rows[first]  # one row per delivered (document, chunk), sorted by document
+            docs, start, count = np.unique(rows[:, 0], return_index=True, return_counts=True)
+            whole = count >= rows[start, 2]
+            finished.append(docs[whole])
+            self._carry = rows[np.repeat(~whole, count)]
         self.done.add(np.concatenate(finished))
 
     def state_dict(self) -> dict:
@@ -155,10 +156,14 @@ class Progress:
         p.deal = state.get("deal")
         p.next_worker = {int(r): int(w) for r, w in state.get("next_worker", {}).items()}
         p.done.add(decode_positions(state["done"]))
-        for pos, n, chunks in state["partial"]:
-            for c in chunks:
-                p.record(int(pos), int(c), int(n))
+        p.record_many(_partial_rows(state["partial"]))
         return p
+
+
+def _partial_rows(partial: list) -> np.ndarray:
+    """``int64 [k, 3]`` rows ``(position, chunk, n_chunks)`` of a saved state's ``partial`` list."""
+    rows = [(int(pos), int(c), int(n)) for pos, n, chunks in partial for c in chunks]
+    return np.array(rows, np.int64).reshape(-1, 3)
 
 
 def deal_fits(deal: dict | None, world_size: int, workers: int) -> bool:
@@ -189,7 +194,5 @@ def merge_states(states: list[dict]) -> dict:
         merged.bad += p.bad
         merged.empty += p.empty
     for p in ps:  # after every rank's done: a document finished on one rank is not partial
-        for pos, (n, chunks) in p.partial.items():
-            for c in chunks:
-                merged.record(pos, c, n)
+        merged.record_many(p._carry)
     return merged.state_dict()
