@@ -105,10 +105,11 @@ def keys_command(args) -> int:
     try:
         for ld in loaders:
             ld.dataset.start(ld.progress)
+            partial = ld.progress.partial
             for w in range(max(args.workers, 1)):
                 for pos, shard, local in ld.dataset.consumer_positions(w, max(args.workers, 1)):
                     reader.retain({shard})  # one shard pinned at a time: the cache may hold less than the data
-                    done = ld.progress.partial.get(pos, (0, set()))[1]
+                    done = partial.get(pos, (0, set()))[1]
                     mark = f" partial={','.join(map(str, sorted(done)))}" if done else ""
                     print(f"rank={ld.rank} worker={w} pos={pos}{_source(ld, pos)}{mark} "
                           f"{manifest.shards[shard].name}/{reader.key(shard, local)}")

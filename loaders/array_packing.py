@@ -311,11 +311,16 @@ class ArrayPacker:
             by = np.argsort(slot.astype(np.uint16 if len(used) < 1 << 16 else np.int64), kind="stable")  # radix sort
             row_of = np.repeat(np.arange(R, dtype=np.int64), counts)
             cell = row_of * T + (done[:-1] - before[row_of])  # each chunk's first cell
-            src, dst = self._runs(c["off"][by], lens[by], None, 0), self._runs(cell[by], lens[by], None, 1)
-            cut = np.concatenate([[0], np.cumsum(lens[by])])[np.searchsorted(slot[by], np.arange(len(used) + 1))]
+            off, cell, lens_by = c["off"][by], cell[by], lens[by]
+            tok = np.concatenate([[0], np.cumsum(lens_by)])
+            per_pool = np.searchsorted(slot[by], np.arange(len(used) + 1)).tolist()  # each array's chunks
             ids = np.zeros(R * T, np.result_type(*pools))
-            for pool, a, b in zip(pools, cut[:-1].tolist(), cut[1:].tolist()):
-                ids[dst[a:b]] = np.take(pool, src[a:b])
+            for pool, a0, b0 in zip(pools, per_pool[:-1], per_pool[1:]):
+                cuts = np.searchsorted(tok, np.arange(tok[a0] + GATHER_TOKENS, tok[b0], GATHER_TOKENS)).tolist()
+                for a, b in zip([a0, *cuts], [*cuts, b0]):  # GATHER_TOKENS at a time, as above
+                    if a < b:
+                        ids[self._runs(cell[a:b], lens_by[a:b], None, 1)] = \
+                            np.take(pool, self._runs(off[a:b], lens_by[a:b], None, 0))
             ids = ids.reshape(R, T)
         ids = ids if ids.dtype in (np.uint16, np.int32) else compact_ids(ids)
         consumed = np.stack([c["pos"], c["idx"], c["n"]], 1)

@@ -4,7 +4,8 @@ While an epoch runs, the loader tracks consumed *positions* of the mixture epoch
 :class:`loaders.progress.Progress`, as for one dataset. A saved state speaks of *source items*
 instead (item ``n`` of a source = position ``n % N`` of its epoch ``n // N``): per source a
 ``cursor`` (every item below it consumed), ``done`` (consumed items above it, a compressed
-bitmap: :mod:`loaders.positions`) and ``partial`` (items with some chunks delivered), plus the plan (:class:`loaders.mixture_plan.MixturePlan`).
+bitmap: :mod:`loaders.positions`) and ``partial`` (items with some chunks delivered), plus the
+plan (:class:`loaders.mixture_plan.MixturePlan`).
 Positions depend on the shares; items do not, so a resume may change the shares and every source
 still continues exactly where it stopped: :func:`to_progress` maps the items back onto the
 positions of the (possibly re-planned) epoch.
@@ -41,12 +42,13 @@ def source_states(progress: Progress, plan: MixturePlan, names: list[str], token
     src, item = plan.epoch_draws(progress.epoch)
     consumed = progress.done.mask()
     first = plan.first_items(progress.epoch)
+    in_flight = sorted(progress.partial.items())
     out = []
     for s, name in enumerate(names):
         mine = src == s
         have = item[mine & consumed]
         cursor, done = _normalise(first[s], have)
-        partial = [[int(item[p]), n, sorted(c)] for p, (n, c) in sorted(progress.partial.items()) if src[p] == s]
+        partial = [[int(item[p]), n, sorted(c)] for p, (n, c) in in_flight if src[p] == s]
         out.append({"name": name, "cursor": cursor, "done": encode_positions(done, cursor), "partial": partial,
                     "tokens": int(tokens[s]), "tokens_new": int(tokens_new[s])})
     return out
