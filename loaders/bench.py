@@ -33,16 +33,16 @@ TRANSFER_SAMPLE = 32  # batches whose pickled size is measured
 
 
 def loader_pass(spec: dict) -> dict:
-    """One pass (one epoch) of ``build_text_loader`` with the settings in ``spec``."""
+    """One pass (one epoch) of ``build_text_loader`` with the settings in ``spec`` (``shards``,
+    ``seq_len``, ``batch_size``, ``workers``; optional ``seed``, ``worker_start``, ``cache_dir`` and
+    ``overrides``, as :func:`bench_config` takes them)."""
     importlib.import_module("fsspec")  # the manifest's reader: imported before the clock starts, as every contender's is
 
-    from shards.config import from_dict
-
-    from .config import DataConfig
     from .dataset import build_text_loader
     from .workers import peak_rss_mb
 
-    cfg = from_dict(DataConfig, spec["data"], "data.")
+    cfg = bench_config(spec["shards"], spec["seq_len"], spec["batch_size"], spec["workers"], spec.get("seed", 0),
+                       spec.get("worker_start", "fork"), spec.get("overrides"))
     cache = None
     if spec.get("cache_dir"):
         from cache import CacheConfig, ShardCache
@@ -158,14 +158,13 @@ def bench(shards: str, seq_len: int = 512, batch_size: int = 16, workers: int = 
         RuntimeError: a pass failed.
     """
     from shards import Manifest
-    from shards.config import to_dict
 
     cfg = bench_config(shards, seq_len, batch_size, workers, seed, worker_start, overrides)
     Manifest.load(shards)  # a missing or bad manifest is reported here, not as a failed pass
     spec = {"shards": shards, "seq_len": cfg.seq_len, "batch_size": cfg.micro_batch_size,
             "workers": cfg.num_workers, "cache_dir": cache_dir, "seed": cfg.seed, "worker_start": cfg.worker_start,
-            "overrides": list(overrides or []), "data": to_dict(cfg)}
-    out = {"settings": {k: v for k, v in spec.items() if k != "data"}, "loader": run_pass({**spec, "kind": "loader"})}
+            "overrides": list(overrides or [])}
+    out = {"settings": spec, "loader": run_pass({**spec, "kind": "loader"})}
     if baseline == "memmap":
         with tempfile.TemporaryDirectory(prefix="colaflow-flat-") as tmp:
             dtype, _ = write_flat(shards, os.path.join(tmp, "tokens.bin"))
