@@ -10,6 +10,8 @@ trainer gives different models for different thread counts.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import re
 import sys
@@ -21,44 +23,42 @@ from tqdm import tqdm
 
 from shards.config import ConfigError
 
-from .cleaning import content_hash, hash_fraction
+from .cleaning import hash_fraction
 from .config import TokenizerConfig
 from .records import Doc
 from .stats import EventTally
 
 
-# Intermediate merges of the sample: the final merge holds SAMPLE_FANOUT partial samples (each at
-# most sample_max_bytes) instead of one per bundle, which grew with the corpus on a cluster
+# Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial
+# cutoffs instead of one per bundle, whose count grows with the corpus on a cluster
 SAMPLE_FANOUT = 8
 
 
-class SmallestHashSample(beam.CombineFn):
-    """Combine ``(hash, text)`` pairs into the hash-ordered prefix of at most ``max_bytes`` UTF-8 bytes
-    of the texts whose hash lies under ``fraction`` of the hash space, or, when there is none, of
-    all texts.
+class _HashOrderedPrefix(beam.CombineFn):
+    """Combine items ``(over the fraction, hash, tiebreak, UTF-8 bytes)`` into the ordered prefix
+    of at most ``max_bytes`` distinct items, plus the first item that did not fit (the cutoff).
 
-    Items are ordered by ``(over the fraction, hash, text)``, so texts under the fraction come
-    first and the others only fill a budget those left unused (and are dropped at the end when
-    any text under the fraction exists). The prefix stops at the first text that does not fit
-    (the cutoff). A partial accumulator's cutoff also lies outside the global prefix (its partial
-    running total already exceeds the budget), so every partial trim keeps the global prefix and
-    records the smallest cutoff seen: the result is the same whatever the partitioning. Output:
-    list of distinct texts in hash order.
+    Items sort by ``(over, hash, tiebreak)``, so items under ``fraction`` of the hash space come
+    first. The prefix stops at the first item that does not fit. A partial accumulator's cutoff
+    also lies outside the global prefix (its partial running total already exceeds the budget),
+    so every partial trim keeps the global prefix and records the smallest cutoff seen: the
+    result is the same whatever the partitioning. Accumulator: ``[bytes held, items, cutoff]``
+    (cutoff: ``(over, hash, tiebreak)`` or ``None``).
     """
 
     def __init__(self, max_bytes: int, fraction: float = 1.0):
         self.max_bytes, self.fraction = max_bytes, fraction
 
     def create_accumulator(self):
-        """An empty sample: ``[bytes held, items, cutoff]``."""
-        return [0, [], None]  # [bytes held, [(over, hash, text, bytes), ...], cutoff (over, hash, text) or None]
+        """An empty prefix: ``[0, [], None]``."""
+        return [0, [], None]
 
     def _trim(self, items, cutoff):
         out, total = [], 0
         for item in sorted(items):
             if cutoff is not None and item[:3] >= cutoff:
                 break
-            if out and item == out[-1]:  # the same text twice counts once
+            if out and item == out[-1]:  # the same item twice counts once
                 continue
             if total + item[3] > self.max_bytes:
                 cutoff = item[:3]
@@ -67,28 +67,102 @@ class SmallestHashSample(beam.CombineFn):
             total += item[3]
         return [total, out, cutoff]
 
-    def add_input(self, acc, element):
-        """Add one ``(content hash hex, text)``; trims once the items pass twice the byte budget."""
-        h, text = element
-        key = (hash_fraction(h) >= self.fraction, h, text)
+    def _over(self, h: str) -> bool:
+        return hash_fraction(h) >= self.fraction
+
+    def _add(self, acc, key: tuple, size: int):
         if acc[2] is not None and key >= acc[2]:
             return acc
-        size = len(text.encode("utf-8"))
         acc[1].append((*key, size))
         acc[0] += size
         # trimming only past twice the budget keeps adds amortised O(log n)
         return self._trim(acc[1], acc[2]) if acc[0] > 2 * self.max_bytes else acc
 
     def merge_accumulators(self, accumulators):
-        """Merge partial samples, keeping the smallest cutoff (partition-independent result)."""
+        """Merge partial prefixes, keeping the smallest cutoff (partition-independent result)."""
         cutoffs = [a[2] for a in accumulators if a[2] is not None]
         return self._trim([x for a in accumulators for x in a[1]], min(cutoffs) if cutoffs else None)
+
+
+class SmallestHashSample(_HashOrderedPrefix):
+    """Combine ``(hash, text)`` pairs into the hash-ordered prefix of at most ``max_bytes`` UTF-8 bytes
+    of the texts whose hash lies under ``fraction`` of the hash space, or, when there is none, of
+    all texts (:class:`_HashOrderedPrefix` with the text as tiebreak: texts over the fraction only
+    fill a budget those under it left unused, and are dropped at the end when any text under the
+    fraction exists). Output: list of distinct texts in hash order.
+
+    The job combines only the texts that :class:`SampleLimit` admits (a few more than the sample),
+    so no partial accumulator holds more text than the sample itself.
+    """
+
+    def add_input(self, acc, element):
+        """Add one ``(content hash hex, text)``; trims once the items pass twice the byte budget."""
+        h, text = element
+        return self._add(acc, (self._over(h), h, text), len(text.encode("utf-8")))
 
     def extract_output(self, acc):
         """The sampled texts (list of str) in hash order, under the fraction when any text is."""
         items = self._trim(acc[1], acc[2])[1]
         under = [item for item in items if not item[0]]
         return [item[2] for item in (under or items)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleLimit:
+    """Which documents can be in the tokenizer sample, from hashes and sizes alone
+    (:class:`SampleCutoff`): those with ``(over the fraction, hash) <= last`` (``None``: no
+    limit), and only those under the fraction when ``under_only``. Every text of the sample is
+    admitted, and every text that sorts before one admitted, so :class:`SmallestHashSample`
+    over the admitted texts gives the sample of all texts."""
+
+    under_only: bool
+    last: tuple | None  # (over: bool, content hash hex) of the last admitted hash, inclusive
+
+    def admits(self, h: str, fraction: float) -> bool:
+        """Whether a text with content hash ``h`` (hex) may be in the sample at ``fraction``."""
+        key = (hash_fraction(h) >= fraction, h)
+        return not (self.under_only and key[0]) and (self.last is None or key <= self.last)
+
+
+class SampleCutoff(_HashOrderedPrefix):
+    """Combine ``(content hash hex, text digest, UTF-8 bytes)`` triples (:func:`sample_key`) into
+    the :class:`SampleLimit` of :class:`SmallestHashSample` over the same documents: the first
+    step of the two-step sample, whose accumulators hold about 35 bytes per document instead of
+    its text.
+
+    Items are ``(over, hash as 16 raw bytes, text digest, size)`` (raw bytes sort as their hex
+    does). The digest stands for the text, so the prefix counts the same distinct texts as the
+    sample's and ends in the same hash (a digest collision counts two texts once: the limit
+    then admits more, never less): the limit admits the sample and the other texts of its
+    cutoff's hash.
+    """
+
+    def add_input(self, acc, element):
+        """Add one ``(content hash hex, text digest bytes, UTF-8 size in bytes)``."""
+        h, digest, size = element
+        return self._add(acc, (self._over(h), bytes.fromhex(h), digest), size)
+
+    def extract_output(self, acc) -> SampleLimit:
+        """The :class:`SampleLimit`: up to the cutoff's hash, and only under the fraction when the
+        prefix holds a hash under it (:class:`SmallestHashSample` then drops the others)."""
+        _, items, cutoff = self._trim(acc[1], acc[2])
+        return SampleLimit(under_only=bool(items) and not items[0][0],
+                           last=None if cutoff is None else (cutoff[0], cutoff[1].hex()))
+
+
+def sample_key(pair) -> tuple[str, bytes, int]:
+    """``(content hash, Doc)`` → what :class:`SampleCutoff` combines: the hash (hex), a 64-bit
+    BLAKE2b digest of the text (it tells different texts with one content hash apart) and the
+    text's UTF-8 size in bytes."""
+    h, doc = pair
+    data = doc.text.encode("utf-8")
+    return h, hashlib.blake2b(data, digest_size=8).digest(), len(data)
+
+
+def _sample_text(pair, limit: SampleLimit, fraction: float):
+    h, doc = pair
+    if limit.admits(h, fraction):
+        yield h, doc.text
 
 
 def training_lines(texts: list[str], max_bytes: int) -> list[str]:
@@ -162,19 +236,27 @@ def load_processor(model_bytes: bytes) -> spm.SentencePieceProcessor:
     return sp
 
 
-def build_model(docs, cfg: TokenizerConfig, label: str = "Tokenizer", keyed: bool = False):
-    """Singleton PCollection of model bytes: the file at ``cfg.path``, or trained on ``docs``
-    (PCollection[Doc], or of ``(content hash, Doc)`` pairs when ``keyed``)."""
+def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer"):
+    """Singleton PCollection of model bytes: the file at ``cfg.path``, or trained on ``hashed``
+    (PCollection of ``(content hash, Doc)`` pairs).
+
+    The sample is taken in two steps, so no step holds more text than the sample: the
+    :class:`SampleLimit` from hashes and sizes (:class:`SampleCutoff`, one side input), then
+    :class:`SmallestHashSample` over the texts it admits. The sample, hence the model, is the
+    one :class:`SmallestHashSample` gives over every text (``tests/test_tokenizer_sample.py``).
+    """
     if cfg.path:
         with open(cfg.path, "rb") as f:
             model = f.read()
         load_processor(model)  # fail at construction time on a bad model file
-        return docs.pipeline | f"{label}/Load" >> beam.Create([model])
-    return (docs
-            | f"{label}/Hash" >> (beam.MapTuple(lambda h, d: (h, d.text)) if keyed
-                                  else beam.Map(lambda d: (content_hash(d.text), d.text)))
+        return hashed.pipeline | f"{label}/Load" >> beam.Create([model])
+    limit = (hashed
+             | f"{label}/Sizes" >> beam.Map(sample_key)
+             | f"{label}/Cutoff" >> beam.CombineGlobally(SampleCutoff(cfg.sample_max_bytes, cfg.sample_fraction))
+             .with_fanout(SAMPLE_FANOUT))
+    return (hashed
+            | f"{label}/Select" >> beam.FlatMap(_sample_text, beam.pvalue.AsSingleton(limit), cfg.sample_fraction)
             | f"{label}/Sample" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes, cfg.sample_fraction))
-            .with_fanout(SAMPLE_FANOUT)
             | f"{label}/Train" >> beam.Map(train_sentencepiece, cfg))
 
 
