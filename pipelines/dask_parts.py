@@ -18,6 +18,7 @@ Every bag built by :class:`pipelines.dask_runner._Translator` has ``bytes`` part
 """
 from __future__ import annotations
 
+import math
 import pickle
 
 import dask.bag as db
@@ -97,10 +98,66 @@ def _first(pieces: list) -> bytes:
     return pieces[0]
 
 
+# A shuffle of more than this many (input, output) pieces runs in two stages
+ONE_STAGE_PIECES = 64
+
+
+def _split_routed(part: bytes, n: int, g: int) -> tuple:
+    """Stage 1 of a two-stage shuffle: ``(key, value)`` elements → ``g`` encoded pieces of
+    ``(output partition j, element)`` by the last digit of ``j = hash % n`` in base ``g``."""
+    pieces: list[list] = [[] for _ in range(g)]
+    for item in decode(part):
+        j = _key_hash(item[0]) % n
+        pieces[j % g].append((j, item))
+    return tuple(encode(p) for p in pieces)
+
+
+def _join_split(pieces: list, g: int, a: int) -> tuple:
+    """Stage 2 of a two-stage shuffle: the stage-1 pieces of one block of inputs → ``a`` encoded
+    pieces of elements by the first digit of their output partition ``j`` (``j // g``)."""
+    out: list[list] = [[] for _ in range(a)]
+    for piece in pieces:
+        for j, item in decode(piece):
+            out[j // g].append(item)
+    return tuple(encode(p) for p in out)
+
+
+def _two_stage(bag, n: int, prefix: str) -> db.Bag:
+    """:func:`shuffle` in two stages of about ``sqrt(n)`` pieces per task, so the pieces grow as
+    ``partitions × 2 sqrt(n)``, not ``partitions × n`` (dask's ``max_branch`` task shuffle works
+    alike). Output ``j = a g + b`` (``g = ceil(sqrt(n))``): stage 1 sends each element of input
+    ``i`` to block ``i // g``'s part ``b``; stage 2 sends each element of block ``k``'s part ``b``
+    to output ``j``."""
+    g = math.isqrt(n - 1) + 1
+    a = -(-n // g)
+    blocks = -(-bag.npartitions // g)
+    token = tokenize(bag.name, n, "two-stage")
+    split, pick1, mid, pick2 = (f"{prefix}-{step}-{token}" for step in ("split", "piece", "mid", "piece2"))
+    out = f"{prefix}-{token}"
+    dsk: dict = {}
+    for i in range(bag.npartitions):
+        dsk[(split, i)] = (_split_routed, (bag.name, i), n, g)
+        for b in range(g):
+            dsk[(pick1, i, b)] = (_pick, (split, i), b)
+    for k in range(blocks):
+        for b in range(g):
+            inputs = range(k * g, min((k + 1) * g, bag.npartitions))
+            dsk[(mid, k, b)] = (_join_split, [(pick1, i, b) for i in inputs], g, a)
+            for x in range(a):
+                dsk[(pick2, k, b, x)] = (_pick, (mid, k, b), x)
+    for j in range(n):
+        dsk[(out, j)] = (_group, [(pick2, k, j % g, j // g) for k in range(blocks)])
+    return db.Bag(HighLevelGraph.from_collections(out, dsk, dependencies=[bag]), out, n)
+
+
 def shuffle(bag, n: int, prefix: str = "shuffle") -> db.Bag:
     """Group a bag of encoded ``(key, value)`` partitions by key into ``n`` partitions of encoded
-    ``(key, [values])`` (Beam's ``GroupByKey``), in one stage of ``partitions × n`` small tasks,
-    as dask's task shuffle does. A key's values are held together only in its output task."""
+    ``(key, [values])`` (Beam's ``GroupByKey``), as dask's task shuffle does: in one stage of
+    ``partitions × n`` small tasks, or in two (:func:`_two_stage`) when that is more than
+    ``ONE_STAGE_PIECES`` (per-task costs, the scheduler's and each worker's, grew with the
+    square of the partition count). A key's values are held together only in its output task."""
+    if bag.npartitions * n > ONE_STAGE_PIECES:
+        return _two_stage(bag, n, prefix)
     return _pieces_bag(bag, n, _split_by_key, (n,), _group, prefix,
                        lambda j: [(i, j) for i in range(bag.npartitions)])
 

@@ -34,7 +34,7 @@ def _partitions(bag) -> list[list]:
 
 @settings(max_examples=40, deadline=None)
 @given(pairs=st.lists(st.tuples(st.sampled_from(["a", "b", "c", 7, (1, "x")]), st.integers()), max_size=60),
-       parts=st.integers(1, 5), n=st.integers(1, 6))
+       parts=st.integers(1, 14), n=st.integers(1, 14))
 def test_shuffle_groups_every_value_under_its_key_in_one_partition(pairs, parts, n):
     bag = db.from_sequence(pairs, npartitions=parts).map_partitions(encode_list)
     out = _partitions(shuffle(bag, n))
@@ -55,6 +55,16 @@ def test_spread_keeps_every_element_in_order_over_at_least_n_partitions(items, p
     out = _partitions(spread(bag, n))
     assert len(out) >= n
     assert [x for part in out for x in part] == items
+
+
+def test_large_shuffles_take_two_stages_of_few_pieces():
+    bag = db.from_sequence(range(100), npartitions=40).map_partitions(encode_list)
+    pairs = bag.map_partitions(lambda part: encode([(x % 13, x) for x in decode(part)]))
+    out = shuffle(pairs, 40)
+    pieces = [k for k in dict(out.__dask_graph__()) if "-piece" in str(k[0])]
+    assert 0 < len(pieces) <= 2 * 40 * 7 < 40 * 40  # 2 x partitions x ceil(sqrt(40)), not 40 x 40
+    grouped = [kv for part in _partitions(out) for kv in part]
+    assert sorted((k, sorted(vs)) for k, vs in grouped) == [(k, list(range(k, 100, 13))) for k in range(13)]
 
 
 def test_encoded_partition_round_trips():
