@@ -180,6 +180,17 @@ def _task_name(label: str, tag=None) -> str:
     return f"{name}.{tag}" if tag else name
 
 
+def _global_keys(node) -> int:
+    """The most keys a group of Beam step ``node`` can hold when it is part of a
+    ``CombineGlobally`` (one, or its hot-key fanout), else 0: its shuffle needs no more output
+    partitions than that, and each one more would be tasks for nothing."""
+    while node is not None:
+        if isinstance(node.transform, beam.CombineGlobally):
+            return node.transform.fanout or 1
+        node = node.parent
+    return 0
+
+
 def _concat(parts) -> list:
     return [x for part in parts for x in part]
 
@@ -220,7 +231,7 @@ class _Translator(PipelineVisitor):
         elif isinstance(transform, _Flatten):
             bag = db.concat(inputs)
         elif isinstance(transform, _GroupByKeyOnly):
-            bag = shuffle(inputs[0], self.partitions, _task_name(node.full_label))
+            bag = shuffle(inputs[0], _global_keys(node) or self.partitions, _task_name(node.full_label))
         elif isinstance(transform, _Reshuffle):
             bag = spread(inputs[0], self.partitions, _task_name(node.full_label))
         elif type(transform) is beam.ParDo:

@@ -5,13 +5,12 @@ count picks the same documents: a document joins when its hash falls under
 ``sample_fraction`` of the hash space, and the sample is filled in hash order up to
 ``sample_max_bytes``. When no document falls under the fraction (a tiny corpus), the sample is
 filled from all documents in hash order instead, so it is never empty while documents exist.
+The sample is taken in two steps (:mod:`pipelines.sample`).
 Lines longer than ``max_sentence_bytes`` are cut at spaces for training. Training runs single-threaded because sentencepiece's multi-threaded
 trainer gives different models for different thread counts.
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import io
 import re
 import sys
@@ -23,146 +22,14 @@ from tqdm import tqdm
 
 from shards.config import ConfigError
 
-from .cleaning import hash_fraction
 from .config import TokenizerConfig
 from .records import Doc
+from .sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 from .stats import EventTally
 
-
-# Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial
-# cutoffs instead of one per bundle, whose count grows with the corpus on a cluster
+# Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial cutoffs
+# (each at most the rows of sample_max_bytes of documents), not one per bundle
 SAMPLE_FANOUT = 8
-
-
-class _HashOrderedPrefix(beam.CombineFn):
-    """Combine items ``(over the fraction, hash, tiebreak, UTF-8 bytes)`` into the ordered prefix
-    of at most ``max_bytes`` distinct items, plus the first item that did not fit (the cutoff).
-
-    Items sort by ``(over, hash, tiebreak)``, so items under ``fraction`` of the hash space come
-    first. The prefix stops at the first item that does not fit. A partial accumulator's cutoff
-    also lies outside the global prefix (its partial running total already exceeds the budget),
-    so every partial trim keeps the global prefix and records the smallest cutoff seen: the
-    result is the same whatever the partitioning. Accumulator: ``[bytes held, items, cutoff]``
-    (cutoff: ``(over, hash, tiebreak)`` or ``None``).
-    """
-
-    def __init__(self, max_bytes: int, fraction: float = 1.0):
-        self.max_bytes, self.fraction = max_bytes, fraction
-
-    def create_accumulator(self):
-        """An empty prefix: ``[0, [], None]``."""
-        return [0, [], None]
-
-    def _trim(self, items, cutoff):
-        out, total = [], 0
-        for item in sorted(items):
-            if cutoff is not None and item[:3] >= cutoff:
-                break
-            if out and item == out[-1]:  # the same item twice counts once
-                continue
-            if total + item[3] > self.max_bytes:
-                cutoff = item[:3]
-                break
-            out.append(item)
-            total += item[3]
-        return [total, out, cutoff]
-
-    def _over(self, h: str) -> bool:
-        return hash_fraction(h) >= self.fraction
-
-    def _add(self, acc, key: tuple, size: int):
-        if acc[2] is not None and key >= acc[2]:
-            return acc
-        acc[1].append((*key, size))
-        acc[0] += size
-        # trimming only past twice the budget keeps adds amortised O(log n)
-        return self._trim(acc[1], acc[2]) if acc[0] > 2 * self.max_bytes else acc
-
-    def merge_accumulators(self, accumulators):
-        """Merge partial prefixes, keeping the smallest cutoff (partition-independent result)."""
-        cutoffs = [a[2] for a in accumulators if a[2] is not None]
-        return self._trim([x for a in accumulators for x in a[1]], min(cutoffs) if cutoffs else None)
-
-
-class SmallestHashSample(_HashOrderedPrefix):
-    """Combine ``(hash, text)`` pairs into the hash-ordered prefix of at most ``max_bytes`` UTF-8 bytes
-    of the texts whose hash lies under ``fraction`` of the hash space, or, when there is none, of
-    all texts (:class:`_HashOrderedPrefix` with the text as tiebreak: texts over the fraction only
-    fill a budget those under it left unused, and are dropped at the end when any text under the
-    fraction exists). Output: list of distinct texts in hash order.
-
-    The job combines only the texts that :class:`SampleLimit` admits (a few more than the sample),
-    so no partial accumulator holds more text than the sample itself.
-    """
-
-    def add_input(self, acc, element):
-        """Add one ``(content hash hex, text)``; trims once the items pass twice the byte budget."""
-        h, text = element
-        return self._add(acc, (self._over(h), h, text), len(text.encode("utf-8")))
-
-    def extract_output(self, acc):
-        """The sampled texts (list of str) in hash order, under the fraction when any text is."""
-        items = self._trim(acc[1], acc[2])[1]
-        under = [item for item in items if not item[0]]
-        return [item[2] for item in (under or items)]
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleLimit:
-    """Which documents can be in the tokenizer sample, from hashes and sizes alone
-    (:class:`SampleCutoff`): those with ``(over the fraction, hash) <= last`` (``None``: no
-    limit), and only those under the fraction when ``under_only``. Every text of the sample is
-    admitted, and every text that sorts before one admitted, so :class:`SmallestHashSample`
-    over the admitted texts gives the sample of all texts."""
-
-    under_only: bool
-    last: tuple | None  # (over: bool, content hash hex) of the last admitted hash, inclusive
-
-    def admits(self, h: str, fraction: float) -> bool:
-        """Whether a text with content hash ``h`` (hex) may be in the sample at ``fraction``."""
-        key = (hash_fraction(h) >= fraction, h)
-        return not (self.under_only and key[0]) and (self.last is None or key <= self.last)
-
-
-class SampleCutoff(_HashOrderedPrefix):
-    """Combine ``(content hash hex, text digest, UTF-8 bytes)`` triples (:func:`sample_key`) into
-    the :class:`SampleLimit` of :class:`SmallestHashSample` over the same documents: the first
-    step of the two-step sample, whose accumulators hold about 35 bytes per document instead of
-    its text.
-
-    Items are ``(over, hash as 16 raw bytes, text digest, size)`` (raw bytes sort as their hex
-    does). The digest stands for the text, so the prefix counts the same distinct texts as the
-    sample's and ends in the same hash (a digest collision counts two texts once: the limit
-    then admits more, never less): the limit admits the sample and the other texts of its
-    cutoff's hash.
-    """
-
-    def add_input(self, acc, element):
-        """Add one ``(content hash hex, text digest bytes, UTF-8 size in bytes)``."""
-        h, digest, size = element
-        return self._add(acc, (self._over(h), bytes.fromhex(h), digest), size)
-
-    def extract_output(self, acc) -> SampleLimit:
-        """The :class:`SampleLimit`: up to the cutoff's hash, and only under the fraction when the
-        prefix holds a hash under it (:class:`SmallestHashSample` then drops the others)."""
-        _, items, cutoff = self._trim(acc[1], acc[2])
-        return SampleLimit(under_only=bool(items) and not items[0][0],
-                           last=None if cutoff is None else (cutoff[0], cutoff[1].hex()))
-
-
-def sample_key(pair) -> tuple[str, bytes, int]:
-    """``(content hash, Doc)`` → what :class:`SampleCutoff` combines: the hash (hex), a 64-bit
-    BLAKE2b digest of the text (it tells different texts with one content hash apart) and the
-    text's UTF-8 size in bytes."""
-    h, doc = pair
-    data = doc.text.encode("utf-8")
-    return h, hashlib.blake2b(data, digest_size=8).digest(), len(data)
-
-
-def _sample_text(pair, limit: SampleLimit, fraction: float):
-    h, doc = pair
-    if limit.admits(h, fraction):
-        yield h, doc.text
 
 
 def training_lines(texts: list[str], max_bytes: int) -> list[str]:
@@ -241,8 +108,8 @@ def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer"):
     (PCollection of ``(content hash, Doc)`` pairs).
 
     The sample is taken in two steps, so no step holds more text than the sample: the
-    :class:`SampleLimit` from hashes and sizes (:class:`SampleCutoff`, one side input), then
-    :class:`SmallestHashSample` over the texts it admits. The sample, hence the model, is the
+    :class:`~pipelines.sample.SampleLimit` from hashes and sizes (:class:`SampleCutoff`, one
+    side input), then :class:`SmallestHashSample` over the texts it admits. The sample, hence the model, is the
     one :class:`SmallestHashSample` gives over every text (``tests/test_tokenizer_sample.py``).
     """
     if cfg.path:
@@ -255,7 +122,7 @@ def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer"):
              | f"{label}/Cutoff" >> beam.CombineGlobally(SampleCutoff(cfg.sample_max_bytes, cfg.sample_fraction))
              .with_fanout(SAMPLE_FANOUT))
     return (hashed
-            | f"{label}/Select" >> beam.FlatMap(_sample_text, beam.pvalue.AsSingleton(limit), cfg.sample_fraction)
+            | f"{label}/Select" >> beam.FlatMap(sample_text, beam.pvalue.AsSingleton(limit), cfg.sample_fraction)
             | f"{label}/Sample" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes, cfg.sample_fraction))
             | f"{label}/Train" >> beam.Map(train_sentencepiece, cfg))
 

@@ -12,7 +12,8 @@ from pipelines.cleaning import content_hash
 from pipelines.config import TokenizerConfig
 from pipelines.job import DirectRunner
 from pipelines.records import Doc
-from pipelines.tokenizer import SampleCutoff, SmallestHashSample, build_model, sample_key, train_sentencepiece
+from pipelines.sample import SampleCutoff, SmallestHashSample, sample_key
+from pipelines.tokenizer import build_model, train_sentencepiece
 
 
 def _combine(fn, items, cuts):
@@ -23,7 +24,7 @@ def _combine(fn, items, cuts):
         acc = fn.create_accumulator()
         for x in items[lo:hi]:
             acc = fn.add_input(acc, x)
-        accs.append(acc)
+        accs.append(fn.compact(acc))  # as Beam's lifted combine does before a partial is sent
     return fn.merge_accumulators(accs)
 
 
@@ -54,12 +55,16 @@ def test_two_step_sample_equals_the_sample_of_all_texts(texts, budget, fraction,
     assert len({h for h, _ in admitted} - {content_hash(t) for t in expected}) <= 1
 
 
-def test_cutoff_accumulators_hold_hashes_and_sizes_not_texts():
-    fn = SampleCutoff(50)
-    acc = _combine(fn, [sample_key((content_hash(f"text {i}"), Doc("i", "seven b", "s"))) for i in range(30)], [10, 20])
-    assert all(isinstance(x, (bool, bytes, int)) for item in acc[1] for x in item)
-    assert all(len(item[1]) == 16 and len(item[2]) == 8 for item in acc[1])  # raw 128-bit hash, 64-bit digest
-    assert sum(item[3] for item in acc[1]) <= 50
+def test_cutoff_partials_hold_one_compact_row_per_document_not_texts():
+    fn = SampleCutoff(5000)
+    docs = [Doc("i", f"text number {i} " * (1 + i % 9), "s") for i in range(3000)]
+    acc = fn.compact(_combine(fn, [sample_key((content_hash(d.text), d)) for d in docs], [1000, 2000]))
+    assert acc[0] == [] and acc[1].dtype.itemsize == 33 and not acc[1].dtype.hasobject
+    assert 0 < acc[1]["size"].sum() <= 5000  # trimmed to the budget: 33 bytes per document it holds
+    partial = fn.create_accumulator()
+    for d in docs[:1000]:
+        partial = fn.add_input(partial, sample_key((content_hash(d.text), d)))
+    assert len(fn.compact(partial)[1]) < 1000 / 4
 
 
 def test_job_combines_only_the_admitted_texts_and_trains_the_same_model():
