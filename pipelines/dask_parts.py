@@ -44,8 +44,12 @@ def encode_list(values) -> bytes:
 
 
 def _key_hash(key) -> int:
-    # dask's own task shuffle hashes keys the same way: equal in every worker process
-    # (Python's hash() of a str differs between processes)
+    # An int key is its own hash: N keys 0..N-1 (shard buckets, output parts) then go to N
+    # different partitions of a group with at least N, one shard per task, where hashed keys
+    # put two or three shards' samples in some tasks. Other keys are hashed as dask's own task
+    # shuffle does, the same in every worker process (Python's hash() of a str is not).
+    if type(key) is int:
+        return key
     return int(tokenize(key), 16)
 
 

@@ -67,6 +67,15 @@ def test_large_shuffles_take_two_stages_of_few_pieces():
     assert sorted((k, sorted(vs)) for k, vs in grouped) == [(k, list(range(k, 100, 13))) for k in range(13)]
 
 
+@pytest.mark.parametrize("n", [12, 40])
+def test_int_keys_below_the_partition_count_get_a_partition_each(n):
+    # shard buckets 0..9: one bucket per group task, so no task holds two shards' samples
+    bag = db.from_sequence([(b, i) for i in range(5) for b in range(10)], npartitions=12).map_partitions(encode_list)
+    out = _partitions(shuffle(bag, n))
+    assert sorted(len(part) for part in out if part) == [1] * 10
+    assert sorted(k for part in out for k, _ in part) == list(range(10))
+
+
 def test_encoded_partition_round_trips():
     values = [("h", ("id", "text é", "src")), (None, 3)]
     assert decode(encode(values)) == values and isinstance(encode(values), bytes)
