@@ -180,15 +180,39 @@ def _task_name(label: str, tag=None) -> str:
     return f"{name}.{tag}" if tag else name
 
 
-def _global_keys(node) -> int:
-    """The most keys a group of Beam step ``node`` can hold when it is part of a
-    ``CombineGlobally`` (one, or its hot-key fanout), else 0: its shuffle needs no more output
-    partitions than that, and each one more would be tasks for nothing."""
-    while node is not None:
-        if isinstance(node.transform, beam.CombineGlobally):
-            return node.transform.fanout or 1
+def _single_key(node) -> bool:
+    """Whether the group of Beam step ``node`` holds one key: it is part of a ``CombineGlobally``
+    (all its elements keyed by ``None``), and not the first combine of a hot-key fanout (keyed by
+    nonce). Its shuffle then needs one output partition, where ``partitions`` would each be
+    tasks for nothing. Known by the labels of Beam's expansion (a ``KeyWithVoid`` step beside
+    the combine, ``CombinePerKey(PreCombineFn)`` for the fanout), because the runner receives
+    the pipeline rebuilt from its runner-API form, where composites are plain ``PTransform``s."""
+    if "(PreCombineFn)" in node.full_label:
+        return False
+    while node.parent is not None:
         node = node.parent
-    return 0
+        if any(part.full_label.rsplit("/", 1)[-1] == "KeyWithVoid" for part in node.parts):
+            return True
+    return False
+
+
+def _join_parts(*parts: bytes) -> bytes:
+    return encode([x for part in parts for x in decode(part)])
+
+
+def _flatten(bags: list, name: str):
+    """Beam's ``Flatten`` of ``bags``: bags with one partition count are joined partition by
+    partition (partition ``i`` of the result joins partition ``i`` of each), and the joined
+    bags' partitions follow one another. The job flattens per-stage events and duplicates
+    (``k`` bags of ``partitions`` small partitions each): joined, the group that follows (the
+    events' sum) splits about ``partitions`` inputs, not ``k × partitions``, each a task with
+    ``sqrt(partitions)`` pieces."""
+    by_count: dict = {}
+    for bag in bags:
+        by_count.setdefault(bag.npartitions, []).append(bag)
+    joined = [same[0] if len(same) == 1 else db.map_partitions(_join_parts, *same, token=name)
+              for same in by_count.values()]
+    return joined[0] if len(joined) == 1 else db.concat(joined)
 
 
 def _concat(parts) -> list:
@@ -229,9 +253,9 @@ class _Translator(PipelineVisitor):
             bag = db.from_sequence(values, npartitions=max(1, min(len(values), self.partitions))).map_partitions(
                 encode_list, token=_task_name(node.full_label))
         elif isinstance(transform, _Flatten):
-            bag = db.concat(inputs)
+            bag = _flatten(inputs, _task_name(node.full_label))
         elif isinstance(transform, _GroupByKeyOnly):
-            bag = shuffle(inputs[0], _global_keys(node) or self.partitions, _task_name(node.full_label))
+            bag = shuffle(inputs[0], 1 if _single_key(node) else self.partitions, _task_name(node.full_label))
         elif isinstance(transform, _Reshuffle):
             bag = spread(inputs[0], self.partitions, _task_name(node.full_label))
         elif type(transform) is beam.ParDo:

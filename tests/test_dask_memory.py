@@ -22,7 +22,9 @@ import dask.bag as db  # noqa: E402
 from distributed import Client  # noqa: E402
 
 from pipelines.dask_parts import decode, encode, encode_list, shuffle, spread  # noqa: E402
-from pipelines.dask_runner import ColaflowDaskRunner  # noqa: E402
+from apache_beam.pipeline import PipelineVisitor  # noqa: E402
+from apache_beam.runners.dask.overrides import _GroupByKeyOnly, dask_overrides  # noqa: E402
+from pipelines.dask_runner import ColaflowDaskRunner, _flatten, _LiftCombines, _single_key  # noqa: E402
 from pipelines.local_engines import SPILL_TARGET, child_env, start_dask  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
@@ -74,6 +76,33 @@ def test_int_keys_below_the_partition_count_get_a_partition_each(n):
     out = _partitions(shuffle(bag, n))
     assert sorted(len(part) for part in out if part) == [1] * 10
     assert sorted(k for part in out for k, _ in part) == list(range(10))
+
+
+def test_flatten_joins_bags_of_one_partition_count_partition_by_partition():
+    bags = [db.from_sequence(range(k, 40, 4), npartitions=n).map_partitions(encode_list) for k, n in
+            [(0, 5), (1, 5), (2, 5), (3, 2)]]
+    flat = _flatten(bags, "AllEvents")
+    assert flat.npartitions == 5 + 2  # not 17: the group after it splits 7 inputs
+    assert sorted(x for part in _partitions(flat) for x in part) == list(range(40))
+
+
+def test_groups_inside_combine_globally_have_one_key_also_after_the_runner_api_round_trip():
+    p = beam.Pipeline()
+    nums = p | beam.Create(range(10))
+    nums | "Total" >> beam.CombineGlobally(sum)
+    nums | "Fanned" >> beam.CombineGlobally(sum).with_fanout(3)
+    nums | "PerKey" >> beam.Map(lambda x: (x % 2, x)) | beam.CombinePerKey(sum)
+    for pipeline in (p, beam.Pipeline.from_runner_api(p.to_runner_api(use_fake_coders=True), p.runner, p._options)):
+        pipeline.replace_all([_LiftCombines()] + dask_overrides())
+        groups = {}
+
+        class Groups(PipelineVisitor):
+            def visit_transform(self, node):
+                if isinstance(node.transform, _GroupByKeyOnly):
+                    groups[node.full_label.split("/")[0] + ("/pre" if "PreCombineFn" in node.full_label else "")] = \
+                        _single_key(node)
+        pipeline.visit(Groups())
+        assert groups == {"Total": True, "Fanned": True, "Fanned/pre": False, "CombinePerKey(sum)": False}
 
 
 def test_encoded_partition_round_trips():
