@@ -30,7 +30,10 @@ groups and ``Reshuffle`` use its own task shuffle (keys hashed with ``dask.base.
 same in every worker process) and spread instead of dask's, which look into partitions.
 
 Costs that grow with the corpus are kept to what the job itself needs: the partition count
-grows with the input (:func:`partition_count`), so a task's slice stays the same size; a DoFn
+grows with the input (:func:`partition_count`), so a task's slice stays the same size; the
+task count grows little faster than the partition count (large groups shuffle in two stages,
+:func:`pipelines.dask_parts.shuffle`; a group inside ``CombineGlobally`` has one output
+partition; a ``Flatten`` joins bags of one partition count partition by partition); a DoFn
 is set up once per worker thread and reused for later bundles, as Beam's own workers do
 (a setup per partition made CPU per MB grow with the partition count), and what a bundle
 left on the instance (a lifted combine's accumulators: a partition's worth) is dropped after
