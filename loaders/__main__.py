@@ -5,6 +5,8 @@ flat-file floor), to size workers per node (see :mod:`loaders.bench`).
     python -m loaders keys --shards DIR_OR_MANIFEST --world-size N --workers W [--epoch E]
         [--resume-at STEP] [--config run.yaml] [data.seed=3 data.seq_len=512 ...]
     python -m loaders keys --config mixture.yaml --world-size N --workers W ...
+    python -m loaders bench --shards DIR_OR_URL [--seq-len 512 --batch-size 16 --workers W]
+        [--baseline memmap] [data.pack_window=65536 data.batching=token_budget ...]
 
 One line per sample: ``rank=R worker=W pos=P [partial=CHUNKS] SHARD/KEY`` (``pos`` = global
 position in the epoch's order; ``partial`` = chunks delivered before the resume point). With a
@@ -103,10 +105,11 @@ def keys_command(args) -> int:
     try:
         for ld in loaders:
             ld.dataset.start(ld.progress)
+            partial = ld.progress.partial
             for w in range(max(args.workers, 1)):
                 for pos, shard, local in ld.dataset.consumer_positions(w, max(args.workers, 1)):
                     reader.retain({shard})  # one shard pinned at a time: the cache may hold less than the data
-                    done = ld.progress.partial.get(pos, (0, set()))[1]
+                    done = partial.get(pos, (0, set()))[1]
                     mark = f" partial={','.join(map(str, sorted(done)))}" if done else ""
                     print(f"rank={ld.rank} worker={w} pos={pos}{_source(ld, pos)}{mark} "
                           f"{manifest.shards[shard].name}/{reader.key(shard, local)}")
@@ -123,7 +126,7 @@ def bench_command(args) -> int:
     from .bench import bench
 
     report = bench(args.shards, args.seq_len, args.batch_size, args.workers, args.baseline, args.cache_dir, args.seed,
-                   args.worker_start)
+                   args.worker_start, args.overrides)
     print(json.dumps(report, indent=2))
     return 0
 
@@ -152,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--baseline", choices=["memmap"], help="also time a flat uint16 memmap copy (the floor)")
     b.add_argument("--cache-dir", help="read remote shards through a cache.ShardCache in this folder")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("overrides", nargs="*", help="data.KEY=VALUE loader settings (e.g. data.pack_window=65536)")
     args = ap.parse_args(argv)
     if args.command == "bench":
         if args.workers < 0 or args.seq_len < 2 or args.batch_size < 1:

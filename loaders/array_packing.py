@@ -27,6 +27,7 @@ from .packed import BatchKeys, PackedBatch, compact_ids, consumed_array, records
 from .packing import bins_to_take
 
 FIELDS = ("pos", "idx", "n", "length", "group", "key", "src", "off")
+GATHER_TOKENS = 65_536  # tokens gathered per np.take: 512 KiB of int64 indices, within a core's L2 cache
 
 
 def split_documents(pos: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, seq_len: int,
@@ -275,7 +276,7 @@ class ArrayPacker:
         """Batches of ``rows`` rows from chunks in row order (``counts``: chunks per row; the last batch
         padded with empty rows), all gathered in one pass."""
         T, B = self.seq_len, self.rows
-        n_batches = -(-len(counts) // B)
+        n_batches, n_rows = -(-len(counts) // B), len(counts)
         R = n_batches * B
         counts = np.concatenate([counts, np.zeros(R - len(counts), np.int64)])
         lens = c["length"]
@@ -289,10 +290,20 @@ class ArrayPacker:
         pools = [self.pools[g] for g in used]
         if len(used) == 1:
             # each cell's token in the one array (padding cells repeat the row's last token, zeroed after);
-            # np.take with intp indices: about twice as fast as fancy indexing here
-            gaps = np.zeros(len(lens), np.int64)  # a padded row's cells follow its last chunk (empty rows: the last one's)
-            np.add.at(gaps, chunk_end[fill < T] - 1, (T - fill)[fill < T])
-            ids = np.take(pools[0], self._runs(c["off"], lens, gaps, 0)).reshape(R, T)
+            # np.take with intp indices: about twice as fast as fancy indexing here. The indices are
+            # made and used GATHER_TOKENS at a time, so they stay in the CPU cache (1.5x faster)
+            real = n_rows  # rows with chunks (the rest: the last batch's empty rows)
+            short = np.flatnonzero(fill[:real] < T)
+            gaps = np.zeros(len(lens), np.int64)  # a padded row's cells follow its last chunk
+            gaps[chunk_end[short] - 1] = T - fill[short]
+            ids = np.empty(R * T, pools[0].dtype)
+            step = max(1, GATHER_TOKENS // T)
+            for r0 in range(0, real, step):
+                r1 = min(real, r0 + step)
+                a, b = int(chunk_end[r0] - counts[r0]), int(chunk_end[r1 - 1])
+                np.take(pools[0], self._runs(c["off"][a:b], lens[a:b], gaps[a:b], 0), out=ids[r0 * T:r1 * T])
+            ids[real * T:] = 0
+            ids = ids.reshape(R, T)
             for r in pad:
                 ids[r, fill[r]:] = 0
         else:  # chunks grouped by token array (shards, zstd blocks): one gather and one scatter per array
@@ -300,11 +311,16 @@ class ArrayPacker:
             by = np.argsort(slot.astype(np.uint16 if len(used) < 1 << 16 else np.int64), kind="stable")  # radix sort
             row_of = np.repeat(np.arange(R, dtype=np.int64), counts)
             cell = row_of * T + (done[:-1] - before[row_of])  # each chunk's first cell
-            src, dst = self._runs(c["off"][by], lens[by], None, 0), self._runs(cell[by], lens[by], None, 1)
-            cut = np.concatenate([[0], np.cumsum(lens[by])])[np.searchsorted(slot[by], np.arange(len(used) + 1))]
+            off, cell, lens_by = c["off"][by], cell[by], lens[by]
+            tok = np.concatenate([[0], np.cumsum(lens_by)])
+            per_pool = np.searchsorted(slot[by], np.arange(len(used) + 1)).tolist()  # each array's chunks
             ids = np.zeros(R * T, np.result_type(*pools))
-            for pool, a, b in zip(pools, cut[:-1].tolist(), cut[1:].tolist()):
-                ids[dst[a:b]] = np.take(pool, src[a:b])
+            for pool, a0, b0 in zip(pools, per_pool[:-1], per_pool[1:]):
+                cuts = np.searchsorted(tok, np.arange(tok[a0] + GATHER_TOKENS, tok[b0], GATHER_TOKENS)).tolist()
+                for a, b in zip([a0, *cuts], [*cuts, b0]):  # GATHER_TOKENS at a time, as above
+                    if a < b:
+                        ids[self._runs(cell[a:b], lens_by[a:b], None, 1)] = \
+                            np.take(pool, self._runs(off[a:b], lens_by[a:b], None, 0))
             ids = ids.reshape(R, T)
         ids = ids if ids.dtype in (np.uint16, np.int32) else compact_ids(ids)
         consumed = np.stack([c["pos"], c["idx"], c["n"]], 1)

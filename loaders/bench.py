@@ -36,13 +36,13 @@ def loader_pass(spec: dict) -> dict:
     """One pass (one epoch) of ``build_text_loader`` with the settings in ``spec``."""
     importlib.import_module("fsspec")  # the manifest's reader: imported before the clock starts, as every contender's is
 
+    from shards.config import from_dict
+
     from .config import DataConfig
     from .dataset import build_text_loader
     from .workers import peak_rss_mb
 
-    cfg = DataConfig(manifest=spec["shards"], seq_len=spec["seq_len"], micro_batch_size=spec["batch_size"],
-                     num_workers=spec["workers"], pin_memory=False, seed=spec.get("seed", 0),
-                     worker_start=spec.get("worker_start", "fork"))
+    cfg = from_dict(DataConfig, spec["data"], "data.")
     cache = None
     if spec.get("cache_dir"):
         from cache import CacheConfig, ShardCache
@@ -125,19 +125,47 @@ def run_pass(spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def bench(shards: str, seq_len: int = 512, batch_size: int = 16, workers: int = 0, baseline: str | None = None,
-          cache_dir: str | None = None, seed: int = 0, worker_start: str = "fork") -> dict:
-    """Time the loader (and the memmap floor with ``baseline="memmap"``) on ``shards``; returns the JSON report.
+def bench_config(shards: str, seq_len: int = 512, batch_size: int = 16, workers: int = 0, seed: int = 0,
+                 worker_start: str = "fork", overrides: list[str] | None = None):
+    """The :class:`loaders.config.DataConfig` of a bench pass: the options, then ``data.KEY=VALUE``
+    ``overrides`` on top (e.g. ``data.pack_window=65536 data.batching=token_budget``).
 
     Raises:
-        FileNotFoundError / ValueError: no manifest at ``shards``; RuntimeError: a pass failed.
+        shards.config.ConfigError: a malformed override, an unknown key or a bad value (names it).
+    """
+    from shards.config import ConfigError, apply_overrides, from_dict
+
+    from .config import DataConfig
+
+    base = {"manifest": shards, "seq_len": seq_len, "micro_batch_size": batch_size, "num_workers": workers,
+            "pin_memory": False, "seed": seed, "worker_start": worker_start}
+    for item in overrides or []:
+        if not item.startswith("data."):
+            raise ConfigError(f"override {item!r}: bench takes data.KEY=VALUE overrides only")
+    cfg = from_dict(DataConfig, apply_overrides({"data": base}, list(overrides or []))["data"], "data.")
+    cfg.validate()
+    return cfg
+
+
+def bench(shards: str, seq_len: int = 512, batch_size: int = 16, workers: int = 0, baseline: str | None = None,
+          cache_dir: str | None = None, seed: int = 0, worker_start: str = "fork",
+          overrides: list[str] | None = None) -> dict:
+    """Time the loader (and the memmap floor with ``baseline="memmap"``) on ``shards``; returns the JSON
+    report. ``overrides``: ``data.KEY=VALUE`` settings of the loader (:func:`bench_config`).
+
+    Raises:
+        FileNotFoundError / ValueError: no manifest at ``shards``, or a bad override (ConfigError);
+        RuntimeError: a pass failed.
     """
     from shards import Manifest
+    from shards.config import to_dict
 
+    cfg = bench_config(shards, seq_len, batch_size, workers, seed, worker_start, overrides)
     Manifest.load(shards)  # a missing or bad manifest is reported here, not as a failed pass
-    spec = {"shards": shards, "seq_len": seq_len, "batch_size": batch_size, "workers": workers,
-            "cache_dir": cache_dir, "seed": seed, "worker_start": worker_start}
-    out = {"settings": spec, "loader": run_pass({**spec, "kind": "loader"})}
+    spec = {"shards": shards, "seq_len": cfg.seq_len, "batch_size": cfg.micro_batch_size,
+            "workers": cfg.num_workers, "cache_dir": cache_dir, "seed": cfg.seed, "worker_start": cfg.worker_start,
+            "overrides": list(overrides or []), "data": to_dict(cfg)}
+    out = {"settings": {k: v for k, v in spec.items() if k != "data"}, "loader": run_pass({**spec, "kind": "loader"})}
     if baseline == "memmap":
         with tempfile.TemporaryDirectory(prefix="colaflow-flat-") as tmp:
             dtype, _ = write_flat(shards, os.path.join(tmp, "tokens.bin"))

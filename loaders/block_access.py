@@ -10,12 +10,16 @@ then a slice:
   view ``tokens[base + start : base + start + length]`` — no read call, no copy, no decode;
 * zstd blocks (``tokens.npy.zst``): the block is decompressed once into memory (one frame) and
   documents are slices of it; the most recently used blocks are kept (up to 64 MiB per shard).
+  When a block is first needed, the next one is read and decompressed ahead in a background
+  thread (zstd releases the GIL), as documents are read in roughly increasing block order.
 """
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import mmap
 import os
+import threading
 
 import numpy as np
 
@@ -29,6 +33,19 @@ from .token_decode import TokenDecoder
 # Decompressed zstd blocks kept per open shard: a shuffle block's documents span several token
 # blocks and are visited in random order, so the whole span must stay decompressed.
 ZSTD_KEEP_BYTES = 64 << 20
+
+
+_ahead_pool: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # (pid, pool): none survives a fork
+_ahead_lock = threading.Lock()
+
+
+def _read_ahead_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """This process's one read-ahead thread (made anew after a fork: threads do not survive one)."""
+    global _ahead_pool
+    with _ahead_lock:
+        if _ahead_pool is None or _ahead_pool[0] != os.getpid():
+            _ahead_pool = (os.getpid(), concurrent.futures.ThreadPoolExecutor(1, "colaflow-block-read-ahead"))
+        return _ahead_pool[1]
 
 
 class GroupKeys:
@@ -103,6 +120,9 @@ class BlockShard:
         self._blocks: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._kept = 0
         self._decoder = TokenDecoder(self.dtype.name)
+        self._ahead_decoder = TokenDecoder(self.dtype.name)  # used by the read-ahead thread only
+        self._ahead: dict[int, concurrent.futures.Future] = {}  # block -> its read-ahead
+        self._ahead_pid = os.getpid()
         if self._raw and len(rows):
             mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
             item = self.dtype.itemsize
@@ -124,24 +144,36 @@ class BlockShard:
         """Sample key of document ``index`` (:func:`shards.escape_key` of its id)."""
         return self.docs.key(index)
 
+    def _decode(self, b: int, decoder: TokenDecoder) -> np.ndarray:
+        """Block ``b``'s tokens, read and decompressed (``decoder``: one per thread, zstd contexts are
+        not shared). Raises ShardError naming the shard and block."""
+        data = os.pread(self._f.fileno(), int(self._size[b]), int(self._offset[b]))
+        try:
+            got = decoder.tokens(self._suffix[b], data)
+        except Exception as e:  # noqa: BLE001 - any decoder failure is reported with its location
+            raise ShardError(f"{self.path}: cannot decode block {b} ({self._suffix[b]}): {type(e).__name__}: {e}",
+                             "undecodable") from e
+        if len(got) != self.docs.block_tokens[b]:
+            raise ShardError(f"{self.path}: block {b} holds {len(got)} tokens, its metadata says "
+                             f"{int(self.docs.block_tokens[b])}; rewrite the shard", "undecodable")
+        return got
+
     def _block(self, b: int) -> np.ndarray:
         got = self._blocks.get(b)
-        if got is None:
-            data = os.pread(self._f.fileno(), int(self._size[b]), int(self._offset[b]))
-            try:
-                got = self._decoder.tokens(self._suffix[b], data)
-            except Exception as e:  # noqa: BLE001 - any decoder failure is reported with its location
-                raise ShardError(f"{self.path}: cannot decode block {b} ({self._suffix[b]}): {type(e).__name__}: {e}",
-                                 "undecodable") from e
-            if len(got) != self.docs.block_tokens[b]:
-                raise ShardError(f"{self.path}: block {b} holds {len(got)} tokens, its metadata says "
-                                 f"{int(self.docs.block_tokens[b])}; rewrite the shard", "undecodable")
-            self._blocks[b] = got
-            self._kept += got.nbytes
-            while self._kept > ZSTD_KEEP_BYTES and len(self._blocks) > 1:
-                self._kept -= self._blocks.popitem(last=False)[1].nbytes
-        else:
+        if got is not None:
             self._blocks.move_to_end(b)
+            return got
+        if self._ahead_pid != os.getpid():  # futures of a parent process never finish here
+            self._ahead, self._ahead_pid = {}, os.getpid()
+        ahead = self._ahead.pop(b, None)
+        got = ahead.result() if ahead is not None else self._decode(b, self._decoder)
+        nxt = b + 1
+        if nxt < len(self._suffix) and nxt not in self._blocks and nxt not in self._ahead:
+            self._ahead[nxt] = _read_ahead_pool().submit(self._decode, nxt, self._ahead_decoder)
+        self._blocks[b] = got
+        self._kept += got.nbytes
+        while self._kept > ZSTD_KEEP_BYTES and len(self._blocks) > 1:
+            self._kept -= self._blocks.popitem(last=False)[1].nbytes
         return got
 
     def tokens(self, index: int) -> tuple[str, np.ndarray]:
@@ -187,6 +219,10 @@ class BlockShard:
                 "tokens": toks}
 
     def close(self) -> None:
-        """Close the file; a memory map stays valid until the last token view is gone."""
+        """Close the file (after any read-ahead of it: its descriptor must not be reused under it);
+        a memory map stays valid until the last token view is gone."""
+        if self._ahead_pid == os.getpid():
+            concurrent.futures.wait(list(self._ahead.values()))
+        self._ahead = {}
         self._f.close()
         self._all = None

@@ -215,7 +215,8 @@ class TextLoader:
                          self.epoch, split.dropped, split.padded, self.cfg.remainder)
         p, workers = self.progress, max(self.cfg.num_workers, 1)
         if not deal_fits(p.deal, self.world_size, workers):
-            p.deal = {"world_size": self.world_size, "workers": workers, "prefix": p.prefix, "done": sorted(p.done)}
+            p.deal = {"world_size": self.world_size, "workers": workers, "prefix": p.prefix,
+                      "done": p.done.encode(p.prefix)}
             p.next_worker = {}
         self.dataset.start(p)
         t0 = time.perf_counter()

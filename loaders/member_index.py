@@ -189,18 +189,29 @@ def _load(idx: str) -> MemberTable | None:
         return None
 
 
+_unwritable: set[str] = set()  # store folders this process failed to write (warned about once each)
+
+
 def store_file(path: str, write, what: str) -> None:
     """Write a file of the node's index store: ``write(f)`` fills a temporary file that is then
-    renamed to ``path`` (atomic: readers see the old file or the whole new one). A failure is
-    logged (naming ``what``) and only costs rebuilding the file when next needed."""
+    renamed to ``path`` (atomic: readers see the old file or the whole new one). A failure only
+    costs rebuilding the file when next needed; it is logged as a warning once per store folder and
+    process (naming ``what`` and the folder), later ones at debug level."""
     tmp = f"{path}.tmp-{os.getpid()}"
+    folder = os.path.dirname(path)
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
         with open(tmp, "wb") as f:
             write(f)
         os.replace(tmp, path)
     except OSError as e:
-        log.warning("cannot store the %s %s (%s); it is rebuilt when next needed", what, path, e)
+        if folder in _unwritable:
+            log.debug("cannot store the %s %s (%s)", what, path, e)
+        else:
+            _unwritable.add(folder)
+            log.warning("cannot store the %s %s (%s); shard tables are rebuilt when next needed (set "
+                        "data.index_dir to a writable folder; further failures in %s are not reported)",
+                        what, path, e, folder)
         if os.path.exists(tmp):
             os.remove(tmp)
 

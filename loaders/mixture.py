@@ -37,6 +37,7 @@ from .mixture_plan import MixturePlan
 from .mixture_sources import (LoadedSource, MixtureStream, combined_manifest, load_sources, parse_sources,
                               source_shares)
 from .mixture_state import STATE_KIND, STATE_VERSION, merge_source_states, source_states, to_progress
+from .positions import decode_positions
 from .progress import Progress
 from .shard_access import LocalShards
 from .steps import StepSync
@@ -145,22 +146,23 @@ class MixtureLoader(TextLoader):
         """
         if isinstance(state, list):
             state = self._merge(state)
-        if state.get("kind") != STATE_KIND or state.get("version") != STATE_VERSION:
+        if state.get("kind") != STATE_KIND or state.get("version") not in (1, STATE_VERSION):
             raise ValueError("loader state is not a mixture state of this version (was it written by a run on one "
                              "data.manifest?); resume with the data config the checkpoint was written with")
         if state["order_key"] != self.order_key:
             raise ValueError(f"loader state was written for {state['order_key']}, this mixture has {self.order_key};"
                              " resume with the same sources (names and manifests) and data.seed/shuffle/seq_len")
         plan = MixturePlan.from_state(self.plan.items, self.plan.tokens, state["plan"])
-        epoch, sources = int(state["epoch"]), [dict(s) for s in state["sources"]]
+        epoch = int(state["epoch"])
+        sources = [{**s, "done": decode_positions(s["done"])} for s in state["sources"]]
         over = len(state["complete_ranks"]) >= int(state["world_size"]) or \
             self._nothing_left(to_progress(sources, plan, epoch, self.order_key, self.world_size))
         if over:  # also a state saved right after the epoch's last batch, before any rank's iterator ended
             epoch += 1
             for s, first in zip(sources, plan.first_items(epoch)):
-                s.update(cursor=max(s["cursor"], first), done=[d for d in s["done"] if d > first], partial=[])
+                s.update(cursor=max(s["cursor"], first), done=s["done"][s["done"] > first], partial=[])
         shares = source_shares(self.sources)[0]
-        highest = [max([s["cursor"] - 1, *s["done"], *(p[0] for p in s["partial"])]) for s in sources]
+        highest = [max([s["cursor"] - 1, *s["done"][-1:].tolist(), *(p[0] for p in s["partial"])]) for s in sources]
         if plan.change_shares(shares, epoch, [s["cursor"] for s in sources], highest):
             log.info("mixture shares changed on resume to %s (from mixture epoch %d on; consumed items kept)",
                      dict(zip(self.names, np.round(plan.shares, 4).tolist())), epoch)

@@ -3,8 +3,9 @@
 While an epoch runs, the loader tracks consumed *positions* of the mixture epoch with
 :class:`loaders.progress.Progress`, as for one dataset. A saved state speaks of *source items*
 instead (item ``n`` of a source = position ``n % N`` of its epoch ``n // N``): per source a
-``cursor`` (every item below it consumed), ``done`` (consumed items above it) and ``partial``
-(items with some chunks delivered), plus the plan (:class:`loaders.mixture_plan.MixturePlan`).
+``cursor`` (every item below it consumed), ``done`` (consumed items above it, a compressed
+bitmap: :mod:`loaders.positions`) and ``partial`` (items with some chunks delivered), plus the
+plan (:class:`loaders.mixture_plan.MixturePlan`).
 Positions depend on the shares; items do not, so a resume may change the shares and every source
 still continues exactly where it stopped: :func:`to_progress` maps the items back onto the
 positions of the (possibly re-planned) epoch.
@@ -17,17 +18,21 @@ from __future__ import annotations
 import numpy as np
 
 from .mixture_plan import MixturePlan
+from .positions import decode_positions, encode_positions
 from .progress import Progress
 
 STATE_KIND = "mixture"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: per-source done items as a compressed bitmap (1: a list; still read)
 
 
-def _normalise(cursor: int, done: set[int]) -> tuple[int, list[int]]:
-    while cursor in done:
-        done.discard(cursor)
-        cursor += 1
-    return cursor, sorted(d for d in done if d > cursor)
+def _normalise(cursor: int, items: np.ndarray) -> tuple[int, np.ndarray]:
+    """Move ``cursor`` past the consumed ``items`` that directly follow it; returns the new cursor and
+    the consumed items above it (sorted unique ``int64``)."""
+    items = np.unique(np.asarray(items, np.int64))
+    items = items[items >= cursor]
+    gaps = np.flatnonzero(items != cursor + np.arange(len(items)))
+    k = int(gaps[0]) if len(gaps) else len(items)
+    return cursor + k, items[k:]
 
 
 def source_states(progress: Progress, plan: MixturePlan, names: list[str], tokens: list[int],
@@ -35,18 +40,16 @@ def source_states(progress: Progress, plan: MixturePlan, names: list[str], token
     """Per-source ``{"name", "cursor", "done", "partial", "tokens", "tokens_new"}`` of ``progress``
     (one mixture epoch's consumed positions; items of earlier epochs count as consumed)."""
     src, item = plan.epoch_draws(progress.epoch)
-    consumed = np.zeros(len(src), bool)
-    consumed[:progress.prefix] = True
-    if progress.done:
-        consumed[np.fromiter(progress.done, np.int64)] = True
+    consumed = progress.done.mask()
     first = plan.first_items(progress.epoch)
+    in_flight = sorted(progress.partial.items())
     out = []
     for s, name in enumerate(names):
         mine = src == s
         have = item[mine & consumed]
-        cursor, done = _normalise(first[s], set(have.tolist()))
-        partial = [[int(item[p]), n, sorted(c)] for p, (n, c) in sorted(progress.partial.items()) if src[p] == s]
-        out.append({"name": name, "cursor": cursor, "done": done, "partial": partial,
+        cursor, done = _normalise(first[s], have)
+        partial = [[int(item[p]), n, sorted(c)] for p, (n, c) in in_flight if src[p] == s]
+        out.append({"name": name, "cursor": cursor, "done": encode_positions(done, cursor), "partial": partial,
                     "tokens": int(tokens[s]), "tokens_new": int(tokens_new[s])})
     return out
 
@@ -61,13 +64,11 @@ def to_progress(sources: list[dict], plan: MixturePlan, epoch: int, order_key: d
     where = {}
     for s, st in enumerate(sources):
         mine = np.flatnonzero(src == s)
-        if st["done"]:
-            consumed[mine[np.isin(item[mine], np.asarray(st["done"], np.int64))]] = True
+        consumed[mine[np.isin(item[mine], decode_positions(st["done"]))]] = True
         if st["partial"]:
             at = dict(zip(item[mine].tolist(), mine.tolist()))
             where.update({at[i]: (n, chunks) for i, n, chunks in st["partial"] if i in at})
-    for pos in np.flatnonzero(consumed).tolist():
-        p._finish(pos)
+    p.done.add(np.flatnonzero(consumed))
     for pos, (n, chunks) in where.items():
         for c in chunks:
             p.record(pos, int(c), int(n))
@@ -90,11 +91,9 @@ def merge_source_states(states: list[dict]) -> dict:
     merged_sources = []
     for s, base in enumerate(first["sources"]):
         parts = [st["sources"][s] for st in states]
-        done: set[int] = set()
-        for part in parts:
-            done.update(part["done"])
-        cursor, done_list = _normalise(max(part["cursor"] for part in parts), done)
-        finished = set(done_list)
+        done = np.concatenate([decode_positions(part["done"]) for part in parts])
+        cursor, done = _normalise(max(part["cursor"] for part in parts), done)
+        finished = set(done.tolist())
         chunks: dict[int, tuple[int, set[int]]] = {}
         for part in parts:
             for i, n, cs in part["partial"]:
@@ -102,9 +101,10 @@ def merge_source_states(states: list[dict]) -> dict:
                     chunks.setdefault(i, (n, set()))[1].update(cs)
         complete = {i for i, (n, cs) in chunks.items() if len(cs) >= n}
         if complete:
-            cursor, done_list = _normalise(cursor, finished | complete)
+            cursor, done = _normalise(cursor, np.concatenate([done, np.fromiter(complete, np.int64)]))
         partial = [[i, n, sorted(cs)] for i, (n, cs) in sorted(chunks.items()) if i not in complete and i >= cursor]
-        merged_sources.append({"name": base["name"], "cursor": cursor, "done": done_list, "partial": partial,
+        merged_sources.append({"name": base["name"], "cursor": cursor, "done": encode_positions(done, cursor),
+                               "partial": partial,
                                "tokens": base["tokens"] + sum(part["tokens_new"] for part in parts),
                                "tokens_new": 0})
     return {**first, "sources": merged_sources,

@@ -6,167 +6,135 @@ document is finished without tokens (``chunk == EMPTY``: no tokens; ``chunk == B
 logged and counted). A document is consumed once all its chunks were delivered.
 
 The state is ``epoch`` + ``prefix`` (every position below it is consumed) + ``done`` (the
-consumed positions above the prefix) + ``partial`` (documents with some chunks delivered), so
+consumed positions above the prefix; a bitmap of ``num_samples`` bits in memory, compressed in a
+saved state, :mod:`loaders.positions`) + ``partial`` (documents with some chunks delivered), so
 ``consumed = prefix + len(done)`` is the global count of consumed samples. It is exact at chunk
 level: on resume, consumed documents are skipped and partial ones deliver only their missing
 chunks, whatever the new world size and worker count. Each rank tracks its own batches; merge the
 ranks' states with :func:`merge_states` (or ``TextLoader.global_state_dict``) before saving.
 
 Empty/unreadable documents are reported with the consumer's next batch; those after a consumer's
-last batch are not reported, so they are read (and logged) again after a resume in that epoch.
+last batch ride with its last batch or, when it has none, with a batch of records only
+(:func:`loaders.packed.records_only`).
 """
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from .packed import consumed_array
+from .positions import PositionSet, decode_positions
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: consumed positions saved as a compressed bitmap (1: a list; still read)
 EMPTY, BAD = -1, -2
 
 
-@dataclass
 class Progress:
     """Consumed samples of one epoch.
 
-    Attributes:
+    Args and attributes:
         epoch: epoch number.
         order_key: what fixes the order (seed, shuffle, block, seq_len, dataset fingerprint);
             a state only loads into a loader with the same key.
         num_samples: samples in the epoch (S).
         world_size: ranks of the run that wrote the state.
-        prefix: all positions ``< prefix`` are consumed.
-        done: consumed positions ``>= prefix``.
-        partial: position -> (n_chunks, delivered chunk indices) for documents in flight.
+        prefix: all positions ``< prefix`` are consumed (given: a starting point; read: the
+            longest consumed prefix, computed when read).
+        done: every consumed position (:class:`loaders.positions.PositionSet`, S bits).
+        partial: position -> (n_chunks, delivered chunk indices) for documents in flight (read-only,
+            built from the ``(position, chunk, n_chunks)`` rows kept for them).
         complete_ranks: ranks whose share of the epoch was fully delivered.
         bad, empty: unreadable / empty documents seen (counted, never silently dropped).
         deal: how the epoch's documents were dealt to consumers: ``{"world_size", "workers",
             "prefix", "done"}``, the layout and the consumed positions the deal started from
-            (:func:`loaders.order.consumer_arrays`). A resume with the same layout deals from it
-            again and skips what was consumed since, so each consumer keeps its documents, in
-            order; another layout deals the documents left anew. ``None``: not dealt yet.
+            (``done`` as :meth:`PositionSet.encode` writes it; :func:`loaders.order.consumer_arrays`).
+            A resume with the same layout deals from it again and skips what was consumed since,
+            so each consumer keeps its documents, in order; another layout deals the documents left
+            anew. ``None``: not dealt yet.
+        next_worker: rank -> the worker whose batch that rank delivers next.
     """
 
-    epoch: int
-    order_key: dict
-    num_samples: int
-    world_size: int = 1
-    prefix: int = 0
-    done: set[int] = field(default_factory=set)
-    partial: dict[int, tuple[int, set[int]]] = field(default_factory=dict)
-    complete_ranks: set[int] = field(default_factory=set)
-    bad: int = 0
-    empty: int = 0
-    deal: dict | None = None
-    next_worker: dict[int, int] = field(default_factory=dict)
-    _advance_at: int = field(default=4096, repr=False, compare=False)  # len(done) that triggers _advance
+    def __init__(self, epoch: int, order_key: dict, num_samples: int, world_size: int = 1, prefix: int = 0,
+                 bad: int = 0, empty: int = 0):
+        self.epoch, self.order_key, self.num_samples, self.world_size = epoch, order_key, num_samples, world_size
+        self.done = PositionSet(num_samples)
+        self.done.add_range(0, prefix)
+        self._prefix = 0
+        self._carry = np.empty((0, 3), np.int64)  # unique rows of the documents with some chunks delivered
+        self.complete_ranks: set[int] = set()
+        self.bad, self.empty = bad, empty
+        self.deal: dict | None = None
+        self.next_worker: dict[int, int] = {}
+
+    @property
+    def prefix(self) -> int:
+        """Every position below it is consumed (the first position not consumed)."""
+        self._prefix = self.done.first_missing(self._prefix)
+        return self._prefix
 
     @property
     def consumed(self) -> int:
         """Global count of consumed samples."""
-        return self.prefix + len(self.done)
+        return self.done.count
 
     @property
     def complete(self) -> bool:
         """Every rank delivered its share (the epoch is over)."""
         return len(self.complete_ranks) >= self.world_size
 
-    def _finish(self, pos: int) -> None:
-        self.partial.pop(pos, None)
-        if pos >= self.prefix:
-            self.done.add(pos)  # the prefix moves in bulk (_advance)
-
     def is_consumed(self, pos: int) -> bool:
         """Whether document ``pos`` (position in the epoch's order) was fully delivered."""
-        return pos < self.prefix or pos in self.done
+        return pos in self.done
+
+    @property
+    def partial(self) -> dict[int, tuple[int, set[int]]]:
+        """position -> (n_chunks, delivered chunk indices) of the documents with some chunks delivered."""
+        out: dict[int, tuple[int, set[int]]] = {}
+        for pos, chunk, n in self._carry.tolist():
+            out.setdefault(pos, (n, set()))[1].add(chunk)
+        return out
 
     def record(self, pos: int, chunk: int, n_chunks: int) -> None:
         """Note one delivered chunk (or an empty/bad document); repeats are ignored."""
-        if pos < self.prefix or pos in self.done:
-            return
-        if n_chunks == 1:  # most documents: one chunk
-            self._finish(pos)
-            return
-        if n_chunks <= 0:
-            self.bad += chunk == BAD
-            self.empty += chunk == EMPTY
-            self._finish(pos)
-            return
-        n, chunks = self.partial.setdefault(pos, (n_chunks, set()))
-        chunks.add(chunk)
-        if len(chunks) >= n:
-            self._finish(pos)
+        self.record_many(np.array([[pos, chunk, n_chunks]], np.int64))
 
     def record_many(self, consumed) -> None:
         """:meth:`record` for each ``(position, chunk, n_chunks)`` row of ``consumed`` (``int64 [k, 3]``
-        or a list of tuples), in bulk: one-chunk documents (most of them) and documents whose every
-        chunk is among the rows go to :attr:`done` in one set update; only the chunks of documents
-        that straddle calls are noted one by one. The prefix is advanced once :attr:`done` has grown
-        (amortised)."""
+        or a list of tuples), vectorised: one-chunk documents (most of them) are consumed at once;
+        an empty/bad document is counted once and consumed; the chunks of longer documents join the
+        rows kept for documents in flight, and a document whose every chunk is there is consumed."""
         consumed = consumed_array(consumed)
-        consumed = consumed[consumed[:, 0] >= self.prefix]  # below the prefix: repeats, ignored
         n = consumed[:, 2]
-        finished = [consumed[n == 1, 0]]
-        if (n > 1).any():
-            multi = consumed[n > 1]
-            base = int(multi[:, 2].max()) + 1
-            docs, at = np.unique(multi[:, 0], return_index=True)
-            per_doc = np.bincount(np.searchsorted(docs, np.unique(multi[:, 0] * base + multi[:, 1]) // base),
-                                  minlength=len(docs))  # distinct chunks delivered per document
-            whole = per_doc == multi[at, 2]
-            finished.append(docs[whole])
-            for p in set(docs[whole].tolist()) & self.partial.keys():
-                del self.partial[p]
-            straddle = np.isin(multi[:, 0], docs[~whole])
-            if straddle.any():
-                self._record_chunks(multi[straddle].tolist())
+        finished = [consumed[n == 1, 0]]  # adding a consumed document again changes nothing
+        if (n != 1).any():  # the others' repeats would count twice or wait for chunks forever: dropped
+            consumed = consumed[n != 1]
+            consumed = consumed[~self.done.contains(consumed[:, 0])]
+            n = consumed[:, 2]
         if (n <= 0).any():
-            self._record_chunks(consumed[n <= 0].tolist())
-        self.done.update(np.concatenate(finished).tolist())
-        if len(self.done) >= self._advance_at:
-            self._advance()
-
-    def _record_chunks(self, rows: list) -> None:
-        """:meth:`record` of many ``[position, chunk, n_chunks]`` rows (n_chunks != 1), inlined."""
-        prefix, done, partial = self.prefix, self.done, self.partial
-        for pos, chunk, n_chunks in rows:
-            if pos < prefix or pos in done:
-                continue
-            if n_chunks <= 0:
-                self.bad += chunk == BAD
-                self.empty += chunk == EMPTY
-                partial.pop(pos, None)
-                done.add(pos)
-                continue
-            entry = partial.get(pos)
-            if entry is None:
-                entry = partial[pos] = (n_chunks, set())
-            entry[1].add(chunk)
-            if len(entry[1]) >= entry[0]:
-                del partial[pos]
-                done.add(pos)
-
-    def _advance(self) -> None:
-        """Move :attr:`prefix` past every consumed position that directly follows it (vectorised)."""
-        if self.prefix not in self.done:
-            return
-        run = np.sort(np.fromiter(self.done, np.int64, len(self.done)))
-        run = run[run >= self.prefix]
-        gaps = np.flatnonzero(run != self.prefix + np.arange(len(run)))
-        k = int(gaps[0]) if len(gaps) else len(run)
-        self.done.difference_update(range(self.prefix, self.prefix + k))
-        self.prefix += k
-        self._advance_at = max(4096, 2 * len(self.done))
+            empties = consumed[n <= 0]
+            pos, first = np.unique(empties[:, 0], return_index=True)
+            kind = empties[first, 1]
+            self.bad += int(np.count_nonzero(kind == BAD))
+            self.empty += int(np.count_nonzero(kind == EMPTY))
+            finished.append(pos)
+        if (n > 1).any() or len(self._carry):
+            rows = np.concatenate([self._carry, consumed[n > 1]])
+            base = int(rows[:, 2].max()) + 1
+            _, first = np.unique(rows[:, 0] * base + rows[:, 1], return_index=True)
+            rows = rows[first]  # one row per delivered (document, chunk), sorted by document
+            docs, start, count = np.unique(rows[:, 0], return_index=True, return_counts=True)
+            whole = count >= rows[start, 2]
+            finished.append(docs[whole])
+            self._carry = rows[np.repeat(~whole, count)]
+        self.done.add(np.concatenate(finished))
 
     def state_dict(self) -> dict:
-        """Plain JSON-able dict (ints and lists only)."""
-        self._advance()
+        """Plain JSON-able dict; ``done`` holds the consumed positions above ``prefix`` as a
+        compressed bitmap (:meth:`loaders.positions.PositionSet.encode`)."""
+        prefix = self.prefix
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "order_key": dict(self.order_key),
             "num_samples": self.num_samples, "world_size": self.world_size, "consumed": self.consumed,
-            "prefix": self.prefix, "done": sorted(self.done),
+            "prefix": prefix, "done": self.done.encode(prefix),
             "partial": [[p, n, sorted(c)] for p, (n, c) in sorted(self.partial.items())],
             "complete_ranks": sorted(self.complete_ranks), "bad": self.bad, "empty": self.empty,
             "deal": self.deal, "next_worker": {str(r): w for r, w in sorted(self.next_worker.items())},
@@ -174,22 +142,28 @@ class Progress:
 
     @classmethod
     def from_state(cls, state: dict) -> "Progress":
-        """Inverse of :meth:`state_dict`. Raises ``ValueError`` on another version."""
-        if state.get("version") != STATE_VERSION:
+        """Inverse of :meth:`state_dict` (also reads version 1 states, whose ``done`` is a list).
+
+        Raises:
+            ValueError: another version, or consumed positions outside the epoch.
+        """
+        if state.get("version") not in (1, STATE_VERSION):
             raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
         p = cls(int(state["epoch"]), dict(state["order_key"]), int(state["num_samples"]),
-                int(state["world_size"]), bad=int(state.get("bad", 0)), empty=int(state.get("empty", 0)))
+                int(state["world_size"]), prefix=int(state["prefix"]),
+                bad=int(state.get("bad", 0)), empty=int(state.get("empty", 0)))
         p.complete_ranks = set(state.get("complete_ranks", []))
         p.deal = state.get("deal")
         p.next_worker = {int(r): int(w) for r, w in state.get("next_worker", {}).items()}
-        p.prefix = int(state["prefix"])
-        for pos in state["done"]:
-            p._finish(int(pos))
-        for pos, n, chunks in state["partial"]:
-            for c in chunks:
-                p.record(int(pos), int(c), int(n))
-        p._advance()
+        p.done.add(decode_positions(state["done"]))
+        p.record_many(_partial_rows(state["partial"]))
         return p
+
+
+def _partial_rows(partial: list) -> np.ndarray:
+    """``int64 [k, 3]`` rows ``(position, chunk, n_chunks)`` of a saved state's ``partial`` list."""
+    rows = [(int(pos), int(c), int(n)) for pos, n, chunks in partial for c in chunks]
+    return np.array(rows, np.int64).reshape(-1, 3)
 
 
 def deal_fits(deal: dict | None, world_size: int, workers: int) -> bool:
@@ -212,17 +186,13 @@ def merge_states(states: list[dict]) -> dict:
             raise ValueError(f"merge_states: epoch/order differ ({p.epoch}, {p.order_key}) vs "
                              f"({first.epoch}, {first.order_key}): states come from different runs or steps")
     merged = Progress(first.epoch, first.order_key, first.num_samples, max(p.world_size for p in ps))
-    merged.prefix = min(p.prefix for p in ps)
     merged.deal = first.deal if all(p.deal == first.deal for p in ps) else None
     merged.next_worker = {r: w for p in ps for r, w in p.next_worker.items()}
     for p in ps:
-        for pos in list(range(merged.prefix, p.prefix)) + sorted(p.done):
-            merged._finish(pos)
+        merged.done.update(p.done)
         merged.complete_ranks |= p.complete_ranks
         merged.bad += p.bad
         merged.empty += p.empty
-    for p in ps:
-        for pos, (n, chunks) in p.partial.items():
-            for c in chunks:
-                merged.record(pos, c, n)
+    for p in ps:  # after every rank's done: a document finished on one rank is not partial
+        merged.record_many(p._carry)
     return merged.state_dict()

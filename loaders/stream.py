@@ -20,6 +20,7 @@ from .block_access import GroupKeys
 from .order import SampleOrder, consumer_arrays
 from .packed import PackedBatch
 from .packing import BestFitPacker, TokenBudgetBatcher, split_document
+from .positions import decode_positions
 from .progress import BAD, EMPTY, Progress, deal_fits
 from .shard_access import ShardReader
 
@@ -114,7 +115,7 @@ class TextStream:
         """Read epoch ``progress.epoch`` from its resume point on (positions already consumed skipped),
         dealt as ``progress.deal`` says when it was made for this layout."""
         self.epoch, self.prefix = progress.epoch, progress.prefix
-        self.skip = np.array(sorted(progress.done), dtype=np.int64)
+        self.skip = progress.done.positions(self.prefix)
         self.partial = {p: set(c) for p, (_, c) in progress.partial.items()}
         self.deal = progress.deal
 
@@ -128,7 +129,8 @@ class TextStream:
         if not deal_fits(deal, self.world_size, num_workers):
             yield from consumer_arrays(order, c, n, self.prefix, self.skip, self.cfg.remainder)
             return
-        for pos, shard, local in consumer_arrays(order, c, n, deal["prefix"], np.array(deal["done"], np.int64),
+        dealt = decode_positions(deal["done"])
+        for pos, shard, local in consumer_arrays(order, c, n, deal["prefix"], dealt[dealt >= deal["prefix"]],
                                                  self.cfg.remainder):
             keep = (pos >= self.prefix) & ~np.isin(pos, self.skip)
             if keep.any():

@@ -95,3 +95,54 @@ def test_a_table_that_does_not_fit_is_rebuilt(tmp_path, caplog, how):
         again = _open(tmp_path / "shards", info, blocked)
     assert "cannot store the document table" in caplog.text
     assert again.docs.ids == shard.docs.ids
+
+
+def test_an_unwritable_store_is_reported_once_not_per_shard(tmp_path, caplog):
+    """Each shard has two store files (member and document tables); a store that cannot be written
+    used to log two warnings per shard and process."""
+    from loaders import member_index as mi
+    m, _ = _write(tmp_path / "shards")
+    assert len(m.shards) > 1
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    dt._memory.clear()
+    mi._memory.clear()
+    mi._unwritable.clear()
+    with caplog.at_level(logging.DEBUG, logger="loaders.member_index"):
+        for info in m.shards:
+            _open(tmp_path / "shards", info, blocked / "store")
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "cannot store" in r.getMessage()]
+    assert len(warned) == 1 and "data.index_dir" in warned[0].getMessage()
+    assert sum("cannot store" in r.getMessage() for r in caplog.records) == 2 * len(m.shards)
+
+
+def test_zstd_blocks_are_read_ahead_and_a_bad_one_is_still_named(tmp_path):
+    """Reading a zstd block starts the next one in the background; its tokens are the same, and a
+    corrupt block met by the read-ahead fails only when a document of it is read (naming it)."""
+    from shards import ShardError
+    m, docs = _write(tmp_path / "shards", "zstd")
+    info = m.shards[0]
+    dt._memory.clear()
+    shard = _open(tmp_path / "shards", info, tmp_path / "index")
+    blocks = shard.docs.block
+    assert blocks.max() >= 2
+    first = int(np.flatnonzero(blocks == 0)[0])
+    np.testing.assert_array_equal(shard.tokens(first)[1], docs[first][2])
+    assert list(shard._ahead) == [1]
+    for i in range(len(shard)):
+        np.testing.assert_array_equal(shard.tokens(i)[1], docs[i][2])
+    shard.close()
+    assert shard._ahead == {}
+
+    path = tmp_path / "shards" / info.name
+    raw = bytearray(path.read_bytes())
+    at, size = int(shard._offset[1]), int(shard._size[1])
+    raw[at:at + size] = b"\x00" * size  # block 1 is no zstd frame any more
+    path.write_bytes(bytes(raw))
+    bad = BlockShard(str(path), info.samples, None, None, None, "uint16", info.documents)
+    np.testing.assert_array_equal(bad.tokens(first)[1], docs[first][2])  # block 0 read, block 1 read ahead
+    with pytest.raises(ShardError, match="cannot decode block 1"):
+        bad.tokens(int(np.flatnonzero(blocks == 1)[0]))
+    pools, pool, off, length, ok = bad.locate(np.arange(len(bad)))
+    assert not ok[blocks == 1].any() and ok[blocks != 1].all() and "cannot decode block 1" in bad.errors[-1]
+    bad.close()

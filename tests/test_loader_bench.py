@@ -12,13 +12,18 @@ from loaders.bench import write_flat
 from shards import Manifest, TokenBlockWriter
 
 
-def test_bench_reports_the_loader_and_the_memmap_floor(tmp_path):
+def _shards(path, n_docs=400):
     rng = np.random.default_rng(0)
-    w = TokenBlockWriter(str(tmp_path), block_tokens=2000)
-    lengths = rng.integers(1, 300, 400)
+    w = TokenBlockWriter(str(path), block_tokens=2000)
+    lengths = rng.integers(1, 300, n_docs)
     for i, n in enumerate(lengths):
         w.add(f"d/{i}", "t", rng.integers(0, 4096, int(n)).astype(np.uint16))
-    Manifest(shards=w.close(), layout="token_blocks", vocab_size=4096).save(str(tmp_path))
+    Manifest(shards=w.close(), layout="token_blocks", vocab_size=4096).save(str(path))
+    return lengths
+
+
+def test_bench_reports_the_loader_and_the_memmap_floor(tmp_path):
+    lengths = _shards(tmp_path)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["bench", "--shards", str(tmp_path), "--seq-len", "64", "--batch-size", "4", "--workers", "1",
@@ -42,3 +47,21 @@ def test_flat_copy_holds_every_document_in_manifest_order(tmp_path):
     assert dtype == "uint16" and n == 25
     assert np.fromfile(tmp_path / "flat.bin", np.uint16).tolist() == np.concatenate(docs).tolist()
     assert np.fromfile(tmp_path / "flat.bin.idx", np.int64).tolist() == [0, 3, 12, 13, 25]
+
+
+def test_bench_takes_data_overrides_and_names_a_bad_one(tmp_path, capsys):
+    """``data.KEY=VALUE`` settings reach the timed loader (here token-budget batches) and the floor."""
+    lengths = _shards(tmp_path, 120)
+    assert main(["bench", "--shards", str(tmp_path), "--seq-len", "64", "data.batching=token_budget",
+                 "data.max_tokens=512", "data.micro_batch_size=2", "--baseline", "memmap"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["settings"]["overrides"] == ["data.batching=token_budget", "data.max_tokens=512",
+                                              "data.micro_batch_size=2"]
+    assert report["loader"]["tokens"] == int(lengths.sum()) and report["settings"]["batch_size"] == 2
+    windows = int(lengths.sum()) // 65
+    assert report["memmap"]["tokens"] == windows * 64 and report["memmap"]["batches"] == -(-windows // 2)
+    assert report["loader"]["batches"] < -(-int(lengths.sum()) // 128)  # budget batches hold more than 2 x 64
+    assert main(["bench", "--shards", str(tmp_path), "data.pack_window=0"]) == 2
+    assert "data.pack_window=0: must be >= 1" in capsys.readouterr().err
+    assert main(["bench", "--shards", str(tmp_path), "cache.max_bytes=1"]) == 2
+    assert "data.KEY=VALUE overrides only" in capsys.readouterr().err
