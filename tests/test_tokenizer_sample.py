@@ -81,3 +81,14 @@ def test_job_combines_only_the_admitted_texts_and_trains_the_same_model():
         assert_that(combined, equal_to([len(expected) + 1]), label="CountAdmitted")
         assert_that(model, equal_to([train_sentencepiece(expected, cfg)]), label="SameModel")
     assert 0 < len(expected) < 60  # the budget takes a small share of the 400 documents
+
+
+def test_two_step_sample_with_many_rows_per_partial():
+    # more rows than a partial folds at once (8192), in 2 partials, with repeats and case variants
+    texts = [f"{'Line' if i % 3 else 'line'} {i % 9000} of the corpus" for i in range(20000)]
+    items = [(content_hash(t), t) for t in texts]
+    reference = SmallestHashSample(40_000, 0.5)
+    expected = reference.extract_output(_combine(reference, items, []))
+    sample, admitted = _two_step(items, 40_000, 0.5, [10000])
+    assert sample == expected and len(expected) > 1000
+    assert len(expected) <= len(set(admitted)) <= len(expected) + 2  # + the texts of one hash: 'Line k', 'line k'
