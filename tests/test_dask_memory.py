@@ -191,9 +191,11 @@ def test_workers_with_a_memory_limit_spill_held_partitions_and_finish(tmp_path):
             worker_memory = client.run(lambda dask_worker: (
                 dask_worker.memory_manager.memory_limit, dask_worker.memory_manager.memory_target_fraction,
                 dask_worker.memory_manager.memory_spill_fraction, dask_worker.memory_manager.memory_pause_fraction))
+            profiled = client.run(lambda dask_worker: len(dask_worker.profile_history) + len(dask_worker.profile_keys))
     finally:
         engine.stop()
     total = sum(len(s) for i in range(120) for s in _blob(i))
     assert out == [[total, 120_000]]
     assert set(worker_memory.values()) == {(limit, SPILL_TARGET, False, False)}  # no pause, no process-memory spill
+    assert set(profiled.values()) == {0}  # no profiler call trees kept (dask_worker_env)
     assert sum(spilled.values()) > 120e6 - 2 * SPILL_TARGET * limit  # what did not fit under the target
