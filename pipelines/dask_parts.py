@@ -18,6 +18,7 @@ Every bag built by :class:`pipelines.dask_runner._Translator` has ``bytes`` part
 """
 from __future__ import annotations
 
+import math
 import pickle
 
 import dask.bag as db
@@ -43,26 +44,31 @@ def encode_list(values) -> bytes:
 
 
 def _key_hash(key) -> int:
-    # dask's own task shuffle hashes keys the same way: equal in every worker process
-    # (Python's hash() of a str differs between processes)
+    # An int key is its own hash: N keys 0..N-1 (shard buckets, output parts) then go to N
+    # different partitions of a group with at least N, one shard per task, where hashed keys
+    # put two or three shards' samples in some tasks. Other keys are hashed as dask's own task
+    # shuffle does, the same in every worker process (Python's hash() of a str is not).
+    if type(key) is int:
+        return key
     return int(tokenize(key), 16)
 
 
 def _split_by_key(part: bytes, n: int) -> tuple:
-    """``(key, value)`` elements of one partition → ``n`` encoded pieces by key hash."""
+    """``(key, value)`` elements of one partition → ``n`` encoded pieces of ``(key, value)`` by key
+    hash, values unwrapped from Beam's ``WindowedValue`` (a third fewer objects to decode)."""
     pieces: list[list] = [[] for _ in range(n)]
-    for item in decode(part):
-        pieces[_key_hash(item[0]) % n].append(item)
+    for key, value in decode(part):
+        pieces[_key_hash(key) % n].append((key, defenestrate(value)))
     return tuple(encode(p) for p in pieces)
 
 
 def _group(pieces: list) -> bytes:
-    """Pieces of one output partition → encoded ``(key, [values])`` (values unwrapped from
-    Beam's ``WindowedValue``), keys in order of first appearance, pieces in input order."""
+    """Pieces of one output partition → encoded ``(key, [values])``, keys in order of first
+    appearance, pieces in input order."""
     grouped: dict = {}
     for piece in pieces:
         for key, value in decode(piece):
-            grouped.setdefault(key, []).append(defenestrate(value))
+            grouped.setdefault(key, []).append(value)
     return encode(list(grouped.items()))
 
 
@@ -97,10 +103,68 @@ def _first(pieces: list) -> bytes:
     return pieces[0]
 
 
+# A shuffle of more than this many (input, output) pieces runs in two stages
+ONE_STAGE_PIECES = 64
+TWO_STAGE_MIN_OUTPUTS = 8  # ... and has more outputs than this (fewer gain nothing from a second stage)
+
+
+def _split_routed(part: bytes, n: int, g: int) -> tuple:
+    """Stage 1 of a two-stage shuffle: ``(key, value)`` elements → ``g`` encoded pieces of
+    ``(output partition j, (key, value))`` by the last digit of ``j = hash % n`` in base ``g``
+    (values unwrapped as by :func:`_split_by_key`)."""
+    pieces: list[list] = [[] for _ in range(g)]
+    for key, value in decode(part):
+        j = _key_hash(key) % n
+        pieces[j % g].append((j, (key, defenestrate(value))))
+    return tuple(encode(p) for p in pieces)
+
+
+def _join_split(pieces: list, g: int, a: int) -> tuple:
+    """Stage 2 of a two-stage shuffle: the stage-1 pieces of one block of inputs → ``a`` encoded
+    pieces of elements by the first digit of their output partition ``j`` (``j // g``)."""
+    out: list[list] = [[] for _ in range(a)]
+    for piece in pieces:
+        for j, item in decode(piece):
+            out[j // g].append(item)
+    return tuple(encode(p) for p in out)
+
+
+def _two_stage(bag, n: int, prefix: str) -> db.Bag:
+    """:func:`shuffle` in two stages of about ``sqrt(n)`` pieces per task, so the pieces grow as
+    ``partitions × 2 sqrt(n)``, not ``partitions × n`` (dask's ``max_branch`` task shuffle works
+    alike). Output ``j = a g + b`` (``g = ceil(sqrt(n))``): stage 1 sends each element of input
+    ``i`` to block ``i // g``'s part ``b``; stage 2 sends each element of block ``k``'s part ``b``
+    to output ``j``."""
+    g = math.isqrt(n - 1) + 1
+    a = -(-n // g)
+    blocks = -(-bag.npartitions // g)
+    token = tokenize(bag.name, n, "two-stage")
+    split, pick1, mid, pick2 = (f"{prefix}-{step}-{token}" for step in ("split", "piece", "mid", "piece2"))
+    out = f"{prefix}-{token}"
+    dsk: dict = {}
+    for i in range(bag.npartitions):
+        dsk[(split, i)] = (_split_routed, (bag.name, i), n, g)
+        for b in range(g):
+            dsk[(pick1, i, b)] = (_pick, (split, i), b)
+    for k in range(blocks):
+        for b in range(g):
+            inputs = range(k * g, min((k + 1) * g, bag.npartitions))
+            dsk[(mid, k, b)] = (_join_split, [(pick1, i, b) for i in inputs], g, a)
+            for x in range(a):
+                dsk[(pick2, k, b, x)] = (_pick, (mid, k, b), x)
+    for j in range(n):
+        dsk[(out, j)] = (_group, [(pick2, k, j % g, j // g) for k in range(blocks)])
+    return db.Bag(HighLevelGraph.from_collections(out, dsk, dependencies=[bag]), out, n)
+
+
 def shuffle(bag, n: int, prefix: str = "shuffle") -> db.Bag:
     """Group a bag of encoded ``(key, value)`` partitions by key into ``n`` partitions of encoded
-    ``(key, [values])`` (Beam's ``GroupByKey``), in one stage of ``partitions × n`` small tasks,
-    as dask's task shuffle does. A key's values are held together only in its output task."""
+    ``(key, [values])`` (Beam's ``GroupByKey``), as dask's task shuffle does: in one stage of
+    ``partitions × n`` small tasks, or in two (:func:`_two_stage`) when that is more than
+    ``ONE_STAGE_PIECES`` (per-task costs, the scheduler's and each worker's, grew with the
+    square of the partition count). A key's values are held together only in its output task."""
+    if bag.npartitions * n > ONE_STAGE_PIECES and n > TWO_STAGE_MIN_OUTPUTS:
+        return _two_stage(bag, n, prefix)
     return _pieces_bag(bag, n, _split_by_key, (n,), _group, prefix,
                        lambda j: [(i, j) for i in range(bag.npartitions)])
 

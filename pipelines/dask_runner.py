@@ -30,7 +30,10 @@ groups and ``Reshuffle`` use its own task shuffle (keys hashed with ``dask.base.
 same in every worker process) and spread instead of dask's, which look into partitions.
 
 Costs that grow with the corpus are kept to what the job itself needs: the partition count
-grows with the input (:func:`partition_count`), so a task's slice stays the same size; a DoFn
+grows with the input (:func:`partition_count`), so a task's slice stays the same size; the
+task count grows little faster than the partition count (large groups shuffle in two stages,
+:func:`pipelines.dask_parts.shuffle`; a group inside ``CombineGlobally`` has one output
+partition; a ``Flatten`` joins bags of one partition count partition by partition); a DoFn
 is set up once per worker thread and reused for later bundles, as Beam's own workers do
 (a setup per partition made CPU per MB grow with the partition count), and what a bundle
 left on the instance (a lifted combine's accumulators: a partition's worth) is dropped after
@@ -180,6 +183,41 @@ def _task_name(label: str, tag=None) -> str:
     return f"{name}.{tag}" if tag else name
 
 
+def _single_key(node) -> bool:
+    """Whether the group of Beam step ``node`` holds one key: it is part of a ``CombineGlobally``
+    (all its elements keyed by ``None``), and not the first combine of a hot-key fanout (keyed by
+    nonce). Its shuffle then needs one output partition, where ``partitions`` would each be
+    tasks for nothing. Known by the labels of Beam's expansion (a ``KeyWithVoid`` step beside
+    the combine, ``CombinePerKey(PreCombineFn)`` for the fanout), because the runner receives
+    the pipeline rebuilt from its runner-API form, where composites are plain ``PTransform``s."""
+    if "(PreCombineFn)" in node.full_label:
+        return False
+    while node.parent is not None:
+        node = node.parent
+        if any(part.full_label.rsplit("/", 1)[-1] == "KeyWithVoid" for part in node.parts):
+            return True
+    return False
+
+
+def _join_parts(*parts: bytes) -> bytes:
+    return encode([x for part in parts for x in decode(part)])
+
+
+def _flatten(bags: list, name: str):
+    """Beam's ``Flatten`` of ``bags``: bags with one partition count are joined partition by
+    partition (partition ``i`` of the result joins partition ``i`` of each), and the joined
+    bags' partitions follow one another. The job flattens per-stage events and duplicates
+    (``k`` bags of ``partitions`` small partitions each): joined, the group that follows (the
+    events' sum) splits about ``partitions`` inputs, not ``k × partitions``, each a task with
+    ``sqrt(partitions)`` pieces."""
+    by_count: dict = {}
+    for bag in bags:
+        by_count.setdefault(bag.npartitions, []).append(bag)
+    joined = [same[0] if len(same) == 1 else db.map_partitions(_join_parts, *same, token=name)
+              for same in by_count.values()]
+    return joined[0] if len(joined) == 1 else db.concat(joined)
+
+
 def _concat(parts) -> list:
     return [x for part in parts for x in part]
 
@@ -218,9 +256,9 @@ class _Translator(PipelineVisitor):
             bag = db.from_sequence(values, npartitions=max(1, min(len(values), self.partitions))).map_partitions(
                 encode_list, token=_task_name(node.full_label))
         elif isinstance(transform, _Flatten):
-            bag = db.concat(inputs)
+            bag = _flatten(inputs, _task_name(node.full_label))
         elif isinstance(transform, _GroupByKeyOnly):
-            bag = shuffle(inputs[0], self.partitions, _task_name(node.full_label))
+            bag = shuffle(inputs[0], 1 if _single_key(node) else self.partitions, _task_name(node.full_label))
         elif isinstance(transform, _Reshuffle):
             bag = spread(inputs[0], self.partitions, _task_name(node.full_label))
         elif type(transform) is beam.ParDo:

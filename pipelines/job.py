@@ -104,7 +104,7 @@ def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfi
         duplicates | "AllDuplicates" >> beam.Flatten() | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}")
     # Trained on the cleaned documents before dedup (the sample counts a repeated text once), so
     # the model is ready before dedup ends and tokenising fuses with the last dedup stage.
-    model = build_model(hashed, cfg.tokenizer, keyed=True)
+    model = build_model(hashed, cfg.tokenizer)
     tokenized = (docs
                  | "BatchDocs" >> beam.BatchElements(min_batch_size=64, max_batch_size=1024)
                  | "Tokenize" >> beam.ParDo(TokenizeFn(), beam.pvalue.AsSingleton(model)).with_outputs(

@@ -67,6 +67,18 @@ SPILL_TARGET = 0.1
 MALLOC_TRIM_THRESHOLD = 65536
 
 
+def dask_worker_env() -> dict[str, str]:
+    """Environment variables for every colaflow ``dask worker`` (with or without a memory limit):
+    ``MALLOC_TRIM_THRESHOLD_`` (see :data:`MALLOC_TRIM_THRESHOLD`) and dask's statistical
+    profiler off. The profiler samples the running task every 10 ms and keeps a call tree per
+    second of the last 1,000 (``distributed.admin.low-level-log-length``) and per task prefix:
+    with Beam's deep stacks a worker's own memory then grew with the job's duration (about
+    10 MB more per worker at 16× the demo corpus, ``BENCHMARKS.md``). The dashboard's profile
+    page stays empty."""
+    return {"MALLOC_TRIM_THRESHOLD_": str(MALLOC_TRIM_THRESHOLD),
+            "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
+
+
 def dask_spill_env(target: float = SPILL_TARGET) -> dict[str, str]:
     """Environment variables (dask's config names) that make a ``dask worker`` started with
     ``--memory-limit`` spill its stored results to local disk beyond ``target`` of the limit
@@ -81,7 +93,8 @@ def dask_spill_env(target: float = SPILL_TARGET) -> dict[str, str]:
 def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, timeout_s: float = 60.0,
                memory_limit: str = "0") -> Engine:
     """A ``dask scheduler`` and ``workers`` single-threaded ``dask worker`` processes (no nanny, so
-    each worker is one process) on 127.0.0.1; returns once all workers have registered.
+    each worker is one process, with :func:`dask_worker_env`) on 127.0.0.1; returns once all
+    workers have registered.
 
     ``memory_limit`` is each worker's ``--memory-limit`` (e.g. ``"500MB"``); with a limit the
     workers get :func:`dask_spill_env` (results beyond ``SPILL_TARGET`` of the limit are spilled
@@ -98,7 +111,7 @@ def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, t
     logs = [log_dir / "scheduler.log"] + [log_dir / f"worker-{i}.log" for i in range(workers)]
     procs = [_spawn([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
                      address.rsplit(":", 1)[1], "--no-dashboard", "--no-show"], logs[0], env)]
-    worker_env = dict(os.environ if env is None else env, MALLOC_TRIM_THRESHOLD_=str(MALLOC_TRIM_THRESHOLD))
+    worker_env = dict(os.environ if env is None else env, **dask_worker_env())
     if memory_limit != "0":
         worker_env.update(dask_spill_env())
     for log in logs[1:]:

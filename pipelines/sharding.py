@@ -51,14 +51,18 @@ def encode_sample(item: tuple[Doc, np.ndarray], store_text: bool = False, layout
     The key is :func:`shards.escape_key` of the id (a hashed key for over-long ids; the id is in
     the metadata either way). ``fields`` always holds ``json`` (the document's metadata, bytes);
     with ``layout="documents"`` it is the sample's members (``store_text`` adds ``txt.zst``);
-    with ``token_blocks`` it also holds ``tokens`` (the array) and ``text`` (with ``store_text``),
-    which :class:`WriteBucketFn` packs into blocks.
+    with ``token_blocks`` it also holds ``tokens`` (the array's raw little-endian bytes:
+    :func:`sample_tokens` reads them back) and ``text`` (with ``store_text``), which
+    :class:`WriteBucketFn` packs into blocks. Raw bytes, not the array: a shard's samples are
+    held together while it is written, and an array object costs more than a short document's
+    tokens (1,250 against 530 bytes per 60-token sample).
     """
     doc, tokens = item
     text_bytes = len(doc.text.encode("utf-8"))
     meta = {"id": doc.id, "source": doc.source, "n_tokens": int(tokens.size), "n_bytes": text_bytes}
     if layout == "token_blocks":
-        fields = {"json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"), "tokens": tokens}
+        fields = {"json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"),
+                  "tokens": tokens.astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes()}
         if store_text:
             fields["text"] = doc.text
     else:
@@ -66,11 +70,21 @@ def encode_sample(item: tuple[Doc, np.ndarray], store_text: bool = False, layout
     return escape_key(doc.id), fields, int(tokens.size), doc.source, text_bytes
 
 
+def sample_tokens(sample) -> np.ndarray | None:
+    """The tokens of a ``token_blocks`` sample of :func:`encode_sample` (1-D ``uint16``/``uint32``,
+    read in place from its bytes; the width is bytes per token), or ``None`` for a ``documents``
+    sample."""
+    data = sample[1].get("tokens")
+    if data is None:
+        return None
+    return np.frombuffer(data, dtype=f"<u{len(data) // sample[2]}")
+
+
 def encoded_size(sample) -> int:
     """Approximate tar bytes of an encoded sample (a document of a token block: its tokens' bytes)."""
     fields = sample[1]
-    if isinstance(fields.get("tokens"), np.ndarray):
-        return fields["tokens"].nbytes + BLOCK_DOC_BYTES
+    if "tokens" in fields:
+        return len(fields["tokens"]) + BLOCK_DOC_BYTES
     return sum(len(v) for v in fields.values()) + HEADER_BYTES
 
 
@@ -134,14 +148,16 @@ class WriteBucketFn(beam.DoFn):
                 writer.write(block[0], block[1], tokens=block[3], documents=block[2])
 
         with TarShardWriter(path) as writer:
-            for key, fields, n_tokens, source, text_bytes in samples:
+            for sample in samples:
+                key, fields, n_tokens, source, text_bytes = sample
                 if key == last_key:
                     counts[source, "filtered:duplicate_id"] = counts.get((source, "filtered:duplicate_id"), 0) + 1
                     continue
                 last_key = key
-                if isinstance(fields.get("tokens"), np.ndarray):
+                tokens = sample_tokens(sample)
+                if tokens is not None:
                     doc = json.loads(fields["json"])
-                    put(packer.add(doc["id"], doc["source"], fields["tokens"], fields.get("text")))
+                    put(packer.add(doc["id"], doc["source"], tokens, fields.get("text")))
                 else:
                     writer.write(key, fields, tokens=n_tokens)
                 for name, n in (("kept", 1), ("tokens", n_tokens), ("text_bytes", text_bytes),

@@ -5,6 +5,7 @@ count picks the same documents: a document joins when its hash falls under
 ``sample_fraction`` of the hash space, and the sample is filled in hash order up to
 ``sample_max_bytes``. When no document falls under the fraction (a tiny corpus), the sample is
 filled from all documents in hash order instead, so it is never empty while documents exist.
+The sample is taken in two steps (:mod:`pipelines.sample`).
 Lines longer than ``max_sentence_bytes`` are cut at spaces for training. Training runs single-threaded because sentencepiece's multi-threaded
 trainer gives different models for different thread counts.
 """
@@ -21,74 +22,14 @@ from tqdm import tqdm
 
 from shards.config import ConfigError
 
-from .cleaning import content_hash, hash_fraction
 from .config import TokenizerConfig
 from .records import Doc
+from .sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 from .stats import EventTally
 
-
-# Intermediate merges of the sample: the final merge holds SAMPLE_FANOUT partial samples (each at
-# most sample_max_bytes) instead of one per bundle, which grew with the corpus on a cluster
+# Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial cutoffs
+# (each at most the rows of sample_max_bytes of documents), not one per bundle
 SAMPLE_FANOUT = 8
-
-
-class SmallestHashSample(beam.CombineFn):
-    """Combine ``(hash, text)`` pairs into the hash-ordered prefix of at most ``max_bytes`` UTF-8 bytes
-    of the texts whose hash lies under ``fraction`` of the hash space, or, when there is none, of
-    all texts.
-
-    Items are ordered by ``(over the fraction, hash, text)``, so texts under the fraction come
-    first and the others only fill a budget those left unused (and are dropped at the end when
-    any text under the fraction exists). The prefix stops at the first text that does not fit
-    (the cutoff). A partial accumulator's cutoff also lies outside the global prefix (its partial
-    running total already exceeds the budget), so every partial trim keeps the global prefix and
-    records the smallest cutoff seen: the result is the same whatever the partitioning. Output:
-    list of distinct texts in hash order.
-    """
-
-    def __init__(self, max_bytes: int, fraction: float = 1.0):
-        self.max_bytes, self.fraction = max_bytes, fraction
-
-    def create_accumulator(self):
-        """An empty sample: ``[bytes held, items, cutoff]``."""
-        return [0, [], None]  # [bytes held, [(over, hash, text, bytes), ...], cutoff (over, hash, text) or None]
-
-    def _trim(self, items, cutoff):
-        out, total = [], 0
-        for item in sorted(items):
-            if cutoff is not None and item[:3] >= cutoff:
-                break
-            if out and item == out[-1]:  # the same text twice counts once
-                continue
-            if total + item[3] > self.max_bytes:
-                cutoff = item[:3]
-                break
-            out.append(item)
-            total += item[3]
-        return [total, out, cutoff]
-
-    def add_input(self, acc, element):
-        """Add one ``(content hash hex, text)``; trims once the items pass twice the byte budget."""
-        h, text = element
-        key = (hash_fraction(h) >= self.fraction, h, text)
-        if acc[2] is not None and key >= acc[2]:
-            return acc
-        size = len(text.encode("utf-8"))
-        acc[1].append((*key, size))
-        acc[0] += size
-        # trimming only past twice the budget keeps adds amortised O(log n)
-        return self._trim(acc[1], acc[2]) if acc[0] > 2 * self.max_bytes else acc
-
-    def merge_accumulators(self, accumulators):
-        """Merge partial samples, keeping the smallest cutoff (partition-independent result)."""
-        cutoffs = [a[2] for a in accumulators if a[2] is not None]
-        return self._trim([x for a in accumulators for x in a[1]], min(cutoffs) if cutoffs else None)
-
-    def extract_output(self, acc):
-        """The sampled texts (list of str) in hash order, under the fraction when any text is."""
-        items = self._trim(acc[1], acc[2])[1]
-        under = [item for item in items if not item[0]]
-        return [item[2] for item in (under or items)]
 
 
 def training_lines(texts: list[str], max_bytes: int) -> list[str]:
@@ -162,19 +103,27 @@ def load_processor(model_bytes: bytes) -> spm.SentencePieceProcessor:
     return sp
 
 
-def build_model(docs, cfg: TokenizerConfig, label: str = "Tokenizer", keyed: bool = False):
-    """Singleton PCollection of model bytes: the file at ``cfg.path``, or trained on ``docs``
-    (PCollection[Doc], or of ``(content hash, Doc)`` pairs when ``keyed``)."""
+def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer"):
+    """Singleton PCollection of model bytes: the file at ``cfg.path``, or trained on ``hashed``
+    (PCollection of ``(content hash, Doc)`` pairs).
+
+    The sample is taken in two steps, so no step holds more text than the sample: the
+    :class:`~pipelines.sample.SampleLimit` from hashes and sizes (:class:`SampleCutoff`, one
+    side input), then :class:`SmallestHashSample` over the texts it admits. The sample, hence the model, is the
+    one :class:`SmallestHashSample` gives over every text (``tests/test_tokenizer_sample.py``).
+    """
     if cfg.path:
         with open(cfg.path, "rb") as f:
             model = f.read()
         load_processor(model)  # fail at construction time on a bad model file
-        return docs.pipeline | f"{label}/Load" >> beam.Create([model])
-    return (docs
-            | f"{label}/Hash" >> (beam.MapTuple(lambda h, d: (h, d.text)) if keyed
-                                  else beam.Map(lambda d: (content_hash(d.text), d.text)))
+        return hashed.pipeline | f"{label}/Load" >> beam.Create([model])
+    limit = (hashed
+             | f"{label}/Sizes" >> beam.Map(sample_key)
+             | f"{label}/Cutoff" >> beam.CombineGlobally(SampleCutoff(cfg.sample_max_bytes, cfg.sample_fraction))
+             .with_fanout(SAMPLE_FANOUT))
+    return (hashed
+            | f"{label}/Select" >> beam.FlatMap(sample_text, beam.pvalue.AsSingleton(limit), cfg.sample_fraction)
             | f"{label}/Sample" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes, cfg.sample_fraction))
-            .with_fanout(SAMPLE_FANOUT)
             | f"{label}/Train" >> beam.Map(train_sentencepiece, cfg))
 
 

@@ -22,7 +22,9 @@ import dask.bag as db  # noqa: E402
 from distributed import Client  # noqa: E402
 
 from pipelines.dask_parts import decode, encode, encode_list, shuffle, spread  # noqa: E402
-from pipelines.dask_runner import ColaflowDaskRunner  # noqa: E402
+from apache_beam.pipeline import PipelineVisitor  # noqa: E402
+from apache_beam.runners.dask.overrides import _GroupByKeyOnly, dask_overrides  # noqa: E402
+from pipelines.dask_runner import ColaflowDaskRunner, _flatten, _LiftCombines, _single_key  # noqa: E402
 from pipelines.local_engines import SPILL_TARGET, child_env, start_dask  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
@@ -34,7 +36,7 @@ def _partitions(bag) -> list[list]:
 
 @settings(max_examples=40, deadline=None)
 @given(pairs=st.lists(st.tuples(st.sampled_from(["a", "b", "c", 7, (1, "x")]), st.integers()), max_size=60),
-       parts=st.integers(1, 5), n=st.integers(1, 6))
+       parts=st.integers(1, 14), n=st.integers(1, 14))
 def test_shuffle_groups_every_value_under_its_key_in_one_partition(pairs, parts, n):
     bag = db.from_sequence(pairs, npartitions=parts).map_partitions(encode_list)
     out = _partitions(shuffle(bag, n))
@@ -55,6 +57,52 @@ def test_spread_keeps_every_element_in_order_over_at_least_n_partitions(items, p
     out = _partitions(spread(bag, n))
     assert len(out) >= n
     assert [x for part in out for x in part] == items
+
+
+def test_large_shuffles_take_two_stages_of_few_pieces():
+    bag = db.from_sequence(range(100), npartitions=40).map_partitions(encode_list)
+    pairs = bag.map_partitions(lambda part: encode([(x % 13, x) for x in decode(part)]))
+    out = shuffle(pairs, 40)
+    pieces = [k for k in dict(out.__dask_graph__()) if "-piece" in str(k[0])]
+    assert 0 < len(pieces) <= 2 * 40 * 7 < 40 * 40  # 2 x partitions x ceil(sqrt(40)), not 40 x 40
+    grouped = [kv for part in _partitions(out) for kv in part]
+    assert sorted((k, sorted(vs)) for k, vs in grouped) == [(k, list(range(k, 100, 13))) for k in range(13)]
+
+
+@pytest.mark.parametrize("n", [12, 40])
+def test_int_keys_below_the_partition_count_get_a_partition_each(n):
+    # shard buckets 0..9: one bucket per group task, so no task holds two shards' samples
+    bag = db.from_sequence([(b, i) for i in range(5) for b in range(10)], npartitions=12).map_partitions(encode_list)
+    out = _partitions(shuffle(bag, n))
+    assert sorted(len(part) for part in out if part) == [1] * 10
+    assert sorted(k for part in out for k, _ in part) == list(range(10))
+
+
+def test_flatten_joins_bags_of_one_partition_count_partition_by_partition():
+    bags = [db.from_sequence(range(k, 40, 4), npartitions=n).map_partitions(encode_list) for k, n in
+            [(0, 5), (1, 5), (2, 5), (3, 2)]]
+    flat = _flatten(bags, "AllEvents")
+    assert flat.npartitions == 5 + 2  # not 17: the group after it splits 7 inputs
+    assert sorted(x for part in _partitions(flat) for x in part) == list(range(40))
+
+
+def test_groups_inside_combine_globally_have_one_key_also_after_the_runner_api_round_trip():
+    p = beam.Pipeline()
+    nums = p | beam.Create(range(10))
+    nums | "Total" >> beam.CombineGlobally(sum)
+    nums | "Fanned" >> beam.CombineGlobally(sum).with_fanout(3)
+    nums | "PerKey" >> beam.Map(lambda x: (x % 2, x)) | beam.CombinePerKey(sum)
+    for pipeline in (p, beam.Pipeline.from_runner_api(p.to_runner_api(use_fake_coders=True), p.runner, p._options)):
+        pipeline.replace_all([_LiftCombines()] + dask_overrides())
+        groups = {}
+
+        class Groups(PipelineVisitor):
+            def visit_transform(self, node):
+                if isinstance(node.transform, _GroupByKeyOnly):
+                    groups[node.full_label.split("/")[0] + ("/pre" if "PreCombineFn" in node.full_label else "")] = \
+                        _single_key(node)
+        pipeline.visit(Groups())
+        assert groups == {"Total": True, "Fanned": True, "Fanned/pre": False, "CombinePerKey(sum)": False}
 
 
 def test_encoded_partition_round_trips():
@@ -143,9 +191,11 @@ def test_workers_with_a_memory_limit_spill_held_partitions_and_finish(tmp_path):
             worker_memory = client.run(lambda dask_worker: (
                 dask_worker.memory_manager.memory_limit, dask_worker.memory_manager.memory_target_fraction,
                 dask_worker.memory_manager.memory_spill_fraction, dask_worker.memory_manager.memory_pause_fraction))
+            profiled = client.run(lambda dask_worker: len(dask_worker.profile_history) + len(dask_worker.profile_keys))
     finally:
         engine.stop()
     total = sum(len(s) for i in range(120) for s in _blob(i))
     assert out == [[total, 120_000]]
     assert set(worker_memory.values()) == {(limit, SPILL_TARGET, False, False)}  # no pause, no process-memory spill
+    assert set(profiled.values()) == {0}  # no profiler call trees kept (dask_worker_env)
     assert sum(spilled.values()) > 120e6 - 2 * SPILL_TARGET * limit  # what did not fit under the target
