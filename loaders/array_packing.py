@@ -47,14 +47,21 @@ def split_documents(pos: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, s
 
 
 def _packing_order(length: np.ndarray, pos: np.ndarray, idx: np.ndarray, seq_len: int) -> np.ndarray:
-    """Chunks sorted longest first, ties by position then chunk index: one sort of a combined
-    ``int64`` key (30x faster than ``np.lexsort`` on three keys) when it cannot overflow."""
+    """Chunks sorted longest first, ties by position then chunk index. The buffer is normally in
+    (position, chunk) order already (a consumer reads its positions in ascending order and the
+    packer keeps leftovers in buffer order), and then a stable radix sort of the 16-bit room
+    ``seq_len - length`` is the whole sort (about 10x faster than sorting int64 keys); otherwise one
+    sort of a combined ``int64`` key (30x faster than ``np.lexsort`` on three keys) when it cannot
+    overflow."""
     if not len(length):
         return np.zeros(0, np.int64)
     n_pos, n_idx = int(pos.max()) + 1, int(idx.max()) + 1
     if (seq_len + 1) * n_pos * n_idx >= 1 << 62:
         return np.lexsort((idx, pos, -length))
-    return np.argsort(((seq_len - length) * n_pos + pos) * n_idx + idx)
+    tie = pos * n_idx + idx
+    if seq_len < 1 << 16 and (tie[1:] > tie[:-1]).all():
+        return np.argsort((seq_len - length).astype(np.uint16), kind="stable")
+    return np.argsort((seq_len - length) * (n_pos * n_idx) + tie)
 
 
 class ArrayPacker:
@@ -212,7 +219,9 @@ class ArrayPacker:
             self.ready = self._build(*self._take(order, bin_of, rows.reshape(-1)))
             taken = np.zeros(len(fill), bool)
             taken[take] = True
-            rest = order[~taken[bin_of]]  # any order: the next packing sorts the buffer (a total order)
+            left = np.zeros(len(order), bool)
+            left[order] = ~taken[bin_of]
+            rest = np.flatnonzero(left)  # in buffer order: the next packing's sort stays a radix sort
             self.buf = {f: self.buf[f][rest] for f in FIELDS}
             self.buffered = int(self.buf["length"].sum())
             self._drop_pools()
