@@ -140,7 +140,8 @@ class TextLoader:
         """Continue from a (merged) state, or a list of all ranks' states; any world size and workers.
 
         Raises:
-            ValueError: the state comes from another dataset, seed, shuffle or ``seq_len``.
+            ValueError: the state comes from another dataset, seed, shuffle or ``seq_len``, or is
+                malformed (:meth:`Progress.from_state`).
         """
         if isinstance(state, list):
             state = merge_states(state)
@@ -148,6 +149,9 @@ class TextLoader:
         if p.order_key != self.order_key:
             raise ValueError(f"loader state was written for {p.order_key}, this loader has {self.order_key};"
                              " resume with the same data and data.seed/shuffle/shuffle_block/seq_len")
+        if p.num_samples != self.dataset.manifest.total_documents:
+            raise ValueError(f"loader state counts {p.num_samples} documents in an epoch, the data has "
+                             f"{self.dataset.manifest.total_documents}; resume from the checkpoint as saved")
         over = len(p.complete_ranks) >= int(state["world_size"]) or self._nothing_left(p)
         p.world_size = self.world_size
         self.progress = self._epoch_progress(p.epoch + 1) if over else p

@@ -145,25 +145,45 @@ class Progress:
         """Inverse of :meth:`state_dict` (also reads version 1 states, whose ``done`` is a list).
 
         Raises:
-            ValueError: another version, or consumed positions outside the epoch.
+            ValueError: another version, a missing or malformed field, or consumed or partial
+                positions outside the epoch (a hand-edited or corrupt state).
         """
         if state.get("version") not in (1, STATE_VERSION):
             raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
-        p = cls(int(state["epoch"]), dict(state["order_key"]), int(state["num_samples"]),
-                int(state["world_size"]), prefix=int(state["prefix"]),
-                bad=int(state.get("bad", 0)), empty=int(state.get("empty", 0)))
-        p.complete_ranks = set(state.get("complete_ranks", []))
-        p.deal = state.get("deal")
-        p.next_worker = {int(r): int(w) for r, w in state.get("next_worker", {}).items()}
-        p.done.add(decode_positions(state["done"]))
-        p.record_many(_partial_rows(state["partial"]))
+        try:
+            p = cls(int(state["epoch"]), dict(state["order_key"]), int(state["num_samples"]),
+                    int(state["world_size"]), prefix=int(state["prefix"]),
+                    bad=int(state.get("bad", 0)), empty=int(state.get("empty", 0)))
+            p.complete_ranks = set(state.get("complete_ranks", []))
+            p.deal = state.get("deal")
+            p.next_worker = {int(r): int(w) for r, w in state.get("next_worker", {}).items()}
+            if p.epoch < 0 or not 0 <= int(state["prefix"]) <= p.num_samples:
+                raise ValueError(f"epoch {p.epoch} or prefix {state['prefix']} is outside epochs >= 0 and "
+                                 f"positions [0, {p.num_samples}]")
+            p.done.add(decode_positions(state["done"]))
+            p.record_many(_partial_rows(state["partial"], p.num_samples))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"loader state is malformed ({type(e).__name__}: {e}); resume from the checkpoint "
+                             "as saved, or from an earlier one") from e
         return p
 
 
-def _partial_rows(partial: list) -> np.ndarray:
-    """``int64 [k, 3]`` rows ``(position, chunk, n_chunks)`` of a saved state's ``partial`` list."""
-    rows = [(int(pos), int(c), int(n)) for pos, n, chunks in partial for c in chunks]
-    return np.array(rows, np.int64).reshape(-1, 3)
+def _partial_rows(partial: list, num_samples: int) -> np.ndarray:
+    """``int64 [k, 3]`` rows ``(position, chunk, n_chunks)`` of a saved state's ``partial`` list.
+
+    Raises:
+        ValueError: a position outside ``[0, num_samples)``, fewer than 2 chunks, or a chunk index
+            outside ``[0, n_chunks)`` (such a row would consume a document whose chunks were not all read).
+    """
+    rows = np.array([(int(pos), int(c), int(n)) for pos, n, chunks in partial for c in chunks],
+                    np.int64).reshape(-1, 3)
+    bad = (rows[:, 0] < 0) | (rows[:, 0] >= num_samples) | (rows[:, 2] < 2) | (rows[:, 1] < 0) | \
+        (rows[:, 1] >= rows[:, 2])
+    if bad.any():
+        pos, c, n = rows[int(np.argmax(bad))].tolist()
+        raise ValueError(f"partial document at position {pos}, chunk {c} of {n}, is outside positions "
+                         f"[0, {num_samples}) or chunks [0, n_chunks >= 2)")
+    return rows
 
 
 def deal_fits(deal: dict | None, world_size: int, workers: int) -> bool:

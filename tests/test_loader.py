@@ -223,6 +223,9 @@ def test_state_from_other_seed_is_refused(text_shards):
     state = build_text_loader(_cfg(d, seed=1)).state_dict()
     with pytest.raises(ValueError, match="seed"):
         build_text_loader(_cfg(d, seed=2)).load_state_dict(state)
+    state["num_samples"] -= 1  # same order key: was accepted (an IndexError once dealt)
+    with pytest.raises(ValueError, match=f"counts {N_DOCS - 1} documents in an epoch, the data has {N_DOCS}"):
+        build_text_loader(_cfg(d, seed=1)).load_state_dict(state)
 
 
 def test_keys_cli_lists_every_sample_once(text_shards):

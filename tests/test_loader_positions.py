@@ -88,3 +88,23 @@ def test_version_1_states_with_done_lists_still_load():
     p = Progress.from_state(old)
     assert p.consumed == 4 and p.prefix == 2 and p.done.positions(2).tolist() == [4, 7]
     assert p.partial == {5: (2, {0})} and p.state_dict()["version"] == 2
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"partial": [[500, 3, [0]]]}, "position 500"),  # past the epoch: was an IndexError
+    ({"partial": [[-3, 3, [0]]]}, "position -3"),  # negative: was silently accepted
+    ({"partial": [[5, 2, [0, 7]]]}, "chunk 7 of 2"),  # would consume document 5 without its chunk 1
+    ({"prefix": -5}, "prefix -5"),
+    ({"epoch": -1}, "epoch -1"),
+    ({"done": None}, "neither a list nor an encoded bitmap"),
+])
+def test_hand_edited_states_are_refused_with_a_value_error(edit, match):
+    good = {"version": 2, "epoch": 0, "order_key": {}, "num_samples": 10, "world_size": 1, "consumed": 0,
+            "prefix": 0, "done": encode_positions([4, 7]), "partial": [[5, 2, [0]]], "complete_ranks": []}
+    assert Progress.from_state(good).partial == {5: (2, {0})}
+    with pytest.raises(ValueError, match=f"loader state is malformed.*{match}"):
+        Progress.from_state({**good, **edit})
+    missing = dict(good)
+    del missing["done"]
+    with pytest.raises(ValueError, match="malformed.*KeyError"):  # was a KeyError
+        Progress.from_state(missing)
