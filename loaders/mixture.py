@@ -36,8 +36,8 @@ from .dataset import TextLoader
 from .mixture_plan import MixturePlan
 from .mixture_sources import (LoadedSource, MixtureStream, combined_manifest, load_sources, parse_sources,
                               source_shares)
-from .mixture_state import STATE_KIND, STATE_VERSION, merge_source_states, source_states, to_progress
-from .positions import decode_positions
+from .mixture_state import (STATE_KIND, STATE_VERSION, merge_source_states, read_sources, source_states,
+                            to_progress)
 from .progress import Progress
 from .shard_access import LocalShards
 from .steps import StepSync
@@ -142,7 +142,8 @@ class MixtureLoader(TextLoader):
         the consumed items of every source stay consumed.
 
         Raises:
-            ValueError: not a mixture state, or one of other sources, seed, shuffle or ``seq_len``.
+            ValueError: not a mixture state, or one of other sources, seed, shuffle or ``seq_len``, or a
+                malformed one (:func:`loaders.mixture_state.read_sources`).
         """
         if isinstance(state, list):
             state = self._merge(state)
@@ -154,7 +155,7 @@ class MixtureLoader(TextLoader):
                              " resume with the same sources (names and manifests) and data.seed/shuffle/seq_len")
         plan = MixturePlan.from_state(self.plan.items, self.plan.tokens, state["plan"])
         epoch = int(state["epoch"])
-        sources = [{**s, "done": decode_positions(s["done"])} for s in state["sources"]]
+        sources = read_sources(state, self.names)
         over = len(state["complete_ranks"]) >= int(state["world_size"]) or \
             self._nothing_left(to_progress(sources, plan, epoch, self.order_key, self.world_size))
         if over:  # also a state saved right after the epoch's last batch, before any rank's iterator ended

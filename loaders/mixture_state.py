@@ -75,6 +75,31 @@ def to_progress(sources: list[dict], plan: MixturePlan, epoch: int, order_key: d
     return p
 
 
+def read_sources(state: dict, names: list[str]) -> list[dict]:
+    """The per-source states of a saved mixture state, their ``done`` items decoded (sorted ``int64``).
+
+    Raises:
+        ValueError: a missing or malformed field, other sources than ``names`` (in order), a negative
+            cursor or item, or a partial item whose chunk is outside ``[0, n_chunks)`` with
+            ``n_chunks >= 2`` (a hand-edited or corrupt state).
+    """
+    try:
+        got = [s["name"] for s in state["sources"]]
+        if got != names:
+            raise ValueError(f"sources {got} are not this mixture's {names}")
+        sources = [{**s, "cursor": int(s["cursor"]), "done": decode_positions(s["done"])} for s in state["sources"]]
+        for s in sources:
+            rows = [(int(i), int(c), int(n)) for i, n, chunks in s["partial"] for c in chunks]
+            if s["cursor"] < 0 or (len(s["done"]) and s["done"][0] < 0) or any(i < 0 or n < 2 or not 0 <= c < n
+                                                                          for i, c, n in rows):
+                raise ValueError(f"source {s['name']!r}: a negative cursor or item, or a partial chunk outside "
+                                 "[0, n_chunks >= 2)")
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"mixture loader state is malformed ({type(e).__name__}: {e}); resume from the "
+                         "checkpoint as saved, or from an earlier one") from e
+    return sources
+
+
 def merge_source_states(states: list[dict]) -> dict:
     """Union of all ranks' mixture states (same epoch and plan) into one saved state.
 

@@ -185,6 +185,22 @@ def test_state_of_a_single_dataset_is_refused(two_sources):
         mix.load_state_dict(single.state_dict())
 
 
+@pytest.mark.parametrize("edit, match", [
+    (lambda s: s.pop("sources"), "KeyError: 'sources'"),  # was a KeyError
+    (lambda s: s["sources"].pop(), r"sources \['big'\] are not"),  # was an IndexError
+    (lambda s: s["sources"][0].update(cursor=-4), "negative cursor"),  # was accepted: items read again
+    (lambda s: s["sources"][0].update(done=[-4]), "negative cursor or item"),
+    # chunks 0 and 5 of 2 would count as both: the item consumed without its chunk 1
+    (lambda s: s["sources"][0].update(partial=[[s["sources"][0]["cursor"] + 3, 2, [0, 5]]]), "partial chunk"),
+])
+def test_hand_edited_mixture_states_are_refused_with_a_value_error(two_sources, edit, match):
+    loaders, _ = _run(two_sources, 2, steps=6)
+    state = loaders[0]._merge([ld.state_dict() for ld in loaders])
+    edit(state)
+    with pytest.raises(ValueError, match=f"mixture loader state is malformed.*{match}"):
+        build_text_loader(_cfg(two_sources), in_process=True).load_state_dict(state)
+
+
 def test_keys_cli_prints_each_keys_source(two_sources, tmp_path):
     import yaml
     cfg = tmp_path / "mix.yaml"
