@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--world-size must be >= 1, --workers >= 0 and --resume-at >= 0")
     try:
         return bench_command(args) if args.command == "bench" else keys_command(args)
-    except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
+    except (FileNotFoundError, ValueError, RuntimeError) as e:  # ConfigError is a ValueError; a bench pass failed
         print(f"python -m loaders {args.command}: {explain(e)}", file=sys.stderr)
         return exit_status(e)
 

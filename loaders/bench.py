@@ -8,6 +8,7 @@ so its peak RSS is its own; workers' peak RSS is reported apart (the largest wor
 * ``peak_rss_mb`` / ``workers_peak_rss_mb``: peak resident memory (``VmHWM``) of the pass / of its
   largest worker, MiB;
 * ``real_token_fraction``: document tokens / batch slots (B x T);
+* ``bad_documents`` / ``empty_documents``: documents skipped as unreadable (logged) / without tokens;
 * ``transfer_bytes_per_batch``: pickled size of a batch as a worker sends it, and its ratio to a
   ``uint16 [B, T + 1]`` tensor (``transfer_vs_uint16``).
 
@@ -63,10 +64,12 @@ def loader_pass(spec: dict) -> dict:
     if cache is not None:
         cache.close()
     per_batch = float(np.mean(sizes)) if sizes else 0.0
+    metrics = loader.metrics()
     return {"tokens_per_s": tokens / dt, "first_batch_s": first, "seconds": dt, "batches": batches, "tokens": tokens,
             "real_token_fraction": tokens / slots if slots else 0.0, "transfer_bytes_per_batch": per_batch,
             "transfer_vs_uint16": per_batch / (2 * spec["batch_size"] * (spec["seq_len"] + 1)),
-            "peak_rss_mb": peak_rss_mb(), "workers_peak_rss_mb": loader.metrics()["workers_peak_rss_mb"]}
+            "peak_rss_mb": peak_rss_mb(), "workers_peak_rss_mb": metrics["workers_peak_rss_mb"],
+            "bad_documents": metrics["bad"], "empty_documents": metrics["empty"]}
 
 
 def memmap_pass(spec: dict) -> dict:
@@ -114,7 +117,7 @@ def write_flat(manifest_url: str, out_path: str) -> tuple[str, int]:
 
 
 def run_pass(spec: dict) -> dict:
-    """Run one pass in a fresh process; returns its JSON result.
+    """Run one pass in a fresh process; returns its JSON result (the pass's log goes to stderr).
 
     Raises:
         RuntimeError: the pass failed (its stderr is in the message).
@@ -122,6 +125,7 @@ def run_pass(spec: dict) -> dict:
     proc = subprocess.run([sys.executable, "-m", "loaders.bench", json.dumps(spec)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bench pass {spec['kind']} failed: {proc.stderr.strip()[-2000:]}")
+    sys.stderr.write(proc.stderr)  # the loader's log (unreadable shards, bad documents) reaches the user
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -131,7 +135,8 @@ def bench_config(shards: str, seq_len: int = 512, batch_size: int = 16, workers:
     ``overrides`` on top (e.g. ``data.pack_window=65536 data.batching=token_budget``).
 
     Raises:
-        shards.config.ConfigError: a malformed override, an unknown key or a bad value (names it).
+        shards.config.ConfigError: a malformed override, an unknown key, a bad value (names it), or
+            ``data.manifest`` / ``data.mixture`` (the data is ``shards``).
     """
     from shards.config import ConfigError, apply_overrides, from_dict
 
@@ -142,6 +147,8 @@ def bench_config(shards: str, seq_len: int = 512, batch_size: int = 16, workers:
     for item in overrides or []:
         if not item.startswith("data."):
             raise ConfigError(f"override {item!r}: bench takes data.KEY=VALUE overrides only")
+        if item.split("=", 1)[0] in ("data.manifest", "data.mixture"):  # the floor and the report read --shards
+            raise ConfigError(f"override {item!r}: bench reads the shards given by --shards; give them there")
     cfg = from_dict(DataConfig, apply_overrides({"data": base}, list(overrides or []))["data"], "data.")
     cfg.validate()
     return cfg
@@ -174,5 +181,15 @@ def bench(shards: str, seq_len: int = 512, batch_size: int = 16, workers: int = 
 
 
 if __name__ == "__main__":
-    _spec = json.loads(sys.argv[1])
-    print(json.dumps((loader_pass if _spec["kind"] == "loader" else memmap_pass)(_spec)))
+    from shards.errors import explain, run_cli
+
+    def _main() -> int:
+        spec = json.loads(sys.argv[1])
+        try:
+            print(json.dumps((loader_pass if spec["kind"] == "loader" else memmap_pass)(spec)))
+        except Exception as e:  # noqa: BLE001 - the parent reports the pass's failure in one line
+            print(f"{type(e).__name__}: {explain(e)}", file=sys.stderr)
+            return 1
+        return 0
+
+    run_cli(_main)

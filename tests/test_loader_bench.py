@@ -6,9 +6,10 @@ import io
 import json
 
 import numpy as np
+import pytest
 
 from loaders.__main__ import main
-from loaders.bench import write_flat
+from loaders.bench import run_pass, write_flat
 from shards import Manifest, TokenBlockWriter
 
 
@@ -65,3 +66,17 @@ def test_bench_takes_data_overrides_and_names_a_bad_one(tmp_path, capsys):
     assert "data.pack_window=0: must be >= 1" in capsys.readouterr().err
     assert main(["bench", "--shards", str(tmp_path), "cache.max_bytes=1"]) == 2
     assert "data.KEY=VALUE overrides only" in capsys.readouterr().err
+
+
+def test_bench_refuses_a_data_override_and_reports_unreadable_shards(tmp_path, capsys):
+    """``data.manifest=`` used to reach the timed pass only (the floor read --shards) and failed with the
+    pass's traceback; unreadable shards gave 0 tokens/s with the loader's log thrown away."""
+    _shards(tmp_path / "s", 50)
+    assert main(["bench", "--shards", str(tmp_path / "s"), "data.manifest=/nope"]) == 2
+    assert "bench reads the shards given by --shards" in capsys.readouterr().err
+    (tmp_path / "s" / "shard-000000.tar").unlink()
+    assert main(["bench", "--shards", str(tmp_path / "s"), "--seq-len", "64"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["loader"]["bad_documents"] == 50 and "shard-000000.tar cannot be read" in out.err
+    with pytest.raises(RuntimeError, match=r"^bench pass loader failed: FileNotFoundError: not found[^\n]*$"):
+        run_pass({"kind": "loader", "shards": str(tmp_path / "none"), "seq_len": 64, "batch_size": 2, "workers": 0})
