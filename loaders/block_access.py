@@ -168,6 +168,7 @@ class BlockShard:
         ahead = self._ahead.pop(b, None)
         got = ahead.result() if ahead is not None else self._decode(b, self._decoder)
         nxt = b + 1
+        self._settle_ahead(nxt)
         if nxt < len(self._suffix) and nxt not in self._blocks and nxt not in self._ahead:
             self._ahead[nxt] = _read_ahead_pool().submit(self._decode, nxt, self._ahead_decoder)
         self._blocks[b] = got
@@ -175,6 +176,21 @@ class BlockShard:
         while self._kept > ZSTD_KEEP_BYTES and len(self._blocks) > 1:
             self._kept -= self._blocks.popitem(last=False)[1].nbytes
         return got
+
+    def _settle_ahead(self, wanted: int) -> None:
+        """Read-aheads of blocks not asked for (other than ``wanted``, the next one) are cancelled when
+        not started, and join the kept blocks when finished, first in line to be dropped: left as
+        futures they would pile up, decompressed, beyond ``ZSTD_KEEP_BYTES`` (documents read from
+        blocks 0, 2, 4, ... read 1, 3, 5, ... ahead). A failed one is dropped: its block fails again,
+        naming it, if it is ever read."""
+        for k in [k for k, f in self._ahead.items() if k != wanted and (f.done() or f.cancel())]:
+            f = self._ahead.pop(k)
+            if f.cancelled():
+                continue
+            if f.exception() is None and k not in self._blocks:
+                self._blocks[k] = f.result()
+                self._blocks.move_to_end(k, last=False)
+                self._kept += self._blocks[k].nbytes
 
     def tokens(self, index: int) -> tuple[str, np.ndarray]:
         """``(key, tokens)`` of document ``index``: a read-only 1-D view (the manifest's dtype).

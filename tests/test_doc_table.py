@@ -146,3 +146,25 @@ def test_zstd_blocks_are_read_ahead_and_a_bad_one_is_still_named(tmp_path):
     pools, pool, off, length, ok = bad.locate(np.arange(len(bad)))
     assert not ok[blocks == 1].any() and ok[blocks != 1].all() and "cannot decode block 1" in bad.errors[-1]
     bad.close()
+
+
+def test_read_aheads_not_asked_for_stay_within_the_kept_bytes(tmp_path, monkeypatch):
+    """Documents read from blocks 0, 2, 4, ... read 1, 3, 5, ... ahead; those futures used to be kept,
+    decompressed, until the shard closed (the whole shard in memory, beyond ZSTD_KEEP_BYTES)."""
+    from loaders import block_access
+    rng = np.random.default_rng(5)
+    w = TokenBlockWriter(str(tmp_path / "s"), block_tokens=100, compression="zstd")
+    docs = [rng.integers(0, 4000, 50).astype(np.uint16) for _ in range(120)]
+    for i, toks in enumerate(docs):
+        w.add(f"d{i}", "t", toks)
+    m = Manifest(shards=w.close(), layout="token_blocks", token_dtype="uint16")
+    m.save(str(tmp_path / "s"))
+    monkeypatch.setattr(block_access, "ZSTD_KEEP_BYTES", 5 * 200)  # 5 blocks of 100 uint16 tokens
+    shard = _open(tmp_path / "s", m.shards[0], tmp_path / "index")
+    assert shard.docs.block.max() == 59
+    for b in range(0, 60, 2):
+        for i in np.flatnonzero(shard.docs.block == b).tolist():
+            np.testing.assert_array_equal(shard.tokens(i)[1], docs[i])
+        assert len(shard._ahead) <= 1 and len(shard._blocks) <= 6
+        assert shard._kept == sum(a.nbytes for a in shard._blocks.values()) <= 6 * 200
+    shard.close()
