@@ -30,8 +30,10 @@ class SmallestHashSample(beam.CombineFn):
     Items are ordered by ``(over the fraction, hash, text)``, so texts under the fraction come
     first and the others only fill a budget those left unused (and are dropped at the end when
     any text under the fraction exists). The prefix stops at the first text that does not fit
-    (the cutoff). A partial accumulator's cutoff also lies outside the global prefix (its partial
-    running total already exceeds the budget), so every partial trim keeps the global prefix and
+    (the cutoff); the first text is taken whatever its size (else a corpus whose first text is
+    larger than the budget had no sample). A partial accumulator's cutoff (never its first text)
+    also lies outside the global prefix (its partial running total already exceeds the budget,
+    and it sorts after the global first text), so every partial trim keeps the global prefix and
     records the smallest cutoff seen: the result is the same whatever the partitioning. Output:
     list of distinct texts in hash order.
     """
@@ -50,7 +52,7 @@ class SmallestHashSample(beam.CombineFn):
                 break
             if out and item == out[-1]:  # the same text twice counts once
                 continue
-            if total + item[3] > self.max_bytes:
+            if out and total + item[3] > self.max_bytes:  # the first text is taken whatever its size
                 cutoff = item[:3]
                 break
             out.append(item)
@@ -134,7 +136,7 @@ class SampleCutoff(beam.CombineFn):
                 before |= equal & (rows[name] < value)
                 equal &= rows[name] == value
             rows = rows[before]
-        stop = int(np.searchsorted(np.cumsum(rows["size"]), self.max_bytes, side="right"))
+        stop = max(1, int(np.searchsorted(np.cumsum(rows["size"]), self.max_bytes, side="right")))
         if stop < len(rows):  # the first row that does not fit
             cutoff = tuple(int(rows[name][stop]) for name in _KEY)
             rows = rows[:stop]

@@ -88,8 +88,8 @@ def test_tokenizer_sample_is_partition_independent(texts, split, budget):
     items = [(content_hash(t), t) for t in texts]
     fn = SmallestHashSample(budget)
     expected, used = [], 0
-    for _, text in sorted(set(items)):  # reference: hash-ordered prefix within the budget
-        if used + len(text.encode()) > budget:
+    for _, text in sorted(set(items)):  # reference: hash-ordered prefix within the budget (at least one text)
+        if expected and used + len(text.encode()) > budget:
             break
         expected.append(text)
         used += len(text.encode())

@@ -3,14 +3,16 @@ the texts it admits. The sample must be the one SmallestHashSample gives over ev
 no combine over the whole corpus may hold texts."""
 from __future__ import annotations
 
+import json
+
 import apache_beam as beam
 from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.cleaning import content_hash
-from pipelines.config import TokenizerConfig
-from pipelines.job import DirectRunner
+from pipelines.config import PipelineConfig, TokenizerConfig
+from pipelines.job import DirectRunner, run
 from pipelines.records import Doc
 from pipelines.sample import SampleCutoff, SmallestHashSample, sample_key
 from pipelines.tokenizer import build_model, train_sentencepiece
@@ -92,3 +94,19 @@ def test_two_step_sample_with_many_rows_per_partial():
     sample, admitted = _two_step(items, 40_000, 0.5, [10000])
     assert sample == expected and len(expected) > 1000
     assert len(expected) <= len(set(admitted)) <= len(expected) + 2  # + the texts of one hash: 'Line k', 'line k'
+
+
+def test_a_first_text_larger_than_the_budget_is_the_sample_not_none(tmp_path):
+    """The prefix used to stop before its first text when that text alone passed
+    ``sample_max_bytes``: no sample, and the job failed with 'no document reached the tokenizer'."""
+    texts = [f"a long document number {i} " * 8 for i in range(6)]
+    items = [(content_hash(t), t) for t in texts]
+    first = min(items)[1]
+    for cuts in ([], [2], [1, 4]):
+        sample, admitted = _two_step(items, 50, 1.0, cuts)
+        assert sample == [first] and len(admitted) == 2  # the sample and the text that ended it
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n"
+                                               for i, t in enumerate(texts)))
+    cfg = PipelineConfig()
+    cfg.tokenizer.vocab_size, cfg.tokenizer.sample_max_bytes = 300, 50
+    assert run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg)["total"]["kept"] == 6
