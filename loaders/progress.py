@@ -162,6 +162,8 @@ class Progress:
                                  f"positions [0, {p.num_samples}]")
             p.done.add(decode_positions(state["done"]))
             p.record_many(_partial_rows(state["partial"], p.num_samples))
+            if p.deal is not None:
+                _check_deal(p.deal, p.num_samples)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"loader state is malformed ({type(e).__name__}: {e}); resume from the checkpoint "
                              "as saved, or from an earlier one") from e
@@ -184,6 +186,16 @@ def _partial_rows(partial: list, num_samples: int) -> np.ndarray:
         raise ValueError(f"partial document at position {pos}, chunk {c} of {n}, is outside positions "
                          f"[0, {num_samples}) or chunks [0, n_chunks >= 2)")
     return rows
+
+
+def _check_deal(deal: dict, num_samples: int) -> None:
+    """Raises ``ValueError`` (or ``KeyError``/``TypeError``) unless :attr:`Progress.deal` holds a layout
+    of at least one rank and worker and a prefix and dealt positions inside the epoch."""
+    dealt = decode_positions(deal["done"])
+    if int(deal["world_size"]) < 1 or int(deal["workers"]) < 1 or not 0 <= int(deal["prefix"]) <= num_samples \
+            or (len(dealt) and (dealt[0] < 0 or dealt[-1] >= num_samples)):
+        raise ValueError(f"deal of world size {deal['world_size']} x {deal['workers']} workers from prefix "
+                         f"{deal['prefix']} is outside positions [0, {num_samples}]")
 
 
 def deal_fits(deal: dict | None, world_size: int, workers: int) -> bool:

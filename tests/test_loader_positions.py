@@ -97,6 +97,10 @@ def test_version_1_states_with_done_lists_still_load():
     ({"prefix": -5}, "prefix -5"),
     ({"epoch": -1}, "epoch -1"),
     ({"done": None}, "neither a list nor an encoded bitmap"),
+    # a deal past the epoch skipped the rest of it (prefix) or lost documents (done); was accepted
+    ({"deal": {"world_size": 1, "workers": 1, "prefix": 20, "done": []}}, "from prefix 20 is outside"),
+    ({"deal": {"world_size": 1, "workers": 1, "prefix": 0, "done": [12]}}, "deal of world size 1"),
+    ({"deal": {"world_size": 1, "workers": 1, "done": []}}, "KeyError: 'prefix'"),  # was a KeyError when dealt
 ])
 def test_hand_edited_states_are_refused_with_a_value_error(edit, match):
     good = {"version": 2, "epoch": 0, "order_key": {}, "num_samples": 10, "world_size": 1, "consumed": 0,
