@@ -41,9 +41,11 @@ def encode_npy(array: np.ndarray) -> bytes:
 
 
 def zstd_compress(data: bytes, level: int = ZSTD_LEVEL) -> bytes:
-    """Compress one member's bytes as a single zstd frame (content size in the frame header)."""
-    # content size is written into the frame so readers can size their buffer once
-    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+    """Compress one member's bytes as a single zstd frame (content size in the frame header, XXH64
+    content checksum at its end: RFC 8878 section 3.1.1)."""
+    # content size is written into the frame so readers can size their buffer once; the checksum
+    # makes a corrupt frame an error when decompressed (without it, flipped bytes decode to other tokens)
+    return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(data)
 
 
 def zstd_decompress(data: bytes) -> bytes:

@@ -168,3 +168,23 @@ def test_read_aheads_not_asked_for_stay_within_the_kept_bytes(tmp_path, monkeypa
         assert len(shard._ahead) <= 1 and len(shard._blocks) <= 6
         assert shard._kept == sum(a.nbytes for a in shard._blocks.values()) <= 6 * 200
     shard.close()
+
+
+def test_a_flipped_byte_in_a_zstd_block_is_an_error_not_other_tokens(tmp_path):
+    """zstd frames were written without a content checksum, so bytes flipped inside a block's
+    compressed tokens decoded, silently, to other tokens."""
+    from shards import ShardError
+    m, docs = _write(tmp_path / "shards", "zstd")
+    info = m.shards[0]
+    shard = _open(tmp_path / "shards", info, tmp_path / "index")
+    at, size = int(shard._offset[0]), int(shard._size[0])
+    shard.close()
+    path = tmp_path / "shards" / info.name
+    raw = bytearray(path.read_bytes())
+    raw[at + size // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+    bad = BlockShard(str(path), info.samples, None, None, None, "uint16", info.documents)
+    first = int(np.flatnonzero(bad.docs.block == 0)[0])
+    with pytest.raises(ShardError, match="cannot decode block 0.*checksum"):
+        bad.tokens(first)
+    bad.close()
