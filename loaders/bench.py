@@ -10,7 +10,7 @@ so its peak RSS is its own; workers' peak RSS is reported apart (the largest wor
 * ``real_token_fraction``: document tokens / batch slots (B x T);
 * ``bad_documents`` / ``empty_documents``: documents skipped as unreadable (logged) / without tokens;
 * ``transfer_bytes_per_batch``: pickled size of a batch as a worker sends it, and its ratio to a
-  ``uint16 [B, T + 1]`` tensor (``transfer_vs_uint16``).
+  ``uint16 [rows, T + 1]`` tensor of the same batches (``transfer_vs_uint16``).
 
 ``--baseline memmap`` also times the physical floor in the same run: the same tokens copied
 into one flat ``uint16`` file (as Megatron's indexed dataset or nanoGPT store them) read as
@@ -64,10 +64,12 @@ def loader_pass(spec: dict) -> dict:
     if cache is not None:
         cache.close()
     per_batch = float(np.mean(sizes)) if sizes else 0.0
+    # against the batches' own uint16 [rows, T + 1] tensors (token-budget batches vary in rows)
+    tensor_bytes = float(np.mean([2 * b.shape[0] * (b.shape[1] + 1) for b in kept])) if kept else 0.0
     metrics = loader.metrics()
     return {"tokens_per_s": tokens / dt, "first_batch_s": first, "seconds": dt, "batches": batches, "tokens": tokens,
             "real_token_fraction": tokens / slots if slots else 0.0, "transfer_bytes_per_batch": per_batch,
-            "transfer_vs_uint16": per_batch / (2 * spec["batch_size"] * (spec["seq_len"] + 1)),
+            "transfer_vs_uint16": per_batch / tensor_bytes if kept else 0.0,
             "peak_rss_mb": peak_rss_mb(), "workers_peak_rss_mb": metrics["workers_peak_rss_mb"],
             "bad_documents": metrics["bad"], "empty_documents": metrics["empty"]}
 
