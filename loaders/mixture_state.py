@@ -19,7 +19,7 @@ import numpy as np
 
 from .mixture_plan import MixturePlan
 from .positions import decode_positions, encode_positions
-from .progress import Progress
+from .progress import Progress, partial_rows
 
 STATE_KIND = "mixture"
 STATE_VERSION = 2  # 2: per-source done items as a compressed bitmap (1: a list; still read)
@@ -89,11 +89,9 @@ def read_sources(state: dict, names: list[str]) -> list[dict]:
             raise ValueError(f"sources {got} are not this mixture's {names}")
         sources = [{**s, "cursor": int(s["cursor"]), "done": decode_positions(s["done"])} for s in state["sources"]]
         for s in sources:
-            rows = [(int(i), int(c), int(n)) for i, n, chunks in s["partial"] for c in chunks]
-            if s["cursor"] < 0 or (len(s["done"]) and s["done"][0] < 0) or any(i < 0 or n < 2 or not 0 <= c < n
-                                                                          for i, c, n in rows):
-                raise ValueError(f"source {s['name']!r}: a negative cursor or item, or a partial chunk outside "
-                                 "[0, n_chunks >= 2)")
+            if s["cursor"] < 0 or (len(s["done"]) and s["done"][0] < 0):
+                raise ValueError(f"source {s['name']!r}: a negative cursor or item")
+            partial_rows(s["partial"])  # raises on a negative item or a chunk outside [0, n_chunks >= 2)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"mixture loader state is malformed ({type(e).__name__}: {e}); resume from the "
                          "checkpoint as saved, or from an earlier one") from e

@@ -161,7 +161,7 @@ class Progress:
                 raise ValueError(f"epoch {p.epoch} or prefix {state['prefix']} is outside epochs >= 0 and "
                                  f"positions [0, {p.num_samples}]")
             p.done.add(decode_positions(state["done"]))
-            p.record_many(_partial_rows(state["partial"], p.num_samples))
+            p.record_many(partial_rows(state["partial"], p.num_samples))
             if p.deal is not None:
                 _check_deal(p.deal, p.num_samples)
         except (KeyError, TypeError, ValueError) as e:
@@ -170,8 +170,10 @@ class Progress:
         return p
 
 
-def _partial_rows(partial: list, num_samples: int) -> np.ndarray:
-    """``int64 [k, 3]`` rows ``(position, chunk, n_chunks)`` of a saved state's ``partial`` list.
+def partial_rows(partial: list, num_samples: int | None = None) -> np.ndarray:
+    """``int64 [k, 3]`` rows ``(position, chunk, n_chunks)`` of a saved state's ``partial`` list
+    (``[[position, n_chunks, [chunk, ...]], ...]``; a mixture source's items have no upper bound:
+    ``num_samples=None``).
 
     Raises:
         ValueError: a position outside ``[0, num_samples)``, fewer than 2 chunks, or a chunk index
@@ -179,12 +181,12 @@ def _partial_rows(partial: list, num_samples: int) -> np.ndarray:
     """
     rows = np.array([(int(pos), int(c), int(n)) for pos, n, chunks in partial for c in chunks],
                     np.int64).reshape(-1, 3)
-    bad = (rows[:, 0] < 0) | (rows[:, 0] >= num_samples) | (rows[:, 2] < 2) | (rows[:, 1] < 0) | \
-        (rows[:, 1] >= rows[:, 2])
+    past = rows[:, 0] >= num_samples if num_samples is not None else False
+    bad = (rows[:, 0] < 0) | past | (rows[:, 2] < 2) | (rows[:, 1] < 0) | (rows[:, 1] >= rows[:, 2])
     if bad.any():
         pos, c, n = rows[int(np.argmax(bad))].tolist()
-        raise ValueError(f"partial document at position {pos}, chunk {c} of {n}, is outside positions "
-                         f"[0, {num_samples}) or chunks [0, n_chunks >= 2)")
+        raise ValueError(f"partial chunk {c} of {n} at position {pos} is outside positions "
+                         f"[0, {num_samples or 'any'}) or chunks [0, n_chunks >= 2)")
     return rows
 
 
