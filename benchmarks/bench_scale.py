@@ -45,7 +45,7 @@ from pipelines.corpus import write_corpus  # noqa: E402
 from pipelines.local_engines import SPILL_TARGET, child_env, peak_rss_bytes, start_dask  # noqa: E402
 
 FIXED_FRACTION = 0.005  # of the demo corpus: the fixed-cost run's input (about 0.1 MB)
-SPILL_LIMIT = "500MB"  # dask-spill's per-worker --memory-limit: 50 MB of results kept in memory (SPILL_TARGET)
+SPILL_LIMIT = "250MB"  # dask-spill's per-worker --memory-limit: 25 MB of results kept in memory (SPILL_TARGET)
 
 
 def _cpu_s(pid: int) -> float:

@@ -12,35 +12,25 @@ pickling it again. Elements exist as objects only inside the task that uses them
 the stages of Beam's own portable workers (which hold encoded elements).
 
 Every bag built by :class:`pipelines.dask_runner._Translator` has ``bytes`` partitions
-(:func:`encode` of a list); dask's own bag operations that look into partitions
-(``groupby``, ``repartition``, ``compute`` of the elements) do not apply to them, hence
-:func:`shuffle` and :func:`spread`.
+(:mod:`pipelines.frames`: frames of ``CHUNK_ELEMENTS`` pickled elements), which tasks read and
+write a frame at a time, so a task's elements exist as objects a chunk at a time (its input and
+output as whole lists of objects made a ParDo's task several times its partition's size). A
+group's partitions are the lists of shuffled pieces that hold its keys (:func:`shuffle`): the
+ParDo after it groups them as it reads (:func:`group_pieces`); other consumers get them
+encoded (:func:`group`). Dask's own bag operations that look into partitions (``groupby``,
+``repartition``, ``compute`` of the elements) do not apply to them, hence :func:`shuffle` and
+:func:`spread`.
 """
 from __future__ import annotations
 
 import math
-import pickle
 
 import dask.bag as db
 from apache_beam.runners.dask.transform_evaluator import defenestrate
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-
-def encode(values: list) -> bytes:
-    """One partition's elements as bytes (pickle, highest protocol: the job's elements are
-    picklable, as Beam requires of every element it may move between workers)."""
-    return pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def decode(part: bytes) -> list:
-    """The elements of a partition made by :func:`encode`."""
-    return pickle.loads(part)
-
-
-def encode_list(values) -> bytes:
-    """:func:`encode` of any iterable partition (``from_sequence`` gives lists)."""
-    return encode(list(values))
+from .frames import PartWriter, decode, decode_list, encode
 
 
 def _key_hash(key) -> int:
@@ -56,25 +46,36 @@ def _key_hash(key) -> int:
 def _split_by_key(part: bytes, n: int) -> tuple:
     """``(key, value)`` elements of one partition → ``n`` encoded pieces of ``(key, value)`` by key
     hash, values unwrapped from Beam's ``WindowedValue`` (a third fewer objects to decode)."""
-    pieces: list[list] = [[] for _ in range(n)]
+    pieces = [PartWriter() for _ in range(n)]
     for key, value in decode(part):
         pieces[_key_hash(key) % n].append((key, defenestrate(value)))
-    return tuple(encode(p) for p in pieces)
+    return tuple(p.getvalue() for p in pieces)
 
 
-def _group(pieces: list) -> bytes:
-    """Pieces of one output partition → encoded ``(key, [values])``, keys in order of first
-    appearance, pieces in input order."""
+def group_pieces(pieces: list):
+    """Pieces of one group output partition → ``(key, [values])`` per key (a generator), keys in
+    order of first appearance, values in piece order. Each key's values are released as the
+    consumer moves on to the next key."""
     grouped: dict = {}
     for piece in pieces:
         for key, value in decode(piece):
             grouped.setdefault(key, []).append(value)
-    return encode(list(grouped.items()))
+    for key in list(grouped):
+        yield key, grouped.pop(key)
+
+
+def group(pieces: list) -> bytes:
+    """:func:`group_pieces` encoded: the partition of a group for consumers that read bytes."""
+    return encode(group_pieces(pieces))
+
+
+def _pieces(pieces: list) -> list:
+    return pieces
 
 
 def _split_even(part: bytes, n: int) -> tuple:
     """One partition → ``n`` encoded contiguous pieces of (almost) equal length."""
-    items = decode(part)
+    items = decode_list(part)
     size = -(-len(items) // n) if items else 0
     return tuple(encode(items[i * size:(i + 1) * size]) for i in range(n))
 
@@ -112,21 +113,21 @@ def _split_routed(part: bytes, n: int, g: int) -> tuple:
     """Stage 1 of a two-stage shuffle: ``(key, value)`` elements → ``g`` encoded pieces of
     ``(output partition j, (key, value))`` by the last digit of ``j = hash % n`` in base ``g``
     (values unwrapped as by :func:`_split_by_key`)."""
-    pieces: list[list] = [[] for _ in range(g)]
+    pieces = [PartWriter() for _ in range(g)]
     for key, value in decode(part):
         j = _key_hash(key) % n
         pieces[j % g].append((j, (key, defenestrate(value))))
-    return tuple(encode(p) for p in pieces)
+    return tuple(p.getvalue() for p in pieces)
 
 
 def _join_split(pieces: list, g: int, a: int) -> tuple:
     """Stage 2 of a two-stage shuffle: the stage-1 pieces of one block of inputs → ``a`` encoded
     pieces of elements by the first digit of their output partition ``j`` (``j // g``)."""
-    out: list[list] = [[] for _ in range(a)]
+    out = [PartWriter() for _ in range(a)]
     for piece in pieces:
         for j, item in decode(piece):
             out[j // g].append(item)
-    return tuple(encode(p) for p in out)
+    return tuple(p.getvalue() for p in out)
 
 
 def _two_stage(bag, n: int, prefix: str) -> db.Bag:
@@ -153,19 +154,23 @@ def _two_stage(bag, n: int, prefix: str) -> db.Bag:
             for x in range(a):
                 dsk[(pick2, k, b, x)] = (_pick, (mid, k, b), x)
     for j in range(n):
-        dsk[(out, j)] = (_group, [(pick2, k, j % g, j // g) for k in range(blocks)])
+        dsk[(out, j)] = (_pieces, [(pick2, k, j % g, j // g) for k in range(blocks)])
     return db.Bag(HighLevelGraph.from_collections(out, dsk, dependencies=[bag]), out, n)
 
 
 def shuffle(bag, n: int, prefix: str = "shuffle") -> db.Bag:
-    """Group a bag of encoded ``(key, value)`` partitions by key into ``n`` partitions of encoded
-    ``(key, [values])`` (Beam's ``GroupByKey``), as dask's task shuffle does: in one stage of
+    """Group a bag of encoded ``(key, value)`` partitions by key into ``n`` *group partitions*
+    (Beam's ``GroupByKey``): each the list of encoded pieces of ``(key, value)`` that holds every
+    value of its keys, which :func:`group_pieces` reads as ``(key, [values])`` (or :func:`group`
+    encodes). The pieces are not regrouped into new bytes, so a consumer holds a key's values
+    once as objects, beside the pieces dask holds anyway, not also as a second encoding and its
+    copy. Moved as dask's task shuffle does: in one stage of
     ``partitions × n`` small tasks, or in two (:func:`_two_stage`) when that is more than
     ``ONE_STAGE_PIECES`` (per-task costs, the scheduler's and each worker's, grew with the
     square of the partition count). A key's values are held together only in its output task."""
     if bag.npartitions * n > ONE_STAGE_PIECES and n > TWO_STAGE_MIN_OUTPUTS:
         return _two_stage(bag, n, prefix)
-    return _pieces_bag(bag, n, _split_by_key, (n,), _group, prefix,
+    return _pieces_bag(bag, n, _split_by_key, (n,), _pieces, prefix,
                        lambda j: [(i, j) for i in range(bag.npartitions)])
 
 

@@ -25,8 +25,10 @@ repartitions the bag (Beam's translation leaves it a no-op, so a job that starts
 pattern ran in one task).
 
 Every partition is held between tasks as pickled bytes (:mod:`pipelines.dask_parts`, which
-says why: held Python objects fragmented the worker's heap to several times what was live), so
-groups and ``Reshuffle`` use its own task shuffle (keys hashed with ``dask.base.tokenize``, the
+says why: held Python objects fragmented the worker's heap to several times what was live),
+read and written a frame of elements at a time (a ParDo after a group reads the group's
+shuffled pieces without their being encoded again). Groups and ``Reshuffle`` therefore use its
+own task shuffle (keys hashed with ``dask.base.tokenize``, the
 same in every worker process) and spread instead of dask's, which look into partitions.
 
 Costs that grow with the corpus are kept to what the job itself needs: the partition count
@@ -65,7 +67,9 @@ from apache_beam.runners.dask.transform_evaluator import get_windowed_value
 from apache_beam.transforms.combiners import LiftedCombinePerKey
 from apache_beam.transforms.sideinputs import SideInputMap
 
-from .dask_parts import decode, encode, encode_list, shuffle, spread
+from .dask_parts import group, group_pieces, shuffle, spread
+from .dask_trim import PLUGIN_NAME, TrimMemory
+from .frames import PartWriter, decode, decode_list, encode
 
 MIN_PARTITIONS = 4  # a Reshuffle spreads over at least this many bag partitions
 PARTITION_BYTES = 4_000_000  # input bytes per bag partition: a task's share stays this size as the corpus grows
@@ -85,24 +89,24 @@ def partition_count(requested: int | None, threads: int, input_bytes: int) -> in
 
 
 class _TagReceiver(Receiver):
-    """Appends each element a DoFn emits on one tag to that tag's list."""
+    """Appends each element a DoFn emits on one tag to that tag's :class:`PartWriter`."""
 
-    def __init__(self, values: list):
-        self.values = values
+    def __init__(self, writer: PartWriter):
+        self.writer = writer
 
     def receive(self, windowed_value):
-        self.values.append(windowed_value.value)
+        self.writer.append(windowed_value.value)
 
 
 class _Receivers(dict):
-    """Tag (``None``: main output) → receiver; ``out`` maps each tag to the values emitted on it."""
+    """Tag (``None``: main output) → receiver; ``out`` maps each tag to the writer of the values emitted on it."""
 
     def __init__(self, out: dict):
         super().__init__()
         self.out = out
 
     def __missing__(self, tag):
-        self[tag] = _TagReceiver(self.out.setdefault(tag, []))
+        self[tag] = _TagReceiver(self.out.setdefault(tag, PartWriter()))
         return self[tag]
 
 
@@ -120,8 +124,9 @@ def _set_up_fn(fn, key: tuple):
         return _SET_UP.get(key, (fn, None))
 
 
-def _run_bundle(part: bytes, fn, args, kwargs, step, run_id, window_fn, views, *side_values) -> dict:
-    """Run DoFn ``fn`` (of Beam step ``step``, full label) over one encoded bag partition as one bundle.
+def _run_bundle(part, grouped: bool, fn, args, kwargs, step, run_id, window_fn, views, *side_values) -> dict:
+    """Run DoFn ``fn`` (of Beam step ``step``, full label) over one bag partition as one bundle:
+    encoded elements, or with ``grouped`` a group partition (:func:`pipelines.dask_parts.shuffle`).
 
     ``views`` are ``(view class, view options, window mapping fn)`` per side input and
     ``side_values`` the matching fully computed side-input element lists. Returns, per output
@@ -155,7 +160,7 @@ def _run_bundle(part: bytes, fn, args, kwargs, step, run_id, window_fn, views, *
             with _SET_UP_LOCK:
                 _SET_UP[key] = fn, after_setup
         invoker.invoke_start_bundle()
-        for item in decode(part):
+        for item in group_pieces(part) if grouped else decode(part):
             invoker.invoke_process(get_windowed_value(item, window_fn))
         invoker.invoke_finish_bundle()
     except BaseException:
@@ -164,7 +169,7 @@ def _run_bundle(part: bytes, fn, args, kwargs, step, run_id, window_fn, views, *
         raise
     vars(fn).clear()
     vars(fn).update(after_setup)
-    return {tag: encode(values) for tag, values in out.items()}
+    return {tag: writer.getvalue() for tag, writer in out.items()}
 
 
 _EMPTY = encode([])
@@ -200,7 +205,7 @@ def _single_key(node) -> bool:
 
 
 def _join_parts(*parts: bytes) -> bytes:
-    return encode([x for part in parts for x in decode(part)])
+    return b"".join(parts)  # frames concatenate
 
 
 def _flatten(bags: list, name: str):
@@ -240,21 +245,35 @@ class _LiftCombines(PTransformOverride):
 
 @dataclasses.dataclass
 class _Translator(PipelineVisitor):
-    """Builds one ``dask.bag`` per PCollection; ``sinks`` collects those nothing consumes."""
+    """Builds one ``dask.bag`` per PCollection; ``sinks`` collects those nothing consumes.
+    ``grouped`` holds the PCollections whose bags have group partitions (a ``GroupByKey``'s
+    output, :func:`pipelines.dask_parts.shuffle`): a ParDo reads them as they are, any other
+    consumer through :meth:`_encoded`."""
 
     partitions: int
     run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)  # keys reused DoFns per run
     bags: dict = dataclasses.field(default_factory=dict)
     consumed: set = dataclasses.field(default_factory=set)
+    grouped: set = dataclasses.field(default_factory=set)
+    encoded: dict = dataclasses.field(default_factory=dict)
+
+    def _encoded(self, pcoll):
+        """The bag of ``pcoll`` with encoded partitions (a group's encoded once, on first use)."""
+        if pcoll not in self.grouped:
+            return self.bags[pcoll]
+        if pcoll not in self.encoded:
+            self.encoded[pcoll] = self.bags[pcoll].map_partitions(group, token=f"{_task_name(pcoll.producer.full_label)}.encode")
+        return self.encoded[pcoll]
 
     def visit_transform(self, node) -> None:
         transform = node.transform
-        inputs = [self.bags[p] for p in node.inputs if not isinstance(p, pvalue.PBegin)]
-        self.consumed.update(p for p in node.inputs if not isinstance(p, pvalue.PBegin))
+        sources = [p for p in node.inputs if not isinstance(p, pvalue.PBegin)]
+        self.consumed.update(sources)
+        inputs = [self._encoded(p) for p in sources]
         if isinstance(transform, _Create):
             values = list(transform.values)
             bag = db.from_sequence(values, npartitions=max(1, min(len(values), self.partitions))).map_partitions(
-                encode_list, token=_task_name(node.full_label))
+                encode, token=_task_name(node.full_label))
         elif isinstance(transform, _Flatten):
             bag = _flatten(inputs, _task_name(node.full_label))
         elif isinstance(transform, _GroupByKeyOnly):
@@ -262,9 +281,15 @@ class _Translator(PipelineVisitor):
         elif isinstance(transform, _Reshuffle):
             bag = spread(inputs[0], self.partitions, _task_name(node.full_label))
         elif type(transform) is beam.ParDo:
-            bag = self._pardo(node, inputs[0])
-        else:  # _GroupAlsoByWindow and the like: identity in the global window
-            bag = inputs[0] if inputs else None
+            bag = self._pardo(node, sources[0])
+        elif sources:  # _GroupAlsoByWindow and the like: identity in the global window
+            bag = self.bags[sources[0]]
+            if sources[0] in self.grouped:
+                self.grouped.update(node.outputs.values())
+        else:
+            bag = None
+        if isinstance(transform, _GroupByKeyOnly):
+            self.grouped.update(node.outputs.values())
         if type(transform) is not beam.ParDo:
             self.bags.update((pcoll, bag) for pcoll in node.outputs.values())
             return
@@ -277,7 +302,7 @@ class _Translator(PipelineVisitor):
             self.bags[pcoll] = tagged[tag] if tag is not None else bag.map_partitions(
                 _select, None, *tagged.values(), token=_task_name(node.full_label, "main"))
 
-    def _pardo(self, node, bag):
+    def _pardo(self, node, source):
         transform = node.transform
         args, kwargs = transform.args, transform.kwargs  # side inputs as placeholders
         main = next(iter(node.main_inputs.values()))
@@ -287,8 +312,8 @@ class _Translator(PipelineVisitor):
             views.append((type(si), si._view_options(), si._window_mapping_fn))
             # one graph node per side input, computed once (fault 4); not optimised on its own,
             # which would fuse a renamed copy of everything upstream into it
-            values.append(self.bags[si.pvalue].reduction(decode, _concat).to_delayed(optimize_graph=False))
-        return bag.map_partitions(_run_bundle, transform.fn, list(args), kwargs, node.full_label, self.run_id,
+            values.append(self._encoded(si.pvalue).reduction(decode_list, _concat).to_delayed(optimize_graph=False))
+        return self.bags[source].map_partitions(_run_bundle, source in self.grouped, transform.fn, list(args), kwargs, node.full_label, self.run_id,
                                   main.windowing.windowfn, views, *values, token=_task_name(node.full_label))
 
     def sinks(self):
@@ -319,13 +344,14 @@ class ColaflowDaskRunner(DaskRunner):
         self.input_bytes = input_bytes
 
     def run_pipeline(self, pipeline, options):
-        """Translate ``pipeline`` into one ``dask.bag`` graph and submit it to the cluster; returns a
-        result whose ``wait_until_finish`` raises the first task error and then closes the client."""
+        """Translate ``pipeline`` into one ``dask.bag`` graph and submit it to the cluster (whose
+        workers get the :class:`pipelines.dask_trim.TrimMemory` plugin); returns a result whose ``wait_until_finish`` raises the first task error and then closes the client."""
         import dask.distributed as ddist
 
         dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True, current_only=True)
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
         client = ddist.Client(**dask_options)
+        client.register_plugin(TrimMemory(), name=PLUGIN_NAME)
         threads = sum(client.nthreads().values())
         pipeline.replace_all([_LiftCombines()] + dask_overrides())
         translator = _Translator(partition_count(bag_kwargs.get("npartitions"), threads, self.input_bytes))

@@ -1,8 +1,9 @@
 """Writing shards deterministically, then the manifest, tokenizer and ``stats.json``.
 
 Assignment: a sample goes to bucket ``sha256(key) mod N`` where ``N`` derives from the
-total encoded size (a singleton side input); each bucket is grouped, sorted by key and
-written as one tar under a temporary name by a DoFn (``_tmp_buckets/bucket-NNNNNN``, no
+total encoded size (a singleton side input). Each bundle sorts its samples of a bucket by key
+into one run (:class:`AssignBucketsFn`); each bucket's runs are grouped, merged in key order
+and written as one tar under a temporary name by a DoFn (``_tmp_buckets/bucket-NNNNNN``, no
 ``.tar`` suffix, so a killed job leaves nothing that looks like a shard). Each attempt at a
 bucket writes its own ``bucket-NNNNNN.<random hex>.partial`` and renames it into place
 (:class:`shards.TarShardWriter`), so a retried or speculative attempt of the same bucket on a
@@ -17,6 +18,7 @@ in a local temporary folder and uploaded when the output is remote.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import math
 import os
@@ -34,6 +36,7 @@ from shards.index import WIDS_FILE, build_shard_index, dali_index_path, wids_ind
 
 from .cleaning import stable_bucket
 from .config import ShardsConfig
+from .frames import decode, encode
 from .records import Doc
 from .splits import VAL, VAL_DIR, split_entry
 from .stats import EVENTS, aggregate, event
@@ -100,6 +103,57 @@ def assign_bucket(sample, total_bytes: int, cfg: ShardsConfig):
     return stable_bucket(sample[0], num_buckets(total_bytes, cfg)), sample
 
 
+def sample_order(sample) -> tuple[str, bytes]:
+    """Where a sample of :func:`encode_sample` goes in its shard: by key, then metadata."""
+    return sample[0], sample[1]["json"]
+
+
+RUN_FRAME_SAMPLES = 32  # samples per frame of a run: the writer holds one frame of each run as objects
+RUN_BUFFER_BYTES = 32 << 20  # encoded bytes a bundle buffers before it emits its runs early
+
+
+class AssignBucketsFn(beam.DoFn):
+    """Batches of :func:`encode_sample` samples → ``(bucket, run)`` per bucket, once per bundle:
+    the bundle's samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`,
+    encoded as frames of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.frames.encode`). A bundle that
+    buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`) emits its runs early and
+    starts new ones, so a runner with large bundles (the DirectRunner's can be the whole
+    corpus) never holds more than that as objects here.
+
+    Why runs: :class:`WriteBucketFn` merges a bucket's runs, reading one frame of each at a
+    time, so it holds the bucket as bytes, not as one object tree per sample (a shard of
+    52,000 short documents as objects was a Dask worker's largest task at 16× the demo
+    corpus), and the group moves one element per bundle and bucket instead of one per
+    document. Process arguments: ``total_bytes`` (the side input of encoded bytes) and ``cfg``.
+    """
+
+    def start_bundle(self):
+        """Start empty runs."""
+        self._runs: dict[int, list] = {}
+        self._buffered = 0
+
+    def process(self, batch: list, total_bytes: int, cfg: ShardsConfig):
+        """Add each sample of ``batch`` to its bucket's run; emits the runs only past ``RUN_BUFFER_BYTES``."""
+        for sample in batch:
+            bucket, _ = assign_bucket(sample, total_bytes, cfg)
+            self._runs.setdefault(bucket, []).append(sample)
+            self._buffered += encoded_size(sample)
+        if self._buffered > RUN_BUFFER_BYTES:
+            yield from self._emit()
+
+    def finish_bundle(self):
+        """Emit the runs left, in bucket order."""
+        for run in self._emit():
+            yield beam.transforms.window.GlobalWindows.windowed_value(run)
+
+    def _emit(self):
+        runs, self._runs, self._buffered = self._runs, {}, 0
+        for bucket in sorted(runs):
+            samples = runs.pop(bucket)
+            samples.sort(key=sample_order)
+            yield bucket, encode(samples, RUN_FRAME_SAMPLES)
+
+
 def bucket_name(bucket: int) -> str:
     """Temporary file name of a bucket's tar before the commit renames it to a shard."""
     return f"bucket-{bucket:06d}"
@@ -115,9 +169,11 @@ def _fs(url: str):
 
 
 class WriteBucketFn(beam.DoFn):
-    """``(bucket, samples)`` → ``(bucket, ShardInfo, ShardIndex | None)`` of a tar under ``OUT/_tmp_buckets/``.
+    """``(bucket, runs)`` → ``(bucket, ShardInfo, ShardIndex | None)`` of a tar under ``OUT/_tmp_buckets/``.
 
-    Samples are written sorted by key; a key seen twice (two documents with the same id but
+    ``runs`` are encoded runs of samples, each sorted by :func:`sample_order`
+    (:class:`AssignBucketsFn`); they are merged, so samples are written sorted by key and only
+    one frame of each run exists as objects at a time. A key seen twice (two documents with the same id but
     different text) keeps the first in sort order and emits ``filtered:duplicate_id`` for the
     other. Emits ``kept``, ``tokens`` and ``text_bytes`` events per source. With ``write_index``
     the DALI ``.idx`` is built here, in parallel, from the file just written. Documents encoded
@@ -129,10 +185,10 @@ class WriteBucketFn(beam.DoFn):
         self.compression, self.block_tokens = compression, block_tokens
 
     def process(self, item):
-        """Write one bucket's samples (sorted by key) into one tar (token blocks or one sample per
+        """Write one bucket's runs, merged by key, into one tar (token blocks or one sample per
         document); yields ``(bucket, ShardInfo, index)`` and ``kept``/``tokens``/length events."""
-        bucket, samples = item
-        samples = sorted(samples, key=lambda s: (s[0], s[1]["json"]))
+        bucket, runs = item
+        samples = heapq.merge(*(decode(run) for run in runs), key=sample_order)
         fs, root = _fs(self.output_dir)
         name = bucket_name(bucket)
         local = isinstance(fs, LocalFileSystem)
@@ -250,11 +306,6 @@ def _encode_batch(batch: list, store_text: bool, layout: str) -> list:
     return [encode_sample(item, store_text, layout) for item in batch]
 
 
-def _assign_batch(batch: list, total_bytes: int, cfg: ShardsConfig):
-    for sample in batch:
-        yield assign_bucket(sample, total_bytes, cfg)
-
-
 class WriteShards(beam.PTransform):
     """``PCollection[list[(Doc, tokens)]]`` (batches) → ``(bucket, ShardInfo, ShardIndex | None)`` per
     bucket (tag ``events``). Samples travel in batches up to the bucket assignment, which needs the
@@ -274,7 +325,7 @@ class WriteShards(beam.PTransform):
         total = (samples | "Size" >> beam.Map(lambda batch: sum(encoded_size(s) for s in batch))
                  | "TotalSize" >> beam.CombineGlobally(sum))
         return (samples
-                | "Assign" >> beam.FlatMap(_assign_batch, beam.pvalue.AsSingleton(total), self.cfg)
+                | "Assign" >> beam.ParDo(AssignBucketsFn(), beam.pvalue.AsSingleton(total), self.cfg)
                 | "GroupBucket" >> beam.GroupByKey()
                 | "WriteBucket" >> beam.ParDo(WriteBucketFn(self.output_dir, self.cfg.write_index, self.cfg.compression,
                                                             self.cfg.block_tokens)).with_outputs(EVENTS, main="shards"))

@@ -4,9 +4,13 @@ colaflow's worker settings (:func:`pipelines.local_engines.dask_spill_env`) on a
 and 2 workers on 127.0.0.1."""
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
+import subprocess
 import sys
+import types
 import uuid
 
 import apache_beam as beam
@@ -21,7 +25,9 @@ pytest.importorskip("distributed")
 import dask.bag as db  # noqa: E402
 from distributed import Client  # noqa: E402
 
-from pipelines.dask_parts import decode, encode, encode_list, shuffle, spread  # noqa: E402
+from pipelines.dask_parts import group, shuffle, spread  # noqa: E402
+from pipelines.dask_trim import PLUGIN_NAME, TrimMemory  # noqa: E402
+from pipelines.frames import CHUNK_ELEMENTS, PartWriter, decode, decode_list, encode  # noqa: E402
 from apache_beam.pipeline import PipelineVisitor  # noqa: E402
 from apache_beam.runners.dask.overrides import _GroupByKeyOnly, dask_overrides  # noqa: E402
 from pipelines.dask_runner import ColaflowDaskRunner, _flatten, _LiftCombines, _single_key  # noqa: E402
@@ -31,15 +37,15 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers canno
 
 
 def _partitions(bag) -> list[list]:
-    return [decode(part) for part in dask.compute(*bag.to_delayed(optimize_graph=False), scheduler="sync")]
+    return [decode_list(part) for part in dask.compute(*bag.to_delayed(optimize_graph=False), scheduler="sync")]
 
 
 @settings(max_examples=40, deadline=None)
 @given(pairs=st.lists(st.tuples(st.sampled_from(["a", "b", "c", 7, (1, "x")]), st.integers()), max_size=60),
        parts=st.integers(1, 14), n=st.integers(1, 14))
 def test_shuffle_groups_every_value_under_its_key_in_one_partition(pairs, parts, n):
-    bag = db.from_sequence(pairs, npartitions=parts).map_partitions(encode_list)
-    out = _partitions(shuffle(bag, n))
+    bag = db.from_sequence(pairs, npartitions=parts).map_partitions(encode)
+    out = _partitions(shuffle(bag, n).map_partitions(group))
     assert len(out) == n
     grouped = [kv for part in out for kv in part]
     keys = [k for k, _ in grouped]
@@ -53,33 +59,33 @@ def test_shuffle_groups_every_value_under_its_key_in_one_partition(pairs, parts,
 @settings(max_examples=40, deadline=None)
 @given(items=st.lists(st.integers(), max_size=50), parts=st.integers(1, 4), n=st.integers(1, 9))
 def test_spread_keeps_every_element_in_order_over_at_least_n_partitions(items, parts, n):
-    bag = db.from_sequence(items, npartitions=parts).map_partitions(encode_list)
+    bag = db.from_sequence(items, npartitions=parts).map_partitions(encode)
     out = _partitions(spread(bag, n))
     assert len(out) >= n
     assert [x for part in out for x in part] == items
 
 
 def test_large_shuffles_take_two_stages_of_few_pieces():
-    bag = db.from_sequence(range(100), npartitions=40).map_partitions(encode_list)
+    bag = db.from_sequence(range(100), npartitions=40).map_partitions(encode)
     pairs = bag.map_partitions(lambda part: encode([(x % 13, x) for x in decode(part)]))
     out = shuffle(pairs, 40)
     pieces = [k for k in dict(out.__dask_graph__()) if "-piece" in str(k[0])]
     assert 0 < len(pieces) <= 2 * 40 * 7 < 40 * 40  # 2 x partitions x ceil(sqrt(40)), not 40 x 40
-    grouped = [kv for part in _partitions(out) for kv in part]
+    grouped = [kv for part in _partitions(out.map_partitions(group)) for kv in part]
     assert sorted((k, sorted(vs)) for k, vs in grouped) == [(k, list(range(k, 100, 13))) for k in range(13)]
 
 
 @pytest.mark.parametrize("n", [12, 40])
 def test_int_keys_below_the_partition_count_get_a_partition_each(n):
     # shard buckets 0..9: one bucket per group task, so no task holds two shards' samples
-    bag = db.from_sequence([(b, i) for i in range(5) for b in range(10)], npartitions=12).map_partitions(encode_list)
-    out = _partitions(shuffle(bag, n))
+    bag = db.from_sequence([(b, i) for i in range(5) for b in range(10)], npartitions=12).map_partitions(encode)
+    out = _partitions(shuffle(bag, n).map_partitions(group))
     assert sorted(len(part) for part in out if part) == [1] * 10
     assert sorted(k for part in out for k, _ in part) == list(range(10))
 
 
 def test_flatten_joins_bags_of_one_partition_count_partition_by_partition():
-    bags = [db.from_sequence(range(k, 40, 4), npartitions=n).map_partitions(encode_list) for k, n in
+    bags = [db.from_sequence(range(k, 40, 4), npartitions=n).map_partitions(encode) for k, n in
             [(0, 5), (1, 5), (2, 5), (3, 2)]]
     flat = _flatten(bags, "AllEvents")
     assert flat.npartitions == 5 + 2  # not 17: the group after it splits 7 inputs
@@ -107,7 +113,24 @@ def test_groups_inside_combine_globally_have_one_key_also_after_the_runner_api_r
 
 def test_encoded_partition_round_trips():
     values = [("h", ("id", "text é", "src")), (None, 3)]
-    assert decode(encode(values)) == values and isinstance(encode(values), bytes)
+    assert decode_list(encode(values)) == values and isinstance(encode(values), bytes)
+    assert encode([]) == b"" and decode_list(b"") == []
+
+
+@settings(max_examples=30, deadline=None)
+@given(a=st.integers(0, 3 * CHUNK_ELEMENTS), b=st.integers(0, 600))
+def test_partitions_are_frames_of_chunks_that_concatenate(a, b):
+    first, second = list(range(a)), [("k", i) for i in range(b)]
+    part = encode(first)
+    stream, chunks = io.BytesIO(part), []
+    while stream.tell() < len(part):
+        chunks.append(pickle.load(stream))
+    assert [len(c) for c in chunks] == [min(CHUNK_ELEMENTS, a - i) for i in range(0, a, CHUNK_ELEMENTS)]
+    assert isinstance(decode(part), types.GeneratorType)  # read a frame at a time
+    writer = PartWriter()
+    for x in second:
+        writer.append(x)
+    assert decode_list(part + writer.getvalue()) == first + second  # a Flatten joins partitions by concatenation
 
 
 def _dump(element, folder: str):
@@ -192,10 +215,58 @@ def test_workers_with_a_memory_limit_spill_held_partitions_and_finish(tmp_path):
                 dask_worker.memory_manager.memory_limit, dask_worker.memory_manager.memory_target_fraction,
                 dask_worker.memory_manager.memory_spill_fraction, dask_worker.memory_manager.memory_pause_fraction))
             profiled = client.run(lambda dask_worker: len(dask_worker.profile_history) + len(dask_worker.profile_keys))
+            trims = client.run(lambda dask_worker: (os.environ.get("PYTHONMALLOC"), dask_worker.plugins[PLUGIN_NAME].trims,
+                                                    dask_worker.state.executed_count))
     finally:
         engine.stop()
     total = sum(len(s) for i in range(120) for s in _blob(i))
     assert out == [[total, 120_000]]
     assert set(worker_memory.values()) == {(limit, SPILL_TARGET, False, False)}  # no pause, no process-memory spill
     assert set(profiled.values()) == {0}  # no profiler call trees kept (dask_worker_env)
+    # glibc's heap for Python objects, trimmed after every task the worker ran (pipelines.dask_trim)
+    assert {env for env, _, _ in trims.values()} == {"malloc"}
+    assert all(n >= executed > 0 for _, n, executed in trims.values()), trims
     assert sum(spilled.values()) > 120e6 - 2 * SPILL_TARGET * limit  # what did not fit under the target
+
+
+
+_FRAGMENTED_HEAP = """
+from pipelines.dask_trim import trim_heap
+
+def rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+
+strings = [str(i) * 20 for i in range(2_000_000)]  # about 200 MB of small objects
+survivors = strings[::64]  # one in 64 outlives the rest, on pages across the whole heap
+del strings
+before = rss_mb()
+released = trim_heap()
+print(before, rss_mb(), released)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim and /proc are glibc/Linux")
+def test_trim_heap_returns_the_free_pages_between_survivors():
+    """With ``PYTHONMALLOC=malloc`` (dask_spill_env), small objects freed among survivors stay
+    resident until ``malloc_trim`` returns the free pages: what ``TrimMemory`` does per task."""
+    out = subprocess.run([sys.executable, "-c", _FRAGMENTED_HEAP], env=child_env(PYTHONMALLOC="malloc"),
+                         capture_output=True, text=True, check=True).stdout.split()
+    before, after, released = float(out[0]), float(out[1]), out[2]
+    assert released == "True"
+    assert before - after > 100, (before, after)  # most of the ~200 MB freed goes back to the OS
+
+
+def test_trim_memory_plugin_trims_only_workers_on_glibcs_allocator(monkeypatch):
+    plugin = TrimMemory()
+    monkeypatch.delenv("PYTHONMALLOC", raising=False)
+    plugin.setup(worker=None)
+    plugin.transition("k", "executing", "memory")
+    assert plugin.trims == 0  # CPython's own allocator: nothing measurable to trim, no cost
+    monkeypatch.setenv("PYTHONMALLOC", "malloc")
+    plugin.setup(worker=None)
+    plugin.transition("k", "ready", "executing")
+    plugin.transition("k", "executing", "memory")
+    plugin.transition("k", "executing", "error")
+    assert plugin.trims == (2 if sys.platform.startswith("linux") else 0)

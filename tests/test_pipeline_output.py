@@ -2,14 +2,19 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import apache_beam as beam
 import fsspec
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipelines.config import ShardsConfig, TokenizerConfig
 from pipelines.records import Doc
-from pipelines.sharding import TMP_DIR, WriteBucketFn, encode_sample, finalize
+from pipelines.frames import decode_list, encode
+from pipelines.sharding import (TMP_DIR, AssignBucketsFn, WriteBucketFn, assign_bucket, encode_sample, encoded_size,
+                                finalize, num_buckets, sample_order)
 from pipelines.tokenizer import train_sentencepiece
 from shards import iter_samples
 
@@ -19,7 +24,7 @@ def _write(output_dir, docs):
     fn = WriteBucketFn(output_dir, write_index=True)
     shards, events = [], []
     for bucket, group in ((1, samples[:2]), (0, samples[2:])):
-        for out in fn.process((bucket, group)):
+        for out in fn.process((bucket, [encode(sorted(group, key=sample_order))])):
             (events if isinstance(out, beam.pvalue.TaggedOutput) else shards).append(
                 out.value if isinstance(out, beam.pvalue.TaggedOutput) else out)
     return shards, events
@@ -59,3 +64,81 @@ def test_remote_output_commits_shards_manifest_and_stats(tmp_path):
         ("shard-000000.tar", 1, "shard-000000.idx"), ("shard-000001.tar", 1, "shard-000001.idx")]
     assert wids["shardlist"][1]["sha256"] == manifest["shards"][1]["sha256"]
     fs.rm("/colaflow-test", recursive=True)
+
+
+def _bucket_samples(n: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    docs = [Doc(f"src/f.jsonl:{int(i)}", "x" * int(rng.integers(1, 40)), "src") for i in rng.permutation(n)]
+    docs.append(Doc(docs[0].id, docs[0].text + " other", "src"))  # one id twice: the first in sort order is kept
+    return [encode_sample((d, rng.integers(0, 300, len(d.text)).astype(np.uint16))) for d in docs]
+
+
+def _tar(output_dir, runs) -> bytes:
+    out = list(WriteBucketFn(str(output_dir), write_index=False).process((3, runs)))
+    shard = out[-1]
+    with open(f"{output_dir}/{TMP_DIR}/bucket-000003", "rb") as f:
+        return f.read(), shard[1].documents
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(1, 700), cuts=st.lists(st.integers(0, 700), max_size=6), seed=st.integers(0, 99))
+def test_a_bucket_written_from_sorted_runs_equals_the_bucket_written_from_one(tmp_path_factory, n, cuts, seed):
+    """AssignBucketsFn sorts each bundle's samples of a bucket into a run; WriteBucketFn merges the
+    runs, so any split of the bucket into runs writes the same shard bytes."""
+    samples = _bucket_samples(n, seed)
+    edges = sorted({0, len(samples), *[min(c, len(samples)) for c in cuts]})
+    runs = [encode(sorted(samples[a:b], key=sample_order)) for a, b in zip(edges, edges[1:])]
+    one, docs = _tar(tmp_path_factory.mktemp("one"), [encode(sorted(samples, key=sample_order))])
+    split, docs_split = _tar(tmp_path_factory.mktemp("split"), runs)
+    assert split == one and docs == docs_split == n
+
+
+def test_assign_buckets_emits_one_sorted_run_per_bucket_and_bundle():
+    samples = _bucket_samples(300, 1)
+    fn = AssignBucketsFn()
+    fn.start_bundle()
+    total = sum(encoded_size(s) for s in samples)
+    cfg = ShardsConfig(target_bytes=total // 3)
+    assert list(fn.process(samples[:100], total, cfg)) == [] and list(fn.process(samples[100:], total, cfg)) == []
+    out = [wv.value for wv in fn.finish_bundle()]
+    assert [b for b, _ in out] == list(range(num_buckets(total, cfg)))  # each bucket once, in order
+    runs = {b: decode_list(run) for b, run in out}
+    assert sum(len(r) for r in runs.values()) == len(samples)
+    for b, run in runs.items():
+        assert run == sorted(run, key=sample_order) and {assign_bucket(s, total, cfg)[0] for s in run} == {b}
+
+
+def test_the_writer_holds_one_frame_per_run_not_the_bucket_as_objects(tmp_path):
+    """52,000 short documents per shard at 16x the demo corpus: as objects they were several
+    times their encoded bytes, and the writer held all of them to sort them."""
+    rng = np.random.default_rng(0)
+    samples = [encode_sample((Doc(f"src/f.jsonl:{i}", "x" * 200, "src"), rng.integers(0, 8000, 60).astype(np.uint16)))
+               for i in range(20_000)]
+    runs = [encode(sorted(samples[k::8], key=sample_order)) for k in range(8)]
+    del samples
+    run_bytes = sum(map(len, runs))
+    tracemalloc.start()
+    try:
+        list(WriteBucketFn(str(tmp_path), write_index=False).process((0, runs)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.6 * run_bytes, (peak, run_bytes)
+
+
+def test_a_large_bundle_emits_its_runs_early(monkeypatch):
+    """The DirectRunner may run the whole corpus as one bundle: past RUN_BUFFER_BYTES the runs
+    are emitted, so AssignBucketsFn never holds more than that as objects."""
+    import pipelines.sharding as sharding
+
+    samples = _bucket_samples(400, 2)
+    total = sum(encoded_size(s) for s in samples)
+    monkeypatch.setattr(sharding, "RUN_BUFFER_BYTES", total // 4)
+    fn, cfg = AssignBucketsFn(), ShardsConfig(target_bytes=total // 2)
+    fn.start_bundle()
+    early = [run for k in range(0, len(samples), 20) for run in fn.process(samples[k:k + 20], total, cfg)]
+    late = [wv.value for wv in fn.finish_bundle()]
+    assert len(early) >= 3 * num_buckets(total, cfg)  # emitted at least three times before the bundle's end
+    runs = [decode_list(run) for _, run in early + late]
+    assert sorted(map(repr, (s for run in runs for s in run))) == sorted(map(repr, samples))
+    assert all(run == sorted(run, key=sample_order) for run in runs)
