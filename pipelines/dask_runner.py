@@ -131,7 +131,7 @@ def _run_bundle(part, grouped: bool, fn, args, kwargs, step, run_id, window_fn, 
     ``views`` are ``(view class, view options, window mapping fn)`` per side input and
     ``side_values`` the matching fully computed side-input element lists. Returns, per output
     tag (``None``: main), the encoded values emitted by ``process`` and by ``finish_bundle``
-    (fault 2; :func:`pipelines.dask_parts.encode`).
+    (fault 2), written as emitted through a :class:`pipelines.frames.PartWriter` per tag.
 
     As on Beam's own workers, a DoFn instance is set up once and reused for later bundles of
     its step in the same worker thread and run ``run_id`` (a per-bundle ``setup`` would, e.g.,
@@ -269,7 +269,8 @@ class _Translator(PipelineVisitor):
         transform = node.transform
         sources = [p for p in node.inputs if not isinstance(p, pvalue.PBegin)]
         self.consumed.update(sources)
-        inputs = [self._encoded(p) for p in sources]
+        if isinstance(transform, (_Flatten, _GroupByKeyOnly, _Reshuffle)):
+            inputs = [self._encoded(p) for p in sources]  # a ParDo reads a group's pieces as they are
         if isinstance(transform, _Create):
             values = list(transform.values)
             bag = db.from_sequence(values, npartitions=max(1, min(len(values), self.partitions))).map_partitions(

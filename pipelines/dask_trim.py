@@ -19,9 +19,9 @@ Two parts close it, and need each other:
   only its top, as dask's documentation suggests doing by hand ("Memory not released back to
   the OS").
 
-Measured with both, 1× → 16× the demo corpus: peak RSS per worker 1.17–1.24× (1.23–1.39×
-without), for about a fifth more CPU (glibc's allocator is slower for small objects than
-CPython's). So the plugin trims only on workers started with ``PYTHONMALLOC=malloc`` (trimming
+Measured with both, 1× → 16× the demo corpus (``BENCHMARKS.md``): peak RSS per worker
+1.11–1.30×, median 1.17× over four runs (1.23× and 1.31× in two runs without), for about a
+fifth more CPU (glibc's allocator is slower for small objects than CPython's). So the plugin trims only on workers started with ``PYTHONMALLOC=malloc`` (trimming
 CPython's arenas frees nothing measurable) and costs nothing elsewhere; on a system without
 glibc (macOS, musl) it does nothing.
 """
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -36,6 +37,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 PLUGIN_NAME = "colaflow-trim-memory"  # one registration per cluster; re-registering replaces it
 
 
+@functools.cache
 def _libc_trim():
     """glibc's ``malloc_trim`` as a callable of one ``size_t`` (bytes to keep at the heap's top),
     or ``None`` where the C library has none."""
@@ -50,8 +52,8 @@ def _libc_trim():
 
 def trim_heap() -> bool:
     """Return the process's free heap pages to the OS now (``malloc_trim(0)``). Returns whether
-    memory was released (``False`` also where glibc is absent). Takes about a millisecond per
-    hundred MB of heap."""
+    memory was released (``False`` also where glibc is absent). Its time grows with the heap's
+    size (glibc walks every free chunk)."""
     trim = _libc_trim()
     return bool(trim(0)) if trim is not None else False
 
@@ -64,12 +66,12 @@ class TrimMemory(WorkerPlugin):
     ``client.register_plugin(TrimMemory(), name=PLUGIN_NAME)``."""
 
     def setup(self, worker) -> None:
-        """Look up ``malloc_trim`` once per worker (``None``: this worker does not trim)."""
-        self._trim = _libc_trim() if os.environ.get("PYTHONMALLOC") == "malloc" else None
+        """Decide once per worker whether it trims (``PYTHONMALLOC=malloc`` and glibc present)."""
+        self._on = os.environ.get("PYTHONMALLOC") == "malloc" and _libc_trim() is not None
         self.trims = 0
 
     def transition(self, key, start: str, finish: str, **kwargs) -> None:
         """Trim after a task has run (``start == "executing"``); other transitions are ignored."""
-        if start == "executing" and self._trim is not None:
-            self._trim(0)
+        if start == "executing" and self._on:
+            trim_heap()
             self.trims += 1

@@ -116,7 +116,7 @@ class AssignBucketsFn(beam.DoFn):
     """Batches of :func:`encode_sample` samples → ``(bucket, run)`` per bucket, once per bundle:
     the bundle's samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`,
     encoded as frames of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.frames.encode`). A bundle that
-    buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`) emits its runs early and
+    buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`, plus stored text) emits its runs early and
     starts new ones, so a runner with large bundles (the DirectRunner's can be the whole
     corpus) never holds more than that as objects here.
 
@@ -137,7 +137,7 @@ class AssignBucketsFn(beam.DoFn):
         for sample in batch:
             bucket, _ = assign_bucket(sample, total_bytes, cfg)
             self._runs.setdefault(bucket, []).append(sample)
-            self._buffered += encoded_size(sample)
+            self._buffered += encoded_size(sample) + len(sample[1].get("text", ""))  # stored text is held too
         if self._buffered > RUN_BUFFER_BYTES:
             yield from self._emit()
 

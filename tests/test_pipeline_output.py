@@ -73,7 +73,7 @@ def _bucket_samples(n: int, seed: int) -> list:
     return [encode_sample((d, rng.integers(0, 300, len(d.text)).astype(np.uint16))) for d in docs]
 
 
-def _tar(output_dir, runs) -> bytes:
+def _tar(output_dir, runs) -> tuple[bytes, int]:
     out = list(WriteBucketFn(str(output_dir), write_index=False).process((3, runs)))
     shard = out[-1]
     with open(f"{output_dir}/{TMP_DIR}/bucket-000003", "rb") as f:
