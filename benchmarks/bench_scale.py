@@ -2,7 +2,7 @@
 (the baseline) and on a Dask cluster (a scheduler and 2 worker processes on 127.0.0.1).
 
     python benchmarks/bench_scale.py [--scales 1,4,16] [--fraction 0.25]
-        [--runners direct,dask[,dask-spill][,dask-weak]] [--workers 2] [--memory-limit 500MB]
+        [--runners direct,dask[,dask-spill][,dask-weak]] [--workers 2] [--memory-limit 250MB]
         [--out data/bench_scale]
 
 Scale ``k`` is ``k`` copies of the demo corpus (``--fraction`` of it per copy): copy 0 is the
