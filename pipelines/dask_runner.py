@@ -262,7 +262,8 @@ class _Translator(PipelineVisitor):
         if pcoll not in self.grouped:
             return self.bags[pcoll]
         if pcoll not in self.encoded:
-            self.encoded[pcoll] = self.bags[pcoll].map_partitions(group, token=f"{_task_name(pcoll.producer.full_label)}.encode")
+            name = f"{_task_name(pcoll.producer.full_label)}.encode"
+            self.encoded[pcoll] = self.bags[pcoll].map_partitions(group, token=name)
         return self.encoded[pcoll]
 
     def visit_transform(self, node) -> None:
@@ -279,6 +280,7 @@ class _Translator(PipelineVisitor):
             bag = _flatten(inputs, _task_name(node.full_label))
         elif isinstance(transform, _GroupByKeyOnly):
             bag = shuffle(inputs[0], 1 if _single_key(node) else self.partitions, _task_name(node.full_label))
+            self.grouped.update(node.outputs.values())
         elif isinstance(transform, _Reshuffle):
             bag = spread(inputs[0], self.partitions, _task_name(node.full_label))
         elif type(transform) is beam.ParDo:
@@ -289,8 +291,6 @@ class _Translator(PipelineVisitor):
                 self.grouped.update(node.outputs.values())
         else:
             bag = None
-        if isinstance(transform, _GroupByKeyOnly):
-            self.grouped.update(node.outputs.values())
         if type(transform) is not beam.ParDo:
             self.bags.update((pcoll, bag) for pcoll in node.outputs.values())
             return
@@ -313,9 +313,11 @@ class _Translator(PipelineVisitor):
             views.append((type(si), si._view_options(), si._window_mapping_fn))
             # one graph node per side input, computed once (fault 4); not optimised on its own,
             # which would fuse a renamed copy of everything upstream into it
-            values.append(self._encoded(si.pvalue).reduction(decode_list, _concat).to_delayed(optimize_graph=False))
-        return self.bags[source].map_partitions(_run_bundle, source in self.grouped, transform.fn, list(args), kwargs, node.full_label, self.run_id,
-                                  main.windowing.windowfn, views, *values, token=_task_name(node.full_label))
+            side = self._encoded(si.pvalue).reduction(decode_list, _concat)
+            values.append(side.to_delayed(optimize_graph=False))
+        return self.bags[source].map_partitions(
+            _run_bundle, source in self.grouped, transform.fn, list(args), kwargs, node.full_label, self.run_id,
+            main.windowing.windowfn, views, *values, token=_task_name(node.full_label))
 
     def sinks(self):
         """One bag over every PCollection that no step reads, each mapped to empty partitions
@@ -346,7 +348,8 @@ class ColaflowDaskRunner(DaskRunner):
 
     def run_pipeline(self, pipeline, options):
         """Translate ``pipeline`` into one ``dask.bag`` graph and submit it to the cluster (whose
-        workers get the :class:`pipelines.dask_trim.TrimMemory` plugin); returns a result whose ``wait_until_finish`` raises the first task error and then closes the client."""
+        workers get the :class:`pipelines.dask_trim.TrimMemory` plugin); returns a result whose
+        ``wait_until_finish`` raises the first task error and then closes the client."""
         import dask.distributed as ddist
 
         dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True, current_only=True)

@@ -21,9 +21,10 @@ Two parts close it, and need each other:
 
 Measured with both, 1× → 16× the demo corpus (``BENCHMARKS.md``): peak RSS per worker
 1.10–1.30×, median 1.17× over eight runs (1.23× and 1.31× in two runs without), for about a
-fifth more CPU (glibc's allocator is slower for small objects than CPython's). So the plugin trims only on workers started with ``PYTHONMALLOC=malloc`` (trimming
-CPython's arenas frees nothing measurable) and costs nothing elsewhere; on a system without
-glibc (macOS, musl) it does nothing.
+fifth more CPU (glibc's allocator is slower for small objects than CPython's). So the plugin
+trims only on workers started with ``PYTHONMALLOC=malloc`` (trimming CPython's arenas frees
+nothing measurable) and costs nothing elsewhere; on a system without glibc (macOS, musl) it
+does nothing.
 """
 from __future__ import annotations
 

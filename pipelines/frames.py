@@ -16,9 +16,9 @@ CHUNK_ELEMENTS = 256  # elements pickled together in one frame
 
 class PartWriter:
     """Builds one encoded list (a bag partition, a shard writer's run) element by element:
-    every ``chunk`` (default ``CHUNK_ELEMENTS``) appended elements are pickled (highest protocol) into one frame
-    and dropped, so a task holds
-    its output as bytes plus at most one chunk of objects, never the whole output as objects
+    every ``chunk`` (default ``CHUNK_ELEMENTS``) appended elements are pickled (highest
+    protocol) into one frame and dropped, so a task holds its output as bytes plus at most one
+    chunk of objects, never the whole output as objects
     (at 16× the demo corpus a stage's output as objects was several times its bytes). Memory:
     the frames so far (bytes) plus one chunk; :meth:`getvalue` briefly holds both the frames
     and their concatenation."""

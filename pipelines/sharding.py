@@ -116,8 +116,8 @@ class AssignBucketsFn(beam.DoFn):
     """Batches of :func:`encode_sample` samples → ``(bucket, run)`` per bucket, once per bundle:
     the bundle's samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`,
     encoded as frames of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.frames.encode`). A bundle that
-    buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`, plus stored text) emits its runs early and
-    starts new ones, so a runner with large bundles (the DirectRunner's can be the whole
+    buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`, plus stored text) emits its
+    runs early and starts new ones, so a runner with large bundles (the DirectRunner's can be the whole
     corpus) never holds more than that as objects here.
 
     Why runs: :class:`WriteBucketFn` merges a bucket's runs, reading one frame of each at a
@@ -133,7 +133,7 @@ class AssignBucketsFn(beam.DoFn):
         self._buffered = 0
 
     def process(self, batch: list, total_bytes: int, cfg: ShardsConfig):
-        """Add each sample of ``batch`` to its bucket's run; emits the runs only past ``RUN_BUFFER_BYTES``."""
+        """Add each sample of ``batch`` to its bucket's run; emits runs only past ``RUN_BUFFER_BYTES``."""
         for sample in batch:
             bucket, _ = assign_bucket(sample, total_bytes, cfg)
             self._runs.setdefault(bucket, []).append(sample)
@@ -173,8 +173,8 @@ class WriteBucketFn(beam.DoFn):
 
     ``runs`` are encoded runs of samples, each sorted by :func:`sample_order`
     (:class:`AssignBucketsFn`); they are merged, so samples are written sorted by key and only
-    one frame of each run exists as objects at a time. A key seen twice (two documents with the same id but
-    different text) keeps the first in sort order and emits ``filtered:duplicate_id`` for the
+    one frame of each run exists as objects at a time. A key seen twice (two documents with the
+    same id but different text) keeps the first in sort order and emits ``filtered:duplicate_id`` for the
     other. Emits ``kept``, ``tokens`` and ``text_bytes`` events per source. With ``write_index``
     the DALI ``.idx`` is built here, in parallel, from the file just written. Documents encoded
     for ``token_blocks`` are cut into blocks of ``block_tokens`` in key order.
