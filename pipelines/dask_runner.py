@@ -19,8 +19,8 @@ things wrong; each is fixed here, and ``tests/test_dask_runner.py`` reproduces e
    node (a ``dask.bag`` reduction) computed once and shipped to the tasks that need it.
 
 Two more changes make the runner usable at scale: ``CombinePerKey`` is lifted (partial combine
-per bundle, then group, then merge: :class:`apache_beam.transforms.combiners.LiftedCombinePerKey`,
-as the DirectRunner does), so a key's values are never grouped in one list; and ``Reshuffle``
+per bundle in a bounded table, then group, then merge: :class:`pipelines.dask_combine.LiftedCombine`),
+so a key's values are never grouped in one list; and ``Reshuffle``
 repartitions the bag (Beam's translation leaves it a no-op, so a job that starts from one file
 pattern ran in one task).
 
@@ -38,7 +38,7 @@ task count grows little faster than the partition count (large groups shuffle in
 partition; a ``Flatten`` joins bags of one partition count partition by partition); a DoFn
 is set up once per worker thread and reused for later bundles, as Beam's own workers do
 (a setup per partition made CPU per MB grow with the partition count), and what a bundle
-left on the instance (a lifted combine's accumulators: a partition's worth) is dropped after
+left on the instance (a DoFn's per-bundle buffers, up to a partition's worth) is dropped after
 it, leaving what ``setup`` made; a ParDo's main output
 is selected after its tagged outputs, so no late tagged select keeps the whole output in
 memory; and tasks are named after their Beam steps, so the dashboard shows which stage holds
@@ -64,9 +64,9 @@ from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, 
 from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner, DaskRunnerResult
 from apache_beam.runners.dask.overrides import _Create, _Flatten, _GroupByKeyOnly, _Reshuffle, dask_overrides
 from apache_beam.runners.dask.transform_evaluator import get_windowed_value
-from apache_beam.transforms.combiners import LiftedCombinePerKey
 from apache_beam.transforms.sideinputs import SideInputMap
 
+from .dask_combine import LiftedCombine
 from .dask_parts import group, group_pieces, shuffle, spread
 from .dask_trim import PLUGIN_NAME, TrimMemory
 from .frames import PartWriter, decode, decode_list, encode
@@ -137,7 +137,7 @@ def _run_bundle(part, grouped: bool, fn, args, kwargs, step, run_id, window_fn, 
     its step in the same worker thread and run ``run_id`` (a per-bundle ``setup`` would, e.g.,
     load the language model once per partition); an instance whose bundle raised is discarded.
     After each bundle the instance's attributes are reset to what ``setup`` left, so what a
-    bundle built (a lifted combine's per-key accumulators: a whole partition for exact dedup)
+    bundle built (a DoFn's per-bundle buffers, up to a whole partition)
     is not kept alive in the worker, outside dask's memory accounting, until the next bundle.
     """
     out: dict = {}
@@ -232,7 +232,8 @@ def _nothing(_) -> list:
 
 
 class _LiftCombines(PTransformOverride):
-    """``CombinePerKey`` → :class:`LiftedCombinePerKey` (partial combine per bundle before the group)."""
+    """``CombinePerKey`` → :class:`pipelines.dask_combine.LiftedCombine` (partial combine per bundle
+    before the group)."""
 
     def matches(self, applied):
         return (isinstance(applied.transform, beam.CombinePerKey)
@@ -240,7 +241,7 @@ class _LiftCombines(PTransformOverride):
 
     def get_replacement_transform_for_applied_ptransform(self, applied):
         t = applied.transform
-        return LiftedCombinePerKey(t.fn, t.args, t.kwargs)
+        return LiftedCombine(t.fn, t.args, t.kwargs)
 
 
 @dataclasses.dataclass

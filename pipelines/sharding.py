@@ -36,7 +36,7 @@ from shards.index import WIDS_FILE, build_shard_index, dali_index_path, wids_ind
 
 from .cleaning import stable_bucket
 from .config import ShardsConfig
-from .frames import decode, encode
+from .frames import Blob, decode, encode
 from .records import Doc
 from .splits import VAL, VAL_DIR, split_entry
 from .stats import EVENTS, aggregate, event
@@ -115,7 +115,8 @@ RUN_BUFFER_BYTES = 32 << 20  # encoded bytes a bundle buffers before it emits it
 class AssignBucketsFn(beam.DoFn):
     """Batches of :func:`encode_sample` samples → ``(bucket, run)`` per bucket, once per bundle:
     the bundle's samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`,
-    encoded as frames of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.frames.encode`). A bundle that
+    encoded as frames of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.frames.encode`) in a
+    :class:`pipelines.frames.Blob`, which the writer reads in place on Dask. A bundle that
     buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`, plus stored text) emits its
     runs early and starts new ones, so a runner with large bundles (the DirectRunner's can be the whole
     corpus) never holds more than that as objects here.
@@ -151,7 +152,7 @@ class AssignBucketsFn(beam.DoFn):
         for bucket in sorted(runs):
             samples = runs.pop(bucket)
             samples.sort(key=sample_order)
-            yield bucket, encode(samples, RUN_FRAME_SAMPLES)
+            yield bucket, Blob(encode(samples, RUN_FRAME_SAMPLES))
 
 
 def bucket_name(bucket: int) -> str:
@@ -171,8 +172,8 @@ def _fs(url: str):
 class WriteBucketFn(beam.DoFn):
     """``(bucket, runs)`` → ``(bucket, ShardInfo, ShardIndex | None)`` of a tar under ``OUT/_tmp_buckets/``.
 
-    ``runs`` are encoded runs of samples, each sorted by :func:`sample_order`
-    (:class:`AssignBucketsFn`); they are merged, so samples are written sorted by key and only
+    ``runs`` are :class:`pipelines.frames.Blob` s of encoded samples, each run sorted by
+    :func:`sample_order` (:class:`AssignBucketsFn`); they are merged, so samples are written sorted by key and only
     one frame of each run exists as objects at a time. A key seen twice (two documents with the
     same id but different text) keeps the first in sort order and emits ``filtered:duplicate_id`` for the
     other. Emits ``kept``, ``tokens`` and ``text_bytes`` events per source. With ``write_index``
@@ -188,7 +189,7 @@ class WriteBucketFn(beam.DoFn):
         """Write one bucket's runs, merged by key, into one tar (token blocks or one sample per
         document); yields ``(bucket, ShardInfo, index)`` and ``kept``/``tokens``/length events."""
         bucket, runs = item
-        samples = heapq.merge(*(decode(run) for run in runs), key=sample_order)
+        samples = heapq.merge(*(decode(run.data) for run in runs), key=sample_order)
         fs, root = _fs(self.output_dir)
         name = bucket_name(bucket)
         local = isinstance(fs, LocalFileSystem)

@@ -30,6 +30,9 @@ from .stats import EventTally
 # Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial cutoffs
 # (each at most the rows of sample_max_bytes of documents), not one per bundle
 SAMPLE_FANOUT = 8
+# Documents encoded per sentencepiece call: its token lists of Python ints take about 20 times
+# the bytes of the arrays kept, so a whole batch of them was a Dask worker's largest task
+ENCODE_DOCS = 64
 
 
 def training_lines(texts: list[str], max_bytes: int) -> list[str]:
@@ -157,17 +160,22 @@ class TokenizeFn(beam.DoFn):
         """Encode a batch of :class:`Doc` with the sentencepiece model (``model_bytes``, side input).
 
         Yields one list of ``(doc, tokens)`` (``tokens``: 1-D uint16 when the vocabulary fits, else
-        uint32); documents with no token are counted ``filtered:no_tokens`` and left out."""
+        uint32); documents with no token are counted ``filtered:no_tokens`` and left out. Encodes
+        ``ENCODE_DOCS`` documents at a time, so their token lists never exist for the whole batch."""
         if self._model_key != len(model_bytes) or self._sp is None:
             self._sp = load_processor(model_bytes)
             self._model_key = len(model_bytes)
             self._dtype = token_dtype(self._sp.get_piece_size())
-        ids = self._sp.encode([doc.text for doc in docs])
+        out = []
+        for start in range(0, len(docs), ENCODE_DOCS):
+            part = docs[start:start + ENCODE_DOCS]
+            for doc, t in zip(part, self._sp.encode([doc.text for doc in part])):
+                if t:
+                    out.append((doc, np.asarray(t, dtype=self._dtype)))
+                else:
+                    self.tally.add(doc.source, "filtered:no_tokens")
         self._bar.update(len(docs))
-        for doc, t in zip(docs, ids):
-            if not t:
-                self.tally.add(doc.source, "filtered:no_tokens")
-        yield [(doc, np.asarray(t, dtype=self._dtype)) for doc, t in zip(docs, ids) if t]
+        yield out
 
     def finish_bundle(self):
         """Emit the bundle's event counts on tag ``events``."""

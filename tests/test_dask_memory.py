@@ -4,13 +4,10 @@ colaflow's worker settings (:func:`pipelines.local_engines.dask_spill_env`) on a
 and 2 workers on 127.0.0.1."""
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import subprocess
 import sys
-import types
 import uuid
 
 import apache_beam as beam
@@ -27,7 +24,7 @@ from distributed import Client  # noqa: E402
 
 from pipelines.dask_parts import group, shuffle, spread  # noqa: E402
 from pipelines.dask_trim import PLUGIN_NAME, TrimMemory  # noqa: E402
-from pipelines.frames import CHUNK_ELEMENTS, PartWriter, decode, decode_list, encode  # noqa: E402
+from pipelines.frames import decode, decode_list, encode  # noqa: E402
 from apache_beam.pipeline import PipelineVisitor  # noqa: E402
 from apache_beam.runners.dask.overrides import _GroupByKeyOnly, dask_overrides  # noqa: E402
 from pipelines.dask_runner import ColaflowDaskRunner, _flatten, _LiftCombines, _single_key  # noqa: E402
@@ -109,28 +106,6 @@ def test_groups_inside_combine_globally_have_one_key_also_after_the_runner_api_r
                         _single_key(node)
         pipeline.visit(Groups())
         assert groups == {"Total": True, "Fanned": True, "Fanned/pre": False, "CombinePerKey(sum)": False}
-
-
-def test_encoded_partition_round_trips():
-    values = [("h", ("id", "text é", "src")), (None, 3)]
-    assert decode_list(encode(values)) == values and isinstance(encode(values), bytes)
-    assert encode([]) == b"" and decode_list(b"") == []
-
-
-@settings(max_examples=30, deadline=None)
-@given(a=st.integers(0, 3 * CHUNK_ELEMENTS), b=st.integers(0, 600))
-def test_partitions_are_frames_of_chunks_that_concatenate(a, b):
-    first, second = list(range(a)), [("k", i) for i in range(b)]
-    part = encode(first)
-    stream, chunks = io.BytesIO(part), []
-    while stream.tell() < len(part):
-        chunks.append(pickle.load(stream))
-    assert [len(c) for c in chunks] == [min(CHUNK_ELEMENTS, a - i) for i in range(0, a, CHUNK_ELEMENTS)]
-    assert isinstance(decode(part), types.GeneratorType)  # read a frame at a time
-    writer = PartWriter()
-    for x in second:
-        writer.append(x)
-    assert decode_list(part + writer.getvalue()) == first + second  # a Flatten joins partitions by concatenation
 
 
 def _dump(element, folder: str):

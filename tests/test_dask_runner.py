@@ -126,6 +126,20 @@ def test_combine_per_key_is_lifted_and_exact(dask_cluster, tmp_path):
     assert sorted(out) == [[k, sum(range(k, 5000, 7))] for k in range(7)]
 
 
+def test_combine_over_more_keys_than_its_table_is_exact(dask_cluster, tmp_path):
+    """A partial combine past ``TABLE_KEYS`` keys evicts accumulators; the merge still gives one exact result per key."""
+    from pipelines.dask_combine import TABLE_KEYS
+
+    n = 3 * TABLE_KEYS
+
+    def build(p, out_dir):
+        (p | beam.Create([(k % n, 1) for k in range(2 * n)] + [(0, 10)]) | beam.Reshuffle()
+         | beam.CombinePerKey(sum) | beam.Map(list) | beam.Map(_dump, out_dir))
+
+    (out,) = _run(ColaflowDaskRunner, dask_cluster, build, tmp_path, ["out"])
+    assert sorted(out) == [[0, 12]] + [[k, 2] for k in range(1, n)]
+
+
 def test_partitions_grow_with_the_input():
     from pipelines.dask_runner import MIN_PARTITIONS, PARTITION_BYTES, partition_count
 

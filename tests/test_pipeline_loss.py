@@ -127,6 +127,25 @@ def test_a_document_without_tokens_is_filtered_not_written():
     assert [e.value.value for e in fn.finish_bundle()] == [(("s", "filtered:no_tokens"), 1)]
 
 
+def test_tokenize_holds_token_lists_for_a_slice_of_the_batch_not_all_of_it():
+    """A batch's token lists as Python ints are about 20x its arrays; they are made ENCODE_DOCS documents at a time."""
+    import tracemalloc
+
+    model = train_sentencepiece(["the river ran past old stone walls"] * 50, TokenizerConfig(vocab_size=300))
+    docs = [Doc(f"d{i}", "the river ran past old stone walls " * 40 + str(i), "s") for i in range(1024)]
+    fn = TokenizeFn()
+    fn.setup()
+    fn.start_bundle()
+    fn.process(docs[:1], model).__next__()  # the processor is built outside the measurement
+    tracemalloc.start()
+    (batch,) = fn.process(docs, model)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    kept = sum(t.nbytes for _, t in batch)
+    assert len(batch) == 1024 and kept > 200_000
+    assert peak < 4 * kept, (peak, kept)  # all 1024 documents' lists at once: about 19x
+
+
 def test_code_is_not_rewritten_and_redactions_are_reported_per_source(mixed):
     _, out, stats = mixed
     texts = sorted(s["txt"] for s in _samples(out).values() if s["json"]["source"] == "code")

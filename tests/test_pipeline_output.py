@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pipelines.config import ShardsConfig, TokenizerConfig
 from pipelines.records import Doc
-from pipelines.frames import decode_list, encode
+from pipelines.frames import Blob, decode_list, encode
 from pipelines.sharding import (TMP_DIR, AssignBucketsFn, WriteBucketFn, assign_bucket, encode_sample, encoded_size,
                                 finalize, num_buckets, sample_order)
 from pipelines.tokenizer import train_sentencepiece
@@ -24,7 +24,7 @@ def _write(output_dir, docs):
     fn = WriteBucketFn(output_dir, write_index=True)
     shards, events = [], []
     for bucket, group in ((1, samples[:2]), (0, samples[2:])):
-        for out in fn.process((bucket, [encode(sorted(group, key=sample_order))])):
+        for out in fn.process((bucket, [Blob(encode(sorted(group, key=sample_order)))])):
             (events if isinstance(out, beam.pvalue.TaggedOutput) else shards).append(
                 out.value if isinstance(out, beam.pvalue.TaggedOutput) else out)
     return shards, events
@@ -87,8 +87,8 @@ def test_a_bucket_written_from_sorted_runs_equals_the_bucket_written_from_one(tm
     runs, so any split of the bucket into runs writes the same shard bytes."""
     samples = _bucket_samples(n, seed)
     edges = sorted({0, len(samples), *[min(c, len(samples)) for c in cuts]})
-    runs = [encode(sorted(samples[a:b], key=sample_order)) for a, b in zip(edges, edges[1:])]
-    one, docs = _tar(tmp_path_factory.mktemp("one"), [encode(sorted(samples, key=sample_order))])
+    runs = [Blob(encode(sorted(samples[a:b], key=sample_order))) for a, b in zip(edges, edges[1:])]
+    one, docs = _tar(tmp_path_factory.mktemp("one"), [Blob(encode(sorted(samples, key=sample_order)))])
     split, docs_split = _tar(tmp_path_factory.mktemp("split"), runs)
     assert split == one and docs == docs_split == n
 
@@ -102,7 +102,7 @@ def test_assign_buckets_emits_one_sorted_run_per_bucket_and_bundle():
     assert list(fn.process(samples[:100], total, cfg)) == [] and list(fn.process(samples[100:], total, cfg)) == []
     out = [wv.value for wv in fn.finish_bundle()]
     assert [b for b, _ in out] == list(range(num_buckets(total, cfg)))  # each bucket once, in order
-    runs = {b: decode_list(run) for b, run in out}
+    runs = {b: decode_list(run.data) for b, run in out}
     assert sum(len(r) for r in runs.values()) == len(samples)
     for b, run in runs.items():
         assert run == sorted(run, key=sample_order) and {assign_bucket(s, total, cfg)[0] for s in run} == {b}
@@ -114,9 +114,9 @@ def test_the_writer_holds_one_frame_per_run_not_the_bucket_as_objects(tmp_path):
     rng = np.random.default_rng(0)
     samples = [encode_sample((Doc(f"src/f.jsonl:{i}", "x" * 200, "src"), rng.integers(0, 8000, 60).astype(np.uint16)))
                for i in range(20_000)]
-    runs = [encode(sorted(samples[k::8], key=sample_order)) for k in range(8)]
+    runs = [Blob(encode(sorted(samples[k::8], key=sample_order))) for k in range(8)]
     del samples
-    run_bytes = sum(map(len, runs))
+    run_bytes = sum(len(run.data) for run in runs)
     tracemalloc.start()
     try:
         list(WriteBucketFn(str(tmp_path), write_index=False).process((0, runs)))
@@ -139,6 +139,6 @@ def test_a_large_bundle_emits_its_runs_early(monkeypatch):
     early = [run for k in range(0, len(samples), 20) for run in fn.process(samples[k:k + 20], total, cfg)]
     late = [wv.value for wv in fn.finish_bundle()]
     assert len(early) >= 3 * num_buckets(total, cfg)  # emitted at least three times before the bundle's end
-    runs = [decode_list(run) for _, run in early + late]
+    runs = [decode_list(run.data) for _, run in early + late]
     assert sorted(map(repr, (s for run in runs for s in run))) == sorted(map(repr, samples))
     assert all(run == sorted(run, key=sample_order) for run in runs)

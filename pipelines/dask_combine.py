@@ -1,0 +1,88 @@
+"""``CombinePerKey`` for the Dask runner: a partial combine per bundle whose table of
+accumulators is bounded, then a group by key and a merge.
+
+Beam's :class:`apache_beam.transforms.combiners.LiftedCombinePerKey` keeps one accumulator per
+key for the whole bundle and emits them all at its end. A Dask bundle is a whole partition
+(about ``PARTITION_BYTES`` of input), and a combine over nearly distinct keys (exact dedup:
+one content hash per document, the accumulator holding the document) then held the whole
+partition as objects, the largest task of a worker at 16× the demo corpus. Beam's own SDK
+workers bound the same table by key count and evict part of it when full
+(``PGBKCVOperation`` in ``apache_beam/runners/worker/operations.py``); :class:`CombineTable`
+does the same with a table sized for memory, and the runner writes what it evicts as bytes.
+A key whose values are evicted more than once reaches the merge with several accumulators,
+which ``merge_accumulators`` combines as it would partial results from several bundles.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+
+TABLE_KEYS = 1024  # accumulators a partial combine holds before it evicts the oldest tenth
+
+
+class CombineTable(beam.DoFn):
+    """``(key, value)`` → ``(key, accumulator)``: values combined per key in a table of at most
+    ``max_keys`` accumulators (insertion order). When a new key would pass the bound, the
+    oldest tenth is emitted (compacted) and dropped; the rest is emitted at the bundle's end.
+    ``args``/``kwargs`` of ``process`` are the combine's side inputs, passed to every call."""
+
+    def __init__(self, combine_fn: beam.CombineFn, max_keys: int = TABLE_KEYS):
+        self.combine_fn, self.max_keys = combine_fn, max_keys
+
+    def setup(self):
+        """Set up the combine fn."""
+        self.combine_fn.setup()
+
+    def start_bundle(self):
+        """Start with an empty table."""
+        self._table: dict = {}
+        self._side: tuple = ((), {})
+
+    def process(self, element, *args, **kwargs):
+        """Add one value to its key's accumulator; yields the evicted ``(key, accumulator)`` pairs."""
+        key, value = element
+        fn, self._side = self.combine_fn, (args, kwargs)
+        acc = self._table.get(key)
+        if acc is None and key not in self._table:
+            if len(self._table) >= self.max_keys:
+                yield from self._evict(max(1, self.max_keys // 10))
+            acc = fn.create_accumulator(*args, **kwargs)
+        self._table[key] = fn.add_input(acc, value, *args, **kwargs)
+
+    def finish_bundle(self):
+        """Emit every accumulator left (global window)."""
+        for pair in self._evict(len(self._table)):
+            yield beam.transforms.window.GlobalWindows.windowed_value(pair)
+
+    def teardown(self):
+        """Tear down the combine fn."""
+        self.combine_fn.teardown()
+
+    def _evict(self, n: int):
+        args, kwargs = self._side
+        for key in list(self._table)[:n]:
+            yield key, self.combine_fn.compact(self._table.pop(key), *args, **kwargs)
+
+
+def _merge(item, combine_fn: beam.CombineFn, *args, **kwargs):
+    key, accumulators = item
+    merged = combine_fn.merge_accumulators(accumulators, *args, **kwargs)
+    return key, combine_fn.extract_output(merged, *args, **kwargs)
+
+
+class LiftedCombine(beam.PTransform):
+    """``CombinePerKey(combine_fn, *args, **kwargs)`` as :class:`CombineTable` → ``GroupByKey`` →
+    merge and extract per key: the output of Beam's ``CombinePerKey`` (``(key, output)`` per key).
+    ``combine_fn`` is a ``CombineFn`` or a callable (as ``CombinePerKey`` takes)."""
+
+    def __init__(self, combine_fn, args: tuple = (), kwargs: dict | None = None):
+        super().__init__()
+        if not isinstance(combine_fn, beam.CombineFn):
+            combine_fn = beam.CombineFn.from_callable(combine_fn)
+        self.combine_fn, self.args, self.kwargs = combine_fn, tuple(args), dict(kwargs or {})
+
+    def expand(self, pcoll):
+        """Partial combine, group, merge."""
+        return (pcoll
+                | "Partial" >> beam.ParDo(CombineTable(self.combine_fn), *self.args, **self.kwargs)
+                | "Group" >> beam.GroupByKey()
+                | "Merge" >> beam.Map(_merge, self.combine_fn, *self.args, **self.kwargs))
