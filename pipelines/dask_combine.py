@@ -14,6 +14,8 @@ which ``merge_accumulators`` combines as it would partial results from several b
 """
 from __future__ import annotations
 
+import itertools
+
 import apache_beam as beam
 
 TABLE_KEYS = 1024  # accumulators a partial combine holds before it evicts the oldest tenth
@@ -59,7 +61,7 @@ class CombineTable(beam.DoFn):
 
     def _evict(self, n: int):
         args, kwargs = self._side
-        for key in list(self._table)[:n]:
+        for key in list(itertools.islice(self._table, n)):
             yield key, self.combine_fn.compact(self._table.pop(key), *args, **kwargs)
 
 
