@@ -43,8 +43,9 @@ class CombineTable(beam.DoFn):
         """Add one value to its key's accumulator; yields the evicted ``(key, accumulator)`` pairs."""
         key, value = element
         fn, self._side = self.combine_fn, (args, kwargs)
-        acc = self._table.get(key)
-        if acc is None and key not in self._table:
+        if key in self._table:
+            acc = self._table[key]
+        else:
             if len(self._table) >= self.max_keys:
                 yield from self._evict(max(1, self.max_keys // 10))
             acc = fn.create_accumulator(*args, **kwargs)
