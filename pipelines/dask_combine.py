@@ -18,12 +18,15 @@ import itertools
 
 import apache_beam as beam
 
+from .dask_parts import group_key
+
 TABLE_KEYS = 1024  # accumulators a partial combine holds before it evicts the oldest tenth
 
 
 class CombineTable(beam.DoFn):
     """``(key, value)`` → ``(key, accumulator)``: values combined per key in a table of at most
-    ``max_keys`` accumulators (insertion order). When a new key would pass the bound, the
+    ``max_keys`` accumulators (insertion order), keys told apart as the group after it tells
+    them (:func:`pipelines.dask_parts.group_key`: ``True`` and ``1`` are two keys). When a new key would pass the bound, the
     oldest tenth is emitted (compacted) and dropped; the rest is emitted at the bundle's end.
     ``args``/``kwargs`` of ``process`` are the combine's side inputs, passed to every call."""
 
@@ -42,14 +45,15 @@ class CombineTable(beam.DoFn):
     def process(self, element, *args, **kwargs):
         """Add one value to its key's accumulator; yields the evicted ``(key, accumulator)`` pairs."""
         key, value = element
+        gkey = group_key(key)
         fn, self._side = self.combine_fn, (args, kwargs)
-        if key in self._table:
-            acc = self._table[key]
+        if gkey in self._table:
+            key, acc = self._table[gkey]
         else:
             if len(self._table) >= self.max_keys:
                 yield from self._evict(max(1, self.max_keys // 10))
             acc = fn.create_accumulator(*args, **kwargs)
-        self._table[key] = fn.add_input(acc, value, *args, **kwargs)
+        self._table[gkey] = key, fn.add_input(acc, value, *args, **kwargs)
 
     def finish_bundle(self):
         """Emit every accumulator left (global window)."""
@@ -62,8 +66,9 @@ class CombineTable(beam.DoFn):
 
     def _evict(self, n: int):
         args, kwargs = self._side
-        for key in list(itertools.islice(self._table, n)):
-            yield key, self.combine_fn.compact(self._table.pop(key), *args, **kwargs)
+        for gkey in list(itertools.islice(self._table, n)):
+            key, acc = self._table.pop(gkey)
+            yield key, self.combine_fn.compact(acc, *args, **kwargs)
 
 
 def _merge(item, combine_fn: beam.CombineFn, *args, **kwargs):

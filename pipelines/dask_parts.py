@@ -26,11 +26,32 @@ from __future__ import annotations
 import math
 
 import dask.bag as db
+from apache_beam.coders import FastPrimitivesCoder
 from apache_beam.runners.dask.transform_evaluator import defenestrate
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from .frames import PartWriter, decode, decode_list, encode
+
+
+# Types whose Python equality is the equality of Beam's encoding of them: no bool, float or
+# subclass (True == 1 == 1.0 and 0.0 == -0.0 in Python, but Beam encodes, so groups, them apart).
+_PLAIN = frozenset({str, int, type(None)})
+_KEY_CODER = FastPrimitivesCoder().as_deterministic_coder("a group on the Dask runner")
+
+
+def group_key(key):
+    """What a group compares for ``key``: ``key`` itself when it is a ``str``, ``int``, ``None``
+    or a tuple of those (most keys, at the cost of a type check), else the ``bytes`` of its
+    deterministic Beam encoding (never equal to a key of the first kind). Two keys are thus one
+    group exactly when Beam's DirectRunner groups them, which compares encoded keys (the Beam
+    model's ``GroupByKey``), where a ``dict`` of the keys themselves would merge ``True``, ``1``
+    and ``1.0``. Raises ``TypeError`` for a key Beam cannot encode deterministically (a
+    ``frozenset``, most class instances), as the DirectRunner does."""
+    kind = type(key)
+    if kind in _PLAIN or (kind is tuple and all(type(part) in _PLAIN for part in key)):
+        return key
+    return _KEY_CODER.encode(key)
 
 
 def _key_hash(key) -> int:
@@ -44,24 +65,31 @@ def _key_hash(key) -> int:
 
 
 def _split_by_key(part: bytes, n: int) -> tuple:
-    """``(key, value)`` elements of one partition → ``n`` encoded pieces of ``(key, value)`` by key
-    hash, values unwrapped from Beam's ``WindowedValue`` (a third fewer objects to decode)."""
+    """``(key, value)`` elements of one partition → ``n`` encoded pieces of ``(key, value)`` by the
+    hash of :func:`group_key`, values unwrapped from Beam's ``WindowedValue`` (a third fewer
+    objects to decode)."""
     pieces = [PartWriter() for _ in range(n)]
     for key, value in decode(part):
-        pieces[_key_hash(key) % n].append((key, defenestrate(value)))
+        pieces[_key_hash(group_key(key)) % n].append((key, defenestrate(value)))
     return tuple(p.getvalue() for p in pieces)
 
 
 def group_pieces(pieces: list):
-    """Pieces of one group output partition → ``(key, [values])`` per key (a generator), keys in
-    order of first appearance, values in piece order. Each key's values are released as the
+    """Pieces of one group output partition → ``(key, [values])`` per key as :func:`group_key`
+    tells keys apart (a generator), keys in order of first appearance (the key object first
+    seen is the one output), values in piece order. Each key's values are released as the
     consumer moves on to the next key."""
     grouped: dict = {}
     for piece in pieces:
         for key, value in decode(piece):
-            grouped.setdefault(key, []).append(value)
-    for key in list(grouped):
-        yield key, grouped.pop(key)
+            gkey = group_key(key)
+            entry = grouped.get(gkey)
+            if entry is None:
+                grouped[gkey] = (key, [value])
+            else:
+                entry[1].append(value)
+    for gkey in list(grouped):
+        yield grouped.pop(gkey)
 
 
 def group(pieces: list) -> bytes:
@@ -115,7 +143,7 @@ def _split_routed(part: bytes, n: int, g: int) -> tuple:
     (values unwrapped as by :func:`_split_by_key`)."""
     pieces = [PartWriter() for _ in range(g)]
     for key, value in decode(part):
-        j = _key_hash(key) % n
+        j = _key_hash(group_key(key)) % n
         pieces[j % g].append((j, (key, defenestrate(value))))
     return tuple(p.getvalue() for p in pieces)
 

@@ -29,7 +29,10 @@ says why: held Python objects fragmented the worker's heap to several times what
 read and written a frame of elements at a time (a ParDo after a group reads the group's
 shuffled pieces without their being encoded again). Groups and ``Reshuffle`` therefore use its
 own task shuffle (keys hashed with ``dask.base.tokenize``, the
-same in every worker process) and spread instead of dask's, which look into partitions.
+same in every worker process) and spread instead of dask's, which look into partitions. Groups
+and the partial combine tell keys apart as Beam does, by encoding
+(:func:`pipelines.dask_parts.group_key`: ``True``, ``1`` and ``1.0`` are three keys), not by
+Python equality.
 
 Costs that grow with the corpus are kept to what the job itself needs: the partition count
 grows with the input (:func:`partition_count`), so a task's slice stays the same size; the

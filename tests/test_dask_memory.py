@@ -245,3 +245,18 @@ def test_trim_memory_plugin_trims_only_workers_on_glibcs_allocator(monkeypatch):
     plugin.transition("k", "executing", "memory")
     plugin.transition("k", "executing", "error")
     assert plugin.trims == (2 if sys.platform.startswith("linux") else 0)
+
+
+_KEYS = st.recursive(st.one_of(st.booleans(), st.integers(), st.floats(), st.text(max_size=3), st.binary(max_size=3),
+                               st.none()), lambda inner: st.tuples(inner, inner), max_leaves=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=_KEYS, b=_KEYS)
+def test_group_key_tells_keys_apart_as_beams_encoding_does(a, b):
+    from apache_beam.coders import FastPrimitivesCoder
+
+    from pipelines.dask_parts import group_key
+
+    coder = FastPrimitivesCoder().as_deterministic_coder("test")
+    assert (group_key(a) == group_key(b)) == (coder.encode(a) == coder.encode(b))
