@@ -240,8 +240,8 @@ class WriteBucketFn(beam.DoFn):
 def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, model: bytes, splits: dict | None = None) -> Manifest:
     """Commit one shard set: rename bucket tars (and their ``.idx``) to ``{prefix}-NNNNNN`` in bucket
     order, remove stale shards of an earlier run, write ``tokenizer.model``, the wids
-    ``shardindex.json`` (with ``cfg.write_index``) and, last, ``manifest.json`` (with ``splits``);
-    returns the manifest."""
+    ``shardindex.json`` (with ``cfg.write_index``) and, last, ``manifest.json`` (with ``splits``, and
+    ``cfg.layout`` also when ``shards`` is empty); returns the manifest."""
     from .tokenizer import load_processor, token_dtype
 
     vocab_size = load_processor(model).get_piece_size()
@@ -266,9 +266,9 @@ def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, model: bytes
     fs.pipe_file(f"{root}/{TOKENIZER_FILE}", model)
     if indexes:
         fs.pipe_file(f"{root}/{WIDS_FILE}", (json.dumps(wids_index(indexes), indent=1) + "\n").encode("utf-8"))
-    layout = "token_blocks" if any(i.blocks for i in infos) else "documents"
+    # the configured layout, not one read off the shards: a job that wrote none has no shard to tell
     manifest = Manifest(shards=infos, tokenizer=TOKENIZER_FILE, vocab_size=vocab_size,
-                        token_dtype=token_dtype(vocab_size).name, splits=splits or {}, layout=layout)
+                        token_dtype=token_dtype(vocab_size).name, splits=splits or {}, layout=cfg.layout)
     fs.pipe_file(f"{root}/manifest.json", manifest.to_json().encode("utf-8"))
     return manifest
 

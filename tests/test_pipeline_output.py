@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from pipelines.config import ShardsConfig, TokenizerConfig
 from pipelines.records import Doc
 from pipelines.frames import Blob, decode_list, encode
-from pipelines.sharding import (TMP_DIR, AssignBucketsFn, WriteBucketFn, assign_bucket, encode_sample, encoded_size,
-                                finalize, num_buckets, sample_order)
+from pipelines.sharding import (TMP_DIR, AssignBucketsFn, WriteBucketFn, assign_bucket, commit_shards, encode_sample,
+                                encoded_size, finalize, num_buckets, sample_order)
 from pipelines.tokenizer import train_sentencepiece
 from shards import iter_samples
 
@@ -142,3 +142,29 @@ def test_a_large_bundle_emits_its_runs_early(monkeypatch):
     runs = [decode_list(run.data) for _, run in early + late]
     assert sorted(map(repr, (s for run in runs for s in run))) == sorted(map(repr, samples))
     assert all(run == sorted(run, key=sample_order) for run in runs)
+
+
+def test_a_job_that_writes_no_shards_keeps_its_configured_layout(tmp_path):
+    from pipelines.config import PipelineConfig
+    from pipelines.job import run
+
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": f"short text {i}"}) + "\n"
+                                               for i in range(5)))
+    (tmp_path / "tok.model").write_bytes(train_sentencepiece(["alpha beta gamma"] * 50, TokenizerConfig(vocab_size=300)))
+    cfg = PipelineConfig()
+    cfg.tokenizer.path = str(tmp_path / "tok.model")
+    cfg.clean.min_chars = 10_000  # every document filtered: no shard is written
+    stats = run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["shards"] == [] and stats["shards"] == 0
+    assert cfg.shards.layout == "token_blocks" == manifest["layout"] == stats["layout"]
+
+
+def test_an_empty_shard_set_is_committed_with_the_configured_layout():
+    model = train_sentencepiece(["alpha beta gamma"] * 50, TokenizerConfig(vocab_size=300))
+    fs = fsspec.filesystem("memory")
+    for layout in ("documents", "token_blocks"):
+        manifest = commit_shards(f"memory://colaflow-empty-{layout}", ShardsConfig(layout=layout), [], model)
+        saved = json.loads(fs.cat_file(f"/colaflow-empty-{layout}/manifest.json"))
+        assert manifest.layout == saved["layout"] == layout
+        fs.rm(f"/colaflow-empty-{layout}", recursive=True)
