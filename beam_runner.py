@@ -34,6 +34,7 @@ from pipelines.job import InputError, beam_options, run  # noqa: E402
 from pipelines.output import OutputExistsError, OutputNotWritableError  # noqa: E402
 from pipelines.records import input_root  # noqa: E402
 from pipelines.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
+from pipelines.tokenizer import EmptySampleError  # noqa: E402
 from shards.config import ConfigError, load_config  # noqa: E402
 
 
@@ -86,13 +87,16 @@ def _os_error_hint(e: OSError, input_glob: str, output: str) -> str:
     return ""
 
 
-class _QuietConfigErrors(logging.Filter):
-    """Drops the traceback Beam logs (``apache_beam.runners.common``) for a ``ConfigError`` raised
-    inside a step: :func:`_failure` prints that error in one line, with exit code 2."""
+class _QuietKnownErrors(logging.Filter):
+    """Drops the traceback Beam logs (``apache_beam.runners.common``) for an error raised inside a
+    step that says what to do next in its message, which :func:`_failure` prints in one line: a
+    ``ConfigError`` (exit code 2) or an :class:`~pipelines.tokenizer.EmptySampleError` (no
+    document reached the tokenizer, exit code 1)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """``False`` (drop) for a record carrying a :class:`shards.config.ConfigError`."""
-        return not (record.exc_info and isinstance(record.exc_info[1], ConfigError))
+        """``False`` (drop) for a record carrying a :class:`shards.config.ConfigError` or an
+        :class:`~pipelines.tokenizer.EmptySampleError`."""
+        return not (record.exc_info and isinstance(record.exc_info[1], (ConfigError, EmptySampleError)))
 
 
 class _Interrupt:
@@ -147,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    quiet = _QuietConfigErrors()
+    quiet = _QuietKnownErrors()
     logging.getLogger("apache_beam.runners.common").addFilter(quiet)
     if args.tokenizer:
         cfg.tokenizer.path = args.tokenizer

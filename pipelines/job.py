@@ -51,8 +51,8 @@ DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRun
 
 
 class InputError(ValueError):
-    """``--input`` names no readable set of files (a folder, or files of unknown format under
-    ``input.unknown_files: error``); the message says what to pass instead."""
+    """``--input`` names no readable set of files (a folder, files of unknown format under
+    ``input.unknown_files: error``, or only empty files); the message says what to pass instead."""
 
 
 def beam_options(beam_args: list[str]) -> PipelineOptions:
@@ -148,7 +148,8 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
     ``input.unknown_files: skip``.
 
     Raises:
-        InputError: ``input_glob`` is a folder, or unknown files under ``input.unknown_files: error``.
+        InputError: ``input_glob`` is a folder, unknown files under ``input.unknown_files: error``,
+            or every file to read is empty (0 bytes).
         FileNotFoundError: nothing matches ``input_glob``.
     """
     try:
@@ -169,7 +170,11 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
                          f"optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
                          "input.format=jsonl|text|parquet, or input.unknown_files=skip|text")
     skip = set(skipped)
-    return [m for m in matched if m.path not in skip], skipped
+    to_read = [m for m in matched if m.path not in skip]
+    if to_read and not any(m.size_in_bytes for m in to_read):
+        raise InputError(f"--input {input_glob!r}: the {len(to_read)} input files it matches are all empty (0 bytes), "
+                         "so there is nothing to preprocess; point --input at the corpus files")
+    return to_read, skipped
 
 
 def _warn_skipped(skipped: list[str]) -> None:
@@ -201,7 +206,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         shards.config.ConfigError: a bad config value (:meth:`PipelineConfig.validate`), an unknown
             Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
         FileNotFoundError: no file matches ``input_glob``.
-        InputError: ``input_glob`` names a folder, or unknown files are refused (see :func:`match_input`).
+        InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
+            empty (see :func:`match_input`).
         pipelines.output.OutputExistsError: ``output_dir`` holds an earlier run and not ``overwrite``.
         pipelines.output.OutputNotWritableError: ``output_dir`` cannot be written.
         ValueError / RuntimeError: the tokenizer cannot be trained (e.g. nothing survived cleaning),

@@ -57,20 +57,26 @@ def training_lines(texts: list[str], max_bytes: int) -> list[str]:
     return out
 
 
+class EmptySampleError(ValueError):
+    """No document reached the tokenizer (every record was a dead letter or filtered, or the input
+    files hold no record); the message says what to check. A data error: the command line prints
+    it in one line, without the traceback Beam logs for a failed step (exit 1)."""
+
+
 def train_sentencepiece(texts: list[str], cfg: TokenizerConfig) -> bytes:
     """Train a sentencepiece model on ``texts`` (each line is one training sentence, long lines cut by
     :func:`training_lines`); returns model bytes.
 
     Raises:
-        ValueError: the sample is empty (no document reached the tokenizer: every record was a dead
-            letter or filtered).
+        EmptySampleError: (a ``ValueError``) the sample is empty (no document reached the
+            tokenizer: every record was a dead letter or filtered).
         shards.config.ConfigError: ``vocab_size`` is below the characters the sample requires at
             ``character_coverage`` (a config problem: the message says which size would do).
         RuntimeError: sentencepiece rejects the sample otherwise (message includes its error).
     """
     lines = training_lines(texts, cfg.max_sentence_bytes)
     if not lines:
-        raise ValueError("tokenizer sample is empty: no document reached the tokenizer (every record was "
+        raise EmptySampleError("tokenizer sample is empty: no document reached the tokenizer (every record was "
                          "dead-lettered or filtered: check --input, input.format and input.text_field), "
                          "or pass --tokenizer PATH")
     print(f"training sentencepiece ({cfg.model_type}, vocab {cfg.vocab_size}) on {len(texts):,} documents, "

@@ -76,3 +76,35 @@ def test_declared_beam_options_pass():
     assert options.get_all_options()["direct_num_workers"] == 2
     with pytest.raises(ConfigError, match="--no_such_flag"):
         beam_options(["--no_such_flag=1"])
+
+
+def _cli(args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "beam_runner.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _one_error_line(p: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in p.stderr and "ERROR" not in p.stderr, p.stderr
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, p.stderr
+    return errors[0]
+
+
+def test_empty_input_files_are_one_line_and_exit_2(tmp_path):
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / name).write_bytes(b"")
+    p = _cli(["--input", str(tmp_path / "*.jsonl"), "--output", str(tmp_path / "out")])
+    assert p.returncode == 2  # as for a glob that matches nothing: fix --input
+    line = _one_error_line(p)
+    assert "2 input files" in line and "empty" in line and "--input" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_input_with_no_usable_document_is_one_line_and_exit_1(tmp_path):
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"id": str(i), "body": "no text field"}) + "\n"
+                                              for i in range(3)))
+    p = _cli(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out")])
+    assert p.returncode == 1  # a data error: every record was dead-lettered
+    assert "no document reached the tokenizer" in _one_error_line(p)
+    assert not (tmp_path / "out" / "manifest.json").exists()
