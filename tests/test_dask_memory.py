@@ -169,6 +169,7 @@ def _spilled(dask_worker) -> float:
     return dask_worker.data.cumulative_metrics.get(("disk-write", "bytes"), 0.0)
 
 
+@pytest.mark.timeout(120)  # about 10 s; a worker paused on its own memory stalls the job for good
 def test_workers_with_a_memory_limit_spill_held_partitions_and_finish(tmp_path):
     """120 MB of strings are held behind a side input (their count) on 2 workers limited to
     200 MB each: stored results beyond SPILL_TARGET of the limit go to disk and the job ends
