@@ -26,8 +26,9 @@ TABLE_KEYS = 1024  # accumulators a partial combine holds before it evicts the o
 class CombineTable(beam.DoFn):
     """``(key, value)`` → ``(key, accumulator)``: values combined per key in a table of at most
     ``max_keys`` accumulators (insertion order), keys told apart as the group after it tells
-    them (:func:`pipelines.dask_parts.group_key`: ``True`` and ``1`` are two keys). When a new key would pass the bound, the
-    oldest tenth is emitted (compacted) and dropped; the rest is emitted at the bundle's end.
+    them (:func:`pipelines.dask_parts.group_key`: ``True`` and ``1`` are two keys). When a new
+    key would pass the bound, the oldest tenth is emitted (compacted) and dropped; the rest is
+    emitted at the bundle's end.
     ``args``/``kwargs`` of ``process`` are the combine's side inputs, passed to every call."""
 
     def __init__(self, combine_fn: beam.CombineFn, max_keys: int = TABLE_KEYS):

@@ -150,7 +150,8 @@ def test_a_job_that_writes_no_shards_keeps_its_configured_layout(tmp_path):
 
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": f"short text {i}"}) + "\n"
                                                for i in range(5)))
-    (tmp_path / "tok.model").write_bytes(train_sentencepiece(["alpha beta gamma"] * 50, TokenizerConfig(vocab_size=300)))
+    model = train_sentencepiece(["alpha beta gamma"] * 50, TokenizerConfig(vocab_size=300))
+    (tmp_path / "tok.model").write_bytes(model)
     cfg = PipelineConfig()
     cfg.tokenizer.path = str(tmp_path / "tok.model")
     cfg.clean.min_chars = 10_000  # every document filtered: no shard is written
