@@ -77,8 +77,8 @@ def train_sentencepiece(texts: list[str], cfg: TokenizerConfig) -> bytes:
     lines = training_lines(texts, cfg.max_sentence_bytes)
     if not lines:
         raise EmptySampleError("tokenizer sample is empty: no document reached the tokenizer (every record was "
-                         "dead-lettered or filtered: check --input, input.format and input.text_field), "
-                         "or pass --tokenizer PATH")
+                               "dead-lettered or filtered: check --input, input.format and input.text_field), "
+                               "or pass --tokenizer PATH")
     print(f"training sentencepiece ({cfg.model_type}, vocab {cfg.vocab_size}) on {len(texts):,} documents, "
           f"{sum(len(t.encode('utf-8')) for t in texts) / 1e6:.1f} MB", file=sys.stderr, flush=True)
     model = io.BytesIO()
