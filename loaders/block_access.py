@@ -5,19 +5,22 @@ index (:func:`loaders.member_index.member_table`) and its documents' blocks, off
 lengths from the node's document tables (:func:`loaders.doc_table.doc_table`). A document is
 then a slice:
 
-* raw blocks (``tokens.npy``): the whole shard file is memory-mapped and viewed as one token
-  array (block data is 64-byte aligned inside the tar), so a document's tokens are a zero-copy
-  view ``tokens[base + start : base + start + length]`` — no read call, no copy, no decode;
+* raw blocks (``tokens.npy``): the whole shard file is memory-mapped (or, when small, read into
+  memory: :mod:`loaders.shard_file`) and viewed as one token array (block data is 64-byte aligned
+  inside the tar), so a document's tokens are a zero-copy view
+  ``tokens[base + start : base + start + length]`` — no read call, no copy, no decode;
 * zstd blocks (``tokens.npy.zst``): the block is decompressed once into memory (one frame) and
   documents are slices of it; the most recently used blocks are kept (up to 64 MiB per shard).
   When a block is first needed, the next one is read and decompressed ahead in a background
   thread (zstd releases the GIL), as documents are read in roughly increasing block order.
+
+The shard's file object is closed once it is open (:func:`loaders.shard_file.read_or_map`): an
+open shard holds no descriptor of its own when small, else only its memory map's.
 """
 from __future__ import annotations
 
 import collections
 import concurrent.futures
-import mmap
 import os
 import threading
 
@@ -28,6 +31,7 @@ from shards.blocks import npy_data_offset
 
 from .doc_table import DocTable, doc_table
 from .member_index import member_table
+from .shard_file import is_resident, read_or_map
 from .token_decode import TokenDecoder
 
 # Decompressed zstd blocks kept per open shard: a shuffle block's documents span several token
@@ -90,6 +94,7 @@ class BlockShard:
     Raises:
         ShardError: unreadable tar or block metadata, block or document counts that differ from
             the manifest, or raw token data that does not match a block's metadata.
+        OSError: the file cannot be opened, read or mapped.
     """
 
     def __init__(self, path: str, expected_blocks: int | None = None, sha256: str | None = None,
@@ -97,16 +102,17 @@ class BlockShard:
                  expected_documents: int | None = None):
         self.path = path
         self.dtype = np.dtype(token_dtype).newbyteorder("<")
-        self._f = open(path, "rb")
-        try:
-            self._open(sha256, size, index_dir, expected_blocks, expected_documents)
-        except BaseException:
-            self._f.close()
-            raise
+        with open(path, "rb") as f:  # only while opening: see the module docstring
+            self._open(f, sha256, size, index_dir, expected_blocks, expected_documents)
 
-    def _open(self, sha256, size, index_dir, expected_blocks, expected_documents) -> None:
-        t = member_table(self.path, self._f, sha256, size, index_dir, expected_blocks)
-        self.docs = doc_table(self.path, self._f.fileno(), t.field_rows("json"), t.offset, t.size, sha256, size,
+    @property
+    def resident(self) -> bool:
+        """Whether the shard is read whole into memory (needs neither its file nor a cache pin any more)."""
+        return is_resident(self._data)
+
+    def _open(self, f, sha256, size, index_dir, expected_blocks, expected_documents) -> None:
+        t = member_table(self.path, f, sha256, size, index_dir, expected_blocks)
+        self.docs = doc_table(self.path, f.fileno(), t.field_rows("json"), t.offset, t.size, sha256, size,
                               index_dir)
         if expected_documents and len(self.docs) != expected_documents:
             raise ShardError(f"{self.path}: {len(self.docs)} documents but the manifest says {expected_documents};"
@@ -123,8 +129,9 @@ class BlockShard:
         self._ahead_decoder = TokenDecoder(self.dtype.name)  # used by the read-ahead thread only
         self._ahead: dict[int, concurrent.futures.Future] = {}  # block -> its read-ahead
         self._ahead_pid = os.getpid()
+        self._data = read_or_map(f)
         if self._raw and len(rows):
-            mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
+            mm = self._data
             item = self.dtype.itemsize
             heads = [npy_data_offset(mm[o:o + 16]) for o in self._offset.tolist()]
             data_off = self._offset + np.asarray(heads, np.int64)
@@ -147,7 +154,11 @@ class BlockShard:
     def _decode(self, b: int, decoder: TokenDecoder) -> np.ndarray:
         """Block ``b``'s tokens, read and decompressed (``decoder``: one per thread, zstd contexts are
         not shared). Raises ShardError naming the shard and block."""
-        data = os.pread(self._f.fileno(), int(self._size[b]), int(self._offset[b]))
+        at = int(self._offset[b])
+        data = self._data[at:at + int(self._size[b])]
+        if len(data) != int(self._size[b]):
+            raise ShardError(f"{self.path}: block {b} truncated ({len(data)} of {int(self._size[b])} bytes)",
+                             "truncated")
         try:
             got = decoder.tokens(self._suffix[b], data)
         except Exception as e:  # noqa: BLE001 - any decoder failure is reported with its location
@@ -235,10 +246,9 @@ class BlockShard:
                 "tokens": toks}
 
     def close(self) -> None:
-        """Close the file (after any read-ahead of it: its descriptor must not be reused under it);
-        a memory map stays valid until the last token view is gone."""
+        """Let go of the shard's bytes (after any read-ahead of them); a memory map (and its
+        descriptor) stays valid until the last token view of it is gone."""
         if self._ahead_pid == os.getpid():
             concurrent.futures.wait(list(self._ahead.values()))
         self._ahead = {}
-        self._f.close()
-        self._all = None
+        self._data = self._all = None

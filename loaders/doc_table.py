@@ -8,8 +8,10 @@ table is made once and kept, in this order of preference:
 
 1. this process's memory (an LRU over recently opened shards);
 2. the node's index store ``INDEX_DIR/SHA256-SIZE.docs.npy`` (keyed by the manifest's sha256 and
-   byte size, so a changed shard never meets a stale table): one ``int64`` ``.npy``, memory-mapped
-   (no pickle, no zip), holding the counts ``[documents, blocks, id bytes]`` then ``block``,
+   byte size, so a changed shard never meets a stale table): one ``int64`` ``.npy`` (no pickle,
+   no zip), memory-mapped — or read into memory when at most
+   :data:`loaders.shard_file.RESIDENT_BYTES`, so that the tables this process keeps (up to
+   :data:`MEMORY_TABLES`) of many tiny shards hold no file descriptor each — holding the counts ``[documents, blocks, id bytes]`` then ``block``,
    ``start``, ``length``, ``block_tokens``, ``id_offsets`` and the ids as one UTF-8 buffer
    (padded to 8 bytes), decoded only when a sample key is asked for;
 3. the blocks' metadata, parsed (then written to the store, atomic rename).
@@ -26,6 +28,7 @@ from shards.blocks import META_SUFFIX, decode_meta
 from shards.keys import escape_keys
 
 from .member_index import TableCache, store_file, store_path, table_key
+from .shard_file import RESIDENT_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +126,12 @@ def _store(table: DocTable, path: str) -> None:
 
 
 def _load(path: str, blocks: int) -> DocTable | None:
-    """The stored table (views of its memory map), or ``None`` when it is unreadable or does not
-    fit the shard (then rebuilt): sizes that do not add up, or a document outside its block."""
+    """The stored table (views of its memory map, or of its content read into memory when the file
+    has at most ``RESIDENT_BYTES`` bytes), or ``None`` when it is unreadable or does not fit the shard
+    (then rebuilt): sizes that do not add up, or a document outside its block."""
     try:
-        a = np.load(path, mmap_mode="r", allow_pickle=False)
+        small = os.path.getsize(path) <= RESIDENT_BYTES  # a memory map would keep a descriptor per table
+        a = np.load(path, mmap_mode=None if small else "r", allow_pickle=False)
         if a.dtype != np.int64 or a.ndim != 1 or len(a) < 3:
             raise ValueError(f"not a table ({a.dtype}, shape {a.shape})")
         n, nb, n_bytes = (int(x) for x in a[:3])

@@ -2,8 +2,10 @@
 
 A consumer reads only its own samples: it opens a shard (a local file from the cache), takes
 its member offsets from the node's index (:mod:`loaders.member_index`: listed once per node with
-:mod:`tarfile`), and reads the members of a sample by offset. The shard stays pinned in the
-cache while open.
+:mod:`tarfile`), and reads the members of a sample by offset. A shard holds no file object
+once open (:mod:`loaders.shard_file`): a small one is read whole into memory and unpinned from
+the cache at once, a larger one is memory-mapped and stays pinned while open. So a consumer
+keeping thousands of tiny shards of a shuffle block open needs no descriptor for them.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from shards.sample import field_name
 
 from .block_access import BlockShard
 from .member_index import default_index_dir, member_table
+from .shard_file import is_resident, read_or_map
 from .token_decode import TokenDecoder
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,8 @@ class IndexedShard:
     """One open shard: its member table (keys in file order, each member's data offset and size in bytes).
 
     The member offsets come from :func:`loaders.member_index.member_table` (computed once per
-    node, keyed by the manifest's sha256); members are read with ``os.pread`` (one system call).
+    node, keyed by the manifest's sha256); members are sliced out of the shard's bytes
+    (:func:`loaders.shard_file.read_or_map`: in memory when small, else memory-mapped).
 
     Args:
         path: the local shard file.
@@ -57,29 +61,33 @@ class IndexedShard:
     Raises:
         ShardError: unreadable tar, members of a key not adjacent, or a sample count that
             differs from the manifest's ``expected_samples``.
+        OSError: the file cannot be opened, read or mapped.
     """
 
     def __init__(self, path: str, expected_samples: int | None = None, sha256: str | None = None,
                  size: int | None = None, index_dir: str | None = None, token_dtype: str = "uint16"):
         self.path = path
-        self._f = open(path, "rb")
-        try:
-            self.table = member_table(path, self._f, sha256, size, index_dir, expected_samples)
-        except BaseException:
-            self._f.close()
-            raise
+        with open(path, "rb") as f:  # only while opening: see the module docstring
+            self.table = member_table(path, f, sha256, size, index_dir, expected_samples)
+            self._data = read_or_map(f)
         self._tokens = self.table.field_rows("tokens")
         self._decoder = TokenDecoder(token_dtype)
 
     def __len__(self) -> int:
         return len(self.table)
 
+    @property
+    def resident(self) -> bool:
+        """Whether the shard is read whole into memory (needs neither its file nor a cache pin any more)."""
+        return is_resident(self._data)
+
     def key(self, index: int) -> str:
         """Key of sample ``index`` (file order)."""
         return str(self.table.keys[index])
 
     def _member(self, key: str, suffix: str, offset: int, size: int) -> bytes:
-        data = os.pread(self._f.fileno(), size, offset)
+        """The ``size`` bytes at ``offset`` (bytes) of the shard. Raises ShardError when the shard is shorter."""
+        data = self._data[offset:offset + size]
         if len(data) != size:
             raise ShardError(f"{self.path}: member {key}.{suffix} truncated ({len(data)} of {size} bytes)",
                              "truncated")
@@ -116,8 +124,8 @@ class IndexedShard:
                              "undecodable") from e
 
     def close(self) -> None:
-        """Close the shard's file."""
-        self._f.close()
+        """Let go of the shard's bytes (a memory map, and its descriptor, goes when garbage-collected)."""
+        self._data = None
 
 
 class ShardReader:
@@ -162,6 +170,8 @@ class ShardReader:
                 else:
                     handle = IndexedShard(path, info.samples, info.sha256, info.bytes, self.index_dir,
                                           self.manifest.token_dtype)
+                if handle.resident:  # its bytes are in memory: the cache may evict the file (and the pin's lock goes)
+                    stack.close()
                 self._open[shard] = (handle, stack)
             except Exception as e:  # noqa: BLE001 - any fetch/verify failure: skip the shard's samples, counted
                 stack.close()
@@ -195,7 +205,8 @@ class ShardReader:
         return handle
 
     def retain(self, shards: set[int]) -> None:
-        """Close (unpin) every open shard not in ``shards``."""
+        """Close (unpin) every open shard not in ``shards``. Retained shards hold no file descriptor
+        when small (see the module docstring), so ``shards`` may number thousands."""
         for s in [s for s in self._open if s not in shards]:
             handle, stack = self._open.pop(s)
             handle.close()
