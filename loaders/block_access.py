@@ -154,8 +154,10 @@ class BlockShard:
     def _decode(self, b: int, decoder: TokenDecoder) -> np.ndarray:
         """Block ``b``'s tokens, read and decompressed (``decoder``: one per thread, zstd contexts are
         not shared). Raises ShardError naming the shard and block."""
-        at = int(self._offset[b])
-        data = self._data[at:at + int(self._size[b])]
+        at, zst = int(self._offset[b]), self._suffix[b].endswith(".zst")
+        # a zstd frame is decompressed straight from the mapping, so its page faults happen in
+        # zstd's C code without the GIL (this runs in the read-ahead thread); .npy bytes are copied
+        data = (memoryview(self._data) if zst else self._data)[at:at + int(self._size[b])]
         if len(data) != int(self._size[b]):
             raise ShardError(f"{self.path}: block {b} truncated ({len(data)} of {int(self._size[b])} bytes)",
                              "truncated")

@@ -31,7 +31,7 @@ class TokenDecoder:
         self._descr = f"'descr': '{self.dtype.str}'"
         self._dctx = zstandard.ZstdDecompressor()
 
-    def decompress(self, data: bytes) -> bytes:
+    def decompress(self, data: bytes | memoryview) -> bytes:
         """One zstd frame's content. Raises ``zstandard.ZstdError`` on corrupt input."""
         try:
             return self._dctx.decompress(data)
@@ -39,9 +39,10 @@ class TokenDecoder:
             # frames written without a content size need the streaming decoder
             return self._dctx.decompressobj().decompress(data)
 
-    def tokens(self, suffix: str, data: bytes) -> np.ndarray:
+    def tokens(self, suffix: str, data: bytes | memoryview) -> np.ndarray:
         """The 1-D token array of member ``suffix`` (``tokens.npy`` or ``tokens.npy.zst``).
 
+        ``data``: the member's bytes (for ``.zst``, any buffer, e.g. a ``memoryview`` of a memory map).
         Returns a read-only array (a view of the decompressed bytes) on the fast path.
         Raises ``zstandard.ZstdError`` or ``ValueError`` on undecodable data.
         """
