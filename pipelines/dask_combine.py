@@ -11,22 +11,43 @@ workers bound the same table by key count and evict part of it when full
 does the same with a table sized for memory, and the runner writes what it evicts as bytes.
 A key whose values are evicted more than once reaches the merge with several accumulators,
 which ``merge_accumulators`` combines as it would partial results from several bundles.
+
+Keys are told apart as Beam tells them (:func:`group_key`), here and in the runner's groups.
+This module imports Beam only, not dask: the combine runs wherever the job's DoFns run.
 """
 from __future__ import annotations
 
 import itertools
 
 import apache_beam as beam
-
-from .dask_parts import group_key
+from apache_beam.coders import FastPrimitivesCoder
 
 TABLE_KEYS = 1024  # accumulators a partial combine holds before it evicts the oldest tenth
+
+# Types whose Python equality is the equality of Beam's encoding of them: no bool, float or
+# subclass (True == 1 == 1.0 and 0.0 == -0.0 in Python, but Beam encodes, so groups, them apart).
+_PLAIN = frozenset({str, int, type(None)})
+_KEY_CODER = FastPrimitivesCoder().as_deterministic_coder("a group on the Dask runner")
+
+
+def group_key(key):
+    """What a group compares for ``key``: ``key`` itself when it is a ``str``, ``int``, ``None``
+    or a tuple of those (most keys, at the cost of a type check), else the ``bytes`` of its
+    deterministic Beam encoding (never equal to a key of the first kind). Two keys are thus one
+    group exactly when Beam's DirectRunner groups them, which compares encoded keys (the Beam
+    model's ``GroupByKey``), where a ``dict`` of the keys themselves would merge ``True``, ``1``
+    and ``1.0``. Raises ``TypeError`` for a key Beam cannot encode deterministically (a
+    ``frozenset``, most class instances), as the DirectRunner does."""
+    kind = type(key)
+    if kind in _PLAIN or (kind is tuple and all(type(part) in _PLAIN for part in key)):
+        return key
+    return _KEY_CODER.encode(key)
 
 
 class CombineTable(beam.DoFn):
     """``(key, value)`` → ``(key, accumulator)``: values combined per key in a table of at most
     ``max_keys`` accumulators (insertion order), keys told apart as the group after it tells
-    them (:func:`pipelines.dask_parts.group_key`: ``True`` and ``1`` are two keys). When a new
+    them (:func:`group_key`: ``True`` and ``1`` are two keys). When a new
     key would pass the bound, the oldest tenth is emitted (compacted) and dropped; the rest is
     emitted at the bundle's end.
     ``args``/``kwargs`` of ``process`` are the combine's side inputs, passed to every call."""

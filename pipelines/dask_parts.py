@@ -26,32 +26,12 @@ from __future__ import annotations
 import math
 
 import dask.bag as db
-from apache_beam.coders import FastPrimitivesCoder
 from apache_beam.runners.dask.transform_evaluator import defenestrate
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
+from .dask_combine import group_key
 from .frames import PartWriter, decode, decode_list, encode
-
-
-# Types whose Python equality is the equality of Beam's encoding of them: no bool, float or
-# subclass (True == 1 == 1.0 and 0.0 == -0.0 in Python, but Beam encodes, so groups, them apart).
-_PLAIN = frozenset({str, int, type(None)})
-_KEY_CODER = FastPrimitivesCoder().as_deterministic_coder("a group on the Dask runner")
-
-
-def group_key(key):
-    """What a group compares for ``key``: ``key`` itself when it is a ``str``, ``int``, ``None``
-    or a tuple of those (most keys, at the cost of a type check), else the ``bytes`` of its
-    deterministic Beam encoding (never equal to a key of the first kind). Two keys are thus one
-    group exactly when Beam's DirectRunner groups them, which compares encoded keys (the Beam
-    model's ``GroupByKey``), where a ``dict`` of the keys themselves would merge ``True``, ``1``
-    and ``1.0``. Raises ``TypeError`` for a key Beam cannot encode deterministically (a
-    ``frozenset``, most class instances), as the DirectRunner does."""
-    kind = type(key)
-    if kind in _PLAIN or (kind is tuple and all(type(part) in _PLAIN for part in key)):
-        return key
-    return _KEY_CODER.encode(key)
 
 
 def _key_hash(key) -> int:

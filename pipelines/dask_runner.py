@@ -31,7 +31,7 @@ shuffled pieces without their being encoded again). Groups and ``Reshuffle`` the
 own task shuffle (keys hashed with ``dask.base.tokenize``, the
 same in every worker process) and spread instead of dask's, which look into partitions. Groups
 and the partial combine tell keys apart as Beam does, by encoding
-(:func:`pipelines.dask_parts.group_key`: ``True``, ``1`` and ``1.0`` are three keys), not by
+(:func:`pipelines.dask_combine.group_key`: ``True``, ``1`` and ``1.0`` are three keys), not by
 Python equality.
 
 Costs that grow with the corpus are kept to what the job itself needs: the partition count

@@ -257,7 +257,7 @@ _KEYS = st.recursive(st.one_of(st.booleans(), st.integers(), st.floats(), st.tex
 def test_group_key_tells_keys_apart_as_beams_encoding_does(a, b):
     from apache_beam.coders import FastPrimitivesCoder
 
-    from pipelines.dask_parts import group_key
+    from pipelines.dask_combine import group_key
 
     coder = FastPrimitivesCoder().as_deterministic_coder("test")
     assert (group_key(a) == group_key(b)) == (coder.encode(a) == coder.encode(b))
