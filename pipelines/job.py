@@ -172,7 +172,8 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
     skip = set(skipped)
     to_read = [m for m in matched if m.path not in skip]
     if to_read and not any(m.size_in_bytes for m in to_read):
-        raise InputError(f"--input {input_glob!r}: the {len(to_read)} input files it matches are all empty (0 bytes), "
+        which = "its one input file is" if len(to_read) == 1 else f"all {len(to_read)} input files it matches are"
+        raise InputError(f"--input {input_glob!r}: {which} empty (0 bytes), "
                          "so there is nothing to preprocess; point --input at the corpus files")
     return to_read, skipped
 
