@@ -9,9 +9,10 @@ table is made once and kept, in this order of preference:
 1. this process's memory (an LRU over recently opened shards);
 2. the node's index store ``INDEX_DIR/SHA256-SIZE.docs.npy`` (keyed by the manifest's sha256 and
    byte size, so a changed shard never meets a stale table): one ``int64`` ``.npy`` (no pickle,
-   no zip), memory-mapped — or read into memory when at most
-   :data:`loaders.shard_file.RESIDENT_BYTES`, so that the tables this process keeps (up to
-   :data:`MEMORY_TABLES`) of many tiny shards hold no file descriptor each — holding the counts ``[documents, blocks, id bytes]`` then ``block``,
+   no zip), memory-mapped, or read into memory when at most
+   :data:`loaders.shard_file.RESIDENT_BYTES` (so the tables this process keeps, up to
+   :data:`MEMORY_TABLES`, of many tiny shards hold no file descriptor each); it holds the
+   counts ``[documents, blocks, id bytes]`` then ``block``,
    ``start``, ``length``, ``block_tokens``, ``id_offsets`` and the ids as one UTF-8 buffer
    (padded to 8 bytes), decoded only when a sample key is asked for;
 3. the blocks' metadata, parsed (then written to the store, atomic rename).
