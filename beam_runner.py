@@ -155,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("apache_beam.runners.common").addFilter(quiet)
     if args.tokenizer:
         cfg.tokenizer.path = args.tokenizer
+    if cfg.tokenizer.path and not os.path.isfile(cfg.tokenizer.path):
+        flag = "--tokenizer" if args.tokenizer else "tokenizer.path"
+        print(f"error: {flag} {cfg.tokenizer.path}: no such file; pass an existing sentencepiece .model, "
+              "or leave it out to train one on the input", file=sys.stderr)
+        return 2
     print(f"preprocessing {args.input} -> {args.output} (beam options: {' '.join(beam_args) or 'DirectRunner'})",
           file=sys.stderr)
     interrupt = _Interrupt()

@@ -108,3 +108,13 @@ def test_input_with_no_usable_document_is_one_line_and_exit_1(tmp_path):
     assert p.returncode == 1  # a data error: every record was dead-lettered
     assert "no document reached the tokenizer" in _one_error_line(p)
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_missing_tokenizer_file_is_a_usage_error_naming_the_flag(tmp_path):
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "1", "text": "some words here"}) + "\n")
+    p = _cli(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out"),
+              "--tokenizer", str(tmp_path / "nope.model")])
+    assert p.returncode == 2  # the command line names a file that is not there: fix the flag
+    line = _one_error_line(p)
+    assert "--tokenizer" in line and "nope.model" in line
+    assert not (tmp_path / "out").exists()
