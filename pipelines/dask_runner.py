@@ -353,12 +353,18 @@ class ColaflowDaskRunner(DaskRunner):
     def run_pipeline(self, pipeline, options):
         """Translate ``pipeline`` into one ``dask.bag`` graph and submit it to the cluster (whose
         workers get the :class:`pipelines.dask_trim.TrimMemory` plugin); returns a result whose
-        ``wait_until_finish`` raises the first task error and then closes the client."""
+        ``wait_until_finish`` raises the first task error and then closes the client. Raises
+        ``ConnectionError`` when no scheduler answers at ``--dask_client_address`` in time."""
         import dask.distributed as ddist
 
         dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True, current_only=True)
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
-        client = ddist.Client(**dask_options)
+        try:
+            client = ddist.Client(**dask_options)
+        except OSError as e:  # dask's "Timed out trying to connect": say which flag and what to start
+            raise ConnectionError(f"no Dask scheduler answered at {dask_options.get('address')}: {e}; start one "
+                                  "(`dask scheduler`, then `dask worker ADDRESS`; docs/cluster.md) or fix "
+                                  "--dask_client_address") from e
         client.register_plugin(TrimMemory(), name=PLUGIN_NAME)
         threads = sum(client.nthreads().values())
         pipeline.replace_all([_LiftCombines()] + dask_overrides())

@@ -118,3 +118,14 @@ def test_a_missing_tokenizer_file_is_a_usage_error_naming_the_flag(tmp_path):
     line = _one_error_line(p)
     assert "--tokenizer" in line and "nope.model" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_dask_scheduler_is_one_line_saying_what_to_start(tmp_path):
+    from pipelines.local_engines import free_port
+
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "1", "text": "some words here"}) + "\n")
+    p = _cli(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out"), "--runner=DaskRunner",
+              f"--dask_client_address=127.0.0.1:{free_port()}", "--dask_connection_timeout=2"])
+    assert p.returncode == 1
+    line = _one_error_line(p)
+    assert "no Dask scheduler answered" in line and "dask scheduler" in line and "--dask_client_address" in line
