@@ -72,6 +72,7 @@ from apache_beam.transforms.sideinputs import SideInputMap
 from .dask_combine import LiftedCombine
 from .dask_parts import group, group_pieces, shuffle, spread
 from .dask_trim import PLUGIN_NAME, TrimMemory
+from .dask_watch import wait_watching_workers
 from .frames import PartWriter, decode, decode_list, encode
 
 MIN_PARTITIONS = 4  # a Reshuffle spreads over at least this many bag partitions
@@ -375,10 +376,13 @@ class ColaflowDaskRunner(DaskRunner):
 
 
 class _Result(DaskRunnerResult):
-    """Closes the client once the job has ended."""
+    """Closes the client once the job has ended; while it waits without a time limit, says when
+    no worker is connected (:func:`pipelines.dask_watch.wait_watching_workers`)."""
 
     def wait_until_finish(self, duration=None):
         try:
+            if duration is None:
+                wait_watching_workers(self.client, self.futures)
             return super().wait_until_finish(duration)
         finally:
             self.client.close()
