@@ -38,13 +38,12 @@ def completed_watching_workers(client, futures: set, out: TextIO | None = None, 
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             raise TimeoutError(f"{len(futures)} Dask task(s) of the job still running after {timeout_s:g} s")
         try:
-            done = wait(futures, timeout=POLL_S, return_when="FIRST_COMPLETED").done
+            done = set(wait(futures, timeout=POLL_S, return_when="FIRST_COMPLETED").done)
         except TimeoutError:
-            done = ()
-        for future in done:
-            futures.discard(future)
-            yield future
+            done = set()
         if done:
+            while done:
+                yield _take(done, futures)  # no local name keeps it while this generator waits
             continue
         try:
             workers = client.nthreads()
@@ -61,3 +60,10 @@ def completed_watching_workers(client, futures: set, out: TextIO | None = None, 
                   f"{now - none_since:.0f} s; the job waits for one: start `dask worker {address}` "
                   "(docs/cluster.md)", file=out or sys.stderr, flush=True)
             next_warning = now + NO_WORKER_REPEAT_S
+
+
+def _take(done: set, futures: set):
+    """One future out of ``done``, removed from ``futures`` too."""
+    future = done.pop()
+    futures.discard(future)
+    return future

@@ -16,6 +16,7 @@ from apache_beam.runners.runner import PipelineState
 
 pytest.importorskip("distributed")
 from pipelines import dask_watch  # noqa: E402
+from pipelines.dask_watch import completed_watching_workers  # noqa: E402
 from pipelines.dask_runner import ColaflowDaskRunner  # noqa: E402
 from pipelines.local_engines import child_env, start_dask, start_dask_worker  # noqa: E402
 
@@ -75,3 +76,28 @@ def test_a_job_with_no_worker_left_says_so_and_waits_for_a_new_one(tmp_path, mon
     warnings = [line for line in ("".join(seen) + capsys.readouterr().err).splitlines() if "no Dask worker" in line]
     assert len(warnings) == 1
     assert f"scheduler at {engine.address}" in warnings[0] and f"start `dask worker {engine.address}`" in warnings[0]
+
+
+def test_each_future_leaves_the_set_as_it_completes_so_the_cluster_forgets_it(tmp_path):
+    """The runner releases a sink partition's result as soon as it is done: a finished result held
+    to the end of the job kept every task upstream of it known to its worker. Here one future
+    finishes while another is held back; once the caller drops the first, the scheduler has
+    forgotten its key while the job still runs."""
+    from distributed import Client, LocalCluster
+
+    release = str(tmp_path / "release")
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        quick = client.submit(lambda: 1, key="quick")
+        slow = client.submit(_block, 2, str(tmp_path / "started"), release, key="slow")
+        futures = {quick, slow}
+        del quick, slow
+        done = completed_watching_workers(client, futures)
+        first = next(done)
+        assert (first.key, first.result(), len(futures)) == ("quick", 1, 1)
+        del first
+        _until(lambda: "quick" not in client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks)),
+               "the scheduler to forget the finished future")
+        assert "slow" in client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
+        open(release, "w").close()
+        assert [f.result() for f in done] == [2] and futures == set()
