@@ -37,13 +37,15 @@ from shards.config import ConfigError
 from .config import PipelineConfig
 from .neardup import NearDedup
 from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, prepare_output, remove_artifacts
-from .records import DUPLICATES, file_format
+from .read_summary import summarize
+from .records import BLANK_LINE, DUPLICATES, file_format
 from .report import write_report
 from .sharding import WriteShards, finalize
 from .splits import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from .stats import EVENTS, NAMESPACE
-from .tokenizer import TokenizeFn, build_model
+from .tokenizer import NoRecordsError, TokenizeFn, build_model
 from .transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, UniqueIds, key_by_hash
+from .wording import count
 
 
 # Beam's own DaskRunner mistranslates the job (pipelines/dask_runner.py); these names get ours
@@ -52,7 +54,8 @@ DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRun
 
 class InputError(ValueError):
     """``--input`` names no readable set of files (a folder, files of unknown format under
-    ``input.unknown_files: error``, or only empty files); the message says what to pass instead."""
+    ``input.unknown_files: error``, only empty files, or files that hold no record); the message
+    says what to pass instead."""
 
 
 def beam_options(beam_args: list[str]) -> PipelineOptions:
@@ -85,6 +88,7 @@ def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfi
     parsed = read["units"] | "Parse" >> beam.ParDo(ParseFn(cfg.input, input_glob)).with_outputs(
         DEAD, EVENTS, main="docs")
     cleaned = parsed.docs | "Clean" >> beam.ParDo(CleanFn(cfg)).with_outputs(EVENTS, main="docs")
+    summary = summarize([parsed[EVENTS], cleaned[EVENTS]], parsed[DEAD])  # read only to explain an empty sample
     events, duplicates = [read[EVENTS], parsed[EVENTS], cleaned[EVENTS]], []
     hashed = cleaned.docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
     unique = hashed | "UniqueIds" >> UniqueIds()
@@ -104,7 +108,7 @@ def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfi
         duplicates | "AllDuplicates" >> beam.Flatten() | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}")
     # Trained on the cleaned documents before dedup (the sample counts a repeated text once), so
     # the model is ready before dedup ends and tokenising fuses with the last dedup stage.
-    model = build_model(hashed, cfg.tokenizer)
+    model = build_model(hashed, cfg.tokenizer, summary=summary)
     tokenized = (docs
                  | "BatchDocs" >> beam.BatchElements(min_batch_size=64, max_batch_size=1024)
                  | "Tokenize" >> beam.ParDo(TokenizeFn(), beam.pvalue.AsSingleton(model)).with_outputs(
@@ -166,7 +170,7 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
         raise FileNotFoundError(f"no input file matches {input_glob!r}")
     skipped = [m.path for m in matched if file_format(m.path, cfg.input) is None]
     if skipped and cfg.input.unknown_files == "error":
-        raise InputError(f"{len(skipped)} input files have no known format (.jsonl, .ndjson, .txt, .text, .parquet, "
+        raise InputError(f"{count(len(skipped), 'input file')} {'has' if len(skipped) == 1 else 'have'} no known format (.jsonl, .ndjson, .txt, .text, .parquet, "
                          f"optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
                          "input.format=jsonl|text|parquet, or input.unknown_files=skip|text")
     skip = set(skipped)
@@ -178,10 +182,24 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
     return to_read, skipped
 
 
+def _names(paths: list[str], limit: int = 5) -> str:
+    """File names of the first ``limit`` paths, comma-separated, with how many more there are."""
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return ", ".join(path.rsplit("/", 1)[-1] for path in paths[:limit]) + more
+
+
+def no_records_error(input_glob: str, paths: list[str]) -> InputError:
+    """The error for input files that hold no record (only blank lines or whitespace, or nothing once
+    decompressed), worded as :func:`match_input`'s empty-file error and naming the files."""
+    which = "its one input file" if len(paths) == 1 else f"the {len(paths)} input files it matches"
+    hold = "it holds" if len(paths) == 1 else "they hold"
+    return InputError(f"--input {input_glob!r}: no record was read from {which} ({_names(paths)}): {hold} only "
+                      "blank lines or whitespace, or decompress to nothing, so there is nothing to preprocess; "
+                      "check those files and input.format, and point --input at the corpus files")
+
+
 def _warn_skipped(skipped: list[str]) -> None:
-    names = ", ".join(path.rsplit("/", 1)[-1] for path in skipped[:5])
-    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-    print(f"warning: skipping {len(skipped)} input files of unknown format ({names}{more}); counted as "
+    print(f"warning: skipping {count(len(skipped), 'input file')} of unknown format ({_names(skipped)}); counted as "
           "skipped_files in stats.json. Set input.unknown_files=text to read them as text, or =error to refuse.",
           file=sys.stderr, flush=True)
 
@@ -208,7 +226,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
         FileNotFoundError: no file matches ``input_glob``.
         InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
-            empty (see :func:`match_input`).
+            empty (see :func:`match_input`), or no record was read from them (only blank lines or
+            whitespace, or nothing once decompressed: :func:`no_records_error`).
         pipelines.output.OutputExistsError: ``output_dir`` holds an earlier run and not ``overwrite``.
         pipelines.output.OutputNotWritableError: ``output_dir`` cannot be written.
         ValueError / RuntimeError: the tokenizer cannot be trained (e.g. nothing survived cleaning),
@@ -235,7 +254,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     elif options.view_as(StandardOptions).runner in DASK_RUNNER_NAMES:
         from .dask_runner import ColaflowDaskRunner  # dask is optional (colaflow[dask])
         runner = ColaflowDaskRunner(total_bytes)
-    print(f"reading {len(matched)} files, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
+    print(f"reading {count(len(matched), 'file')}, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
         p = beam.Pipeline(runner=runner, options=options)
@@ -246,10 +265,15 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             raise RuntimeError(f"pipeline ended in state {state}; see the Beam log above")
         with fsspec.open(f"{output_dir.rstrip('/')}/stats.json", "r", encoding="utf-8") as f:
             stats = json.load(f)
+        total = stats["total"]
+        if total["input_records"] == total["dead_letter_reasons"].get(BLANK_LINE, 0):  # with --tokenizer
+            raise NoRecordsError("no record was read from the input files")
         if report:
             write_report(output_dir, stats)
-    except BaseException:
+    except BaseException as e:
         remove_artifacts(output_dir, cfg.shards.prefix)
+        if isinstance(e, NoRecordsError):
+            raise no_records_error(input_glob, [m.path for m in matched]) from e
         raise
     stats["seconds"] = time.perf_counter() - start
     stats["metrics"] = counters(result)

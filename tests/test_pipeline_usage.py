@@ -3,6 +3,7 @@ Beam traceback (a too-small vocabulary, a misspelled enum value, an out-of-range
 misspelled Beam option)."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -129,3 +130,31 @@ def test_an_unreachable_dask_scheduler_is_one_line_saying_what_to_start(tmp_path
     assert p.returncode == 1
     line = _one_error_line(p)
     assert "no Dask scheduler answered" in line and "dask scheduler" in line and "--dask_client_address" in line
+
+
+def test_input_files_with_no_record_are_one_line_naming_them_and_exit_2(tmp_path):
+    """Whitespace-only JSONL and a gzip of nothing pass the 0-byte check but hold no record: the
+    error says so and names the files, as for empty files (not 'every record was dead-lettered')."""
+    (tmp_path / "blank.jsonl").write_text("\n\n  \n")
+    with gzip.open(tmp_path / "none.jsonl.gz", "wb"):
+        pass
+    p = _cli(["--input", str(tmp_path / "*.j*"), "--output", str(tmp_path / "out")])
+    assert p.returncode == 2
+    line = _one_error_line(p)
+    assert "no record was read from the 2 input files" in line and "dead-lettered" not in line
+    assert "blank.jsonl" in line and "none.jsonl.gz" in line and "input.format" in line
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_no_record_read_is_an_error_with_a_given_tokenizer_too(tmp_path):
+    from pipelines.config import TokenizerConfig
+    from pipelines.tokenizer import train_sentencepiece
+
+    (tmp_path / "tok.model").write_bytes(train_sentencepiece(["the river ran past old stone walls"] * 50,
+                                                             TokenizerConfig(vocab_size=300)))
+    (tmp_path / "blank.txt").write_text(" \n\t\n")
+    p = _cli(["--input", str(tmp_path / "blank.txt"), "--output", str(tmp_path / "out"),
+              "--tokenizer", str(tmp_path / "tok.model")])
+    assert p.returncode == 2
+    assert "no record was read from its one input file (blank.txt): it holds only" in _one_error_line(p)
+    assert not (tmp_path / "out" / "manifest.json").exists()
