@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -114,23 +115,33 @@ class _Interrupt:
         raise KeyboardInterrupt
 
 
+_STEP_SUFFIX = re.compile(r" \[while running '.*?'\]")  # what Beam appends to an error raised in a step
+
+
+def one_line(e: BaseException) -> str:
+    """The message of ``e`` without the `` [while running 'Step/Name']`` Beam appends for an error
+    raised inside a step: the step name means nothing to the user, and the traceback Beam logs
+    for an unknown error still names it."""
+    return _STEP_SUFFIX.sub("", str(e))
+
+
 def _failure(e: BaseException, args: argparse.Namespace) -> int:
     """Print the one-line error for an exception of :func:`pipelines.job.run`; return the exit code
     (2 usage, 1 runtime/data). Re-raises exceptions it does not know (a bug: keep the traceback)."""
     if isinstance(e, (CorpusNotInstalled, OutputExistsError, InputError, ConfigError)):
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     if isinstance(e, FileNotFoundError) and e.filename is None:  # nothing matches the glob
-        print(f"error: {e} (check --input, and quote the glob)", file=sys.stderr)
+        print(f"error: {one_line(e)} (check --input, and quote the glob)", file=sys.stderr)
         return 2
     if isinstance(e, OutputNotWritableError):
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 1
     if isinstance(e, OSError):
-        print(f"error: {e}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)
+        print(f"error: {one_line(e)}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)
         return 1
     if isinstance(e, (ValueError, RuntimeError)):
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 1
     raise e
 
