@@ -170,8 +170,9 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
         raise FileNotFoundError(f"no input file matches {input_glob!r}")
     skipped = [m.path for m in matched if file_format(m.path, cfg.input) is None]
     if skipped and cfg.input.unknown_files == "error":
-        raise InputError(f"{count(len(skipped), 'input file')} {'has' if len(skipped) == 1 else 'have'} no known format (.jsonl, .ndjson, .txt, .text, .parquet, "
-                         f"optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
+        have = "has" if len(skipped) == 1 else "have"
+        raise InputError(f"{count(len(skipped), 'input file')} {have} no known format (.jsonl, .ndjson, .txt, .text, "
+                         f".parquet, optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
                          "input.format=jsonl|text|parquet, or input.unknown_files=skip|text")
     skip = set(skipped)
     to_read = [m for m in matched if m.path not in skip]

@@ -29,14 +29,14 @@ class ReadSummary:
             dead-lettered as ``blank_line`` but hold no record).
         dead: dead letters per reason (blank lines included).
         filtered: documents dropped by cleaning, per reason.
-        unreadable: ``"file: error"`` of up to ``EXAMPLES`` files that could not be read,
+        unreadable: ``(file, error)`` of up to ``EXAMPLES`` files that could not be read,
             smallest paths first (the same whatever the order of arrival).
     """
 
     records: int = 0
     dead: dict[str, int] = dataclasses.field(default_factory=dict)
     filtered: dict[str, int] = dataclasses.field(default_factory=dict)
-    unreadable: tuple[str, ...] = ()
+    unreadable: tuple[tuple[str, str], ...] = ()
 
     def why_empty(self) -> str:
         """One clause saying what became of the records, e.g. ``"of 5 records read: 5 dead-lettered
@@ -45,10 +45,11 @@ class ReadSummary:
         for label, reasons in (("dead-lettered", self.dead), ("filtered", self.filtered)):
             listed = {r: n for r, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])) if r != BLANK_LINE}
             if listed:
-                parts.append(f"{sum(listed.values()):,} {label} ({', '.join(f'{r}: {n:,}' for r, n in listed.items())})")
+                each = ", ".join(f"{r}: {n:,}" for r, n in listed.items())
+                parts.append(f"{sum(listed.values()):,} {label} ({each})")
         said = f"of {count(self.records, 'record')} read: {', '.join(parts) or 'none reached it'}"
-        if self.unreadable:
-            said += f"; unreadable: {'; '.join(self.unreadable)}"
+        for path, error in self.unreadable:
+            said += f"; cannot read {path} ({error.rstrip('.')})"
         return said
 
 
@@ -93,7 +94,7 @@ def _from_event(item) -> ReadSummary:
 
 def _from_dead(dead: DeadLetter):
     if dead.reason == UNREADABLE_FILE:
-        yield ReadSummary(unreadable=(f"{dead.file}: {dead.error}",))
+        yield ReadSummary(unreadable=((dead.file, dead.error),))
 
 
 def summarize(events: list, dead, label: str = "ReadSummary"):

@@ -108,7 +108,8 @@ def test_input_with_no_usable_document_is_one_line_and_exit_1(tmp_path):
     p = _cli(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out")])
     assert p.returncode == 1  # a data error: every record was dead-lettered
     line = _one_error_line(p)
-    assert "no document reached the tokenizer" in line and "of 3 records read: 3 dead-lettered (missing_text: 3)" in line
+    assert "no document reached the tokenizer" in line
+    assert "of 3 records read: 3 dead-lettered (missing_text: 3)" in line
     assert "while running" not in line and "Tokenizer/Train" not in line  # Beam's step name means nothing here
     assert not (tmp_path / "out" / "manifest.json").exists()
 
@@ -160,3 +161,33 @@ def test_no_record_read_is_an_error_with_a_given_tokenizer_too(tmp_path):
     assert p.returncode == 2
     assert "no record was read from its one input file (blank.txt): it holds only" in _one_error_line(p)
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_jsonl_read_as_parquet_names_the_file_and_input_format(tmp_path, corpus):
+    """A file that is not Parquet under input.format=parquet is one unreadable_file dead letter
+    naming it (not pyarrow's bare message from the planning step); when no other file is readable
+    the one-line error names it, the reader's error and input.format."""
+    p = _cli(["--input", str(corpus), "--output", str(tmp_path / "out"), "input.format=parquet"])
+    assert p.returncode == 1
+    line = _one_error_line(p)
+    assert f"cannot read {corpus} (reading stopped at row 0: ArrowInvalid: Parquet magic bytes" in line
+    assert "input.format" in line and "unreadable_file: 1" in line
+
+
+def test_a_file_that_is_not_parquet_among_parquet_files_is_dead_lettered_by_name(tmp_path, corpus):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.job import run
+
+    texts = [f"Quick brown fox {i} jumps; zebra quartz {i * 7}!" for i in range(30)]
+    pq.write_table(pa.table({"id": [str(i) for i in range(30)], "text": texts}), tmp_path / "good.parquet")
+    (tmp_path / "bad.parquet").write_bytes(corpus.read_bytes())  # JSONL under a .parquet name
+    cfg = PipelineConfig()
+    cfg.tokenizer.vocab_size = 300
+    stats = run(str(tmp_path / "*.parquet"), str(tmp_path / "out"), cfg, report=False)
+    assert stats["total"]["kept"] == 30 and stats["total"]["dead_letter_reasons"] == {"unreadable_file": 1}
+    letters = [json.loads(line) for part in sorted((tmp_path / "out" / "dead_letter").iterdir())
+               for line in part.read_text().splitlines()]
+    assert [(d["file"].rsplit("/", 1)[-1], d["reason"]) for d in letters] == [("bad.parquet", "unreadable_file")]
+    assert "ArrowInvalid" in letters[0]["error"]
