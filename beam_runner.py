@@ -12,8 +12,9 @@ that fails or is interrupted removes what it wrote. Exit codes: 0 done, 1 runtim
 Anything that is neither one of our flags nor ``key=value`` is passed to Beam, written
 ``--name=value``, e.g. ``--direct_running_mode=multi_processing --direct_num_workers=2`` or
 ``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``). A ``--flag`` no Beam
-``PipelineOptions`` declares (a typo such as ``--runer``) is refused with exit 2, as are config
-values outside their allowed set or range. Any other bare word is refused: it is nearly always the
+``PipelineOptions`` declares (a typo such as ``--runer``) is refused with exit 2, as are a
+``--runner`` name neither Beam nor colaflow knows (``--runner=DaskRuner``) and config values
+outside their allowed set or range. Any other bare word is refused: it is nearly always the
 second file of an unquoted ``--input`` glob that the shell expanded.
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pipelines.output import OutputExistsError, OutputNotWritableError  # noqa: 
 from pipelines.records import input_root  # noqa: E402
 from pipelines.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
 from pipelines.tokenizer import EmptySampleError  # noqa: E402
+from pipelines.wording import plural  # noqa: E402
 from shards.config import ConfigError, load_config  # noqa: E402
 
 
@@ -58,7 +60,7 @@ def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
     if stray:
         folder, name = os.path.split(args.input)
         example = os.path.join(folder, "*" + ("." + name.split(".", 1)[1] if "." in name else ""))
-        ap.error(f"unexpected argument{'s' if len(stray) > 1 else ''} {' '.join(stray[:3])}"
+        ap.error(f"unexpected {plural(len(stray), 'argument')} {' '.join(stray[:3])}"
                  f"{' ...' if len(stray) > 3 else ''}: quote the --input glob (e.g. --input '{example}') so the "
                  "shell does not expand it into many files; write Beam options as --name=value")
     overrides = [a for a in rest if not a.startswith("-") and "=" in a]

@@ -45,11 +45,14 @@ from .splits import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from .stats import EVENTS, NAMESPACE
 from .tokenizer import NoRecordsError, TokenizeFn, build_model
 from .transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, UniqueIds, key_by_hash
-from .wording import count
+from .wording import count, plural
 
 
 # Beam's own DaskRunner mistranslates the job (pipelines/dask_runner.py); these names get ours
 DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner")
+# what docs/cluster.md shows the job running on; any other runner Beam knows is accepted too
+SUPPORTED_RUNNERS = ("DirectRunner", "DaskRunner", "PortableRunner", "PrismRunner", "FlinkRunner", "SparkRunner",
+                     "DataflowRunner")
 
 
 class InputError(ValueError):
@@ -65,8 +68,10 @@ def beam_options(beam_args: list[str]) -> PipelineOptions:
 
     Raises:
         shards.config.ConfigError: an unknown flag; the message names it and the closest known option.
+            Or a ``--runner`` name that neither Beam nor colaflow knows (:func:`check_runner`).
     """
     options = PipelineOptions(beam_args)
+    check_runner(options.view_as(StandardOptions).runner)
     if options.view_as(StandardOptions).runner in DASK_RUNNER_NAMES:
         from .dask_runner import ColaflowDaskRunner  # noqa: F401 - declares the DaskOptions
     known = set(PipelineOptions([]).get_all_options())
@@ -74,10 +79,31 @@ def beam_options(beam_args: list[str]) -> PipelineOptions:
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f"did you mean --{close[0]}? " if close else ""
-        raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {' '.join('--' + u for u in unknown)}: "
+        raise ConfigError(f"unknown {plural(len(unknown), 'option')} {' '.join('--' + u for u in unknown)}: "
                           f"neither a colaflow flag nor a Beam pipeline option; {hint}see --help and Beam's "
                           "PipelineOptions")
     return options
+
+
+def check_runner(name: str | None) -> None:
+    """Refuse a ``--runner`` that would fail only once the run starts (Beam's own error lists its
+    runners without colaflow's ``DaskRunner``). Accepted: ``None`` (the DirectRunner), a name of
+    :data:`DASK_RUNNER_NAMES`, any name Beam resolves (case-insensitive, ``Runner`` suffix optional,
+    as ``apache_beam.runners.runner.create_runner`` does), or a dotted class path (left to Beam).
+
+    Raises:
+        shards.config.ConfigError: the name is unknown; the message lists :data:`SUPPORTED_RUNNERS`
+            and the closest of them (``difflib``).
+    """
+    if name is None or "." in name or name in DASK_RUNNER_NAMES:
+        return
+    beam_names = {path.rsplit(".", 1)[-1].lower() for path in StandardOptions.ALL_KNOWN_RUNNERS}
+    if name.lower() in beam_names or name.lower() + "runner" in beam_names:
+        return
+    close = difflib.get_close_matches(name, SUPPORTED_RUNNERS, n=1, cutoff=0.5)
+    hint = f"did you mean --runner={close[0]}? " if close else ""
+    raise ConfigError(f"unknown runner --runner={name}: {hint}colaflow runs on {', '.join(SUPPORTED_RUNNERS)} "
+                      "(see docs/cluster.md), or give the dotted path of a PipelineRunner class")
 
 
 def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0) -> None:

@@ -191,3 +191,19 @@ def test_a_file_that_is_not_parquet_among_parquet_files_is_dead_lettered_by_name
                for line in part.read_text().splitlines()]
     assert [(d["file"].rsplit("/", 1)[-1], d["reason"]) for d in letters] == [("bad.parquet", "unreadable_file")]
     assert "ArrowInvalid" in letters[0]["error"]
+
+
+@pytest.mark.parametrize("runner, close", [("DaskRuner", "DaskRunner"), ("FlinkRuner", "FlinkRunner"), ("Nonesuch", None)])
+def test_a_misspelled_runner_is_a_usage_error_listing_ours(corpus, tmp_path, capsys, runner, close):
+    out = tmp_path / "out"
+    assert beam_runner.main(["--input", str(corpus), "--output", str(out), f"--runner={runner}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"unknown runner --runner={runner}:" in err, err
+    assert "DaskRunner, " in err and "DirectRunner" in err and "FlinkRunner" in err
+    assert (f"did you mean --runner={close}?" in err) == (close is not None)
+    assert not out.exists()
+
+
+def test_runner_names_beam_resolves_pass():
+    for name in ("DirectRunner", "direct", "PortableRunner", "DaskRunner", "my.module.MyRunner"):
+        beam_options([f"--runner={name}"])
