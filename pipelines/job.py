@@ -36,7 +36,7 @@ from shards.config import ConfigError
 
 from .config import PipelineConfig
 from .neardup import NearDedup
-from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, prepare_output, remove_artifacts
+from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, prepare_output, remove_artifacts, remove_created
 from .read_summary import summarize
 from .records import BLANK_LINE, DUPLICATES, file_format
 from .report import write_report
@@ -261,7 +261,9 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             or the pipeline did not finish.
         KeyboardInterrupt: re-raised after the output folder is cleaned.
     On any error after the output folder was prepared, the artifacts this run wrote are removed
-    first (:func:`pipelines.output.remove_artifacts`), so a rerun needs no ``overwrite``.
+    first (:func:`pipelines.output.remove_artifacts`), so a rerun needs no ``overwrite``; so is the
+    local ``output_dir`` itself when this run created it and it is left empty
+    (:func:`pipelines.output.remove_created`).
     """
     cfg = cfg or PipelineConfig()
     cfg.validate()
@@ -270,7 +272,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     matched, skipped = match_input(input_glob, cfg)
     if skipped:
         _warn_skipped(skipped)
-    prepare_output(output_dir, cfg.shards.prefix, overwrite)
+    created = prepare_output(output_dir, cfg.shards.prefix, overwrite)
     total_bytes = sum(m.size_in_bytes for m in matched)
     runner = None
     if options.view_as(StandardOptions).runner in (None, "DirectRunner"):
@@ -299,6 +301,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             write_report(output_dir, stats)
     except BaseException as e:
         remove_artifacts(output_dir, cfg.shards.prefix)
+        remove_created(created)
         if isinstance(e, NoRecordsError):
             raise no_records_error(input_glob, [m.path for m in matched]) from e
         raise

@@ -146,7 +146,7 @@ def test_input_files_with_no_record_are_one_line_naming_them_and_exit_2(tmp_path
     line = _one_error_line(p)
     assert "no record was read from the 2 input files" in line and "dead-lettered" not in line
     assert "blank.jsonl" in line and "none.jsonl.gz" in line and "input.format" in line
-    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not (tmp_path / "out").exists()  # the run created it and removed it, empty, on failure
 
 
 def test_no_record_read_is_an_error_with_a_given_tokenizer_too(tmp_path):
@@ -207,3 +207,21 @@ def test_a_misspelled_runner_is_a_usage_error_listing_ours(corpus, tmp_path, cap
 def test_runner_names_beam_resolves_pass():
     for name in ("DirectRunner", "direct", "PortableRunner", "DaskRunner", "my.module.MyRunner"):
         beam_options([f"--runner={name}"])
+
+
+def test_a_failed_run_removes_the_output_folders_it_created_and_nothing_else(tmp_path):
+    from pipelines.job import run
+    from pipelines.tokenizer import EmptySampleError
+
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "1", "body": "no text field"}) + "\n")
+    new = tmp_path / "made" / "by" / "run"
+    with pytest.raises(EmptySampleError):
+        run(str(tmp_path / "c.jsonl"), str(new))
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl"]  # run/, by/ and made/ were all created by the run
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "kept" / "notes.txt").parent.mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("user data")
+    for existing in (tmp_path / "mine", tmp_path / "kept"):
+        with pytest.raises(EmptySampleError):
+            run(str(tmp_path / "c.jsonl"), str(existing))
+    assert os.listdir(tmp_path / "mine") == [] and os.listdir(tmp_path / "kept") == ["notes.txt"]
