@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from .config import InputConfig
 from .records import PARQUET, RAW_EXCERPT_BYTES, TOO_LARGE, UNREADABLE, file_format
+from .wording import count
 
 CHUNK_BYTES = 1 << 20
 _COMPRESSED = (".gz", ".bz2", ".zst")
@@ -303,6 +304,6 @@ def read_split(split: Split, cfg: InputConfig, total_bytes: int = 0, run_id: str
     except (OSError, EOFError, ValueError, zlib.error, zstandard.ZstdError) as e:  # gzip.BadGzipFile is an OSError
         where = f"reading stopped at {f'row {last_line}' if split.fmt == PARQUET else f'byte {last_offset}'}"
         if split.path.endswith(_COMPRESSED) and raw_read >= 0:
-            where += f" of the decompressed data, after {raw_read:,} of {_size(split.path):,} compressed bytes"
+            where += f" of the decompressed data, after {raw_read:,} of {count(_size(split.path), 'compressed byte')}"
         message = f"{where}: {type(e).__name__}: {e}"
         yield split.path, last_line + 1 if last_line else 0, last_offset, message.encode("utf-8"), UNREADABLE, 0

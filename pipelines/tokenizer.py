@@ -27,6 +27,7 @@ from .read_summary import ReadSummary
 from .records import Doc
 from .sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 from .stats import EventTally
+from .wording import count
 
 # Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial cutoffs
 # (each at most the rows of sample_max_bytes of documents), not one per bundle
@@ -92,7 +93,7 @@ def train_sentencepiece(texts: list[str], cfg: TokenizerConfig, summary: ReadSum
         why = summary.why_empty() if summary is not None else "every record was dead-lettered or filtered"
         raise EmptySampleError(f"tokenizer sample is empty: no document reached the tokenizer; {why}; check --input, "
                                "input.format and input.text_field, or pass --tokenizer PATH")
-    print(f"training sentencepiece ({cfg.model_type}, vocab {cfg.vocab_size}) on {len(texts):,} documents, "
+    print(f"training sentencepiece ({cfg.model_type}, vocab {cfg.vocab_size}) on {count(len(texts), 'document')}, "
           f"{sum(len(t.encode('utf-8')) for t in texts) / 1e6:.1f} MB", file=sys.stderr, flush=True)
     model = io.BytesIO()
     try:
@@ -109,7 +110,7 @@ def train_sentencepiece(texts: list[str], cfg: TokenizerConfig, summary: ReadSum
             raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size} is too small: the sample needs "
                               f"tokenizer.vocab_size > {need.group(2)} at character_coverage={cfg.character_coverage}"
                               ": raise tokenizer.vocab_size or lower tokenizer.character_coverage") from None
-        raise RuntimeError(f"sentencepiece training on {len(lines)} lines failed: {e}") from e
+        raise RuntimeError(f"sentencepiece training on {count(len(lines), 'line')} failed: {e}") from e
     return model.getvalue()
 
 

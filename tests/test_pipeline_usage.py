@@ -107,6 +107,7 @@ def test_input_with_no_usable_document_is_one_line_and_exit_1(tmp_path):
                                               for i in range(3)))
     p = _cli(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out")])
     assert p.returncode == 1  # a data error: every record was dead-lettered
+    assert "reading 1 file, " in p.stderr  # not "1 files"
     line = _one_error_line(p)
     assert "no document reached the tokenizer" in line
     assert "of 3 records read: 3 dead-lettered (missing_text: 3)" in line
@@ -225,3 +226,10 @@ def test_a_failed_run_removes_the_output_folders_it_created_and_nothing_else(tmp
         with pytest.raises(EmptySampleError):
             run(str(tmp_path / "c.jsonl"), str(existing))
     assert os.listdir(tmp_path / "mine") == [] and os.listdir(tmp_path / "kept") == ["notes.txt"]
+
+
+def test_counts_read_right_for_one_and_many():
+    from pipelines.wording import count, plural
+
+    assert [count(n, "file") for n in (0, 1, 2, 1200)] == ["0 files", "1 file", "2 files", "1,200 files"]
+    assert count(1, "match", "matches") == "1 match" and plural(3, "match", "matches") == "matches"
