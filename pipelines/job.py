@@ -219,9 +219,9 @@ def no_records_error(input_glob: str, paths: list[str]) -> InputError:
     """The error for input files that hold no record (only blank lines or whitespace, or nothing once
     decompressed), worded as :func:`match_input`'s empty-file error and naming the files."""
     which = "its one input file" if len(paths) == 1 else f"the {len(paths)} input files it matches"
-    hold = "it holds" if len(paths) == 1 else "they hold"
+    hold, decompress = ("it holds", "decompresses") if len(paths) == 1 else ("they hold", "decompress")
     return InputError(f"--input {input_glob!r}: no record was read from {which} ({_names(paths)}): {hold} only "
-                      "blank lines or whitespace, or decompress to nothing, so there is nothing to preprocess; "
+                      f"blank lines or whitespace, or {decompress} to nothing, so there is nothing to preprocess; "
                       "check those files and input.format, and point --input at the corpus files")
 
 
