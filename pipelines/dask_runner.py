@@ -63,6 +63,7 @@ import apache_beam as beam
 import dask.bag as db
 from apache_beam import pvalue
 from apache_beam.pipeline import PipelineVisitor, PTransformOverride
+from apache_beam.runners.runner import PipelineState
 from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, Receiver, _OutputHandler
 from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner, DaskRunnerResult
 from apache_beam.runners.dask.overrides import _Create, _Flatten, _GroupByKeyOnly, _Reshuffle, dask_overrides
@@ -370,15 +371,32 @@ class ColaflowDaskRunner(DaskRunner):
         pipeline.replace_all([_LiftCombines()] + dask_overrides())
         translator = _Translator(partition_count(bag_kwargs.get("npartitions"), threads, self.input_bytes))
         pipeline.visit(translator)
-        futures = client.compute([translator.sinks()])
+        futures = client.compute(translator.sinks().to_delayed(optimize_graph=True))
         return _Result(client, futures)
 
 
 class _Result(DaskRunnerResult):
-    """Closes the client once the job has ended."""
+    """The running job: one future per sink partition, each released as soon as it completes
+    (a result held to the end of the job would keep, on its worker, the state of every task
+    upstream of it: a worker forgets a finished task only once no task it still knows depends on
+    it, about 5.5 KB each, thousands per worker at 16× the demo corpus). Closes the client once
+    the job has ended."""
 
     def wait_until_finish(self, duration=None):
+        """Wait for every sink partition (``duration`` in milliseconds, ``None``: no limit) and
+        return ``PipelineState.DONE``; raises the first task error, or dask's ``TimeoutError``."""
+        import dask.distributed as ddist
+
         try:
-            return super().wait_until_finish(duration)
+            done = ddist.as_completed(self.futures, timeout=None if duration is None else duration / 1000)
+            self.futures = set(self.futures)
+            for future in done:
+                self.futures.discard(future)
+                future.result()  # raises the task's error here, on the client
+            self._state = PipelineState.DONE
+        except BaseException:
+            self._state = PipelineState.FAILED
+            raise
         finally:
             self.client.close()
+        return self._state
