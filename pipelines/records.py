@@ -24,7 +24,6 @@ import re
 from typing import NamedTuple, Union
 
 from .config import InputConfig
-from .wording import count
 
 RAW_EXCERPT_BYTES = 200
 UNREADABLE = "unreadable"  # unit format of a read error: the unit's bytes are the error message
@@ -219,7 +218,7 @@ def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: in
     if fmt == UNREADABLE:
         return dead(UNREADABLE_FILE, raw.decode("utf-8", "replace"))
     if fmt == TOO_LARGE:
-        return dead("too_large", f"record of {count(size, 'byte')} exceeds input.max_record_bytes={cfg.max_record_bytes}")
+        return dead("too_large", f"record of {size} bytes exceeds input.max_record_bytes={cfg.max_record_bytes}")
     if fmt == PARQUET:
         return _doc(*raw, stem, name, position, cfg, dead)
     if offset == 0 and raw.startswith(UTF8_BOM):
