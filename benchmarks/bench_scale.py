@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="dask worker processes")
     ap.add_argument("--memory-limit", default=SPILL_LIMIT,
                     help="each dask-spill worker's --memory-limit; results beyond "
-                         f"{SPILL_TARGET:.0%} of it go to local disk")
+                         f"{SPILL_TARGET * 100:.0f}%% of it go to local disk")  # argparse %-formats help
     ap.add_argument("--out", default=str(ROOT / "data" / "bench_scale"))
     args = ap.parse_args(argv)
     out = Path(args.out)

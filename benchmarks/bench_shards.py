@@ -11,23 +11,24 @@ check) vs ``wids.ShardListDataset``.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import glob
 import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shards import Manifest, ShardSequenceWriter, encode_text_sample, iter_raw, read_sample  # noqa: E402
-from shards.config import load_config  # noqa: E402
+from shards.config import ConfigError, load_config  # noqa: E402
 from shards.index import build_shard_index, dali_index_path, write_dali_index, write_wids_index  # noqa: E402
 
 
-@dataclass
+@dataclasses.dataclass
 class BenchConfig:
     """Benchmark size; ``dir`` is wiped and refilled."""
 
@@ -66,7 +67,13 @@ def main(argv: list[str]) -> None:
     import webdataset as wds
     import wids
 
-    cfg = load_config(BenchConfig, None, argv)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                    help=f"BenchConfig fields: {', '.join(f.name for f in dataclasses.fields(BenchConfig))}")
+    try:
+        cfg = load_config(BenchConfig, None, ap.parse_args(argv).overrides)
+    except ConfigError as e:
+        ap.error(str(e))  # exit 2, with the usage line
     samples = make_samples(cfg)
     mb = sum(len(v) for _, f, _ in samples for v in f.values()) / 1e6
     ours, theirs = os.path.join(cfg.dir, "colaflow"), os.path.join(cfg.dir, "webdataset")

@@ -8,6 +8,7 @@ so its peak RSS is its own; workers' peak RSS is reported apart (the largest wor
 * ``peak_rss_mb`` / ``workers_peak_rss_mb``: peak resident memory (``VmHWM``) of the pass / of its
   largest worker, MiB;
 * ``real_token_fraction``: document tokens / batch slots (B x T);
+* ``documents``: documents whose tokens the pass delivered (every chunk of them), one epoch;
 * ``bad_documents`` / ``empty_documents``: documents skipped as unreadable (logged) / without tokens;
 * ``transfer_bytes_per_batch``: pickled size of a batch as a worker sends it, and its ratio to a
   ``uint16 [rows, T + 1]`` tensor of the same batches (``transfer_vs_uint16``).
@@ -71,6 +72,7 @@ def loader_pass(spec: dict) -> dict:
             "real_token_fraction": tokens / slots if slots else 0.0, "transfer_bytes_per_batch": per_batch,
             "transfer_vs_uint16": per_batch / tensor_bytes if kept else 0.0,
             "peak_rss_mb": peak_rss_mb(), "workers_peak_rss_mb": metrics["workers_peak_rss_mb"],
+            "documents": metrics["consumed"] - metrics["bad"] - metrics["empty"],  # consumed counts skipped ones
             "bad_documents": metrics["bad"], "empty_documents": metrics["empty"]}
 
 

@@ -73,6 +73,7 @@ from apache_beam.transforms.sideinputs import SideInputMap
 from .dask_combine import LiftedCombine
 from .dask_parts import group, group_pieces, shuffle, spread
 from .dask_trim import PLUGIN_NAME, TrimMemory
+from .dask_watch import completed_watching_workers
 from .frames import PartWriter, decode, decode_list, encode
 
 MIN_PARTITIONS = 4  # a Reshuffle spreads over at least this many bag partitions
@@ -379,19 +380,17 @@ class _Result(DaskRunnerResult):
     """The running job: one future per sink partition, each released as soon as it completes
     (a result held to the end of the job would keep, on its worker, the state of every task
     upstream of it: a worker forgets a finished task only once no task it still knows depends on
-    it, about 5.5 KB each, thousands per worker at 16× the demo corpus). Closes the client once
-    the job has ended."""
+    it, about 5.5 KB each, thousands per worker at 16× the demo corpus). While it waits it says
+    when no worker is connected (:func:`pipelines.dask_watch.completed_watching_workers`); closes
+    the client once the job has ended."""
 
     def wait_until_finish(self, duration=None):
         """Wait for every sink partition (``duration`` in milliseconds, ``None``: no limit) and
-        return ``PipelineState.DONE``; raises the first task error, or dask's ``TimeoutError``."""
-        import dask.distributed as ddist
-
+        return ``PipelineState.DONE``; raises the first task error, or ``TimeoutError``."""
+        self.futures = set(self.futures)  # emptied as they complete; cancel() cancels what is left
         try:
-            done = ddist.as_completed(self.futures, timeout=None if duration is None else duration / 1000)
-            self.futures = set(self.futures)
-            for future in done:
-                self.futures.discard(future)
+            for future in completed_watching_workers(
+                    self.client, self.futures, timeout_s=None if duration is None else duration / 1000):
                 future.result()  # raises the task's error here, on the client
             self._state = PipelineState.DONE
         except BaseException:

@@ -113,13 +113,7 @@ def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, t
     logs = [log_dir / "scheduler.log"] + [log_dir / f"worker-{i}.log" for i in range(workers)]
     procs = [_spawn([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
                      address.rsplit(":", 1)[1], "--no-dashboard", "--no-show"], logs[0], env)]
-    worker_env = dict(os.environ if env is None else env, **dask_worker_env())
-    if memory_limit != "0":
-        worker_env.update(dask_spill_env())
-    for log in logs[1:]:
-        procs.append(_spawn([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                             "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", memory_limit,
-                             "--local-directory", str(log.with_suffix(".spill"))], log, worker_env))
+    procs += [start_dask_worker(address, log, env, memory_limit) for log in logs[1:]]
     engine = Engine(address, procs, logs)
     try:
         with Client(address, timeout=timeout_s) as client:
@@ -128,6 +122,20 @@ def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, t
         engine.stop()
         raise TimeoutError(f"dask cluster did not start in {timeout_s:.0f} s: {e}; logs in {log_dir}") from e
     return engine
+
+
+def start_dask_worker(address: str, log: Path, env: dict | None = None, memory_limit: str = "0") -> subprocess.Popen:
+    """One single-threaded ``dask worker`` process (no nanny) on 127.0.0.1 for the scheduler at
+    ``address``, with :func:`dask_worker_env` (and :func:`dask_spill_env` when ``memory_limit``,
+    its ``--memory-limit``, is not ``"0"``; spilled results go to ``log`` with suffix ``.spill``);
+    its output goes to the file ``log``. ``env``: its environment (default: this one). Returns at
+    once, before the worker has registered."""
+    worker_env = dict(os.environ if env is None else env, **dask_worker_env())
+    if memory_limit != "0":
+        worker_env.update(dask_spill_env())
+    return _spawn([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
+                   "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", memory_limit,
+                   "--local-directory", str(log.with_suffix(".spill"))], log, worker_env)
 
 
 def start_worker_pool(log_dir: str | Path, python: list[str], boot: str, env: dict | None = None,

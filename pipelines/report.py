@@ -47,6 +47,7 @@ def report_text(stats: dict) -> str:
         f"shard bytes/token{stats.get('shard_bytes_per_token', 0.0):>12.2f}  (shards + indexes, "
         f"{stats.get('layout', 'documents')})",
         f"shards           {stats.get('shards', 0):>12,}  vocab {stats.get('vocab_size', 0)}",
+        *([shortfall] if (shortfall := shard_shortfall(stats)) else []),
         f"balanced         {'yes' if t['balanced'] else 'NO':>12}",
         "",
         "top filter reasons:",
@@ -71,6 +72,24 @@ def report_text(stats: dict) -> str:
         label = f"{lo}" if lo < 2 else f"{lo}-{2 * lo - 1}"
         lines.append(f"  {label:>15} {hist[lo]:>10,}  {'#' * max(1, round(40 * hist[lo] / peak))}")
     return "\n".join(lines) + "\n"
+
+
+def shard_shortfall(stats: dict) -> str | None:
+    """One report line when fewer shards were written than ``shards.num_shards`` asked for, saying
+    why; ``None`` otherwise. A training document goes to bucket ``sha256(key) mod N`` and each
+    non-empty bucket is one shard (:mod:`pipelines.sharding`), so with fewer documents than ``N``,
+    or few per bucket, some buckets stay empty and no shard is written for them."""
+    asked, written = stats.get("shards_requested", 0), stats.get("shards", 0)
+    if asked <= written:
+        return None
+    docs = stats.get("splits", {}).get("train", {}).get("samples", stats["total"]["kept"])
+    buckets = f"{written:,} of the {asked:,} buckets (sha256 of the sample key mod {asked:,})"
+    if docs < asked:
+        why = f"only {docs:,} documents were written and a document never spans two shards"
+        why += f"; they fell into {buckets}" if written < docs else ""
+    else:
+        why = f"the {docs:,} documents fell into {buckets}; ask for fewer shards to fill them all"
+    return f"  shards.num_shards={asked:,} asked for, {written:,} written: {why}"
 
 
 def redactions_per_source(stats: dict) -> dict[str, dict[str, int]]:

@@ -279,7 +279,8 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
     """Commit the run: the validation shard set first (``OUT/val/``, when ``val_shards`` is given),
     then the training shards with a manifest listing it under ``splits`` (see :func:`commit_shards`),
     then ``stats.json``; returns the stats. ``stats["splits"]`` counts shards, documents and tokens
-    per split."""
+    per split; ``stats["shards_requested"]`` is ``cfg.num_shards`` (0: derived from ``target_bytes``),
+    which empty buckets can leave above ``stats["shards"]`` (see :func:`pipelines.report.shard_shortfall`)."""
     splits = {}
     if val_shards is not None:
         val = commit_shards(f"{output_dir}/{VAL_DIR}", cfg, val_shards, model)
@@ -290,7 +291,7 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
     index_bytes = sum(fs.size(p) for p in fs.glob(f"{root}/{cfg.prefix}-*.idx"))
     if fs.exists(f"{root}/{WIDS_FILE}"):
         index_bytes += fs.size(f"{root}/{WIDS_FILE}")
-    stats.update(shards=len(manifest.shards), vocab_size=manifest.vocab_size, token_dtype=manifest.token_dtype,
+    stats.update(shards=len(manifest.shards), shards_requested=cfg.num_shards, vocab_size=manifest.vocab_size, token_dtype=manifest.token_dtype,
                  layout=manifest.layout, shard_bytes=manifest.total_bytes, index_bytes=index_bytes,
                  shard_bytes_per_token=(manifest.total_bytes + index_bytes) / max(manifest.total_tokens, 1))
     if splits:

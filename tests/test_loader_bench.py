@@ -32,6 +32,7 @@ def test_bench_reports_the_loader_and_the_memmap_floor(tmp_path):
     report = json.loads(out.getvalue())
     loader, floor = report["loader"], report["memmap"]
     assert loader["tokens"] == int(lengths.sum())  # one whole epoch, every document token once
+    assert (loader["documents"], loader["bad_documents"], loader["empty_documents"]) == (len(lengths), 0, 0)
     assert 0.9 < loader["real_token_fraction"] <= 1.0 and loader["first_batch_s"] > 0
     assert loader["transfer_vs_uint16"] <= 2.0 and loader["workers_peak_rss_mb"] > 0 and loader["peak_rss_mb"] > 0
     assert floor["tokens"] == (int(lengths.sum()) // 65) * 64 and floor["real_token_fraction"] == 1.0
@@ -78,6 +79,7 @@ def test_bench_refuses_a_data_override_and_reports_unreadable_shards(tmp_path, c
     (tmp_path / "s" / "shard-000000.tar").unlink()
     assert main(["bench", "--shards", str(tmp_path / "s"), "--seq-len", "64"]) == 0
     out = capsys.readouterr()
-    assert json.loads(out.out)["loader"]["bad_documents"] == 50 and "shard-000000.tar cannot be read" in out.err
+    loader = json.loads(out.out)["loader"]
+    assert (loader["bad_documents"], loader["documents"]) == (50, 0) and "shard-000000.tar cannot be read" in out.err
     with pytest.raises(RuntimeError, match=r"^bench pass loader failed: FileNotFoundError: not found[^\n]*$"):
         run_pass({"kind": "loader", "shards": str(tmp_path / "none"), "seq_len": 64, "batch_size": 2, "workers": 0})

@@ -1,0 +1,93 @@
+"""Every command line of the project answers ``--help`` with exit 0 and its usage.
+
+The commands run in this process (``runpy`` with ``sys.argv`` patched), so the whole check takes
+seconds; a benchmark whose help text breaks argparse (a bare ``%`` in it) fails here, not in a
+new user's terminal. Subcommands are found in each parser's ``{a,b,c}`` usage line.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+import runpy
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+# ``python -m MODULE`` command lines; a package runs its __main__.py
+MODULES = ["shards", "cache", "loaders", "trainer", "pipelines.corpus", "pipelines.worker_boot", "loaders.imageset",
+           "trainer.demo", "trainer.vision.train", "trainer.kernels.compile_check",
+           "trainer.observability.dashboard", "trainer.observability.report"]
+# subcommands the trainer dispatches by hand (its own parser has no subparsers to list them)
+TRAINER_COMMANDS = ["verify", "export", "report", "replay"]
+# files whose parsers are reached through another command line above
+REACHED_THROUGH = {"shards/cli.py": "shards", "cache/cli.py": "cache", "loaders/__main__.py": "loaders",
+                   "trainer/__main__.py": "trainer", "trainer/observability/replay.py": "trainer replay"}
+SCRIPTS = ["beam_runner.py"] + sorted(p.relative_to(ROOT).as_posix() for p in BENCHMARKS.glob("*.py")
+                                      if "def main(" in p.read_text(encoding="utf-8"))
+
+
+def run_help(target: str, args: list[str]) -> tuple[object, str]:
+    """Run ``TARGET ARGS --help`` in this process; returns ``(exit code, stdout)``.
+
+    ``target`` is a script path relative to the repository root (``*.py``) or a module name.
+    ``sys.argv``, ``sys.path`` and the root log level (beam_runner sets it on import) are restored."""
+    saved_argv, saved_path, saved_level = sys.argv[:], sys.path[:], logging.getLogger().level
+    out = io.StringIO()
+    code: object = "returned without exiting: --help was not handled"
+    sys.argv = [target, *args, "--help"]
+    sys.path.insert(0, str(BENCHMARKS))  # bench_cache_limits imports its sibling bench_cache
+    try:
+        with contextlib.redirect_stdout(out), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is already imported
+            if target.endswith(".py"):
+                runpy.run_path(str(ROOT / target), run_name="__main__")
+            else:
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code or 0
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        logging.getLogger().setLevel(saved_level)
+    return code, out.getvalue()
+
+
+def _check(target: str, args: list[str]) -> str:
+    code, out = run_help(target, args)
+    shown = " ".join([target, *args, "--help"])
+    assert code == 0, f"{shown}: exit {code}"
+    assert out.startswith("usage:") and len(out.splitlines()) > 2, f"{shown} printed no usage: {out!r}"
+    return out
+
+
+def _subcommands(usage: str) -> list[str]:
+    """The ``{a,b,c}`` choices of a parser's usage line (empty when it has no subparsers)."""
+    head = usage.split("\n\n")[0]
+    found = re.search(r"\{([\w,-]+)\}", head)
+    return found.group(1).split(",") if found else []
+
+
+@pytest.mark.parametrize("target", SCRIPTS + MODULES)
+def test_help_exits_zero_with_usage(target):
+    out = _check(target, [])
+    subs = TRAINER_COMMANDS if target == "trainer" else _subcommands(out)
+    if target in ("shards", "cache", "loaders", "trainer"):
+        assert subs, f"{target}: no subcommands found in its usage line"
+    for sub in subs:
+        _check(target, [sub])
+
+
+def test_every_argparse_command_line_is_listed():
+    """A new script or module with an ArgumentParser must be added above (or reached through one)."""
+    listed = set(SCRIPTS) | {m.replace(".", "/") + ".py" for m in MODULES} | set(REACHED_THROUGH)
+    listed |= {m.replace(".", "/") + "/__main__.py" for m in MODULES}
+    sources = list(ROOT.glob("*.py")) + [p for stage in ("pipelines", "shards", "cache", "loaders", "trainer",
+                                                        "benchmarks") for p in (ROOT / stage).rglob("*.py")]
+    parsers = {p.relative_to(ROOT).as_posix() for p in sources if "ArgumentParser(" in p.read_text(encoding="utf-8")}
+    assert parsers - listed == set()
