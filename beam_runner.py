@@ -12,8 +12,9 @@ that fails or is interrupted removes what it wrote. Exit codes: 0 done, 1 runtim
 Anything that is neither one of our flags nor ``key=value`` is passed to Beam, written
 ``--name=value``, e.g. ``--direct_running_mode=multi_processing --direct_num_workers=2`` or
 ``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``). A ``--flag`` no Beam
-``PipelineOptions`` declares (a typo such as ``--runer``) is refused with exit 2, as are config
-values outside their allowed set or range. Any other bare word is refused: it is nearly always the
+``PipelineOptions`` declares (a typo such as ``--runer``) is refused with exit 2, as are a
+``--runner`` name neither Beam nor colaflow knows (``--runner=DaskRuner``) and config values
+outside their allowed set or range. Any other bare word is refused: it is nearly always the
 second file of an unquoted ``--input`` glob that the shell expanded.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -35,6 +37,7 @@ from pipelines.output import OutputExistsError, OutputNotWritableError  # noqa: 
 from pipelines.records import input_root  # noqa: E402
 from pipelines.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
 from pipelines.tokenizer import EmptySampleError  # noqa: E402
+from pipelines.wording import plural  # noqa: E402
 from shards.config import ConfigError, load_config  # noqa: E402
 
 
@@ -57,7 +60,7 @@ def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
     if stray:
         folder, name = os.path.split(args.input)
         example = os.path.join(folder, "*" + ("." + name.split(".", 1)[1] if "." in name else ""))
-        ap.error(f"unexpected argument{'s' if len(stray) > 1 else ''} {' '.join(stray[:3])}"
+        ap.error(f"unexpected {plural(len(stray), 'argument')} {' '.join(stray[:3])}"
                  f"{' ...' if len(stray) > 3 else ''}: quote the --input glob (e.g. --input '{example}') so the "
                  "shell does not expand it into many files; write Beam options as --name=value")
     overrides = [a for a in rest if not a.startswith("-") and "=" in a]
@@ -114,23 +117,33 @@ class _Interrupt:
         raise KeyboardInterrupt
 
 
+_STEP_SUFFIX = re.compile(r" \[while running '.*?'\]")  # what Beam appends to an error raised in a step
+
+
+def one_line(e: BaseException) -> str:
+    """The message of ``e`` without the `` [while running 'Step/Name']`` Beam appends for an error
+    raised inside a step: the step name means nothing to the user, and the traceback Beam logs
+    for an unknown error still names it."""
+    return _STEP_SUFFIX.sub("", str(e))
+
+
 def _failure(e: BaseException, args: argparse.Namespace) -> int:
     """Print the one-line error for an exception of :func:`pipelines.job.run`; return the exit code
     (2 usage, 1 runtime/data). Re-raises exceptions it does not know (a bug: keep the traceback)."""
     if isinstance(e, (CorpusNotInstalled, OutputExistsError, InputError, ConfigError)):
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     if isinstance(e, FileNotFoundError) and e.filename is None:  # nothing matches the glob
-        print(f"error: {e} (check --input, and quote the glob)", file=sys.stderr)
+        print(f"error: {one_line(e)} (check --input, and quote the glob)", file=sys.stderr)
         return 2
     if isinstance(e, OutputNotWritableError):
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 1
     if isinstance(e, OSError):
-        print(f"error: {e}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)
+        print(f"error: {one_line(e)}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)
         return 1
     if isinstance(e, (ValueError, RuntimeError)):
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 1
     raise e
 

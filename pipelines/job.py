@@ -36,23 +36,29 @@ from shards.config import ConfigError
 
 from .config import PipelineConfig
 from .neardup import NearDedup
-from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, prepare_output, remove_artifacts
-from .records import DUPLICATES, file_format
+from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, prepare_output, remove_artifacts, remove_created
+from .read_summary import summarize
+from .records import BLANK_LINE, DUPLICATES, file_format
 from .report import write_report
 from .sharding import WriteShards, finalize
 from .splits import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from .stats import EVENTS, NAMESPACE
-from .tokenizer import TokenizeFn, build_model
+from .tokenizer import NoRecordsError, TokenizeFn, build_model
 from .transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, UniqueIds, key_by_hash
+from .wording import count, plural
 
 
 # Beam's own DaskRunner mistranslates the job (pipelines/dask_runner.py); these names get ours
 DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner")
+# what docs/cluster.md shows the job running on; any other runner Beam knows is accepted too
+SUPPORTED_RUNNERS = ("DirectRunner", "DaskRunner", "PortableRunner", "PrismRunner", "FlinkRunner", "SparkRunner",
+                     "DataflowRunner")
 
 
 class InputError(ValueError):
     """``--input`` names no readable set of files (a folder, files of unknown format under
-    ``input.unknown_files: error``, or only empty files); the message says what to pass instead."""
+    ``input.unknown_files: error``, only empty files, or files that hold no record); the message
+    says what to pass instead."""
 
 
 def beam_options(beam_args: list[str]) -> PipelineOptions:
@@ -62,8 +68,10 @@ def beam_options(beam_args: list[str]) -> PipelineOptions:
 
     Raises:
         shards.config.ConfigError: an unknown flag; the message names it and the closest known option.
+            Or a ``--runner`` name that neither Beam nor colaflow knows (:func:`check_runner`).
     """
     options = PipelineOptions(beam_args)
+    check_runner(options.view_as(StandardOptions).runner)
     if options.view_as(StandardOptions).runner in DASK_RUNNER_NAMES:
         from .dask_runner import ColaflowDaskRunner  # noqa: F401 - declares the DaskOptions
     known = set(PipelineOptions([]).get_all_options())
@@ -71,10 +79,31 @@ def beam_options(beam_args: list[str]) -> PipelineOptions:
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f"did you mean --{close[0]}? " if close else ""
-        raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {' '.join('--' + u for u in unknown)}: "
+        raise ConfigError(f"unknown {plural(len(unknown), 'option')} {' '.join('--' + u for u in unknown)}: "
                           f"neither a colaflow flag nor a Beam pipeline option; {hint}see --help and Beam's "
                           "PipelineOptions")
     return options
+
+
+def check_runner(name: str | None) -> None:
+    """Refuse a ``--runner`` that would fail only once the run starts (Beam's own error lists its
+    runners without colaflow's ``DaskRunner``). Accepted: ``None`` (the DirectRunner), a name of
+    :data:`DASK_RUNNER_NAMES`, any name Beam resolves (case-insensitive, ``Runner`` suffix optional,
+    as ``apache_beam.runners.runner.create_runner`` does), or a dotted class path (left to Beam).
+
+    Raises:
+        shards.config.ConfigError: the name is unknown; the message lists :data:`SUPPORTED_RUNNERS`
+            and the closest of them (``difflib``).
+    """
+    if name is None or "." in name or name in DASK_RUNNER_NAMES:
+        return
+    beam_names = {path.rsplit(".", 1)[-1].lower() for path in StandardOptions.ALL_KNOWN_RUNNERS}
+    if name.lower() in beam_names or name.lower() + "runner" in beam_names:
+        return
+    close = difflib.get_close_matches(name, SUPPORTED_RUNNERS, n=1, cutoff=0.5)
+    hint = f"did you mean --runner={close[0]}? " if close else ""
+    raise ConfigError(f"unknown runner --runner={name}: {hint}colaflow runs on {', '.join(SUPPORTED_RUNNERS)} "
+                      "(see docs/cluster.md), or give the dotted path of a PipelineRunner class")
 
 
 def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0) -> None:
@@ -85,6 +114,7 @@ def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfi
     parsed = read["units"] | "Parse" >> beam.ParDo(ParseFn(cfg.input, input_glob)).with_outputs(
         DEAD, EVENTS, main="docs")
     cleaned = parsed.docs | "Clean" >> beam.ParDo(CleanFn(cfg)).with_outputs(EVENTS, main="docs")
+    summary = summarize([parsed[EVENTS], cleaned[EVENTS]], parsed[DEAD])  # read only to explain an empty sample
     events, duplicates = [read[EVENTS], parsed[EVENTS], cleaned[EVENTS]], []
     hashed = cleaned.docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
     unique = hashed | "UniqueIds" >> UniqueIds()
@@ -104,7 +134,7 @@ def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfi
         duplicates | "AllDuplicates" >> beam.Flatten() | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}")
     # Trained on the cleaned documents before dedup (the sample counts a repeated text once), so
     # the model is ready before dedup ends and tokenising fuses with the last dedup stage.
-    model = build_model(hashed, cfg.tokenizer)
+    model = build_model(hashed, cfg.tokenizer, summary=summary)
     tokenized = (docs
                  | "BatchDocs" >> beam.BatchElements(min_batch_size=64, max_batch_size=1024)
                  | "Tokenize" >> beam.ParDo(TokenizeFn(), beam.pvalue.AsSingleton(model)).with_outputs(
@@ -166,8 +196,9 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
         raise FileNotFoundError(f"no input file matches {input_glob!r}")
     skipped = [m.path for m in matched if file_format(m.path, cfg.input) is None]
     if skipped and cfg.input.unknown_files == "error":
-        raise InputError(f"{len(skipped)} input files have no known format (.jsonl, .ndjson, .txt, .text, .parquet, "
-                         f"optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
+        have = "has" if len(skipped) == 1 else "have"
+        raise InputError(f"{count(len(skipped), 'input file')} {have} no known format (.jsonl, .ndjson, .txt, .text, "
+                         f".parquet, optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
                          "input.format=jsonl|text|parquet, or input.unknown_files=skip|text")
     skip = set(skipped)
     to_read = [m for m in matched if m.path not in skip]
@@ -178,10 +209,24 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
     return to_read, skipped
 
 
+def _names(paths: list[str], limit: int = 5) -> str:
+    """File names of the first ``limit`` paths, comma-separated, with how many more there are."""
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return ", ".join(path.rsplit("/", 1)[-1] for path in paths[:limit]) + more
+
+
+def no_records_error(input_glob: str, paths: list[str]) -> InputError:
+    """The error for input files that hold no record (only blank lines or whitespace, or nothing once
+    decompressed), worded as :func:`match_input`'s empty-file error and naming the files."""
+    which = "its one input file" if len(paths) == 1 else f"the {len(paths)} input files it matches"
+    hold, decompress = ("it holds", "decompresses") if len(paths) == 1 else ("they hold", "decompress")
+    return InputError(f"--input {input_glob!r}: no record was read from {which} ({_names(paths)}): {hold} only "
+                      f"blank lines or whitespace, or {decompress} to nothing, so there is nothing to preprocess; "
+                      "check those files and input.format, and point --input at the corpus files")
+
+
 def _warn_skipped(skipped: list[str]) -> None:
-    names = ", ".join(path.rsplit("/", 1)[-1] for path in skipped[:5])
-    more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-    print(f"warning: skipping {len(skipped)} input files of unknown format ({names}{more}); counted as "
+    print(f"warning: skipping {count(len(skipped), 'input file')} of unknown format ({_names(skipped)}); counted as "
           "skipped_files in stats.json. Set input.unknown_files=text to read them as text, or =error to refuse.",
           file=sys.stderr, flush=True)
 
@@ -208,14 +253,17 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
         FileNotFoundError: no file matches ``input_glob``.
         InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
-            empty (see :func:`match_input`).
+            empty (see :func:`match_input`), or no record was read from them (only blank lines or
+            whitespace, or nothing once decompressed: :func:`no_records_error`).
         pipelines.output.OutputExistsError: ``output_dir`` holds an earlier run and not ``overwrite``.
         pipelines.output.OutputNotWritableError: ``output_dir`` cannot be written.
         ValueError / RuntimeError: the tokenizer cannot be trained (e.g. nothing survived cleaning),
             or the pipeline did not finish.
         KeyboardInterrupt: re-raised after the output folder is cleaned.
     On any error after the output folder was prepared, the artifacts this run wrote are removed
-    first (:func:`pipelines.output.remove_artifacts`), so a rerun needs no ``overwrite``.
+    first (:func:`pipelines.output.remove_artifacts`), so a rerun needs no ``overwrite``; so is the
+    local ``output_dir`` itself when this run created it and it is left empty
+    (:func:`pipelines.output.remove_created`).
     """
     cfg = cfg or PipelineConfig()
     cfg.validate()
@@ -224,7 +272,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     matched, skipped = match_input(input_glob, cfg)
     if skipped:
         _warn_skipped(skipped)
-    prepare_output(output_dir, cfg.shards.prefix, overwrite)
+    created = prepare_output(output_dir, cfg.shards.prefix, overwrite)
     total_bytes = sum(m.size_in_bytes for m in matched)
     runner = None
     if options.view_as(StandardOptions).runner in (None, "DirectRunner"):
@@ -235,7 +283,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     elif options.view_as(StandardOptions).runner in DASK_RUNNER_NAMES:
         from .dask_runner import ColaflowDaskRunner  # dask is optional (colaflow[dask])
         runner = ColaflowDaskRunner(total_bytes)
-    print(f"reading {len(matched)} files, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
+    print(f"reading {count(len(matched), 'file')}, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
         p = beam.Pipeline(runner=runner, options=options)
@@ -246,10 +294,16 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             raise RuntimeError(f"pipeline ended in state {state}; see the Beam log above")
         with fsspec.open(f"{output_dir.rstrip('/')}/stats.json", "r", encoding="utf-8") as f:
             stats = json.load(f)
+        total = stats["total"]
+        if total["input_records"] == total["dead_letter_reasons"].get(BLANK_LINE, 0):  # with --tokenizer
+            raise NoRecordsError("no record was read from the input files")
         if report:
             write_report(output_dir, stats)
-    except BaseException:
+    except BaseException as e:
         remove_artifacts(output_dir, cfg.shards.prefix)
+        remove_created(created)
+        if isinstance(e, NoRecordsError):
+            raise no_records_error(input_glob, [m.path for m in matched]) from e
         raise
     stats["seconds"] = time.perf_counter() - start
     stats["metrics"] = counters(result)

@@ -6,17 +6,20 @@ A finished run is marked by ``manifest.json`` (written last); an unfinished (kil
 ``beam-temp-*`` folders or ``*.partial`` files without a manifest are leftovers of an interrupted
 run. Any of these makes a new run refuse unless ``overwrite`` is set, which removes exactly these
 artifacts (nothing else in the folder). A run that fails or is interrupted removes its own
-artifacts (:func:`remove_artifacts`), so the corrected rerun needs no ``--overwrite``.
+artifacts (:func:`remove_artifacts`), so the corrected rerun needs no ``--overwrite``, and the
+local folders the run created for ``--output`` when they are left empty (:func:`remove_created`).
 
 Everything here goes through fsspec, so ``s3://``, ``gs://`` and ``memory://`` outputs work the
 same as local folders.
 """
 from __future__ import annotations
 
+import os
 import uuid
 
 import apache_beam as beam
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from .cleaning import stable_bucket
 
@@ -57,23 +60,39 @@ def _check_writable(fs, root: str, output_dir: str) -> None:
             "Choose a folder you can write to (or fix its permissions).") from e
 
 
-def prepare_output(output_dir: str, prefix: str, overwrite: bool = False) -> None:
+def _missing_folders(fs, root: str) -> list[str]:
+    """The local folders of ``root`` and its parents that do not exist yet, deepest first (none for
+    an object store, where a prefix is no folder and vanishes with its last object)."""
+    if not isinstance(fs, LocalFileSystem):
+        return []
+    missing, path = [], os.path.abspath(root)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def prepare_output(output_dir: str, prefix: str, overwrite: bool = False) -> list[str]:
     """Create ``output_dir``, check it is writable, and refuse or clear an earlier run's files in it.
 
     Args:
         output_dir: folder or fsspec URL.
         prefix: shard name prefix (``shards.prefix``).
         overwrite: remove an earlier run's artifacts instead of refusing.
+    Returns:
+        the local folders this call created (``output_dir`` and any missing parents, deepest
+        first), for :func:`remove_created` after a failed run; empty for object stores.
     Raises:
         OutputExistsError: the folder holds an earlier run and ``overwrite`` is false.
         OutputNotWritableError: the folder cannot be created or written (read-only, a file in
             the way, no permission, bucket missing).
     """
     fs, root = fsspec.core.url_to_fs(output_dir)
+    created = _missing_folders(fs, root)
     _check_writable(fs, root, output_dir)
     found = _artifacts(fs, root, prefix)
     if not found:
-        return
+        return created
     if not overwrite:
         from .sharding import TMP_DIR
 
@@ -86,6 +105,22 @@ def prepare_output(output_dir: str, prefix: str, overwrite: bool = False) -> Non
             "Pass --overwrite to replace it, or choose a new --output folder.")
     for path in found:
         fs.rm(path, recursive=True)
+    return created
+
+
+def remove_created(created: list[str]) -> list[str]:
+    """Remove the folders of ``created`` (from :func:`prepare_output`, deepest first) that are empty,
+    stopping at the first that is not: a failed run leaves no empty ``--output`` behind, and a
+    folder holding anything (user data, or what another process put there) is never touched
+    (``os.rmdir`` removes only empty folders). Returns the folders removed; never raises."""
+    removed = []
+    for path in created:
+        try:
+            os.rmdir(path)
+        except OSError:
+            break
+        removed.append(path)
+    return removed
 
 
 def remove_artifacts(output_dir: str, prefix: str) -> list[str]:

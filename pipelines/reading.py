@@ -16,6 +16,8 @@ Lines are read with a length limit (``input.max_record_bytes``); a longer record
 in 1 MiB steps and becomes one ``too_large`` unit, so memory stays bounded by the limit
 however long a line is. A read error, or a compressed stream that ends before its end marker
 (a truncated download), ends the split with one ``unreadable`` unit naming how far it was read.
+A file that cannot be opened in its format at all (``input.format=parquet`` given JSONL) is one
+such ``unreadable`` unit too, naming the file and the reader's error.
 A file whose format is unknown (:func:`pipelines.records.file_format` is ``None``) has no splits.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ from tqdm import tqdm
 
 from .config import InputConfig
 from .records import PARQUET, RAW_EXCERPT_BYTES, TOO_LARGE, UNREADABLE, file_format
+from .wording import count
 
 CHUNK_BYTES = 1 << 20
 _COMPRESSED = (".gz", ".bz2", ".zst")
@@ -118,15 +121,19 @@ def _size(path: str) -> int:
 
 def plan_splits(path: str, size: int, cfg: InputConfig) -> list[Split]:
     """Splits of one matched file of ``size`` bytes (see the module docstring for the rules);
-    none for a file of unknown format (``input.unknown_files``)."""
+    none for a file of unknown format (``input.unknown_files``). Never raises on bad data: a file
+    that cannot be opened as Parquet is one split, which :func:`read_split` dead-letters whole."""
     fmt = file_format(path, cfg)
     if fmt is None:
         return []
     if fmt == PARQUET:
         import pyarrow.parquet as pq
 
-        with _open(path) as f:
-            meta = pq.ParquetFile(f).metadata
+        try:
+            with _open(path) as f:
+                meta = pq.ParquetFile(f).metadata
+        except (OSError, ValueError, EOFError):  # not Parquet (pyarrow's ArrowInvalid is a ValueError)
+            return [Split(path, fmt, 0, -1)]  # read_split meets the same error: one unreadable_file dead letter
         splits, first, acc = [], 0, 0
         for i in range(meta.num_row_groups):
             acc += meta.row_group(i).total_byte_size
@@ -295,8 +302,8 @@ def read_split(split: Split, cfg: InputConfig, total_bytes: int = 0, run_id: str
             if split.fmt != PARQUET:
                 _Progress.update(raw.tell() - max(split.start, 0) - done, total_bytes, run_id)
     except (OSError, EOFError, ValueError, zlib.error, zstandard.ZstdError) as e:  # gzip.BadGzipFile is an OSError
-        where = f"reading stopped at byte {last_offset}"
+        where = f"reading stopped at {f'row {last_line}' if split.fmt == PARQUET else f'byte {last_offset}'}"
         if split.path.endswith(_COMPRESSED) and raw_read >= 0:
-            where += f" of the decompressed data, after {raw_read:,} of {_size(split.path):,} compressed bytes"
+            where += f" of the decompressed data, after {raw_read:,} of {count(_size(split.path), 'compressed byte')}"
         message = f"{where}: {type(e).__name__}: {e}"
         yield split.path, last_line + 1 if last_line else 0, last_offset, message.encode("utf-8"), UNREADABLE, 0

@@ -30,6 +30,8 @@ UNREADABLE = "unreadable"  # unit format of a read error: the unit's bytes are t
 TOO_LARGE = "too_large"  # unit format of a skipped over-long record: the unit's bytes are its head
 PARQUET = "parquet"  # unit format of a Parquet row: the payload is (text, id, source) as read
 DUPLICATES = "duplicates"  # tag of the duplicate_record lines written to OUT/duplicates/
+UNREADABLE_FILE = "unreadable_file"  # dead-letter reason of a file read stopped (or could not start)
+BLANK_LINE = "blank_line"  # dead-letter reason of a blank JSONL line (counted, but no record)
 _COMPRESSED = (".gz", ".bz2", ".zst")
 UTF8_BOM = b"\xef\xbb\xbf"
 # by extension, in ``input.format: auto``; anything else is an unknown file (``input.unknown_files``)
@@ -214,7 +216,7 @@ def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: in
         return DeadLetter(path, line, reason, error, stem, excerpt, offset)
 
     if fmt == UNREADABLE:
-        return dead("unreadable_file", raw.decode("utf-8", "replace"))
+        return dead(UNREADABLE_FILE, raw.decode("utf-8", "replace"))
     if fmt == TOO_LARGE:
         return dead("too_large", f"record of {size} bytes exceeds input.max_record_bytes={cfg.max_record_bytes}")
     if fmt == PARQUET:
@@ -228,7 +230,7 @@ def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: in
     if fmt == "text":
         return _doc(text, None, None, stem, name, position, cfg, dead)
     if not text.strip():
-        return dead("blank_line", "blank line in JSONL input")
+        return dead(BLANK_LINE, "blank line in JSONL input")
     try:
         obj = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:

@@ -14,6 +14,8 @@ import io
 
 import fsspec
 
+from . import wording
+
 REPORT_TXT = "report.txt"
 REPORT_PNG = "report.png"
 REPORT_HTML = "report.html"
@@ -123,7 +125,7 @@ def _draw_lengths(ax, stats: dict) -> None:
     ax.set_xticks(range(len(bins)), [str(b) for b in bins], rotation=60, fontsize=7)
     ax.set_xlabel("document length, tokens (bin lower edge, powers of two)")
     ax.set_ylabel("kept documents")
-    ax.set_title(f"{t['kept']:,} kept documents, {t['tokens']:,} tokens")
+    ax.set_title(f"{wording.count(t['kept'], 'kept document')}, {wording.count(t['tokens'], 'token')}")
 
 
 def _draw_removed(ax, stats: dict) -> None:
@@ -133,7 +135,7 @@ def _draw_removed(ax, stats: dict) -> None:
         reasons = sorted(reasons + [("duplicate (exact)", t["duplicates"])], key=lambda kv: -kv[1])
     ax.barh([r for r, _ in reasons][::-1], [c for _, c in reasons][::-1], color="#cc6677")
     ax.set_xlabel("records")
-    ax.set_title(f"removed, of {t['input_records']:,} records in")
+    ax.set_title(f"removed, of {wording.count(t['input_records'], 'record')} in")
 
 
 def _draw_redactions(ax, stats: dict) -> None:

@@ -40,6 +40,7 @@ from .frames import Blob, decode, encode
 from .records import Doc
 from .splits import VAL, VAL_DIR, split_entry
 from .stats import EVENTS, aggregate, event
+from .wording import count
 
 TMP_DIR = "_tmp_buckets"
 TOKENIZER_FILE = "tokenizer.model"
@@ -299,7 +300,7 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
                            **{name: {k: e[k] for k in ("shards", "samples", "tokens")} for name, e in splits.items()}}
     fs.pipe_file(f"{root}/stats.json", (json.dumps(stats, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     extra = "".join(f" (+{e['shards']} {name})" for name, e in splits.items())
-    print(f"committed {len(manifest.shards)} shards{extra}, manifest.json and stats.json to {output_dir}",
+    print(f"committed {count(len(manifest.shards), 'shard')}{extra}, manifest.json and stats.json to {output_dir}",
           file=sys.stderr, flush=True)
     return stats
 

@@ -23,9 +23,11 @@ from tqdm import tqdm
 from shards.config import ConfigError
 
 from .config import TokenizerConfig
+from .read_summary import ReadSummary
 from .records import Doc
 from .sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 from .stats import EventTally
+from .wording import count
 
 # Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial cutoffs
 # (each at most the rows of sample_max_bytes of documents), not one per bundle
@@ -63,23 +65,35 @@ class EmptySampleError(ValueError):
     it in one line, without the traceback Beam logs for a failed step (exit 1)."""
 
 
-def train_sentencepiece(texts: list[str], cfg: TokenizerConfig) -> bytes:
+class NoRecordsError(EmptySampleError):
+    """The input files hold no record at all (only blank lines or whitespace, or they decompress to
+    nothing): :func:`pipelines.job.run` turns it into an ``InputError`` naming the files (exit 2)."""
+
+
+def train_sentencepiece(texts: list[str], cfg: TokenizerConfig, summary: ReadSummary | None = None) -> bytes:
     """Train a sentencepiece model on ``texts`` (each line is one training sentence, long lines cut by
-    :func:`training_lines`); returns model bytes.
+    :func:`training_lines`); returns model bytes. ``summary`` (what became of the records read,
+    :func:`pipelines.read_summary.summarize`) is read only to explain an empty sample.
 
     Raises:
+        NoRecordsError: (an ``EmptySampleError``) the sample is empty because ``summary`` counts
+            no record read at all.
         EmptySampleError: (a ``ValueError``) the sample is empty (no document reached the
-            tokenizer: every record was a dead letter or filtered).
+            tokenizer: every record was a dead letter or filtered; the message says which reasons
+            and names unreadable files when ``summary`` is given).
         shards.config.ConfigError: ``vocab_size`` is below the characters the sample requires at
             ``character_coverage`` (a config problem: the message says which size would do).
         RuntimeError: sentencepiece rejects the sample otherwise (message includes its error).
     """
     lines = training_lines(texts, cfg.max_sentence_bytes)
+    if not lines and summary is not None and summary.records == 0:
+        raise NoRecordsError("no record was read from the input files: they hold only blank lines or whitespace, "
+                             "or decompress to nothing; check --input and input.format")
     if not lines:
-        raise EmptySampleError("tokenizer sample is empty: no document reached the tokenizer (every record was "
-                               "dead-lettered or filtered: check --input, input.format and input.text_field), "
-                               "or pass --tokenizer PATH")
-    print(f"training sentencepiece ({cfg.model_type}, vocab {cfg.vocab_size}) on {len(texts):,} documents, "
+        why = summary.why_empty() if summary is not None else "every record was dead-lettered or filtered"
+        raise EmptySampleError(f"tokenizer sample is empty: no document reached the tokenizer; {why}; check --input, "
+                               "input.format and input.text_field, or pass --tokenizer PATH")
+    print(f"training sentencepiece ({cfg.model_type}, vocab {cfg.vocab_size}) on {count(len(texts), 'document')}, "
           f"{sum(len(t.encode('utf-8')) for t in texts) / 1e6:.1f} MB", file=sys.stderr, flush=True)
     model = io.BytesIO()
     try:
@@ -96,7 +110,7 @@ def train_sentencepiece(texts: list[str], cfg: TokenizerConfig) -> bytes:
             raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size} is too small: the sample needs "
                               f"tokenizer.vocab_size > {need.group(2)} at character_coverage={cfg.character_coverage}"
                               ": raise tokenizer.vocab_size or lower tokenizer.character_coverage") from None
-        raise RuntimeError(f"sentencepiece training on {len(lines)} lines failed: {e}") from e
+        raise RuntimeError(f"sentencepiece training on {count(len(lines), 'line')} failed: {e}") from e
     return model.getvalue()
 
 
@@ -112,9 +126,10 @@ def load_processor(model_bytes: bytes) -> spm.SentencePieceProcessor:
     return sp
 
 
-def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer"):
+def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer", summary=None):
     """Singleton PCollection of model bytes: the file at ``cfg.path``, or trained on ``hashed``
-    (PCollection of ``(content hash, Doc)`` pairs).
+    (PCollection of ``(content hash, Doc)`` pairs). ``summary``, an optional singleton PCollection
+    of :class:`~pipelines.read_summary.ReadSummary`, explains an empty sample in the error.
 
     The sample is taken in two steps, so no step holds more text than the sample: the
     :class:`~pipelines.sample.SampleLimit` from hashes and sizes (:class:`SampleCutoff`, one
@@ -133,7 +148,8 @@ def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer"):
     return (hashed
             | f"{label}/Select" >> beam.FlatMap(sample_text, beam.pvalue.AsSingleton(limit), cfg.sample_fraction)
             | f"{label}/Sample" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes, cfg.sample_fraction))
-            | f"{label}/Train" >> beam.Map(train_sentencepiece, cfg))
+            | f"{label}/Train" >> beam.Map(train_sentencepiece, cfg,
+                                           None if summary is None else beam.pvalue.AsSingleton(summary)))
 
 
 class TokenizeFn(beam.DoFn):

@@ -3,6 +3,7 @@ Beam traceback (a too-small vocabulary, a misspelled enum value, an out-of-range
 misspelled Beam option)."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -106,7 +107,11 @@ def test_input_with_no_usable_document_is_one_line_and_exit_1(tmp_path):
                                               for i in range(3)))
     p = _cli(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out")])
     assert p.returncode == 1  # a data error: every record was dead-lettered
-    assert "no document reached the tokenizer" in _one_error_line(p)
+    assert "reading 1 file, " in p.stderr  # not "1 files"
+    line = _one_error_line(p)
+    assert "no document reached the tokenizer" in line
+    assert "of 3 records read: 3 dead-lettered (missing_text: 3)" in line
+    assert "while running" not in line and "Tokenizer/Train" not in line  # Beam's step name means nothing here
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
@@ -129,3 +134,104 @@ def test_an_unreachable_dask_scheduler_is_one_line_saying_what_to_start(tmp_path
     assert p.returncode == 1
     line = _one_error_line(p)
     assert "no Dask scheduler answered" in line and "dask scheduler" in line and "--dask_client_address" in line
+
+
+def test_input_files_with_no_record_are_one_line_naming_them_and_exit_2(tmp_path):
+    """Whitespace-only JSONL and a gzip of nothing pass the 0-byte check but hold no record: the
+    error says so and names the files, as for empty files (not 'every record was dead-lettered')."""
+    (tmp_path / "blank.jsonl").write_text("\n\n  \n")
+    with gzip.open(tmp_path / "none.jsonl.gz", "wb"):
+        pass
+    p = _cli(["--input", str(tmp_path / "*.j*"), "--output", str(tmp_path / "out")])
+    assert p.returncode == 2
+    line = _one_error_line(p)
+    assert "no record was read from the 2 input files" in line and "dead-lettered" not in line
+    assert "blank.jsonl" in line and "none.jsonl.gz" in line and "input.format" in line
+    assert not (tmp_path / "out").exists()  # the run created it and removed it, empty, on failure
+
+
+def test_no_record_read_is_an_error_with_a_given_tokenizer_too(tmp_path):
+    from pipelines.config import TokenizerConfig
+    from pipelines.tokenizer import train_sentencepiece
+
+    (tmp_path / "tok.model").write_bytes(train_sentencepiece(["the river ran past old stone walls"] * 50,
+                                                             TokenizerConfig(vocab_size=300)))
+    (tmp_path / "blank.txt").write_text(" \n\t\n")
+    p = _cli(["--input", str(tmp_path / "blank.txt"), "--output", str(tmp_path / "out"),
+              "--tokenizer", str(tmp_path / "tok.model")])
+    assert p.returncode == 2
+    line = _one_error_line(p)
+    assert "no record was read from its one input file (blank.txt): it holds only" in line
+    assert "or decompresses to nothing" in line
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_jsonl_read_as_parquet_names_the_file_and_input_format(tmp_path, corpus):
+    """A file that is not Parquet under input.format=parquet is one unreadable_file dead letter
+    naming it (not pyarrow's bare message from the planning step); when no other file is readable
+    the one-line error names it, the reader's error and input.format."""
+    p = _cli(["--input", str(corpus), "--output", str(tmp_path / "out"), "input.format=parquet"])
+    assert p.returncode == 1
+    line = _one_error_line(p)
+    assert f"cannot read {corpus} (reading stopped at row 0: ArrowInvalid: Parquet magic bytes" in line
+    assert "input.format" in line and "unreadable_file: 1" in line
+
+
+def test_a_file_that_is_not_parquet_among_parquet_files_is_dead_lettered_by_name(tmp_path, corpus):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.job import run
+
+    texts = [f"Quick brown fox {i} jumps; zebra quartz {i * 7}!" for i in range(30)]
+    pq.write_table(pa.table({"id": [str(i) for i in range(30)], "text": texts}), tmp_path / "good.parquet")
+    (tmp_path / "bad.parquet").write_bytes(corpus.read_bytes())  # JSONL under a .parquet name
+    cfg = PipelineConfig()
+    cfg.tokenizer.vocab_size = 300
+    stats = run(str(tmp_path / "*.parquet"), str(tmp_path / "out"), cfg, report=False)
+    assert stats["total"]["kept"] == 30 and stats["total"]["dead_letter_reasons"] == {"unreadable_file": 1}
+    letters = [json.loads(line) for part in sorted((tmp_path / "out" / "dead_letter").iterdir())
+               for line in part.read_text().splitlines()]
+    assert [(d["file"].rsplit("/", 1)[-1], d["reason"]) for d in letters] == [("bad.parquet", "unreadable_file")]
+    assert "ArrowInvalid" in letters[0]["error"]
+
+
+@pytest.mark.parametrize("runner, close", [("DaskRuner", "DaskRunner"), ("FlinkRuner", "FlinkRunner"), ("Nonesuch", None)])
+def test_a_misspelled_runner_is_a_usage_error_listing_ours(corpus, tmp_path, capsys, runner, close):
+    out = tmp_path / "out"
+    assert beam_runner.main(["--input", str(corpus), "--output", str(out), f"--runner={runner}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"unknown runner --runner={runner}:" in err, err
+    assert "DaskRunner, " in err and "DirectRunner" in err and "FlinkRunner" in err
+    assert (f"did you mean --runner={close}?" in err) == (close is not None)
+    assert not out.exists()
+
+
+def test_runner_names_beam_resolves_pass():
+    for name in ("DirectRunner", "direct", "PortableRunner", "DaskRunner", "my.module.MyRunner"):
+        beam_options([f"--runner={name}"])
+
+
+def test_a_failed_run_removes_the_output_folders_it_created_and_nothing_else(tmp_path):
+    from pipelines.job import run
+    from pipelines.tokenizer import EmptySampleError
+
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "1", "body": "no text field"}) + "\n")
+    new = tmp_path / "made" / "by" / "run"
+    with pytest.raises(EmptySampleError):
+        run(str(tmp_path / "c.jsonl"), str(new))
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl"]  # run/, by/ and made/ were all created by the run
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "kept" / "notes.txt").parent.mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("user data")
+    for existing in (tmp_path / "mine", tmp_path / "kept"):
+        with pytest.raises(EmptySampleError):
+            run(str(tmp_path / "c.jsonl"), str(existing))
+    assert os.listdir(tmp_path / "mine") == [] and os.listdir(tmp_path / "kept") == ["notes.txt"]
+
+
+def test_counts_read_right_for_one_and_many():
+    from pipelines.wording import count, plural
+
+    assert [count(n, "file") for n in (0, 1, 2, 1200)] == ["0 files", "1 file", "2 files", "1,200 files"]
+    assert count(1, "match", "matches") == "1 match" and plural(3, "match", "matches") == "matches"
