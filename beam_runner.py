@@ -13,7 +13,8 @@ Anything that is neither one of our flags nor ``key=value`` is passed to Beam, w
 ``--name=value``, e.g. ``--direct_running_mode=multi_processing --direct_num_workers=2`` or
 ``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``). A ``--flag`` no Beam
 ``PipelineOptions`` declares (a typo such as ``--runer``) is refused with exit 2, as are a
-``--runner`` name neither Beam nor colaflow knows (``--runner=DaskRuner``) and config values
+``--runner`` colaflow does not run on (``--runner=DaskRuner``, a Beam runner it does not support, a
+dotted path that is no ``PipelineRunner`` class), Dask options without ``--runner=DaskRunner``, and config values
 outside their allowed set or range. Any other bare word is refused: it is nearly always the
 second file of an unquoted ``--input`` glob that the shell expanded.
 """

@@ -19,7 +19,9 @@ a run that fails or is interrupted removes what it wrote.
 """
 from __future__ import annotations
 
+import argparse
 import difflib
+import importlib
 import json
 import sys
 import time
@@ -30,7 +32,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.direct.direct_runner import DirectRunner
-from apache_beam.runners.runner import PipelineState
+from apache_beam.runners.runner import PipelineRunner, PipelineState
 
 from shards.config import ConfigError
 
@@ -50,7 +52,7 @@ from .wording import count, plural
 
 # Beam's own DaskRunner mistranslates the job (pipelines/dask_runner.py); these names get ours
 DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner")
-# what docs/cluster.md shows the job running on; any other runner Beam knows is accepted too
+# what docs/cluster.md shows the job running on; other Beam runners are refused (a dotted class path is not)
 SUPPORTED_RUNNERS = ("DirectRunner", "DaskRunner", "PortableRunner", "PrismRunner", "FlinkRunner", "SparkRunner",
                      "DataflowRunner")
 
@@ -64,17 +66,27 @@ class InputError(ValueError):
 def beam_options(beam_args: list[str]) -> PipelineOptions:
     """Beam's ``PipelineOptions`` for ``beam_args``, refusing any ``--flag`` that no registered
     ``PipelineOptions`` subclass declares (Beam itself drops them silently, so ``--runer=DataflowRunner``
-    would quietly run locally). The Dask runner's options are registered first when it is chosen.
+    would quietly run locally). The ``--runner`` is checked and normalised (:func:`check_runner`:
+    ``--runner=dask`` becomes ``DaskRunner``); the Dask runner's options are registered when it is
+    chosen, and refused with a hint to choose it otherwise.
 
     Raises:
-        shards.config.ConfigError: an unknown flag; the message names it and the closest known option.
-            Or a ``--runner`` name that neither Beam nor colaflow knows (:func:`check_runner`).
+        shards.config.ConfigError: an unknown flag; the message names it and the closest known option,
+            or says that a Dask option needs ``--runner=DaskRunner``. Or a ``--runner`` colaflow does not
+            run on (:func:`check_runner`).
     """
     options = PipelineOptions(beam_args)
-    check_runner(options.view_as(StandardOptions).runner)
-    if options.view_as(StandardOptions).runner in DASK_RUNNER_NAMES:
+    standard = options.view_as(StandardOptions)
+    standard.runner = check_runner(standard.runner)
+    if standard.runner == "DaskRunner":
         from .dask_runner import ColaflowDaskRunner  # noqa: F401 - declares the DaskOptions
-    known = set(PipelineOptions([]).get_all_options())
+    given = {a[2:].split("=", 1)[0] for a in beam_args if a.startswith("--")}
+    dask_only = sorted(given & _dask_flags()) if given and standard.runner != "DaskRunner" else []
+    if dask_only:  # declared once the Dask runner was imported in this process, yet meaningless here
+        raise ConfigError(f"{' '.join('--' + f for f in dask_only)} {plural(len(dask_only), 'is a', 'are')} "
+                          f"DaskRunner {plural(len(dask_only), 'option')}; add --runner=DaskRunner to run on Dask "
+                          "(see docs/cluster.md)")
+    known = set(PipelineOptions([]).get_all_options())  # after _dask_flags, which registers the DaskOptions
     unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - known)
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)
@@ -85,25 +97,71 @@ def beam_options(beam_args: list[str]) -> PipelineOptions:
     return options
 
 
-def check_runner(name: str | None) -> None:
-    """Refuse a ``--runner`` that would fail only once the run starts (Beam's own error lists its
-    runners without colaflow's ``DaskRunner``). Accepted: ``None`` (the DirectRunner), a name of
-    :data:`DASK_RUNNER_NAMES`, any name Beam resolves (case-insensitive, ``Runner`` suffix optional,
-    as ``apache_beam.runners.runner.create_runner`` does), or a dotted class path (left to Beam).
+def _dask_flags() -> set[str]:
+    """Flag names (without ``--``) that Beam's ``DaskOptions`` declares; empty without dask installed."""
+    try:
+        from apache_beam.runners.dask.dask_runner import DaskOptions
+    except ImportError:
+        return set()
+    parser = argparse.ArgumentParser()
+    DaskOptions._add_argparse_args(parser)  # how every PipelineOptions subclass declares its flags
+    return {flag[2:] for action in parser._actions for flag in action.option_strings if flag.startswith("--")}
+
+
+def check_runner(name: str | None) -> str | None:
+    """The ``--runner`` value as colaflow and Beam should see it, refusing up front one that would
+    fail only once the run starts (Beam's own error comes mid-run and lists runners colaflow cannot
+    use, without colaflow's ``DaskRunner``).
+
+    Accepted: ``None`` (the DirectRunner, returned as ``None``); a name of :data:`SUPPORTED_RUNNERS`,
+    case-insensitive with the ``Runner`` suffix optional as ``apache_beam.runners.runner.create_runner``
+    reads it (``dask`` → ``"DaskRunner"``); a name of :data:`DASK_RUNNER_NAMES` (→ ``"DaskRunner"``);
+    or the dotted path of an importable ``apache_beam.runners.runner.PipelineRunner`` subclass (returned
+    as given, or as ``"DirectRunner"`` for Beam's DirectRunner and ``"DaskRunner"`` for its DaskRunner or a
+    subclass, so colaflow's own runner setup applies).
 
     Raises:
-        shards.config.ConfigError: the name is unknown; the message lists :data:`SUPPORTED_RUNNERS`
-            and the closest of them (``difflib``).
+        shards.config.ConfigError: an unknown name (the message lists :data:`SUPPORTED_RUNNERS` and the
+            closest of them, by ``difflib``), a Beam runner colaflow does not support, or a dotted path
+            that does not import or is not a ``PipelineRunner`` class.
     """
-    if name is None or "." in name or name in DASK_RUNNER_NAMES:
-        return
+    if name is None:
+        return None
+    if name in DASK_RUNNER_NAMES:
+        return "DaskRunner"
+    supported = ", ".join(SUPPORTED_RUNNERS)
+    if "." in name:
+        return _runner_class(name, supported)
+    for known in SUPPORTED_RUNNERS:
+        if name.lower() in (known.lower(), known.lower()[:-len("runner")]):
+            return known
     beam_names = {path.rsplit(".", 1)[-1].lower() for path in StandardOptions.ALL_KNOWN_RUNNERS}
     if name.lower() in beam_names or name.lower() + "runner" in beam_names:
-        return
+        raise ConfigError(f"--runner={name}: a Beam runner colaflow does not support; use one of {supported} "
+                          "(see docs/cluster.md)")
     close = difflib.get_close_matches(name, SUPPORTED_RUNNERS, n=1, cutoff=0.5)
     hint = f"did you mean --runner={close[0]}? " if close else ""
-    raise ConfigError(f"unknown runner --runner={name}: {hint}colaflow runs on {', '.join(SUPPORTED_RUNNERS)} "
+    raise ConfigError(f"unknown runner --runner={name}: {hint}colaflow runs on {supported} "
                       "(see docs/cluster.md), or give the dotted path of a PipelineRunner class")
+
+
+def _runner_class(path: str, supported: str) -> str:
+    """Check that ``path`` (``module.Class``) imports to a ``PipelineRunner`` subclass; returns the
+    name :func:`check_runner` documents. Raises ``ConfigError`` (one line) otherwise."""
+    module, attr = path.rsplit(".", 1)
+    fix = f"give the dotted path of a PipelineRunner class, or one of {supported}"
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except ImportError as e:
+        raise ConfigError(f"--runner={path}: cannot import {module} ({e}); {fix}") from e
+    except AttributeError as e:
+        raise ConfigError(f"--runner={path}: module {module} has no {attr}; {fix}") from e
+    if not (isinstance(cls, type) and issubclass(cls, PipelineRunner)):
+        raise ConfigError(f"--runner={path}: {type(cls).__name__} {attr} is not a PipelineRunner class; {fix}")
+    if cls is DirectRunner:
+        return "DirectRunner"
+    dask = any(f"{c.__module__}.{c.__qualname__}" in DASK_RUNNER_NAMES for c in cls.__mro__)
+    return "DaskRunner" if dask else path  # ours fixes how Beam's DaskRunner translates the job
 
 
 def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0) -> None:
@@ -280,7 +338,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         # marking it interactive skips that, so runs are offline and the same everywhere.
         runner = DirectRunner()
         runner.is_interactive()
-    elif options.view_as(StandardOptions).runner in DASK_RUNNER_NAMES:
+    elif options.view_as(StandardOptions).runner == "DaskRunner":  # normalised by beam_options
         from .dask_runner import ColaflowDaskRunner  # dask is optional (colaflow[dask])
         runner = ColaflowDaskRunner(total_bytes)
     print(f"reading {count(len(matched), 'file')}, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)

@@ -207,9 +207,48 @@ def test_a_misspelled_runner_is_a_usage_error_listing_ours(corpus, tmp_path, cap
     assert not out.exists()
 
 
-def test_runner_names_beam_resolves_pass():
-    for name in ("DirectRunner", "direct", "PortableRunner", "DaskRunner", "my.module.MyRunner"):
-        beam_options([f"--runner={name}"])
+def test_supported_runner_names_pass_normalised_as_beam_reads_them():
+    """Case-insensitive, ``Runner`` optional, for every supported runner alike; the normalised name is
+    what the job's runner selection sees (``--runner=dask`` must pick colaflow's Dask runner)."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    def runner(name):
+        return beam_options([f"--runner={name}"]).view_as(StandardOptions).runner
+
+    for name in ("DaskRunner", "daskrunner", "dask", "DASK", "apache_beam.runners.dask.dask_runner.DaskRunner",
+                 "pipelines.dask_runner.ColaflowDaskRunner"):
+        assert runner(name) == "DaskRunner", name
+    for name in ("DirectRunner", "directrunner", "direct", "apache_beam.runners.direct.direct_runner.DirectRunner"):
+        assert runner(name) == "DirectRunner", name
+    assert runner("portable") == "PortableRunner" and runner("flink") == "FlinkRunner"
+    path = "apache_beam.runners.portability.portable_runner.PortableRunner"
+    assert runner(path) == path and beam_options([]).view_as(StandardOptions).runner is None
+
+
+@pytest.mark.parametrize("runner, says", [
+    ("apache_beam.runners.nope.NopeRunner", "cannot import apache_beam.runners.nope"),
+    ("pipelines.dask_runner.Nope", "module pipelines.dask_runner has no Nope"),
+    ("os.path", "module path is not a PipelineRunner class"),
+    ("BundleBasedDirectRunner", "a Beam runner colaflow does not support; use one of DirectRunner, DaskRunner"),
+    ("interactive", "a Beam runner colaflow does not support"),
+])
+def test_a_runner_colaflow_cannot_use_is_refused_up_front_in_one_line(corpus, tmp_path, capsys, runner, says):
+    out = tmp_path / "out"
+    assert beam_runner.main(["--input", str(corpus), "--output", str(out), f"--runner={runner}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: --runner={runner}: {says}"), err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags", [["--dask_client_address=127.0.0.1:8786"],
+                                   ["--runner=DirectRunner", "--dask_npartitions=4"]])
+def test_a_dask_option_without_the_dask_runner_says_to_choose_it(corpus, tmp_path, capsys, flags):
+    out = tmp_path / "out"
+    assert beam_runner.main(["--input", str(corpus), "--output", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    flag = flags[-1].split("=")[0]
+    assert len(err.splitlines()) == 1 and f"{flag} is a DaskRunner option; add --runner=DaskRunner" in err, err
+    assert not out.exists()
 
 
 def test_a_failed_run_removes_the_output_folders_it_created_and_nothing_else(tmp_path):
