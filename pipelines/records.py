@@ -237,7 +237,9 @@ def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: in
         return dead("bad_json", f"not JSON: {e}")
     if not isinstance(obj, dict):
         return dead("not_object", f"JSON {type(obj).__name__}, expected an object")
-    if obj.get(cfg.text_field) is None:
+    if cfg.text_field in obj and obj[cfg.text_field] is None:
+        return dead("missing_text", f"{cfg.text_field!r} is null")
+    if cfg.text_field not in obj:
         return dead("missing_text", f"no {cfg.text_field!r} field (fields: {', '.join(sorted(obj))[:100]})")
     return _doc(obj.get(cfg.text_field), obj.get(cfg.id_field), obj.get(cfg.source_field), stem, name, position,
                 cfg, dead)

@@ -116,6 +116,9 @@ def test_parse_unit_hostile_inputs():
         assert isinstance(dead, DeadLetter) and dead.reason == reason, raw
         assert (dead.file, dead.line, dead.source) == ("gs://b/in/web.jsonl.gz", 7, "web")
         assert json.loads(dead.to_json())["reason"] == reason
+    null, absent = parse(b'{"id": "x", "text": null}'), parse(b'{"id": "x", "body": "hi"}')
+    assert (null.reason, null.error) == ("missing_text", "'text' is null")  # not "no 'text' field (fields: id, text)"
+    assert (absent.reason, absent.error) == ("missing_text", "no 'text' field (fields: body, id)")
     assert parse(b'{"id": 1, "body": "hi"}', cfg=InputConfig(text_field="body")) == Doc("web.jsonl.gz/1", "hi", "web")
     assert parse(b"plain paragraph", fmt="text") == Doc("web.jsonl.gz#00000007", "plain paragraph", "web")
     assert parse_unit("gs://b/in/sub/web.jsonl", 0, b'{"id": "a#1%", "text": "t"}', "jsonl", INPUT, 120,
