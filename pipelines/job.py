@@ -35,6 +35,7 @@ from apache_beam.runners.direct.direct_runner import DirectRunner
 from apache_beam.runners.runner import PipelineRunner, PipelineState
 
 from shards.config import ConfigError
+from shards.wording import count, plural
 
 from .config import PipelineConfig
 from .neardup import NearDedup
@@ -47,7 +48,6 @@ from .splits import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from .stats import EVENTS, NAMESPACE
 from .tokenizer import NoRecordsError, TokenizeFn, build_model
 from .transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, UniqueIds, key_by_hash
-from .wording import count, plural
 
 
 # Beam's own DaskRunner mistranslates the job (pipelines/dask_runner.py); these names get ours

@@ -14,8 +14,9 @@ import dataclasses
 
 import apache_beam as beam
 
+from shards.wording import count
+
 from .records import BLANK_LINE, UNREADABLE_FILE, DeadLetter
-from .wording import count
 
 EXAMPLES = 3  # unreadable files a summary names
 

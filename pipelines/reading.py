@@ -34,9 +34,10 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from tqdm import tqdm
 
+from shards.wording import count
+
 from .config import InputConfig
 from .records import PARQUET, RAW_EXCERPT_BYTES, TOO_LARGE, UNREADABLE, file_format
-from .wording import count
 
 CHUNK_BYTES = 1 << 20
 _COMPRESSED = (".gz", ".bz2", ".zst")

@@ -14,7 +14,7 @@ import io
 
 import fsspec
 
-from . import wording
+from shards.wording import count
 
 REPORT_TXT = "report.txt"
 REPORT_PNG = "report.png"
@@ -78,17 +78,20 @@ def shard_shortfall(stats: dict) -> str | None:
     """One report line when fewer shards were written than ``shards.num_shards`` asked for, saying
     why; ``None`` otherwise. A training document goes to bucket ``sha256(key) mod N`` and each
     non-empty bucket is one shard (:mod:`pipelines.sharding`), so with fewer documents than ``N``,
-    or few per bucket, some buckets stay empty and no shard is written for them."""
+    or few per bucket, some buckets stay empty and no shard is written for them. With a validation
+    split the count is of training documents (``stats["splits"]["train"]["samples"]``)."""
     asked, written = stats.get("shards_requested", 0), stats.get("shards", 0)
     if asked <= written:
         return None
-    docs = stats.get("splits", {}).get("train", {}).get("samples", stats["total"]["kept"])
+    splits = stats.get("splits", {})
+    docs = splits.get("train", {}).get("samples", stats["total"]["kept"])
+    noun = "training document" if splits else "document"  # the validation split's are not in these shards
     buckets = f"{written:,} of the {asked:,} buckets (sha256 of the sample key mod {asked:,})"
     if docs < asked:
-        why = f"only {docs:,} documents were written and a document never spans two shards"
+        why = f"only {count(docs, noun)} {'was' if docs == 1 else 'were'} written and a document never spans two shards"
         why += f"; they fell into {buckets}" if written < docs else ""
     else:
-        why = f"the {docs:,} documents fell into {buckets}; ask for fewer shards to fill them all"
+        why = f"the {count(docs, noun)} fell into {buckets}; ask for fewer shards to fill them all"
     return f"  shards.num_shards={asked:,} asked for, {written:,} written: {why}"
 
 
@@ -125,7 +128,7 @@ def _draw_lengths(ax, stats: dict) -> None:
     ax.set_xticks(range(len(bins)), [str(b) for b in bins], rotation=60, fontsize=7)
     ax.set_xlabel("document length, tokens (bin lower edge, powers of two)")
     ax.set_ylabel("kept documents")
-    ax.set_title(f"{wording.count(t['kept'], 'kept document')}, {wording.count(t['tokens'], 'token')}")
+    ax.set_title(f"{count(t['kept'], 'kept document')}, {count(t['tokens'], 'token')}")
 
 
 def _draw_removed(ax, stats: dict) -> None:
@@ -135,7 +138,7 @@ def _draw_removed(ax, stats: dict) -> None:
         reasons = sorted(reasons + [("duplicate (exact)", t["duplicates"])], key=lambda kv: -kv[1])
     ax.barh([r for r, _ in reasons][::-1], [c for _, c in reasons][::-1], color="#cc6677")
     ax.set_xlabel("records")
-    ax.set_title(f"removed, of {wording.count(t['input_records'], 'record')} in")
+    ax.set_title(f"removed, of {count(t['input_records'], 'record')} in")
 
 
 def _draw_redactions(ax, stats: dict) -> None:

@@ -33,6 +33,7 @@ from fsspec.implementations.local import LocalFileSystem
 from shards import Manifest, TarShardWriter, encode_text_sample, escape_key, shard_name
 from shards.blocks import COMPRESSIONS, BlockPacker
 from shards.index import WIDS_FILE, build_shard_index, dali_index_path, wids_index, write_dali_index
+from shards.wording import count
 
 from .cleaning import stable_bucket
 from .config import ShardsConfig
@@ -40,7 +41,6 @@ from .frames import Blob, decode, encode
 from .records import Doc
 from .splits import VAL, VAL_DIR, split_entry
 from .stats import EVENTS, aggregate, event
-from .wording import count
 
 TMP_DIR = "_tmp_buckets"
 TOKENIZER_FILE = "tokenizer.model"

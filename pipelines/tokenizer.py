@@ -21,13 +21,13 @@ import sentencepiece as spm
 from tqdm import tqdm
 
 from shards.config import ConfigError
+from shards.wording import count
 
 from .config import TokenizerConfig
 from .read_summary import ReadSummary
 from .records import Doc
 from .sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 from .stats import EventTally
-from .wording import count
 
 # Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial cutoffs
 # (each at most the rows of sample_max_bytes of documents), not one per bundle

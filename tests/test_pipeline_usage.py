@@ -270,7 +270,7 @@ def test_a_failed_run_removes_the_output_folders_it_created_and_nothing_else(tmp
 
 
 def test_counts_read_right_for_one_and_many():
-    from pipelines.wording import count, plural
+    from shards.wording import count, plural
 
     assert [count(n, "file") for n in (0, 1, 2, 1200)] == ["0 files", "1 file", "2 files", "1,200 files"]
     assert count(1, "match", "matches") == "1 match" and plural(3, "match", "matches") == "matches"

@@ -46,6 +46,17 @@ def test_empty_hash_buckets_are_named_as_the_reason():
     assert line in report_text(_stats(kept=10, shards=7, requested=8))
 
 
+def test_the_count_is_of_training_documents_with_a_validation_split_and_reads_right_for_one():
+    """The report's "kept" counts validation documents too; the shortfall line must not seem to
+    contradict it, and one document is "1 document was", not "1 documents were"."""
+    stats = _stats(kept=200, shards=150, requested=256)
+    stats["splits"] = {"train": {"shards": 150, "samples": 183, "tokens": 183},
+                       "val": {"shards": 1, "samples": 17, "tokens": 17}}
+    assert "only 183 training documents were written" in shard_shortfall(stats)
+    assert "only 1 document was written and" in shard_shortfall(_stats(kept=1, shards=1, requested=2))
+    assert "the 1,000 documents fell into" in shard_shortfall(_stats(kept=1000, shards=7, requested=8))
+
+
 def test_no_line_when_every_shard_asked_for_was_written_or_none_was_asked_for():
     assert shard_shortfall(_stats(kept=10, shards=8, requested=8)) is None
     assert shard_shortfall(_stats(kept=10, shards=2, requested=0)) is None
