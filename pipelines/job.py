@@ -252,7 +252,7 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
                          f"--input '{folder}/*.jsonl' (or '{folder}/**' to include subfolders)")
     if not matched:
         raise FileNotFoundError(f"no input file matches {input_glob!r}")
-    skipped = [m.path for m in matched if file_format(m.path, cfg.input) is None]
+    skipped = sorted(m.path for m in matched if file_format(m.path, cfg.input) is None)
     if skipped and cfg.input.unknown_files == "error":
         have = "has" if len(skipped) == 1 else "have"
         raise InputError(f"{count(len(skipped), 'input file')} {have} no known format (.jsonl, .ndjson, .txt, .text, "
@@ -268,9 +268,10 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
 
 
 def _names(paths: list[str], limit: int = 5) -> str:
-    """File names of the first ``limit`` paths, comma-separated, with how many more there are."""
-    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
-    return ", ".join(path.rsplit("/", 1)[-1] for path in paths[:limit]) + more
+    """File names of the first ``limit`` of ``paths`` in sorted order (not the filesystem's listing
+    order), comma-separated, with how many more there are."""
+    more = f" and {len(paths) - limit:,} more" if len(paths) > limit else ""
+    return ", ".join(path.rsplit("/", 1)[-1] for path in sorted(paths)[:limit]) + more
 
 
 def no_records_error(input_glob: str, paths: list[str]) -> InputError:
@@ -284,8 +285,10 @@ def no_records_error(input_glob: str, paths: list[str]) -> InputError:
 
 
 def _warn_skipped(skipped: list[str]) -> None:
+    """Warn on stderr that the ``skipped`` input paths (unknown format) are not read, naming them."""
+    them = plural(len(skipped), "it", "them")
     print(f"warning: skipping {count(len(skipped), 'input file')} of unknown format ({_names(skipped)}); counted as "
-          "skipped_files in stats.json. Set input.unknown_files=text to read them as text, or =error to refuse.",
+          f"skipped_files in stats.json. Set input.unknown_files=text to read {them} as text, or =error to refuse.",
           file=sys.stderr, flush=True)
 
 

@@ -21,6 +21,7 @@ from .reader import ReadStats, ShardError, decode_sample, iter_raw, iter_samples
 from .reshard import reshard
 from .sample import count_tokens, zstd_decompress
 from .validate import VerifyConfig, resolve, verify_paths
+from .wording import count, plural
 
 _UNITS = {"k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
 
@@ -76,8 +77,8 @@ def cmd_ls(args) -> int:
         items = resolve([path])
         for shard, entry, _ in items:
             print(f"{entry.name}  samples={entry.samples} tokens={entry.tokens} bytes={entry.bytes}")
-        print(f"{len(items)} shards, {sum(e.samples for _, e, _ in items)} samples, "
-              f"{sum(e.tokens for _, e, _ in items)} tokens, {sum(e.bytes for _, e, _ in items)} bytes")
+        print(f"{count(len(items), 'shard')}, {count(sum(e.samples for _, e, _ in items), 'sample')}, "
+              f"{count(sum(e.tokens for _, e, _ in items), 'token')}, {count(sum(e.bytes for _, e, _ in items), 'byte')}")
     return 0
 
 
@@ -167,8 +168,9 @@ def cmd_verify(args) -> int:
             for msg in rep.stats.messages[:20]:
                 print(f"  {msg}", file=sys.stderr)
     bad = [r for r in reports if not r.ok]
-    print(f"verified {len(reports)} shards ({'strict' if cfg.strict else 'lenient'}): {len(reports) - len(bad)} ok, "
-          f"{len(bad)} failed; {sum(r.samples for r in reports)} samples, {sum(r.tokens for r in reports)} tokens"
+    print(f"verified {count(len(reports), 'shard')} ({'strict' if cfg.strict else 'lenient'}): "
+          f"{len(reports) - len(bad):,} ok, {len(bad):,} failed; {count(sum(r.samples for r in reports), 'sample')}, "
+          f"{count(sum(r.tokens for r in reports), 'token')}"
           + (f"; faults: {dict(faults)}" if faults else ""))
     if bad:
         print("next: re-download or regenerate the failed shards, or read them with lenient mode", file=sys.stderr)
@@ -213,8 +215,8 @@ def cmd_index(args) -> int:
         write_dali_index(ix, dali_index_path(path))
         indexes.append(ix)
     write_wids_index(indexes, out, args.name)
-    print(f"indexed {len(indexes)} shards, {sum(i.nsamples for i in indexes)} samples: {out} and "
-          f"{len(indexes)} DALI .idx files beside the shards")
+    print(f"indexed {count(len(indexes), 'shard')}, {count(sum(i.nsamples for i in indexes), 'sample')}: {out} and "
+          f"{count(len(indexes), 'DALI .idx file')} beside the {plural(len(indexes), 'shard')}")
     return 0
 
 
@@ -224,7 +226,8 @@ def cmd_reshard(args) -> int:
     m = reshard(args.paths, args.out, max_samples=args.max_samples,
                 max_bytes=_size(args.max_bytes) if args.max_bytes else None, prefix=args.prefix,
                 progress=not args.quiet)
-    print(f"wrote {len(m.shards)} shards, {m.total_samples} samples, {m.total_tokens} tokens to {args.out}")
+    print(f"wrote {count(len(m.shards), 'shard')}, {count(m.total_samples, 'sample')}, "
+          f"{count(m.total_tokens, 'token')} to {args.out}")
     return 0
 
 

@@ -274,3 +274,16 @@ def test_counts_read_right_for_one_and_many():
 
     assert [count(n, "file") for n in (0, 1, 2, 1200)] == ["0 files", "1 file", "2 files", "1,200 files"]
     assert count(1, "match", "matches") == "1 match" and plural(3, "match", "matches") == "matches"
+
+
+def test_file_lists_in_messages_are_sorted_and_one_file_reads_as_it(capsys):
+    from pipelines.job import _warn_skipped, no_records_error
+
+    _warn_skipped(["/d/b.csv"])
+    err = capsys.readouterr().err
+    assert "skipping 1 input file of unknown format (b.csv)" in err and "read it as text" in err
+    _warn_skipped(["/d/z.csv", "/d/a.csv", "/d/m.csv"])
+    err = capsys.readouterr().err
+    assert "skipping 3 input files of unknown format (a.csv, m.csv, z.csv)" in err and "read them as text" in err
+    paths = [f"/d/{c}.jsonl" for c in "gfedcba"]
+    assert "(a.jsonl, b.jsonl, c.jsonl, d.jsonl, e.jsonl and 2 more)" in str(no_records_error("/d/*.jsonl", paths))

@@ -116,3 +116,19 @@ def test_inspect_limit_below_one_is_a_usage_error(dataset, capsys, limit):
     with pytest.raises(SystemExit) as e:
         main(["inspect", str(dataset / "shard-000000.tar"), "--limit", limit])
     assert e.value.code == 2 and "must be 1 or more" in capsys.readouterr().err
+
+
+def test_summaries_say_one_shard_and_group_thousands(tmp_path, capsys):
+    """"1 shard, 1 sample, 1,500 tokens", not "1 shards, 1 samples, 1500 tokens"."""
+    w = ShardSequenceWriter(str(tmp_path), max_samples=4)
+    ids = (np.arange(1500) % 60).astype(np.uint16)
+    w.write(escape_key("doc.0"), encode_text_sample(ids, {"id": "doc.0"}), len(ids))
+    Manifest(shards=w.close(), vocab_size=60).save(str(tmp_path))
+    rc, out = run(capsys, "ls", tmp_path)
+    assert rc == 0 and "1 shard, 1 sample, 1,500 tokens, " in out
+    rc, out = run(capsys, "verify", "-q", tmp_path)
+    assert rc == 0 and "verified 1 shard (strict): 1 ok, 0 failed; 1 sample, 1,500 tokens" in out, out
+    rc, out = run(capsys, "index", tmp_path)
+    assert rc == 0 and "indexed 1 shard, 1 sample: " in out and "and 1 DALI .idx file beside the shard\n" in out
+    rc, out = run(capsys, "reshard", tmp_path, "--out", tmp_path / "re", "--max-samples", "2", "-q")
+    assert rc == 0 and "wrote 1 shard, 1 sample, 1,500 tokens to " in out
