@@ -5,18 +5,23 @@ Usage::
     python beam_runner.py --input 'data/corpus/*.jsonl' --output data/shards [--overwrite] \\
         [--tokenizer PATH] [--config configs/pipeline.yaml] [section.key=value ...] [Beam options]
 
-An output folder that holds an earlier run is refused unless ``--overwrite`` is given; a run
-that fails or is interrupted removes what it wrote. Exit codes: 0 done, 1 runtime/data error,
-2 usage/config error, 130 interrupted (Ctrl-C).
+Quote the --input glob, so the shell does not expand it into many files. A ``section.key=value``
+argument overrides one value of the config (``--config``, else the defaults of
+``pipelines.config.PipelineConfig``), e.g. ``shards.num_shards=64 split.val_fraction=0.1``. Any
+other ``--name=value`` goes to Beam, e.g. ``--direct_running_mode=multi_processing
+--direct_num_workers=2`` or ``--runner=DaskRunner --dask_client_address=HOST:PORT`` (runners and
+their options: ``docs/cluster.md``; config knobs: ``docs/preprocessing.md``).
 
-Anything that is neither one of our flags nor ``key=value`` is passed to Beam, written
-``--name=value``, e.g. ``--direct_running_mode=multi_processing --direct_num_workers=2`` or
-``--runner=FlinkRunner --flink_master=host:8081`` (see ``docs/cluster.md``). A ``--flag`` no Beam
-``PipelineOptions`` declares (a typo such as ``--runer``) is refused with exit 2, as are a
-``--runner`` colaflow does not run on (``--runner=DaskRuner``, a Beam runner it does not support, a
-dotted path that is no ``PipelineRunner`` class), Dask options without ``--runner=DaskRunner``, and config values
-outside their allowed set or range. Any other bare word is refused: it is nearly always the
-second file of an unquoted ``--input`` glob that the shell expanded.
+Exit codes: 0 done, 1 runtime/data error, 2 usage/config error, 130 interrupted (Ctrl-C). An
+output folder that holds an earlier run is refused unless ``--overwrite`` is given; a run that
+fails or is interrupted removes what it wrote.
+
+A ``--flag`` no Beam ``PipelineOptions`` declares (a typo such as ``--runer``) is refused with
+exit 2, as are a ``--runner`` colaflow does not run on (``--runner=DaskRuner``, a Beam runner it
+does not support, a dotted path that is no ``PipelineRunner`` class), Dask options without
+``--runner=DaskRunner``, and config values outside their allowed set or range. Any other bare
+word is refused: it is nearly always the second file of an unquoted ``--input`` glob that the
+shell expanded.
 """
 from __future__ import annotations
 
@@ -38,7 +43,10 @@ from pipelines.output import OutputExistsError, OutputNotWritableError  # noqa: 
 from pipelines.records import input_root  # noqa: E402
 from pipelines.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
 from pipelines.tokenizer import EmptySampleError  # noqa: E402
-from shards.wording import plural  # noqa: E402
+from shards.wording import help_text, plural  # noqa: E402
+
+# --help's epilog: the docstring's paragraphs on overrides, Beam options and exit codes
+EPILOG = help_text("\n\n".join(__doc__.split("\n\n")[3:5]))
 from shards.config import ConfigError, load_config  # noqa: E402
 
 
@@ -49,7 +57,8 @@ def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str
         SystemExit: (code 2, argparse's usage error) a required flag is missing, or a bare word
             that is neither ``key=value`` nor a ``--flag`` remains (an unquoted glob's extra files).
     """
-    ap = argparse.ArgumentParser(description="Preprocess JSONL/text/Parquet into tokenised WebDataset shards.")
+    ap = argparse.ArgumentParser(description="Preprocess JSONL/text/Parquet into tokenised WebDataset shards.",
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", required=True, help="input file glob (local, gs://, s3://, hdfs://)")
     ap.add_argument("--output", required=True, help="output folder or fsspec URL")
     ap.add_argument("--tokenizer", default=None, help="existing sentencepiece .model (skip training)")

@@ -26,6 +26,7 @@ from cache import CacheConfig, ShardCache  # noqa: E402
 from cache.http_server import Faults, serve_directory  # noqa: E402
 from shards.manifest import Manifest  # noqa: E402
 from shards.reader import iter_raw  # noqa: E402
+from shards.wording import help_text  # noqa: E402
 from shards.writer import ShardSequenceWriter  # noqa: E402
 
 MB = 1e6
@@ -124,7 +125,7 @@ def wds_samples(m: Manifest, base: str, cache_dir: str) -> tuple[float, int]:
 
 def main(argv=None) -> None:
     """Run every cache benchmark and print colaflow vs baseline with the ratio."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=help_text(__doc__.split("\n")[0]))
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--shard-mib", type=int, default=8)
     ap.add_argument("--remote-mbps", type=float, default=100.0, help="per-connection cap of the test server")

@@ -18,13 +18,14 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from shards.wording import help_text  # noqa: E402
 from trainer.checkpointing import latest_checkpoint  # noqa: E402
 from trainer.export import ExportConfig, run_export  # noqa: E402
 
 
 def main() -> int:
     """Export the demo checkpoint in each precision and print perplexity and latency per batch size."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default="", help="checkpoint folder (default: newest of runs/demo)")
     ap.add_argument("--data", default="runs/demo/shards", help="dataset manifest with a val split")
     ap.add_argument("--precisions", default="fp32,fp16,int8")

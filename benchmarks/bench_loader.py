@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from loaders.config import DataConfig  # noqa: E402
 from loaders.dataset import build_text_loader  # noqa: E402
 from shards import Manifest, ShardSequenceWriter, encode_text_sample  # noqa: E402
+from shards.wording import help_text  # noqa: E402
 
 
 def write_shards(directory: str, n_docs: int, seed: int = 0) -> int:
@@ -143,7 +144,7 @@ def _best(run, repeats: int) -> dict:
 
 def main(argv=None) -> None:
     """Run colaflow and the baseline on the same shards and print the ratios."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=6000)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch", type=int, default=8)

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipelines.corpus import write_corpus  # noqa: E402
 from pipelines.local_engines import SPILL_TARGET, child_env, peak_rss_bytes, start_dask  # noqa: E402
+from shards.wording import help_text  # noqa: E402
 
 FIXED_FRACTION = 0.005  # of the demo corpus: the fixed-cost run's input (about 0.1 MB)
 SPILL_LIMIT = "250MB"  # dask-spill's per-worker --memory-limit: 25 MB of results kept in memory (SPILL_TARGET)
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     MB (all and marginal), peak RSS per worker and the 1x→largest ratios."""
     from pipelines.dask_runner import partition_count
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=help_text(" ".join(__doc__.split("\n\n")[0].split())),
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--scales", default="1,4,16", help="comma-separated copies of the corpus")
     ap.add_argument("--fraction", type=float, default=0.25, help="fraction of the demo corpus per copy")
     ap.add_argument("--runners", default="direct,dask",
@@ -189,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-limit", default=SPILL_LIMIT,
                     help="each dask-spill worker's --memory-limit; results beyond "
                          f"{SPILL_TARGET * 100:.0f}%% of it go to local disk")  # argparse %-formats help
-    ap.add_argument("--out", default=str(ROOT / "data" / "bench_scale"))
+    ap.add_argument("--out", default=str(ROOT / "data" / "bench_scale"),
+                    help="work folder: the demo corpus, its scaled copies, each run's shards and logs, and "
+                         "results.json (the printed table as JSON)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     base = out / "demo"

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from shards import Manifest, ShardSequenceWriter, encode_text_sample, iter_raw, read_sample  # noqa: E402
 from shards.config import ConfigError, load_config  # noqa: E402
 from shards.index import build_shard_index, dali_index_path, write_dali_index, write_wids_index  # noqa: E402
+from shards.wording import help_text  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -67,7 +68,7 @@ def main(argv: list[str]) -> None:
     import webdataset as wds
     import wids
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                     help=f"BenchConfig fields: {', '.join(f.name for f in dataclasses.fields(BenchConfig))}")
     try:

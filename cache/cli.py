@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from shards.config import ConfigError
 from shards.errors import USAGE, exit_status, explain
+from shards.wording import help_text
 
 from cache.config import CacheConfig, format_size, load_cache_config, parse_size
 from cache.errors import CacheError, CacheReadOnlyError
@@ -253,7 +254,7 @@ def _common_options(parser: argparse.ArgumentParser, top: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m cache`` argument parser."""
-    p = argparse.ArgumentParser(prog="python -m cache", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m cache", description=help_text(__doc__.split("\n")[0]))
     _common_options(p, top=True)
     common = argparse.ArgumentParser(add_help=False)
     _common_options(common, top=False)

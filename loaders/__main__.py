@@ -26,6 +26,7 @@ import yaml
 
 from shards.config import apply_overrides, from_dict
 from shards.errors import exit_status, explain, run_cli
+from shards.wording import help_text
 
 from .build import build_text_loader
 from .config import DataConfig
@@ -133,7 +134,7 @@ def bench_command(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m loaders``; returns the exit code (2 usage/config, 1 runtime/data, 130 Ctrl-C)."""
-    ap = argparse.ArgumentParser(prog="python -m loaders", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m loaders", description=help_text(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     k = sub.add_parser("keys", help="list the sample keys each rank reads, in order")

@@ -182,7 +182,7 @@ def build_image_shards(out_dir: str, samples_per_shard: int = 32, size: int = 25
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m loaders.imageset --out DIR``: write the bundled pictures as image shards (see :func:`build_image_shards`)."""
-    p = argparse.ArgumentParser(description="Write the bundled scikit-image/scikit-learn pictures as image shards.")
+    p = argparse.ArgumentParser(prog="python -m loaders.imageset", description="Write the bundled scikit-image/scikit-learn pictures as image shards.")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--samples-per-shard", type=int, default=32)
     p.add_argument("--size", type=int, default=256, help="longer side in pixels")

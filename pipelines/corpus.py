@@ -156,7 +156,8 @@ def write_corpus(out_dir: str, limit_per_source: int | None = None, sources: lis
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.corpus [--out DIR] [--limit-per-source N]``: write the demo corpus as JSONL
     (one file per source); prints the record count per source and returns 0."""
-    ap = argparse.ArgumentParser(description="Write the Shakespeare + KJV demo corpus as JSONL.")
+    ap = argparse.ArgumentParser(prog="python -m pipelines.corpus", description="Write the Shakespeare + KJV demo "
+                                 "corpus as JSONL.")
     ap.add_argument("--out", default="data/corpus", help="output folder (default data/corpus)")
     ap.add_argument("--limit-per-source", type=int, default=None, help="first N records per source")
     ap.add_argument("--source", action="append", choices=sorted(SOURCES),

@@ -130,7 +130,7 @@ def worker_env(info, args, site: str, semi_persistent: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Boot one SDK worker (the ``--container_executable`` of ``worker_pool_main``): install the staged
     wheel and missing requirements, then run the worker with the job's options. Returns its exit code."""
-    ap = argparse.ArgumentParser(description="Boot a Beam SDK worker for an external worker pool.")
+    ap = argparse.ArgumentParser(prog="python -m pipelines.worker_boot", description="Boot a Beam SDK worker for an external worker pool.")
     for flag in ("id", "provision_endpoint", "artifact_endpoint", "logging_endpoint", "control_endpoint"):
         ap.add_argument(f"--{flag}", required=flag in ("id", "provision_endpoint", "artifact_endpoint"))
     ap.add_argument("--semi_persistent_directory", default=None)

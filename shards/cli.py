@@ -21,7 +21,7 @@ from .reader import ReadStats, ShardError, decode_sample, iter_raw, iter_samples
 from .reshard import reshard
 from .sample import count_tokens, zstd_decompress
 from .validate import VerifyConfig, resolve, verify_paths
-from .wording import count, plural
+from .wording import count, help_text, plural
 
 _UNITS = {"k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
 
@@ -264,7 +264,7 @@ def cmd_cat(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m shards`` argument parser with one subcommand per ``cmd_*`` function."""
-    p = argparse.ArgumentParser(prog="python -m shards", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m shards", description=help_text(__doc__.split("\n\n")[0]))
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("ls", help="list shards of a dataset, or members (data offset, size, name) of a .tar")
     s.add_argument("paths", nargs="+")

@@ -24,6 +24,7 @@ import os
 import sys
 
 from shards.errors import INTERRUPTED, USAGE, exit_status, explain
+from shards.wording import help_text
 
 
 def _is_rank0() -> bool:
@@ -37,7 +38,7 @@ def _say(message: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=help_text(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file with a TrainConfig (sections model, data, cache, zero, ...)")
     parser.add_argument("--dry-run", action="store_true",
@@ -218,7 +219,7 @@ def _export(argv: list[str]) -> int:
 
 def _report(argv: list[str]) -> int:
     from trainer.observability.report import main as report_main
-    return report_main(argv)
+    return report_main(argv, prog="python -m trainer report")
 
 
 def _replay(argv: list[str]) -> int:

@@ -30,6 +30,7 @@ import sys
 import time
 
 from cache.http_server import serve_directory
+from shards.wording import help_text
 
 
 def _run(step: str, cmd: list[str]) -> None:
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     """``make demo``: corpus → Beam preprocessing → HTTP storage → torchrun training → report and
     export; returns the summary written to ``RUN_DIR/summary.json``. Exits with a one-line
     message naming the failed step."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m trainer.demo", description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", default=None, help="where everything is written (recreated; default runs/demo, "
                     "runs/demo-mix with --mixture)")
     ap.add_argument("--nproc", type=int, default=2, help="training processes (world size)")

@@ -16,6 +16,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from shards.wording import help_text
+
 from . import ce_triton, norm_triton
 
 
@@ -71,7 +73,7 @@ def compile_all(arch: int = 90, dtypes: tuple[str, ...] = ("bf16", "fp32")) -> l
 def main() -> None:
     """``python -m trainer.kernels.compile_check [--arch 90]``: compile every Triton kernel for that GPU
     architecture without a GPU; exits non-zero naming the kernel that failed."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m trainer.kernels.compile_check", description=help_text(__doc__.splitlines()[0]))
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 80, 90")
     args = p.parse_args()
     try:

@@ -21,6 +21,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from shards.wording import help_text
+
 SELECTOR = '{job=~"$job"}'
 
 
@@ -206,7 +208,7 @@ def render_preview(metrics_path: str, out_dir: str, title: str = "") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI (see the module docstring): exit 0 on success, 2 on usage errors or a missing metrics file."""
-    ap = argparse.ArgumentParser(prog="python -m trainer.observability.dashboard", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m trainer.observability.dashboard", description=help_text(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grafana", help="write the Grafana dashboard JSON")

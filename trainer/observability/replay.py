@@ -350,7 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: exit 0 when replayed (the report is printed), 1 when it cannot be, 2 on usage errors."""
     import argparse
     import sys
-    ap = argparse.ArgumentParser(prog="python -m trainer replay", description=__doc__,
+
+    from shards.wording import help_text
+
+    ap = argparse.ArgumentParser(prog="python -m trainer replay", description=help_text(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="training run folder (holds config.json, events.jsonl, checkpoints/)")
     ap.add_argument("--step", type=int, required=True, help="the bad optimizer step to replay (1-based)")

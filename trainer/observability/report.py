@@ -19,6 +19,7 @@ import json
 import os
 import sys
 
+from shards.wording import help_text
 from trainer.observability.report_plots import PLOTS
 from trainer.observability.run_metrics import Markers, RunMetrics, read_markers, read_metrics
 from trainer.observability.sources import source_rows
@@ -170,9 +171,11 @@ def write_report(run_dir: str, out_dir: str | None = None) -> str:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m trainer report RUN_DIR [--out DIR]``: render the report; returns the exit code."""
-    ap = argparse.ArgumentParser(prog="python -m trainer.observability.report", description=__doc__,
+def main(argv: list[str] | None = None, prog: str = "python -m trainer.observability.report") -> int:
+    """``python -m trainer report RUN_DIR [--out DIR]``: render the report; returns the exit code.
+    ``prog`` is the command line shown in ``--help`` and usage errors (``python -m trainer report``
+    when the trainer dispatches here)."""
+    ap = argparse.ArgumentParser(prog=prog, description=help_text(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="training run folder (run_dir of the config), holding metrics.jsonl")
     ap.add_argument("--out", help="output folder (default RUN_DIR/report)")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from loaders.dali import DaliImageLoader
+from shards.wording import help_text
 from trainer.vision.model import TinyCNN
 
 
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     """``python -m trainer.vision.train``: parse the flags into :class:`VisionTrainConfig`, train, and
     return the logged records (list of dicts)."""
     defaults = VisionTrainConfig()
-    p = argparse.ArgumentParser(prog="python -m trainer.vision.train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m trainer.vision.train", description=help_text(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in fields(VisionTrainConfig):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
