@@ -1,4 +1,5 @@
-"""``python -m trainer report RUN_DIR`` (also ``python -m trainer.observability.report``): an HTML report of a training run from its ``metrics.jsonl``.
+"""``python -m trainer report RUN_DIR`` (or ``python -m trainer.observability.report``): an HTML report
+of a training run from its ``metrics.jsonl``.
 
 Writes ``RUN_DIR/report/index.html`` with the PNG plots of :mod:`trainer.observability.report_plots`
 (loss with validation loss and resume/rollback/skip markers, learning rate, gradient norm,
