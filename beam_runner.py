@@ -5,8 +5,9 @@ Usage::
     python beam_runner.py --input 'data/corpus/*.jsonl' --output data/shards [--overwrite] \\
         [--tokenizer PATH] [--config configs/pipeline.yaml] [section.key=value ...] [Beam options]
 
-An output folder that holds an earlier run is refused unless ``--overwrite`` is given; a run
-that fails or is interrupted removes what it wrote. Exit codes: 0 done, 1 runtime/data error,
+An output folder that holds an earlier run is refused unless ``--overwrite`` is given, which
+replaces it only once the new run succeeds; a run that fails or is interrupted removes what it
+wrote and keeps the earlier run as it was. Exit codes: 0 done, 1 runtime/data error,
 2 usage/config error, 130 interrupted (Ctrl-C).
 
 Anything that is neither one of our flags nor ``key=value`` is passed to Beam, written
