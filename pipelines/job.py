@@ -269,7 +269,9 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         pipelines.output.OutputExistsError: ``output_dir`` holds an earlier run and not ``overwrite``.
         pipelines.output.OutputNotWritableError: ``output_dir`` cannot be written.
         ValueError / RuntimeError: the tokenizer cannot be trained (e.g. nothing survived cleaning),
-            or the pipeline did not finish.
+            no document was kept with a given tokenizer (``EmptySampleError``, raised by
+            :func:`pipelines.sharding.finalize` before it commits anything), or the pipeline did
+            not finish.
         KeyboardInterrupt: re-raised after the output folder is cleaned.
     With ``overwrite``, the earlier run is moved into ``output_dir/.previous-run/`` and deleted
     only once this run succeeded (:func:`pipelines.output.finish_output`). On any error after the
