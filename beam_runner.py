@@ -13,8 +13,9 @@ other ``--name=value`` goes to Beam, e.g. ``--direct_running_mode=multi_processi
 their options: ``docs/cluster.md``; config knobs: ``docs/preprocessing.md``).
 
 Exit codes: 0 done, 1 runtime/data error, 2 usage/config error, 130 interrupted (Ctrl-C). An
-output folder that holds an earlier run is refused unless ``--overwrite`` is given; a run that
-fails or is interrupted removes what it wrote.
+output folder that holds an earlier run is refused unless ``--overwrite`` is given, which
+replaces it only once the new run succeeds; a run that fails or is interrupted removes what it
+wrote and keeps the earlier run as it was.
 
 A ``--flag`` no Beam ``PipelineOptions`` declares (a typo such as ``--runer``) is refused with
 exit 2, as are a ``--runner`` colaflow does not run on (``--runner=DaskRuner``, a Beam runner it

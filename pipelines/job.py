@@ -14,8 +14,9 @@ for the stages)::
     then, on the driver: report.txt + report.png (:mod:`pipelines.report`)
 
 Every stage also emits ``((source, event), n)`` records that are summed into ``stats.json``.
-An output folder holding an earlier run is refused unless ``overwrite`` (:mod:`pipelines.output`);
-a run that fails or is interrupted removes what it wrote.
+An output folder holding an earlier run is refused unless ``overwrite`` (:mod:`pipelines.output`),
+which keeps the earlier run aside until the new one succeeds; a run that fails or is interrupted
+removes what it wrote and puts the earlier run back as it was.
 """
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ from shards.wording import count, plural
 
 from .config import PipelineConfig
 from .neardup import NearDedup
-from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, prepare_output, remove_artifacts, remove_created
+from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, abort_output, finish_output, prepare_output
 from .read_summary import summarize
-from .records import BLANK_LINE, DUPLICATES, file_format
+from .records import DUPLICATES, file_format
 from .report import write_report
 from .sharding import WriteShards, finalize
 from .splits import VAL, VAL_DIR, SplitBatchFn, val_shard_config
@@ -274,14 +275,24 @@ def _names(paths: list[str], limit: int = 5) -> str:
     return ", ".join(path.rsplit("/", 1)[-1] for path in sorted(paths)[:limit]) + more
 
 
-def no_records_error(input_glob: str, paths: list[str]) -> InputError:
-    """The error for input files that hold no record (only blank lines or whitespace, or nothing once
-    decompressed), worded as :func:`match_input`'s empty-file error and naming the files."""
-    which = "its one input file" if len(paths) == 1 else f"the {len(paths)} input files it matches"
-    hold, decompress = ("it holds", "decompresses") if len(paths) == 1 else ("they hold", "decompress")
-    return InputError(f"--input {input_glob!r}: no record was read from {which} ({_names(paths)}): {hold} only "
-                      f"blank lines or whitespace, or {decompress} to nothing, so there is nothing to preprocess; "
-                      "check those files and input.format, and point --input at the corpus files")
+def no_records_error(input_glob: str, paths: list[str], cfg: PipelineConfig) -> InputError:
+    """The error for input files that hold no record, worded as :func:`match_input`'s empty-file
+    error, naming the files and saying what each format holds: a Parquet file no rows, a JSONL or
+    text file only blank lines or whitespace, or nothing once decompressed (formats from
+    :func:`pipelines.records.file_format` under ``cfg.input``)."""
+    one = len(paths) == 1
+    which = "its one input file" if one else f"the {len(paths)} input files it matches"
+    formats = {file_format(path, cfg.input) for path in paths}
+    lines = (f"only blank lines or whitespace, or {'decompresses' if one else 'decompress'} to nothing"
+             if formats - {"parquet"} else "")
+    rows = "no rows" if "parquet" in formats else ""
+    if rows and lines:
+        what = f"they hold {rows} (Parquet) or {lines} (JSONL, text)"
+    else:
+        what = f"{'it holds' if one else 'they hold'} {rows or lines}"
+    return InputError(f"--input {input_glob!r}: no record was read from {which} ({_names(paths)}): {what}, so there "
+                      "is nothing to preprocess; check those files and input.format, and point --input at the corpus "
+                      "files")
 
 
 def _warn_skipped(skipped: list[str]) -> None:
@@ -314,17 +325,21 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
         FileNotFoundError: no file matches ``input_glob``.
         InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
-            empty (see :func:`match_input`), or no record was read from them (only blank lines or
-            whitespace, or nothing once decompressed: :func:`no_records_error`).
+            empty (see :func:`match_input`), or no record was read from them (no Parquet rows, only
+            blank lines or whitespace, or nothing once decompressed: :func:`no_records_error`).
         pipelines.output.OutputExistsError: ``output_dir`` holds an earlier run and not ``overwrite``.
         pipelines.output.OutputNotWritableError: ``output_dir`` cannot be written.
         ValueError / RuntimeError: the tokenizer cannot be trained (e.g. nothing survived cleaning),
-            or the pipeline did not finish.
+            no document was kept with a given tokenizer (``EmptySampleError``, raised by
+            :func:`pipelines.sharding.finalize` before it commits anything), or the pipeline did
+            not finish.
         KeyboardInterrupt: re-raised after the output folder is cleaned.
-    On any error after the output folder was prepared, the artifacts this run wrote are removed
-    first (:func:`pipelines.output.remove_artifacts`), so a rerun needs no ``overwrite``; so is the
-    local ``output_dir`` itself when this run created it and it is left empty
-    (:func:`pipelines.output.remove_created`).
+    With ``overwrite``, the earlier run is moved into ``output_dir/.previous-run/`` and deleted
+    only once this run succeeded (:func:`pipelines.output.finish_output`). On any error after the
+    output folder was prepared, the artifacts this run wrote are removed first and the earlier run
+    is moved back as it was (:func:`pipelines.output.abort_output`), so a rerun needs no more
+    ``overwrite`` than this one; so is the local ``output_dir`` itself when this run created it
+    and it is left empty.
     """
     cfg = cfg or PipelineConfig()
     cfg.validate()
@@ -333,7 +348,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     matched, skipped = match_input(input_glob, cfg)
     if skipped:
         _warn_skipped(skipped)
-    created = prepare_output(output_dir, cfg.shards.prefix, overwrite)
+    prepared = prepare_output(output_dir, cfg.shards.prefix, overwrite)
     total_bytes = sum(m.size_in_bytes for m in matched)
     runner = None
     if options.view_as(StandardOptions).runner in (None, "DirectRunner"):
@@ -355,17 +370,14 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             raise RuntimeError(f"pipeline ended in state {state}; see the Beam log above")
         with fsspec.open(f"{output_dir.rstrip('/')}/stats.json", "r", encoding="utf-8") as f:
             stats = json.load(f)
-        total = stats["total"]
-        if total["input_records"] == total["dead_letter_reasons"].get(BLANK_LINE, 0):  # with --tokenizer
-            raise NoRecordsError("no record was read from the input files")
         if report:
             write_report(output_dir, stats)
     except BaseException as e:
-        remove_artifacts(output_dir, cfg.shards.prefix)
-        remove_created(created)
+        abort_output(prepared)
         if isinstance(e, NoRecordsError):
-            raise no_records_error(input_glob, [m.path for m in matched]) from e
+            raise no_records_error(input_glob, [m.path for m in matched], cfg) from e
         raise
+    finish_output(prepared)
     stats["seconds"] = time.perf_counter() - start
     stats["metrics"] = counters(result)
     return stats

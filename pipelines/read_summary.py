@@ -5,8 +5,10 @@ tokenizer sample say why it is empty.
 cleaning and the first few ``unreadable_file`` dead letters (a file that cannot be read in the
 stated format) into one small value (:func:`summarize`). The tokenizer's training step reads it
 only when its sample is empty (:func:`pipelines.tokenizer.train_sentencepiece`): no record at
-all (blank or empty-after-decompression files) is an input error, otherwise the message names
-the dead-letter and filter reasons and the unreadable files.
+all (Parquet files without rows, blank or empty-after-decompression files) is an input error,
+otherwise the message names the dead-letter and filter reasons and the unreadable files. With a
+given tokenizer nothing is trained, and the same message is made from ``stats.json``'s counts
+when no document was kept (:meth:`ReadSummary.from_total`, :func:`pipelines.sharding.finalize`).
 """
 from __future__ import annotations
 
@@ -38,6 +40,14 @@ class ReadSummary:
     dead: dict[str, int] = dataclasses.field(default_factory=dict)
     filtered: dict[str, int] = dataclasses.field(default_factory=dict)
     unreadable: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_total(cls, total: dict) -> "ReadSummary":
+        """The summary of a ``stats.json`` entry (:func:`pipelines.stats.aggregate`): its records
+        read (blank lines not counted), dead letters and filtered documents per reason; no
+        unreadable file is named (``stats.json`` counts them only)."""
+        dead = dict(total["dead_letter_reasons"])
+        return cls(records=total["input_records"] - dead.get(BLANK_LINE, 0), dead=dead, filtered=dict(total["filtered"]))
 
     def why_empty(self) -> str:
         """One clause saying what became of the records, e.g. ``"of 5 records read: 5 dead-lettered

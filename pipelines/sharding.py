@@ -280,14 +280,25 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
     then the training shards with a manifest listing it under ``splits`` (see :func:`commit_shards`),
     then ``stats.json``; returns the stats. ``stats["splits"]`` counts shards, documents and tokens
     per split; ``stats["shards_requested"]`` is ``cfg.num_shards`` (0: derived from ``target_bytes``),
-    which empty buckets can leave above ``stats["shards"]`` (see :func:`pipelines.report.shard_shortfall`)."""
+    which empty buckets can leave above ``stats["shards"]`` (see :func:`pipelines.report.shard_shortfall`).
+
+    Raises:
+        pipelines.tokenizer.EmptySampleError: no document was kept (every record dead-lettered or
+            filtered; the message gives the reasons), before anything is committed; a
+            ``NoRecordsError`` when no record was read at all."""
+    from .read_summary import ReadSummary
+    from .tokenizer import empty_error
+
+    stats = aggregate(events)
+    if not stats["total"]["kept"]:  # with --tokenizer no sample was trained, so nothing failed before
+        raise empty_error(ReadSummary.from_total(stats["total"]), "no document was kept, so no shard was written",
+                          "or the clean.* settings")
     splits = {}
     if val_shards is not None:
         val = commit_shards(f"{output_dir}/{VAL_DIR}", cfg, val_shards, model)
         splits[VAL] = split_entry(val, f"{VAL_DIR}/manifest.json", val.to_json().encode("utf-8"))
     manifest = commit_shards(output_dir, cfg, shards, model, splits)
     fs, root = _fs(output_dir)
-    stats = aggregate(events)
     index_bytes = sum(fs.size(p) for p in fs.glob(f"{root}/{cfg.prefix}-*.idx"))
     if fs.exists(f"{root}/{WIDS_FILE}"):
         index_bytes += fs.size(f"{root}/{WIDS_FILE}")

@@ -66,8 +66,19 @@ class EmptySampleError(ValueError):
 
 
 class NoRecordsError(EmptySampleError):
-    """The input files hold no record at all (only blank lines or whitespace, or they decompress to
-    nothing): :func:`pipelines.job.run` turns it into an ``InputError`` naming the files (exit 2)."""
+    """The input files hold no record at all (no Parquet rows, only blank lines or whitespace, or
+    they decompress to nothing): :func:`pipelines.job.run` turns it into an ``InputError`` naming
+    the files (exit 2)."""
+
+
+def empty_error(summary: ReadSummary | None, what: str, instead: str) -> EmptySampleError:
+    """The error for a run that kept no document: ``what`` happened, then why (``summary``'s
+    dead-letter and filter reasons, :meth:`ReadSummary.why_empty`), then what to check, ending
+    with ``instead``. A :class:`NoRecordsError` when ``summary`` counts no record read at all."""
+    if summary is not None and summary.records == 0:
+        return NoRecordsError("no record was read from the input files; check --input and input.format")
+    why = summary.why_empty() if summary is not None else "every record was dead-lettered or filtered"
+    return EmptySampleError(f"{what}; {why}; check --input, input.format and input.text_field, {instead}")
 
 
 def train_sentencepiece(texts: list[str], cfg: TokenizerConfig, summary: ReadSummary | None = None) -> bytes:
@@ -86,13 +97,9 @@ def train_sentencepiece(texts: list[str], cfg: TokenizerConfig, summary: ReadSum
         RuntimeError: sentencepiece rejects the sample otherwise (message includes its error).
     """
     lines = training_lines(texts, cfg.max_sentence_bytes)
-    if not lines and summary is not None and summary.records == 0:
-        raise NoRecordsError("no record was read from the input files: they hold only blank lines or whitespace, "
-                             "or decompress to nothing; check --input and input.format")
     if not lines:
-        why = summary.why_empty() if summary is not None else "every record was dead-lettered or filtered"
-        raise EmptySampleError(f"tokenizer sample is empty: no document reached the tokenizer; {why}; check --input, "
-                               "input.format and input.text_field, or pass --tokenizer PATH")
+        raise empty_error(summary, "tokenizer sample is empty: no document reached the tokenizer",
+                          "or pass --tokenizer PATH")
     print(f"training sentencepiece ({cfg.model_type}, vocab {cfg.vocab_size}) on {count(len(texts), 'document')}, "
           f"{sum(len(t.encode('utf-8')) for t in texts) / 1e6:.1f} MB", file=sys.stderr, flush=True)
     model = io.BytesIO()

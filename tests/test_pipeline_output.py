@@ -7,6 +7,7 @@ import tracemalloc
 import apache_beam as beam
 import fsspec
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -144,9 +145,12 @@ def test_a_large_bundle_emits_its_runs_early(monkeypatch):
     assert all(run == sorted(run, key=sample_order) for run in runs)
 
 
-def test_a_job_that_writes_no_shards_keeps_its_configured_layout(tmp_path):
+def test_a_job_with_a_given_tokenizer_that_keeps_no_document_fails_and_commits_nothing(tmp_path, capsys):
+    """Issue 15: it used to commit an empty manifest ("committed 0 shards") and succeed; without
+    --tokenizer the same input fails in tokenizer training, so it fails here too, saying why."""
     from pipelines.config import PipelineConfig
     from pipelines.job import run
+    from pipelines.tokenizer import EmptySampleError
 
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": f"short text {i}"}) + "\n"
                                                for i in range(5)))
@@ -154,11 +158,12 @@ def test_a_job_that_writes_no_shards_keeps_its_configured_layout(tmp_path):
     (tmp_path / "tok.model").write_bytes(model)
     cfg = PipelineConfig()
     cfg.tokenizer.path = str(tmp_path / "tok.model")
-    cfg.clean.min_chars = 10_000  # every document filtered: no shard is written
-    stats = run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg)
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["shards"] == [] and stats["shards"] == 0
-    assert cfg.shards.layout == "token_blocks" == manifest["layout"] == stats["layout"]
+    cfg.clean.min_chars = 10_000  # every document filtered
+    with pytest.raises(EmptySampleError, match=r"no document was kept, so no shard was written; of 5 records read: "
+                                               r"5 filtered \(too_short: 5\); check --input"):
+        run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg)
+    assert "committed" not in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_empty_shard_set_is_committed_with_the_configured_layout():

@@ -150,12 +150,16 @@ def test_input_files_with_no_record_are_one_line_naming_them_and_exit_2(tmp_path
     assert not (tmp_path / "out").exists()  # the run created it and removed it, empty, on failure
 
 
-def test_no_record_read_is_an_error_with_a_given_tokenizer_too(tmp_path):
+def _tokenizer_model(path):
     from pipelines.config import TokenizerConfig
     from pipelines.tokenizer import train_sentencepiece
 
-    (tmp_path / "tok.model").write_bytes(train_sentencepiece(["the river ran past old stone walls"] * 50,
-                                                             TokenizerConfig(vocab_size=300)))
+    path.write_bytes(train_sentencepiece(["the river ran past old stone walls"] * 50, TokenizerConfig(vocab_size=300)))
+    return path
+
+
+def test_no_record_read_is_an_error_with_a_given_tokenizer_too(tmp_path):
+    _tokenizer_model(tmp_path / "tok.model")
     (tmp_path / "blank.txt").write_text(" \n\t\n")
     p = _cli(["--input", str(tmp_path / "blank.txt"), "--output", str(tmp_path / "out"),
               "--tokenizer", str(tmp_path / "tok.model")])
@@ -164,6 +168,39 @@ def test_no_record_read_is_an_error_with_a_given_tokenizer_too(tmp_path):
     assert "no record was read from its one input file (blank.txt): it holds only" in line
     assert "or decompresses to nothing" in line
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_given_tokenizer_and_no_document_kept_is_one_line_and_exit_1(tmp_path, corpus):
+    """Issue 15: with --tokenizer, input whose records are all dead-lettered or filtered used to exit
+    0 after "committed 0 shards"; it now fails as it does without --tokenizer, saying why."""
+    tok = _tokenizer_model(tmp_path / "tok.model")
+    (tmp_path / "notext.jsonl").write_text("".join(json.dumps({"id": str(i), "body": "no text field"}) + "\n"
+                                              for i in range(3)))
+    for args, why in [([str(tmp_path / "notext.jsonl")], "of 3 records read: 3 dead-lettered (missing_text: 3)"),
+                      ([str(corpus), "clean.min_chars=100000"], "of 30 records read: 30 filtered (too_short: 30)")]:
+        p = _cli(["--input", args[0], "--output", str(tmp_path / "out"), "--tokenizer", str(tok), *args[1:]])
+        assert p.returncode == 1
+        line = _one_error_line(p)
+        assert line.startswith("error: no document was kept, so no shard was written; ") and why in line
+        assert "input.text_field" in line and "committed" not in p.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_parquet_file_without_rows_is_said_to_hold_no_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.job import no_records_error
+
+    pq.write_table(pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}),
+                   tmp_path / "empty.parquet")
+    p = _cli(["--input", str(tmp_path / "empty.parquet"), "--output", str(tmp_path / "out")])
+    assert p.returncode == 2
+    line = _one_error_line(p)
+    assert "no record was read from its one input file (empty.parquet): it holds no rows, so" in line
+    assert "blank lines" not in line and "decompress" not in line
+    both = str(no_records_error("in/*", ["in/a.parquet", "in/b.jsonl.gz"], PipelineConfig()))
+    assert "they hold no rows (Parquet) or only blank lines or whitespace, or decompress to nothing (JSONL, text)" in both
 
 
 def test_jsonl_read_as_parquet_names_the_file_and_input_format(tmp_path, corpus):
