@@ -314,6 +314,7 @@ def test_counts_read_right_for_one_and_many():
 
 
 def test_file_lists_in_messages_are_sorted_and_one_file_reads_as_it(capsys):
+    from pipelines.config import PipelineConfig
     from pipelines.job import _warn_skipped, no_records_error
 
     _warn_skipped(["/d/b.csv"])
@@ -323,4 +324,4 @@ def test_file_lists_in_messages_are_sorted_and_one_file_reads_as_it(capsys):
     err = capsys.readouterr().err
     assert "skipping 3 input files of unknown format (a.csv, m.csv, z.csv)" in err and "read them as text" in err
     paths = [f"/d/{c}.jsonl" for c in "gfedcba"]
-    assert "(a.jsonl, b.jsonl, c.jsonl, d.jsonl, e.jsonl and 2 more)" in str(no_records_error("/d/*.jsonl", paths))
+    assert "(a.jsonl, b.jsonl, c.jsonl, d.jsonl, e.jsonl and 2 more)" in str(no_records_error("/d/*.jsonl", paths, PipelineConfig()))
