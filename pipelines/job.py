@@ -348,6 +348,11 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     matched, skipped = match_input(input_glob, cfg)
     if skipped:
         _warn_skipped(skipped)
+    empty = sorted(m.path for m in matched if not m.size_in_bytes)
+    if empty:
+        print(f"note: {count(len(empty), 'input file')} {plural(len(empty), 'is', 'are')} empty (0 bytes: "
+              f"{_names(empty)}); nothing is read from {plural(len(empty), 'it', 'them')}; counted as empty_files "
+              "in stats.json", file=sys.stderr, flush=True)
     prepared = prepare_output(output_dir, cfg.shards.prefix, overwrite)
     total_bytes = sum(m.size_in_bytes for m in matched)
     runner = None

@@ -62,6 +62,8 @@ def report_text(stats: dict) -> str:
                   for source, counts in redacted.items()]
     if t.get("skipped_files"):
         lines += ["", f"skipped files    {t['skipped_files']:>12,}  (unknown format; see input.unknown_files)"]
+    if t.get("empty_files"):
+        lines += ["", f"empty files      {t['empty_files']:>12,}  (0 bytes: nothing to read)"]
     if t["dead_letter_reasons"]:
         lines += ["", "dead-letter reasons:"]
         lines += [f"  {r:<24} {c:>10,}" for r, c in sorted(t["dead_letter_reasons"].items(), key=lambda kv: -kv[1])]

@@ -32,7 +32,7 @@ class ReadRecords(beam.PTransform):
     redistributed, and each is read by one worker (:func:`pipelines.reading.read_split`), so a
     large file is read by many workers and never held whole. ``total_bytes`` sizes the progress bar.
     A file of unknown format (``input.unknown_files: skip``) is not read; it counts as a
-    ``skipped_file`` event of its stem (tag ``events``). Raises (at run time) ``OSError`` naming
+    ``skipped_file`` event of its stem (tag ``events``), and a 0-byte file as an ``empty_file`` event. Raises (at run time) ``OSError`` naming
     the glob when nothing matches.
     """
 
@@ -43,7 +43,8 @@ class ReadRecords(beam.PTransform):
 
     def expand(self, pbegin):
         """Match the glob, plan file splits and read them: returns ``{"units": ..., "events": ...}``
-        (raw record units for :class:`ParseFn`, and ``skipped_file`` events of unknown formats)."""
+        (raw record units for :class:`ParseFn`, and ``skipped_file`` events of unknown formats and
+        ``empty_file`` events of 0-byte files)."""
         planned = (pbegin
                    | "Match" >> fileio.MatchFiles(self.glob, EmptyMatchTreatment.DISALLOW)
                    | "Plan" >> beam.FlatMap(_plan, self.cfg).with_outputs(EVENTS, main="splits"))
@@ -56,6 +57,8 @@ class ReadRecords(beam.PTransform):
 def _plan(match, cfg: InputConfig):
     if file_format(match.path, cfg) is None:
         yield event(file_stem(match.path), "skipped_file")
+    elif match.size_in_bytes == 0:  # nothing to read, but the user gave it: counted, not dropped unseen
+        yield event(file_stem(match.path), "empty_file")
     else:
         yield from plan_splits(match.path, match.size_in_bytes, cfg)
 

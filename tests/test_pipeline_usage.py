@@ -325,3 +325,21 @@ def test_file_lists_in_messages_are_sorted_and_one_file_reads_as_it(capsys):
     assert "skipping 3 input files of unknown format (a.csv, m.csv, z.csv)" in err and "read them as text" in err
     paths = [f"/d/{c}.jsonl" for c in "gfedcba"]
     assert "(a.jsonl, b.jsonl, c.jsonl, d.jsonl, e.jsonl and 2 more)" in str(no_records_error("/d/*.jsonl", paths, PipelineConfig()))
+
+
+def test_an_empty_file_beside_a_good_one_is_named_and_counted(tmp_path, capsys):
+    """A 0-byte input file next to real ones holds nothing to drop, but the user gave it: the job
+    names it on stderr and counts it (``empty_files`` in stats.json and the report), and the good
+    file's documents are all read."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "good.jsonl").write_text("".join(json.dumps({"id": str(i), "text": f"Quick brown fox {i} jumps over "
+                                                           f"the lazy dog {i * 3}."}) + "\n" for i in range(40)))
+    (folder / "empty.jsonl").write_bytes(b"")
+    out = tmp_path / "out"
+    assert beam_runner.main(["--input", str(folder / "*.jsonl"), "--output", str(out), "tokenizer.vocab_size=300"]) == 0
+    assert "note: 1 input file is empty (0 bytes: empty.jsonl); nothing is read from it" in capsys.readouterr().err
+    stats = json.loads((out / "stats.json").read_text())
+    assert (stats["total"]["empty_files"], stats["total"]["input_records"]) == (1, 40)
+    assert stats["sources"]["empty"]["empty_files"] == 1 and stats["sources"]["good"]["empty_files"] == 0
+    assert "empty files                 1" in (out / "report.txt").read_text()
