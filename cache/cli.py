@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from shards.config import ConfigError
 from shards.errors import USAGE, exit_status, explain
-from shards.wording import help_text
+from shards.wording import count, help_text
 
 from cache.config import CacheConfig, format_size, load_cache_config, parse_size
 from cache.errors import CacheError, CacheReadOnlyError
@@ -77,7 +77,7 @@ def cmd_status(args) -> int:
         print("access         read-only: verified entries are served; nothing can be downloaded or evicted")
     print(f"entries        {len(entries)} ({verified} verified, {pinned} pinned now)")
     for dataset, group in _by_dataset(entries).items():
-        print(f"  {dataset}: {len(group)} entries, {format_size(sum(e.size for e in group))}, "
+        print(f"  {dataset}: {count(len(group), 'entry', 'entries')}, {format_size(sum(e.size for e in group))}, "
               f"{sum(1 for e in group if e.meta and e.meta.verified)} verified")
     print(f"used           {format_size(used)} of max_bytes {format_size(cfg.max_bytes_int)}"
           f" ({100 * used / max(cfg.max_bytes_int, 1):.1f}%)")
@@ -139,7 +139,7 @@ def cmd_evict(args) -> int:
     cache = _open(args)
     target = parse_size(args.to) if args.to is not None else cache.config.max_bytes_int
     n, freed = cache.store.evict_to(target)
-    print(f"evicted {n} entries ({format_size(freed)}); now {format_size(cache.store.usage())} used")
+    print(f"evicted {count(n, 'entry', 'entries')} ({format_size(freed)}); now {format_size(cache.store.usage())} used")
     cache.close()
     return 0
 
@@ -150,8 +150,8 @@ def cmd_clear(args) -> int:
     n, freed = cache.store.evict_to(0)
     removed = cache.store.cleanup(partial_ttl_s=0)
     left = len(cache.store.entries())
-    print(f"cleared {n} entries ({format_size(freed)}) and {removed} temp files"
-          + (f"; {left} pinned entries kept" if left else ""))
+    print(f"cleared {count(n, 'entry', 'entries')} ({format_size(freed)}) and {count(removed, 'temp file')}"
+          + (f"; {count(left, 'pinned entry', 'pinned entries')} kept" if left else ""))
     cache.close()
     return 0
 
@@ -175,7 +175,8 @@ def cmd_verify(args) -> int:
             removed = st.try_evict(e.key)
             print(f"CORRUPT {e.meta.url} ({e.path}): " + ("removed" if removed else "pinned now, not removed"),
                   file=sys.stderr)
-    print(f"verified {len(entries) - unknown} entries: {bad} corrupt, {unknown} without a known sha256")
+    print(f"verified {count(len(entries) - unknown, 'entry', 'entries')}: {bad:,} corrupt, {unknown:,} without a known "
+          "sha256")
     cache.close()
     return 1 if bad else 0
 

@@ -56,9 +56,9 @@ def test_warm_status_verify_evict_clear(tmp_path, http_server, capsys):
     assert rc == 0 and "verified 2 entries: 0 corrupt" in out
 
     rc, out, _ = run(capsys, tmp_path, "evict", "--to", "100KiB")
-    assert rc == 0 and "evicted 1 entries" in out
+    assert rc == 0 and "evicted 1 entry " in out
     rc, out, _ = run(capsys, tmp_path, "clear")
-    assert rc == 0 and "cleared 1 entries" in out
+    assert rc == 0 and "cleared 1 entry " in out
     assert [p for p in os.listdir(data_dir)] == []
 
 

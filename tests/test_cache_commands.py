@@ -48,7 +48,7 @@ def test_status_lists_entries_per_dataset(tmp_path, http_server, capsys):
     rc, out, _ = _run(capsys, "status", *common)
     assert rc == 0 and "entries        3 (3 verified, 0 pinned now)" in out
     assert f"  {base}/a: 2 entries, 128.0KiB, 2 verified" in out
-    assert f"  {base}/b: 1 entries, 32.0KiB, 1 verified" in out
+    assert f"  {base}/b: 1 entry, 32.0KiB, 1 verified" in out
 
 
 def test_warm_below_one_shard_fails(tmp_path, http_server, capsys):
