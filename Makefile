@@ -25,7 +25,8 @@ demo: $(STAMP)
 	$(PY) -m trainer.demo --nproc $(NPROC)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -ra
+	# the slowest tests listed at the end: the suite must stay under 15 minutes on 2 CI cores
+	$(PY) -m pytest -q -ra --durations=15
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
