@@ -12,7 +12,8 @@ other ``--name=value`` goes to Beam, e.g. ``--direct_running_mode=multi_processi
 --direct_num_workers=2`` or ``--runner=DaskRunner --dask_client_address=HOST:PORT`` (runners and
 their options: ``docs/cluster.md``; config knobs: ``docs/preprocessing.md``).
 
-Exit codes: 0 done, 1 runtime/data error, 2 usage/config error, 130 interrupted (Ctrl-C). An
+Exit codes: 0 done, 1 runtime/data error, 2 usage/config error, 130 interrupted (Ctrl-C), 143
+terminated (SIGTERM, as sent by ``timeout``, Slurm, ``docker stop`` or Kubernetes). An
 output folder that holds an earlier run is refused unless ``--overwrite`` is given, which
 replaces it only once the new run succeeds; a run that fails or is interrupted removes what it
 wrote and keeps the earlier run as it was.
@@ -114,16 +115,21 @@ class _QuietKnownErrors(logging.Filter):
 
 
 class _Interrupt:
-    """SIGINT handler for one clean exit: remember the interrupt, silence logging (Beam logs the
-    ``KeyboardInterrupt`` it catches inside a DoFn with a traceback, then re-raises it wrapped),
-    and raise ``KeyboardInterrupt`` so :func:`pipelines.job.run` removes its partial output. A
-    second Ctrl-C interrupts at once."""
+    """SIGINT and SIGTERM handler for one clean exit: remember which signal came, silence logging
+    (Beam logs the ``KeyboardInterrupt`` it catches inside a DoFn with a traceback, then re-raises
+    it wrapped), and raise ``KeyboardInterrupt`` so :func:`pipelines.job.run` removes its partial
+    output and puts the earlier run back. A second signal of either kind interrupts at once.
 
-    seen = False
+    Attributes:
+        signum: the signal received (``signal.SIGINT`` or ``signal.SIGTERM``), or ``None``.
+    """
+
+    signum: int | None = None
 
     def __call__(self, signum, frame):
-        self.seen = True
+        self.signum = signum
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         logging.disable(logging.CRITICAL)
         raise KeyboardInterrupt
 
@@ -161,7 +167,8 @@ def _failure(e: BaseException, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line (``argv`` without the program name; ``sys.argv[1:]`` when ``None``);
-    returns the exit code: 0 done, 1 runtime/data error, 2 usage/config error, 130 interrupted."""
+    returns the exit code: 0 done, 1 runtime/data error, 2 usage/config error, 130 interrupted
+    (SIGINT), 143 terminated (SIGTERM)."""
     args, overrides, beam_args = split_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
     try:
@@ -188,17 +195,20 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     interrupt = _Interrupt()
     in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
-    previous = signal.signal(signal.SIGINT, interrupt) if in_main else None
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
     try:
         stats = run(args.input, args.output, cfg, beam_args, overwrite=args.overwrite)
     except BaseException as e:  # noqa: B036 - Ctrl-C arrives wrapped in whatever Beam raises
-        if interrupt.seen or isinstance(e, KeyboardInterrupt):
+        if interrupt.signum == signal.SIGTERM:
+            print(f"terminated; removed this run's partial output from {args.output}", file=sys.stderr)
+            return 128 + signal.SIGTERM
+        if interrupt.signum is not None or isinstance(e, KeyboardInterrupt):
             print(f"interrupted; removed this run's partial output from {args.output}", file=sys.stderr)
             return 130
         return _failure(e, args)
     finally:
-        if in_main:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         logging.disable(logging.NOTSET)
         logging.getLogger("apache_beam.runners.common").removeFilter(quiet)
     out = args.output.rstrip("/")

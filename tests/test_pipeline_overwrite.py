@@ -165,3 +165,22 @@ def test_ctrl_c_during_an_overwrite_run_puts_the_earlier_run_back(inputs, tmp_pa
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert _local(out) == before
+
+
+def test_sigterm_during_an_overwrite_run_puts_the_earlier_run_back_and_exits_143(inputs, tmp_path):
+    """SIGTERM (``timeout``, Slurm, ``docker stop``, Kubernetes) cleans up as Ctrl-C does."""
+    out = tmp_path / "out"
+    before = _earlier_run(inputs, out)
+    write_corpus(str(tmp_path / "in"), limit_per_source=400)
+    proc = subprocess.Popen([sys.executable, "beam_runner.py", "--input", str(tmp_path / "in" / "*.jsonl"),
+                             "--output", str(out), "--overwrite", "tokenizer.vocab_size=500", "shards.num_shards=8"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "_tmp_buckets").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert (out / BACKUP_DIR / "manifest.json").exists()  # set aside while the new run writes
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1].startswith("terminated; "), err
+    assert _local(out) == before
