@@ -117,13 +117,15 @@ def check_runner(name: str | None) -> str | None:
     Accepted: ``None`` (the DirectRunner, returned as ``None``); a name of :data:`SUPPORTED_RUNNERS`,
     case-insensitive with the ``Runner`` suffix optional as ``apache_beam.runners.runner.create_runner``
     reads it (``dask`` → ``"DaskRunner"``); a name of :data:`DASK_RUNNER_NAMES` (→ ``"DaskRunner"``);
-    or the dotted path of an importable ``apache_beam.runners.runner.PipelineRunner`` subclass (returned
+    or the dotted path of an importable ``apache_beam.runners.runner.PipelineRunner`` subclass, which,
+    when Beam defines it, must be one of :data:`SUPPORTED_RUNNERS` or derive from one (returned
     as given, or as ``"DirectRunner"`` for Beam's DirectRunner and ``"DaskRunner"`` for its DaskRunner or a
     subclass, so colaflow's own runner setup applies).
 
     Raises:
         shards.config.ConfigError: an unknown name (the message lists :data:`SUPPORTED_RUNNERS` and the
-            closest of them, by ``difflib``), a Beam runner colaflow does not support, or a dotted path
+            closest of them, by ``difflib``), a Beam runner colaflow does not support (by name or
+            dotted path), or a dotted path
             that does not import or is not a ``PipelineRunner`` class.
     """
     if name is None:
@@ -147,8 +149,10 @@ def check_runner(name: str | None) -> str | None:
 
 
 def _runner_class(path: str, supported: str) -> str:
-    """Check that ``path`` (``module.Class``) imports to a ``PipelineRunner`` subclass; returns the
-    name :func:`check_runner` documents. Raises ``ConfigError`` (one line) otherwise."""
+    """Check that ``path`` (``module.Class``) imports to a ``PipelineRunner`` subclass and, for a
+    class defined in ``apache_beam``, that it is one of :data:`SUPPORTED_RUNNERS` or a subclass of
+    one (``...direct_runner.BundleBasedDirectRunner`` is refused as ``BundleBasedDirectRunner``
+    is); returns the name :func:`check_runner` documents. Raises ``ConfigError`` (one line) otherwise."""
     module, attr = path.rsplit(".", 1)
     fix = f"give the dotted path of a PipelineRunner class, or one of {supported}"
     try:
@@ -159,6 +163,12 @@ def _runner_class(path: str, supported: str) -> str:
         raise ConfigError(f"--runner={path}: module {module} has no {attr}; {fix}") from e
     if not (isinstance(cls, type) and issubclass(cls, PipelineRunner)):
         raise ConfigError(f"--runner={path}: {type(cls).__name__} {attr} is not a PipelineRunner class; {fix}")
+    # Beam's own runners are held to the list by dotted path as by name (Beam's DirectRunner is
+    # an alias of its SwitchingDirectRunner, hence the identity test)
+    if cls.__module__.startswith("apache_beam.") and not issubclass(cls, DirectRunner) and not any(
+            c.__module__.startswith("apache_beam.") and c.__name__ in SUPPORTED_RUNNERS for c in cls.__mro__):
+        raise ConfigError(f"--runner={path}: a Beam runner colaflow does not support; use one of {supported} "
+                          "(see docs/cluster.md)")
     if cls is DirectRunner:
         return "DirectRunner"
     dask = any(f"{c.__module__}.{c.__qualname__}" in DASK_RUNNER_NAMES for c in cls.__mro__)

@@ -268,6 +268,8 @@ def test_supported_runner_names_pass_normalised_as_beam_reads_them():
     ("os.path", "module path is not a PipelineRunner class"),
     ("BundleBasedDirectRunner", "a Beam runner colaflow does not support; use one of DirectRunner, DaskRunner"),
     ("interactive", "a Beam runner colaflow does not support"),
+    ("apache_beam.runners.direct.direct_runner.BundleBasedDirectRunner", "a Beam runner colaflow does not support"),
+    ("apache_beam.runners.runner.PipelineRunner", "a Beam runner colaflow does not support"),
 ])
 def test_a_runner_colaflow_cannot_use_is_refused_up_front_in_one_line(corpus, tmp_path, capsys, runner, says):
     out = tmp_path / "out"
