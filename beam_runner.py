@@ -44,7 +44,7 @@ from pipelines.job import InputError, beam_options, run  # noqa: E402
 from pipelines.output import OutputExistsError, OutputNotWritableError  # noqa: E402
 from pipelines.records import input_root  # noqa: E402
 from pipelines.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
-from pipelines.tokenizer import EmptySampleError  # noqa: E402
+from pipelines.tokenizer import EmptySampleError, load_processor  # noqa: E402
 from shards.wording import help_text, plural  # noqa: E402
 
 # --help's epilog: the docstring's paragraphs on overrides, Beam options and exit codes
@@ -100,6 +100,23 @@ def _os_error_hint(e: OSError, input_glob: str, output: str) -> str:
     if name and name.startswith(input_root(input_glob) or input_glob):
         return " (check --input)"
     return ""
+
+
+def _tokenizer_problem(path: str) -> str | None:
+    """Why the local file ``path`` cannot serve as the tokenizer (a few words), or ``None`` when
+    sentencepiece loads it (:func:`pipelines.tokenizer.load_processor`, as the job does): checked
+    before the output folder is touched, since sentencepiece's own error (``INTERNAL: unk is not
+    defined.``) names neither the flag nor the file."""
+    if not os.path.isfile(path):
+        return "no such file"
+    try:
+        with open(path, "rb") as f:
+            load_processor(f.read())
+    except OSError as e:
+        return f"cannot read it ({e.strerror or e})"
+    except RuntimeError:
+        return "not a sentencepiece model (sentencepiece cannot load it)"
+    return None
 
 
 class _QuietKnownErrors(logging.Filter):
@@ -186,11 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("apache_beam.runners.common").addFilter(quiet)
     if args.tokenizer:
         cfg.tokenizer.path = args.tokenizer
-    if cfg.tokenizer.path and not os.path.isfile(cfg.tokenizer.path):
-        flag = "--tokenizer" if args.tokenizer else "tokenizer.path"
-        print(f"error: {flag} {cfg.tokenizer.path}: no such file; pass an existing sentencepiece .model, "
-              "or leave it out to train one on the input", file=sys.stderr)
-        return 2
+    if cfg.tokenizer.path:
+        problem = _tokenizer_problem(cfg.tokenizer.path)
+        if problem:
+            flag = "--tokenizer" if args.tokenizer else "tokenizer.path"
+            print(f"error: {flag} {cfg.tokenizer.path}: {problem}; pass an existing sentencepiece .model (such as "
+                  "tokenizer.model of an earlier run), or leave it out to train one on the input", file=sys.stderr)
+            return 2
     print(f"preprocessing {args.input} -> {args.output} (beam options: {' '.join(beam_args) or 'DirectRunner'})",
           file=sys.stderr)
     interrupt = _Interrupt()

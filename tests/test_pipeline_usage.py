@@ -125,6 +125,20 @@ def test_a_missing_tokenizer_file_is_a_usage_error_naming_the_flag(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("body", [b"", b"the river ran past old stone walls\n" * 3])
+def test_a_tokenizer_file_that_is_no_sentencepiece_model_is_a_usage_error_naming_flag_and_file(tmp_path, capsys,
+                                                                                                 body):
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "1", "text": "some words here"}) + "\n")
+    (tmp_path / "vocab.txt").write_bytes(body)
+    out = tmp_path / "out"
+    assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(out),
+                             "--tokenizer", str(tmp_path / "vocab.txt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: --tokenizer {tmp_path / 'vocab.txt'}: not a sentencepiece model"), err
+    assert not out.exists()
+
+
 def test_an_unreachable_dask_scheduler_is_one_line_saying_what_to_start(tmp_path):
     from pipelines.local_engines import free_port
 
