@@ -40,7 +40,8 @@ from shards.wording import count, plural
 
 from .config import PipelineConfig
 from .neardup import NearDedup
-from .output import DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, abort_output, finish_output, prepare_output
+from .output import (DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, abort_output, finish_output, prepare_output,
+                     refuse_inputs_in_artifacts)
 from .read_summary import summarize
 from .records import DUPLICATES, file_format
 from .report import write_report
@@ -337,7 +338,9 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
             empty (see :func:`match_input`), or no record was read from them (no Parquet rows, only
             blank lines or whitespace, or nothing once decompressed: :func:`no_records_error`).
-        pipelines.output.OutputExistsError: ``output_dir`` holds an earlier run and not ``overwrite``.
+        pipelines.output.OutputExistsError: ``output_dir`` holds an earlier run and not ``overwrite``,
+            or with ``overwrite`` an input file or the tokenizer lies inside that earlier run
+            (:func:`pipelines.output.refuse_inputs_in_artifacts`).
         pipelines.output.OutputNotWritableError: ``output_dir`` cannot be written.
         ValueError / RuntimeError: the tokenizer cannot be trained (e.g. nothing survived cleaning),
             no document was kept with a given tokenizer (``EmptySampleError``, raised by
@@ -363,6 +366,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         print(f"note: {count(len(empty), 'input file')} {plural(len(empty), 'is', 'are')} empty (0 bytes: "
               f"{_names(empty)}); nothing is read from {plural(len(empty), 'it', 'them')}; counted as empty_files "
               "in stats.json", file=sys.stderr, flush=True)
+    if overwrite:
+        refuse_inputs_in_artifacts(output_dir, cfg.shards.prefix, [m.path for m in matched], cfg.tokenizer.path)
     prepared = prepare_output(output_dir, cfg.shards.prefix, overwrite)
     total_bytes = sum(m.size_in_bytes for m in matched)
     runner = None

@@ -193,6 +193,36 @@ def prepare_output(output_dir: str, prefix: str, overwrite: bool = False) -> Pre
     return PreparedOutput(output_dir, prefix, created, backup=True)
 
 
+def refuse_inputs_in_artifacts(output_dir: str, prefix: str, input_paths: list[str], tokenizer: str | None) -> None:
+    """Before an ``overwrite`` run: refuse input files or a tokenizer that lie inside the earlier
+    run's artifacts in a local ``output_dir`` (``OUT/tokenizer.model``, ``OUT/dead_letter/*.jsonl``),
+    which :func:`prepare_output` would move into ``OUT/.previous-run/`` before the run reads them.
+    Paths are compared resolved (``os.path.realpath``, so symlinks and relative paths count); remote
+    paths and outputs are not checked.
+
+    Args:
+        output_dir: the ``--output`` folder or fsspec URL.
+        prefix: shard name prefix (``shards.prefix``).
+        input_paths: the files ``--input`` matched.
+        tokenizer: the ``--tokenizer`` path, or ``None``.
+    Raises:
+        OutputExistsError: one of them lies inside an artifact; the message names the flag and the
+            file and says to copy it elsewhere first.
+    """
+    fs, root = fsspec.core.url_to_fs(output_dir)
+    if not isinstance(fs, LocalFileSystem) or not fs.isdir(root):
+        return
+    held = [os.path.realpath(path) for path in _artifacts(fs, root, prefix)]
+    flagged = [("--tokenizer", tokenizer)] if tokenizer else []
+    for flag, path in flagged + [("--input", path) for path in input_paths]:
+        real = os.path.realpath(path) if "://" not in path else ""
+        if any(real == h or real.startswith(h.rstrip(os.sep) + os.sep) for h in held):
+            out = output_dir.rstrip("/")
+            raise OutputExistsError(f"{flag} {path} lies inside the earlier run in {out}, which --overwrite sets "
+                                    f"aside (into {out}/{BACKUP_DIR}/) before this run reads it; copy the file "
+                                    f"out of {out} first and pass the copy to {flag}")
+
+
 def finish_output(prepared: PreparedOutput) -> None:
     """After a successful run: delete the earlier run kept in ``OUT/.previous-run/``, if any. Never
     raises: a backup that cannot be deleted is reported in one warning line."""

@@ -184,3 +184,23 @@ def test_sigterm_during_an_overwrite_run_puts_the_earlier_run_back_and_exits_143
     assert proc.returncode == 143, err
     assert err.strip().splitlines()[-1].startswith("terminated; "), err
     assert _local(out) == before
+
+
+@pytest.mark.parametrize("flag", ["--tokenizer", "--input"])
+def test_overwrite_refuses_a_tokenizer_or_input_inside_the_earlier_run(inputs, tmp_path, capsys, flag):
+    """--overwrite moves the earlier run aside before reading: a file inside it is refused up front."""
+    import beam_runner
+
+    out = tmp_path / "out"
+    _earlier_run(inputs, out)
+    (out / "dead_letter").mkdir(exist_ok=True)
+    (out / "dead_letter" / "part-00000.jsonl").write_bytes((inputs / "good.jsonl").read_bytes())
+    before = _local(out)
+    args = {"--tokenizer": ["--input", str(inputs / "good.jsonl"), "--tokenizer", str(out / "tokenizer.model")],
+            "--input": ["--input", str(out / "dead_letter" / "*.jsonl")]}[flag]
+    assert beam_runner.main([*args, "--output", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {flag} "), err
+    assert "--overwrite sets aside" in errors[0] and "copy the file" in errors[0], err
+    assert _local(out) == before
