@@ -55,6 +55,8 @@ colaflow's ``stats.json`` is built from event records in the graph, not from met
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import re
 import threading
 import uuid
@@ -332,6 +334,14 @@ class _Translator(PipelineVisitor):
                           if pcoll not in self.consumed and bag is not None])
 
 
+def _quiet_local_cluster() -> None:
+    """Raise the ``distributed`` loggers to WARNING (from some 70 ``INFO distributed.*`` lines) for the
+    local cluster ``Client()`` starts without ``--dask_client_address``: here, for its scheduler,
+    and via ``DASK_LOGGING__DISTRIBUTED``, read by the worker processes it spawns."""
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = "warning"
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+
+
 class ColaflowDaskRunner(DaskRunner):
     """Beam's :class:`~apache_beam.runners.dask.dask_runner.DaskRunner` with the fixes listed in the
     module docstring. Options: ``--dask_client_address=HOST:PORT`` (a running ``dask scheduler``;
@@ -355,12 +365,16 @@ class ColaflowDaskRunner(DaskRunner):
     def run_pipeline(self, pipeline, options):
         """Translate ``pipeline`` into one ``dask.bag`` graph and submit it to the cluster (whose
         workers get the :class:`pipelines.dask_trim.TrimMemory` plugin); returns a result whose
-        ``wait_until_finish`` raises the first task error and then closes the client. Raises
-        ``ConnectionError`` when no scheduler answers at ``--dask_client_address`` in time."""
+        ``wait_until_finish`` raises the first task error and then closes the client. Without
+        ``--dask_client_address`` it starts an in-process local cluster, whose ``distributed``
+        INFO lines are held back (:func:`_quiet_local_cluster`). Raises ``ConnectionError`` when no
+        scheduler answers at ``--dask_client_address`` in time."""
         import dask.distributed as ddist
 
         dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True, current_only=True)
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
+        if not dask_options.get("address"):
+            _quiet_local_cluster()
         try:
             client = ddist.Client(**dask_options)
         except OSError as e:  # dask's "Timed out trying to connect": say which flag and what to start

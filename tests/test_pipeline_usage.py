@@ -359,3 +359,15 @@ def test_an_empty_file_beside_a_good_one_is_named_and_counted(tmp_path, capsys):
     assert (stats["total"]["empty_files"], stats["total"]["input_records"]) == (1, 40)
     assert stats["sources"]["empty"]["empty_files"] == 1 and stats["sources"]["good"]["empty_files"] == 0
     assert "empty files                 1" in (out / "report.txt").read_text()
+
+
+def test_the_local_dask_cluster_keeps_its_info_lines_to_itself(tmp_path):
+    """--runner=DaskRunner without --dask_client_address starts an in-process cluster: no ``INFO distributed``."""
+    pytest.importorskip("distributed")
+    lines = [json.dumps({"id": str(i), "text": f"the river ran past old stone walls {i}"}) for i in range(30)]
+    (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
+    p = _cli(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out"), "--runner=DaskRunner",
+              "--tokenizer", str(_tokenizer_model(tmp_path / "t.model"))])
+    assert p.returncode == 0, p.stderr
+    assert "INFO distributed" not in p.stderr, p.stderr
+    assert (tmp_path / "out" / "manifest.json").exists()
