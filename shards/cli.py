@@ -66,8 +66,29 @@ def _show(sample: dict, sp, out) -> None:
             print(f"  {name}: {json.dumps(value, ensure_ascii=False)[:500]}", file=out)
 
 
+def _unusable_path(paths: list[str]) -> str | None:
+    """One-line error for the first local path in ``paths`` that does not exist, or that is a folder
+    holding neither ``manifest.json`` nor a ``.tar`` shard; None when all are usable (URLs are not
+    checked here: reading them reports their own error)."""
+    for p in paths:
+        if "://" in p:
+            continue
+        if not os.path.exists(p):
+            return f"path not found: {p}"
+        if os.path.isdir(p) and not any(n == "manifest.json" or n.endswith(".tar") for n in os.listdir(p)):
+            return (f"error: no manifest.json (and no shard) in {p}; write a dataset there with "
+                    f"python beam_runner.py --input ... --output {p}, or point at the folder it wrote")
+    return None
+
+
 def cmd_ls(args) -> int:
-    """``ls PATHS``: shards of a dataset, or each member (data offset, size, name) of a ``.tar``. Returns 0."""
+    """``ls PATHS``: shards of a dataset (manifest entries; a shard the manifest does not list shows
+    only its file size), or each member (data offset, size, name) of a ``.tar``. Returns 0, or 1 when
+    a path does not exist or is a folder with no manifest.json and no shard."""
+    error = _unusable_path(args.paths)
+    if error:
+        print(error, file=sys.stderr)
+        return 1
     for path in args.paths:
         if path.endswith(".tar"):
             with tarfile.open(path, "r:") as tar:
@@ -75,10 +96,17 @@ def cmd_ls(args) -> int:
                     print(f"{ti.offset_data:>12} {ti.size:>10} {ti.name}")
             continue
         items = resolve([path])
+        listed = [e for _, e, _ in items if e is not None]
+        unlisted = [p for p, e, _ in items if e is None]
         for shard, entry, _ in items:
-            print(f"{entry.name}  samples={entry.samples} tokens={entry.tokens} bytes={entry.bytes}")
-        print(f"{count(len(items), 'shard')}, {count(sum(e.samples for _, e, _ in items), 'sample')}, "
-              f"{count(sum(e.tokens for _, e, _ in items), 'token')}, {count(sum(e.bytes for _, e, _ in items), 'byte')}")
+            if entry is None:
+                print(f"{os.path.basename(shard)}  (not in a manifest) file bytes={os.path.getsize(shard)}")
+            else:
+                print(f"{entry.name}  samples={entry.samples} tokens={entry.tokens} bytes={entry.bytes}")
+        print(f"{count(len(items), 'shard')}, {count(sum(e.samples for e in listed), 'sample')}, "
+              f"{count(sum(e.tokens for e in listed), 'token')}, {count(sum(e.bytes for e in listed), 'byte')}"
+              + (f" ({count(len(unlisted), 'shard')} not in a manifest, not counted; "
+                 f"python -m shards stats {path} reads them)" if unlisted else ""))
     return 0
 
 
@@ -149,13 +177,19 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _faults(counts: Counter) -> str:
+    """Fault counts as text, most frequent first: ``"undecodable 1, bad_tokens 3"``."""
+    return ", ".join(f"{kind} {n:,}" for kind, n in counts.most_common())
+
+
 def cmd_verify(args) -> int:
     """``verify PATHS``: check shards against the spec and the manifest (checksums, token counts,
-    block lengths); prints one line per faulty shard. Returns 0 when all pass, 1 otherwise (1 with
-    ``path not found: X`` when a local path does not exist)."""
-    missing = [p for p in args.paths if "://" not in p and not os.path.exists(p)]
-    if missing:
-        print(f"path not found: {missing[0]}", file=sys.stderr)
+    block lengths); prints one line per faulty shard. Returns 0 when all pass, 1 otherwise: a fault, or
+    nothing to verify (a one-line error when a local path does not exist, is a folder with no
+    manifest.json and no shard, or its manifest lists no shard)."""
+    error = _unusable_path(args.paths)
+    if error:
+        print(error, file=sys.stderr)
         return 1
     logging.getLogger("shards").setLevel(logging.ERROR)  # faults are printed below, per shard
     cfg = VerifyConfig(strict=not args.lenient, schema=args.schema, checksums=not args.no_checksums)
@@ -171,7 +205,10 @@ def cmd_verify(args) -> int:
     print(f"verified {count(len(reports), 'shard')} ({'strict' if cfg.strict else 'lenient'}): "
           f"{len(reports) - len(bad):,} ok, {len(bad):,} failed; {count(sum(r.samples for r in reports), 'sample')}, "
           f"{count(sum(r.tokens for r in reports), 'token')}"
-          + (f"; faults: {dict(faults)}" if faults else ""))
+          + (f"; faults: {_faults(faults)}" if faults else ""))
+    if not reports:
+        print(f"error: no shard to verify in {' '.join(args.paths)} (its manifest lists none)", file=sys.stderr)
+        return 1
     if bad:
         print("next: re-download or regenerate the failed shards, or read them with lenient mode", file=sys.stderr)
     return 1 if bad else 0
@@ -200,7 +237,7 @@ def cmd_stats(args) -> int:
         print(f"tokens: {sum(tok)}  per document min/mean/max: {min(tok)}/{sum(tok) / len(tok):.1f}/{max(tok)}"
               f"  shard bytes per token: {file_bytes / max(sum(tok), 1):.3f}")
     if stats.faults:
-        print(f"faults (samples skipped): {dict(stats.counts)}")
+        print(f"faults (samples skipped): {_faults(stats.counts)}")
     return 0
 
 
@@ -277,10 +314,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--at", type=int, help="random access: print sample number AT (uses the .idx beside the shard)")
     s.add_argument("--tokenizer", help="sentencepiece model (default: the manifest's tokenizer)")
     s.set_defaults(fn=cmd_inspect)
-    s = sub.add_parser("verify", help="check structure and sha256 against the manifest; exit 0 only if all pass")
-    s.add_argument("paths", nargs="+")
+    s = sub.add_parser("verify", help="check structure and sha256 against the manifest; exit 0 only if all pass",
+                       description="Check shards' structure, sizes, sha256 and token counts against the spec "
+                       "and the manifest. Exit 0: all pass; 1: a fault, or nothing to verify; 2: usage error.")
+    s.add_argument("paths", nargs="+", help="dataset folders (holding manifest.json, or .tar shards), "
+                   "manifest.json files, or .tar shards")
     s.add_argument("--lenient", action="store_true", help="skip and count faulty samples instead of failing")
-    s.add_argument("--schema", default="auto", choices=["auto", "text", "image", "any"])
+    s.add_argument("--schema", default="auto", choices=["auto", "text", "image", "any"],
+                   help="members each sample must have: text (tokens and json), image (jpg or png, and cls "
+                   "or txt), any (no check); auto (default): text when the manifest names a tokenizer or "
+                   "counts tokens, else any")
     s.add_argument("--no-checksums", action="store_true", help="skip size/sha256 comparison")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_verify)

@@ -132,3 +132,61 @@ def test_summaries_say_one_shard_and_group_thousands(tmp_path, capsys):
     assert rc == 0 and "indexed 1 shard, 1 sample: " in out and "and 1 DALI .idx file beside the shard\n" in out
     rc, out = run(capsys, "reshard", tmp_path, "--out", tmp_path / "re", "--max-samples", "2", "-q")
     assert rc == 0 and "wrote 1 shard, 1 sample, 1,500 tokens to " in out
+
+
+@pytest.mark.parametrize("contents", ["empty", "previous-run"])
+@pytest.mark.parametrize("command", ["verify", "ls"])
+def test_a_folder_with_no_manifest_and_no_shard_is_an_error(tmp_path, capsys, command, contents):
+    """Not "verified 0 shards: 0 ok, 0 failed" with exit 0: nothing to verify is a failure."""
+    if contents == "previous-run":
+        (tmp_path / ".previous-run").mkdir()
+        (tmp_path / "notes.txt").write_text("mine")
+    rc, out = run(capsys, command, *(["-q"] if command == "verify" else []), tmp_path)
+    assert rc == 1 and out.count("\n") == 1 and f"no manifest.json (and no shard) in {tmp_path}" in out
+    assert "beam_runner.py" in out and "verified" not in out and "0 shards" not in out
+
+
+def test_ls_a_path_that_does_not_exist(tmp_path, capsys):
+    for path in (tmp_path / "nonexistent", tmp_path / "nonexistent.tar"):
+        rc, out = run(capsys, "ls", path)
+        assert rc == 1 and out.strip() == f"path not found: {path}"
+
+
+def test_shards_without_a_manifest_are_listed_and_verified(tmp_path, capsys):
+    w = ShardSequenceWriter(str(tmp_path), max_samples=1)
+    for i in range(2):
+        ids = np.arange(3, dtype=np.uint16)
+        w.write(escape_key(f"doc.{i}"), encode_text_sample(ids, {"id": f"doc.{i}"}), len(ids))
+    w.close()
+    assert not (tmp_path / "manifest.json").exists()
+    rc, out = run(capsys, "ls", tmp_path)
+    assert rc == 0 and "shard-000000.tar  (not in a manifest) file bytes=" in out
+    assert "2 shards, 0 samples, 0 tokens, 0 bytes (2 shards not in a manifest, not counted;" in out
+    rc, out = run(capsys, "verify", "-q", tmp_path)
+    assert rc == 0 and "verified 2 shards (strict): 2 ok, 0 failed; 2 samples" in out, out
+
+
+def test_verify_a_manifest_listing_no_shard_fails(tmp_path, capsys):
+    Manifest(shards=[]).save(str(tmp_path))
+    rc, out = run(capsys, "verify", "-q", tmp_path)
+    assert rc == 1 and "no shard to verify" in out
+
+
+def test_verify_prints_fault_counts_as_words_not_a_dict(tmp_path, capsys):
+    w = ShardSequenceWriter(str(tmp_path), max_samples=4)
+    w.write(escape_key("doc.0"), {"tokens.npy": b"not a numpy array", "json": b"{}"}, 3)
+    Manifest(shards=w.close()).save(str(tmp_path))
+    rc, out = run(capsys, "verify", "-q", "--lenient", tmp_path)
+    summary = next(line for line in out.splitlines() if line.startswith("verified"))
+    assert "faults: " in summary and "{" not in summary and "'" not in summary, summary
+    kind, n = summary.split("faults: ")[1].split(", ")[0].split(" ")
+    assert kind.isidentifier() and int(n) == 1, summary
+
+
+def test_verify_help_describes_paths_schema_and_exit_codes(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["verify", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0
+    assert "Exit 0: all pass; 1: a fault, or nothing to verify; 2: usage error." in text
+    assert "dataset folders (holding manifest.json" in text and "auto (default): text when" in text
