@@ -3,6 +3,8 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.colaflow-installed
 NPROC   ?= 2
+# pytest-xdist processes for `make test`: most tests keep one core busy, so two run side by side
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test bench clean
 
@@ -26,7 +28,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	# the slowest tests listed at the end: the suite must stay under 15 minutes on 2 CI cores
-	$(PY) -m pytest -q -ra --durations=15
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --durations=15
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
