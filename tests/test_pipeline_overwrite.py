@@ -150,7 +150,11 @@ def test_s3_output_keeps_the_earlier_run_when_an_overwrite_run_fails(s3_server, 
     assert sum(s["documents"] for s in shards) == 7
 
 
-def test_ctrl_c_during_an_overwrite_run_puts_the_earlier_run_back(inputs, tmp_path):
+@pytest.mark.parametrize("sig, code, line", [(signal.SIGINT, 130, "interrupted; "),
+                                             (signal.SIGTERM, 143, "terminated; ")])
+def test_a_signal_during_an_overwrite_run_puts_the_earlier_run_back(inputs, tmp_path, sig, code, line):
+    """Ctrl-C, and SIGTERM (``timeout``, Slurm, ``docker stop``, Kubernetes) alike, while the new
+    run writes: one line, exit 128 + signal, and the earlier run byte-identical."""
     out = tmp_path / "out"
     before = _earlier_run(inputs, out)
     write_corpus(str(tmp_path / "in"), limit_per_source=400)
@@ -161,28 +165,10 @@ def test_ctrl_c_during_an_overwrite_run_puts_the_earlier_run_back(inputs, tmp_pa
     while not (out / "_tmp_buckets").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
     assert (out / BACKUP_DIR / "manifest.json").exists()  # set aside while the new run writes
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert _local(out) == before
-
-
-def test_sigterm_during_an_overwrite_run_puts_the_earlier_run_back_and_exits_143(inputs, tmp_path):
-    """SIGTERM (``timeout``, Slurm, ``docker stop``, Kubernetes) cleans up as Ctrl-C does."""
-    out = tmp_path / "out"
-    before = _earlier_run(inputs, out)
-    write_corpus(str(tmp_path / "in"), limit_per_source=400)
-    proc = subprocess.Popen([sys.executable, "beam_runner.py", "--input", str(tmp_path / "in" / "*.jsonl"),
-                             "--output", str(out), "--overwrite", "tokenizer.vocab_size=500", "shards.num_shards=8"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (out / "_tmp_buckets").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert (out / BACKUP_DIR / "manifest.json").exists()  # set aside while the new run writes
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    assert err.strip().splitlines()[-1].startswith("terminated; "), err
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1].startswith(line), err
     assert _local(out) == before
 
 
