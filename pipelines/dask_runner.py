@@ -65,9 +65,8 @@ import apache_beam as beam
 import dask.bag as db
 from apache_beam import pvalue
 from apache_beam.pipeline import PipelineVisitor, PTransformOverride
-from apache_beam.runners.runner import PipelineState
 from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, Receiver, _OutputHandler
-from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner, DaskRunnerResult
+from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner
 from apache_beam.runners.dask.overrides import _Create, _Flatten, _GroupByKeyOnly, _Reshuffle, dask_overrides
 from apache_beam.runners.dask.transform_evaluator import get_windowed_value
 from apache_beam.transforms.sideinputs import SideInputMap
@@ -75,7 +74,7 @@ from apache_beam.transforms.sideinputs import SideInputMap
 from .dask_combine import LiftedCombine
 from .dask_parts import group, group_pieces, shuffle, spread
 from .dask_trim import PLUGIN_NAME, TrimMemory
-from .dask_watch import completed_watching_workers
+from .dask_watch import JobResult
 from .frames import PartWriter, decode, decode_list, encode
 
 MIN_PARTITIONS = 4  # a Reshuffle spreads over at least this many bag partitions
@@ -387,29 +386,5 @@ class ColaflowDaskRunner(DaskRunner):
         translator = _Translator(partition_count(bag_kwargs.get("npartitions"), threads, self.input_bytes))
         pipeline.visit(translator)
         futures = client.compute(translator.sinks().to_delayed(optimize_graph=True))
-        return _Result(client, futures)
+        return JobResult(client, futures)
 
-
-class _Result(DaskRunnerResult):
-    """The running job: one future per sink partition, each released as soon as it completes
-    (a result held to the end of the job would keep, on its worker, the state of every task
-    upstream of it: a worker forgets a finished task only once no task it still knows depends on
-    it, about 5.5 KB each, thousands per worker at 16× the demo corpus). While it waits it says
-    when no worker is connected (:func:`pipelines.dask_watch.completed_watching_workers`); closes
-    the client once the job has ended."""
-
-    def wait_until_finish(self, duration=None):
-        """Wait for every sink partition (``duration`` in milliseconds, ``None``: no limit) and
-        return ``PipelineState.DONE``; raises the first task error, or ``TimeoutError``."""
-        self.futures = set(self.futures)  # emptied as they complete; cancel() cancels what is left
-        try:
-            for future in completed_watching_workers(
-                    self.client, self.futures, timeout_s=None if duration is None else duration / 1000):
-                future.result()  # raises the task's error here, on the client
-            self._state = PipelineState.DONE
-        except BaseException:
-            self._state = PipelineState.FAILED
-            raise
-        finally:
-            self.client.close()
-        return self._state

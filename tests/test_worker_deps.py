@@ -17,7 +17,7 @@ HEAVY = ["torch", "nvidia-dali-cuda130", "tensorboard", "scikit-image", "scikit-
 # import names of the heavy stack, blocked in the probe below
 BLOCKED = ["torch", "nvidia", "tensorboard", "skimage", "sklearn", "triton", "webdataset", "wids", "aiohttp", "dask",
            "distributed"]
-OPTIONAL = {"pipelines.dask_runner", "pipelines.dask_parts", "pipelines.dask_trim", "pipelines.local_engines"}  # need colaflow[dask]; never on Beam workers
+OPTIONAL = {"pipelines.dask_runner", "pipelines.dask_parts", "pipelines.dask_trim", "pipelines.dask_watch", "pipelines.local_engines"}  # need colaflow[dask]; never on Beam workers
 
 
 def _name(requirement: str) -> str:
