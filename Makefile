@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m trainer.demo --nproc $(NPROC)
+	$(PY) -m examples.demo --nproc $(NPROC)
 
 test: $(STAMP)
 	# the slowest tests listed at the end: the suite must stay under 15 minutes on 2 CI cores

@@ -39,17 +39,16 @@ import threading
 # needed unless the job runs on Dataflow, so the notice is held back for the imports alone.
 logging.getLogger().setLevel(logging.ERROR)
 from pipelines.config import PipelineConfig  # noqa: E402
-from pipelines.corpus import CorpusNotInstalled  # noqa: E402
 from pipelines.job import InputError, beam_options, run  # noqa: E402
-from pipelines.output import OutputExistsError, OutputNotWritableError  # noqa: E402
+from pipelines.io.output import OutputExistsError, OutputNotWritableError  # noqa: E402
 from pipelines.records import input_root  # noqa: E402
-from pipelines.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
-from pipelines.tokenizer import EmptySampleError, load_processor  # noqa: E402
-from shards.wording import help_text, plural  # noqa: E402
+from pipelines.accounting.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
+from pipelines.stages.tokenize import EmptySampleError, load_processor  # noqa: E402
+from colaflow.wording import help_text, plural  # noqa: E402
 
 # --help's epilog: the docstring's paragraphs on overrides, Beam options and exit codes
 EPILOG = help_text("\n\n".join(__doc__.split("\n\n")[3:5]))
-from shards.config import ConfigError, load_config  # noqa: E402
+from colaflow.config import ConfigError, load_config  # noqa: E402
 
 
 def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
@@ -104,7 +103,7 @@ def _os_error_hint(e: OSError, input_glob: str, output: str) -> str:
 
 def _tokenizer_problem(path: str) -> str | None:
     """Why the local file ``path`` cannot serve as the tokenizer (a few words), or ``None`` when
-    sentencepiece loads it (:func:`pipelines.tokenizer.load_processor`, as the job does): checked
+    sentencepiece loads it (:func:`pipelines.stages.tokenize.load_processor`, as the job does): checked
     before the output folder is touched, since sentencepiece's own error (``INTERNAL: unk is not
     defined.``) names neither the flag nor the file."""
     if not os.path.isfile(path):
@@ -122,12 +121,12 @@ def _tokenizer_problem(path: str) -> str | None:
 class _QuietKnownErrors(logging.Filter):
     """Drops the traceback Beam logs (``apache_beam.runners.common``) for an error raised inside a
     step that says what to do next in its message, which :func:`_failure` prints in one line: a
-    ``ConfigError`` (exit code 2) or an :class:`~pipelines.tokenizer.EmptySampleError` (no
+    ``ConfigError`` (exit code 2) or an :class:`~pipelines.stages.tokenize.EmptySampleError` (no
     document reached the tokenizer, exit code 1)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """``False`` (drop) for a record carrying a :class:`shards.config.ConfigError` or an
-        :class:`~pipelines.tokenizer.EmptySampleError`."""
+        """``False`` (drop) for a record carrying a :class:`colaflow.config.ConfigError` or an
+        :class:`~pipelines.stages.tokenize.EmptySampleError`."""
         return not (record.exc_info and isinstance(record.exc_info[1], (ConfigError, EmptySampleError)))
 
 
@@ -164,7 +163,7 @@ def one_line(e: BaseException) -> str:
 def _failure(e: BaseException, args: argparse.Namespace) -> int:
     """Print the one-line error for an exception of :func:`pipelines.job.run`; return the exit code
     (2 usage, 1 runtime/data). Re-raises exceptions it does not know (a bug: keep the traceback)."""
-    if isinstance(e, (CorpusNotInstalled, OutputExistsError, InputError, ConfigError)):
+    if isinstance(e, (OutputExistsError, InputError, ConfigError)):
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     if isinstance(e, FileNotFoundError) and e.filename is None:  # nothing matches the glob

@@ -6,7 +6,7 @@
    stall fraction (seconds blocked in ``get`` / epoch seconds) with ``prefetch_shards=0`` vs
    ``--depth``. The server adds ``--latency-ms`` per request and caps each connection at
    ``--remote-mbps`` to stand in for a remote object store.
-3. Sample iteration, cold then warm epoch: colaflow (cache + prefetch + ``shards.reader.iter_raw``)
+3. Sample iteration, cold then warm epoch: colaflow (cache + prefetch + ``shards.io.reader.iter_raw``)
    vs ``webdataset.WebDataset(urls, cache_dir=...)`` (curl download into its cache dir).
 
 Run: ``.venv/bin/python benchmarks/bench_cache.py [--shards 16 --shard-mib 8 ...]``; prints ratios.
@@ -23,11 +23,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cache import CacheConfig, ShardCache  # noqa: E402
-from cache.http_server import Faults, serve_directory  # noqa: E402
-from shards.manifest import Manifest  # noqa: E402
-from shards.reader import iter_raw  # noqa: E402
-from shards.wording import help_text  # noqa: E402
-from shards.writer import ShardSequenceWriter  # noqa: E402
+from tests.support.http_server import Faults, serve_directory  # noqa: E402
+from shards.format.manifest import Manifest  # noqa: E402
+from shards.io.reader import iter_raw  # noqa: E402
+from colaflow.wording import help_text  # noqa: E402
+from shards.io.writer import ShardSequenceWriter  # noqa: E402
 
 MB = 1e6
 

@@ -3,7 +3,7 @@ dataset: colaflow's cache with prefetch (``--depth``) vs the same cache without 
 least any LRU cache must fetch), on the same shards over HTTP, in one run.
 
 Each epoch reads every shard once in a new shuffled order (like the loader's shard order), with
-the order handed to ``cache.prefetch``. Goal: prefetching fetches no more than not prefetching
+the order handed to ``ShardCache.prefetch``. Goal: prefetching fetches no more than not prefetching
 (ratio 1.00), i.e. 1.0x the dataset per epoch whenever the limit holds prefetch depth + 1 shards
 and the dataset does not fit, and nothing after the first epoch when it does.
 
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_cache import make_dataset  # noqa: E402
 
 from cache import CacheConfig, ShardCache  # noqa: E402
-from cache.http_server import serve_directory  # noqa: E402
+from tests.support.http_server import serve_directory  # noqa: E402
 
 FRACTIONS = (0.25, 0.5, 1.0, 2.0)
 

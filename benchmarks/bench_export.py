@@ -18,7 +18,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shards.wording import help_text  # noqa: E402
+from colaflow.wording import help_text  # noqa: E402
 from trainer.checkpointing import latest_checkpoint  # noqa: E402
 from trainer.export import ExportConfig, run_export  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Images/s: DALI (CPU operators) against a PIL + numpy augmentation loop, same images, same ops.
 
-Both decode the JPEGs of the bundled image set (:mod:`loaders.imageset`), take a random
+Both decode the JPEGs of the bundled image set (:mod:`examples.demo.imageset`), take a random
 resized crop (area 8-100 %, aspect 3/4-4/3) resized bilinearly to ``crop x crop``, flip
 horizontally with p = 0.5 and normalise to float32 CHW with the ImageNet mean/std. The
 baseline runs in this process with ``--threads`` threads (PIL releases the GIL while
@@ -32,8 +32,8 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loaders.dali import CROP_AREA, CROP_ASPECT, MEAN, STD, DaliImageLoader, cuda_device_count  # noqa: E402
-from loaders.imageset import build_image_shards  # noqa: E402
+from loaders.images.dali import CROP_AREA, CROP_ASPECT, MEAN, STD, DaliImageLoader, cuda_device_count  # noqa: E402
+from examples.demo.imageset import build_image_shards  # noqa: E402
 from shards import iter_raw  # noqa: E402
 
 MEAN_A = np.array(MEAN, dtype=np.float32).reshape(3, 1, 1)

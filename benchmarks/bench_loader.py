@@ -2,7 +2,7 @@
 
 Both read the same local shards (random token documents with a long-tailed, log-normal length
 distribution, one sample per document) with the same number of worker processes (colaflow's own
-:mod:`loaders.workers`; the baseline's DataLoader workers started with ``--start``), and
+:mod:`loaders.worker.pool`; the baseline's DataLoader workers started with ``--start``), and
 produce ``[B, seq_len]`` int64 ``input_ids`` and ``labels`` (-100 where no loss is taken):
 
 * colaflow: global sample-level order, exact resume state, best-fit-decreasing packing
@@ -37,9 +37,9 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from loaders.config import DataConfig  # noqa: E402
-from loaders.dataset import build_text_loader  # noqa: E402
+from loaders.rank.loader import build_text_loader  # noqa: E402
 from shards import Manifest, ShardSequenceWriter, encode_text_sample  # noqa: E402
-from shards.wording import help_text  # noqa: E402
+from colaflow.wording import help_text  # noqa: E402
 
 
 def write_shards(directory: str, n_docs: int, seed: int = 0) -> int:

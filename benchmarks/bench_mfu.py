@@ -3,11 +3,11 @@
 Model (GPT-2 small sizes): d_model 768, 12 layers, 12 heads, seq_len 1024, vocab 32000, tied
 embeddings, SwiGLU, RMSNorm; bf16 compute with fp32 master weights; wrapped as the trainer wraps it
 (``zero.stage``, default 3 = FSDP2 ``fully_shard`` at world size 1). Batches are synthetic packed
-rows (:func:`trainer.synthetic.synthetic_batch`, two 512-token documents per row). Each variant runs
+rows (:func:`trainer.evaluation.synthetic.synthetic_batch`, two 512-token documents per row). Each variant runs
 ``--warmup`` steps, then ``--steps`` timed optimizer steps between two ``torch.cuda.synchronize``.
 
-MFU = real tokens/s x :func:`trainer.observability.mfu.flops_per_token` (6N + 12 L H Q T, PaLM appendix B) /
-the GPU's bf16 peak (:func:`trainer.observability.mfu.peak_flops`, or ``--peak-flops``). Variants: ``fused``
+MFU = real tokens/s x :func:`trainer.metrics.mfu.flops_per_token` (6N + 12 L H Q T, PaLM appendix B) /
+the GPU's bf16 peak (:func:`trainer.metrics.mfu.peak_flops`, or ``--peak-flops``). Variants: ``fused``
 (``COLAFLOW_KERNELS=auto``: Triton RMSNorm and chunked linear cross-entropy) and ``eager``
 (``COLAFLOW_KERNELS=reference``: eager norms, full ``[N, V]`` logits); the ratio fused/eager is
 printed. ``--compile`` adds ``torch.compile`` per block to both.
@@ -29,12 +29,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from trainer import parallel  # noqa: E402
+from trainer.distributed import parallel  # noqa: E402
 from trainer.config import ModelConfig, OptimConfig, TrainConfig, ZeroConfig  # noqa: E402
 from trainer.kernels import ENV_VAR, triton_available  # noqa: E402
-from trainer.observability.mfu import flops_per_token, matmul_parameters, peak_flops  # noqa: E402
+from trainer.metrics.mfu import flops_per_token, matmul_parameters, peak_flops  # noqa: E402
 from trainer.model import count_parameters  # noqa: E402
-from trainer.synthetic import synthetic_batch  # noqa: E402
+from trainer.evaluation.synthetic import synthetic_batch  # noqa: E402
 from trainer.train import build_model, train_step  # noqa: E402
 
 GiB = 2 ** 30

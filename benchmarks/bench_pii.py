@@ -26,7 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pipelines.config import PIIConfig  # noqa: E402
-from pipelines.pii import find_pii  # noqa: E402
+from pipelines.stages.pii import find_pii  # noqa: E402
 
 ROOT = "/usr/share/doc/python3.11/html/_sources"
 LABELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pii_labels.json")

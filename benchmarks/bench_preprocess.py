@@ -32,23 +32,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import datatrove_baseline  # noqa: E402
 
-from pipelines.cleaning import clean_text, content_hash, length_reason, stable_bucket  # noqa: E402
+from pipelines.stages.clean import clean_text, content_hash, length_reason, stable_bucket  # noqa: E402
 from pipelines.config import PipelineConfig  # noqa: E402
-from pipelines.corpus import write_corpus  # noqa: E402
+from examples.demo.corpus import write_corpus  # noqa: E402
 from pipelines.job import run  # noqa: E402
-from pipelines.language import LanguageFilter  # noqa: E402
-from pipelines.neardup import band_keys, minhash_batch, similarity  # noqa: E402
-from pipelines.pii import redact  # noqa: E402
-from pipelines.quality import quality_reason  # noqa: E402
-from pipelines.reading import iter_units  # noqa: E402
+from pipelines.stages.language import LanguageFilter  # noqa: E402
+from pipelines.stages.near_dedup import band_keys, minhash_batch, similarity  # noqa: E402
+from pipelines.stages.pii import redact  # noqa: E402
+from pipelines.stages.quality import quality_reason  # noqa: E402
+from pipelines.io.reading import iter_units  # noqa: E402
 from pipelines.records import Doc, file_format, parse_unit  # noqa: E402
-from pipelines.sharding import encode_sample, encoded_size, num_buckets  # noqa: E402
-from pipelines.tokenizer import SmallestHashSample, load_processor, token_dtype, train_sentencepiece  # noqa: E402
+from pipelines.stages.write_shards import encode_sample, encoded_size, num_buckets  # noqa: E402
+from pipelines.stages.tokenize import SmallestHashSample, load_processor, token_dtype, train_sentencepiece  # noqa: E402
 from shards import Manifest, ShardInfo, TarShardWriter, shard_name  # noqa: E402
 
 
 def near_dedup(keepers: dict[str, Doc], cfg) -> dict[str, Doc]:
-    """MinHash-LSH as in :class:`pipelines.neardup.NearDedup`: drop a document when the smallest id of
+    """MinHash-LSH as in :class:`pipelines.stages.near_dedup.NearDedup`: drop a document when the smallest id of
     one of its band buckets is a different document with estimated Jaccard similarity >= threshold."""
     docs = list(keepers.items())
     sigs = {}

@@ -13,7 +13,7 @@ word statistics, hence cleaning and quality outcomes, stay close to the original
 started anew per run so each worker's peak RSS belongs to that run. ``dask`` keeps ``--workers``
 worker processes at every scale; ``dask-spill`` is the same with each worker's ``--memory-limit``
 (default ``SPILL_LIMIT``) and colaflow's spill settings
-(:func:`pipelines.local_engines.dask_spill_env`); ``dask-weak`` grows the cluster with the
+(:func:`tests.support.local_engines.dask_spill_env`); ``dask-weak`` grows the cluster with the
 corpus (``--workers`` times the scale), which shows whether memory per worker stays flat when
 each worker's share of the corpus does. A first run on a tiny
 corpus (``FIXED_FRACTION`` of the demo corpus, about 0.1 MB) measures each runner's fixed cost
@@ -41,9 +41,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipelines.corpus import write_corpus  # noqa: E402
-from pipelines.local_engines import SPILL_TARGET, child_env, peak_rss_bytes, start_dask  # noqa: E402
-from shards.wording import help_text  # noqa: E402
+from examples.demo.corpus import write_corpus  # noqa: E402
+from tests.support.local_engines import SPILL_TARGET, child_env, peak_rss_bytes, start_dask  # noqa: E402
+from colaflow.wording import help_text  # noqa: E402
 
 FIXED_FRACTION = 0.005  # of the demo corpus: the fixed-cost run's input (about 0.1 MB)
 SPILL_LIMIT = "250MB"  # dask-spill's per-worker --memory-limit: 25 MB of results kept in memory (SPILL_TARGET)
@@ -178,7 +178,7 @@ def _row(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the job on the fixed-cost corpus and at each scale and runner; print wall s, CPU s per
     MB (all and marginal), peak RSS per worker and the 1x→largest ratios."""
-    from pipelines.dask_runner import partition_count
+    from pipelines.runners.dask.runner import partition_count
 
     ap = argparse.ArgumentParser(description=help_text(" ".join(__doc__.split("\n\n")[0].split())),
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)

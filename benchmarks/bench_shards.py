@@ -24,9 +24,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shards import Manifest, ShardSequenceWriter, encode_text_sample, iter_raw, read_sample  # noqa: E402
-from shards.config import ConfigError, load_config  # noqa: E402
-from shards.index import build_shard_index, dali_index_path, write_dali_index, write_wids_index  # noqa: E402
-from shards.wording import help_text  # noqa: E402
+from colaflow.config import ConfigError, load_config  # noqa: E402
+from shards.io.index import build_shard_index, dali_index_path, write_dali_index, write_wids_index  # noqa: E402
+from colaflow.wording import help_text  # noqa: E402
 
 
 @dataclasses.dataclass

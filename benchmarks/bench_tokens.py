@@ -1,7 +1,7 @@
 """Token shards on disk and through the loader: colaflow token blocks vs LitData vs the flat floor.
 
 Corpora (real text, identical tokens in every layout): the demo corpus (Shakespeare paragraphs
-and KJV chapters from ``pipelines.corpus``, tokenised with a 4096-piece sentencepiece model
+and KJV chapters from ``examples.demo.corpus``, tokenised with a 4096-piece sentencepiece model
 trained on it) and a long-document corpus made by concatenating each source's documents, in
 order, to about 2,000 tokens.
 
@@ -38,9 +38,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loaders.bench import memmap_pass, run_pass  # noqa: E402
+from loaders.tools.bench import memmap_pass, run_pass  # noqa: E402
 from shards import Manifest, TokenBlockWriter  # noqa: E402
-from shards.cli import main as shards_cli  # noqa: E402
+from shards.tools.cli import main as shards_cli  # noqa: E402
 
 LONG_TOKENS = 2000
 
@@ -53,8 +53,8 @@ def demo_corpus(work: str) -> tuple[list[str], list[str], list[np.ndarray]]:
         lens = z["lengths"]
         return z["ids"].tolist(), z["sources"].tolist(), np.split(z["tokens"], np.cumsum(lens)[:-1])
     from pipelines.config import TokenizerConfig
-    from pipelines.corpus import kjv_records, shakespeare_records
-    from pipelines.tokenizer import load_processor, train_sentencepiece
+    from examples.demo.corpus import kjv_records, shakespeare_records
+    from pipelines.stages.tokenize import load_processor, train_sentencepiece
 
     records = [r for r in list(shakespeare_records()) + list(kjv_records()) if r["text"].strip()]
     sp = load_processor(train_sentencepiece([r["text"] for r in records[::2]], TokenizerConfig(vocab_size=4096)))
@@ -125,7 +125,7 @@ def litdata_pass(spec: dict) -> dict:
 
     from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 
-    from loaders.workers import peak_rss_mb
+    from loaders.worker.pool import peak_rss_mb
 
     # LitData decompresses a local zstd chunk beside it and deletes the compressed file: each pass
     # reads a copy (made before the clock starts), so every pass decompresses, as a first epoch does

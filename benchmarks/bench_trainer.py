@@ -5,7 +5,7 @@
 Every variant trains the same GPT on the same synthetic packed batches (several documents per row,
 padding at the end), so ratios compare the trainer alone. ZeRO stages run as 2 gloo processes with
 one thread each; "model states" are the bytes of parameters + gradients + Adam state one rank holds
-(measured as in tests/test_zero.py), "peak RSS" is the process's maximum resident set (torch itself
+(measured as in tests/unit/trainer/test_zero.py), "peak RSS" is the process's maximum resident set (torch itself
 takes a few hundred MiB of it). Step time is the MINIMUM over the timed steps after 2 warm-up steps (the
 machine's other load only ever adds time, so the minimum is the least noisy estimate).
 """
@@ -21,11 +21,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from trainer import parallel  # noqa: E402
+from trainer.distributed import parallel  # noqa: E402
 from trainer.config import ModelConfig, OptimConfig, TrainConfig, ZeroConfig  # noqa: E402
-from trainer.launch import run_local_workers  # noqa: E402
+from tests.support.launch import run_local_workers  # noqa: E402
 from trainer.model import GPT, count_parameters  # noqa: E402
-from trainer.synthetic import synthetic_batch  # noqa: E402
+from trainer.evaluation.synthetic import synthetic_batch  # noqa: E402
 from trainer.train import build_model, train_step  # noqa: E402
 
 MiB = 2 ** 20

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU check for a session that has a CUDA machine (about 6-8 minutes in all):
 #   1. environment: GPU, torch/CUDA/Triton/DALI versions
-#   2. pytest -m gpu (tests/test_kernels.py, tests/test_images.py: Triton parity + memory, DALI mixed decoder)
+#   2. pytest -m gpu (tests/unit/trainer/test_kernels.py, tests/unit/loaders/test_images.py: Triton parity + memory, DALI mixed decoder)
 #   3. benchmarks/bench_kernels.py --skip-cpu (Triton vs eager, Liger-like size)
 #   4. benchmarks/bench_mfu.py (125M GPT, bf16, FSDP2 at world size 1: MFU fused vs eager kernels)
 #   5. benchmarks/bench_images.py (DALI CPU vs PIL, plus the "DALI mixed/gpu" line)
@@ -66,7 +66,7 @@ for mod in ("triton", "nvidia.dali", "zstandard", "webdataset", "hypothesis", "a
         print(f"{mod} MISSING ({e})")
 EOF
 step "pytest -m gpu" 180 $PY -m pytest -m gpu -q -ra -p no:cacheprovider --continue-on-collection-errors \
-  tests/test_kernels.py tests/test_images.py
+  tests/unit/trainer/test_kernels.py tests/unit/loaders/test_images.py
 step "bench_kernels (CUDA)" 90 $PY benchmarks/bench_kernels.py --skip-cpu --iters 10
 step "bench_mfu" 120 $PY benchmarks/bench_mfu.py --steps 20
 step "bench_images (DALI GPU line)" 90 $PY benchmarks/bench_images.py --images 512 --rounds 2 --threads 4

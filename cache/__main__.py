@@ -1,5 +1,5 @@
-"""Entry point of ``python -m cache`` (see ``cache.cli``)."""
-from cache.cli import main
-from shards.errors import run_cli
+"""Entry point of ``python -m cache`` (see ``cache.tools.cli``)."""
+from cache.tools.cli import main
+from colaflow.errors import run_cli
 
 run_cli(main)

@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from shards.config import ConfigError, apply_overrides, from_dict
+from colaflow.config import ConfigError, apply_overrides, from_dict
 
 VERIFY_POLICIES = ("always", "first", "never")
 ENV_PREFIX = "COLAFLOW_CACHE_"
@@ -184,7 +184,7 @@ def load_cache_config(path: str | None = None, overrides: list[str] | None = Non
     """Load a ``CacheConfig`` from YAML (a whole colaflow config with a ``cache:`` section, or
     the section alone), then node, environment and ``key=value`` overrides, in that order.
 
-    Uses ``shards.config`` for parsing (``load_config`` semantics). Overrides may be written
+    Uses ``colaflow.config`` for parsing (``load_config`` semantics). Overrides may be written
     with or without the ``cache.`` prefix.
 
     Raises:

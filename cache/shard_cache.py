@@ -20,12 +20,12 @@ from typing import Iterable, Iterator
 
 from cache.config import CacheConfig
 from cache.errors import CacheReadOnlyError, ShardFetchError
-from cache.fetch import Downloader, FetchSpec, hash_file, remote_size
-from cache.locks import FileLock
+from cache.storage.fetch import Downloader, FetchSpec, hash_file, remote_size
+from cache.storage.locks import FileLock
 from cache.metrics import CacheMetrics
-from cache.prefetch import Prefetcher
-from cache.store import EntryMeta, Store, entry_key
-from shards.urls import split_query, url_name
+from cache.storage.prefetch import Prefetcher
+from cache.storage.store import EntryMeta, Store, entry_key
+from shards.format.urls import split_query, url_name
 
 log = logging.getLogger(__name__)
 

@@ -6,22 +6,22 @@ Text::
     from loaders import DataConfig, build_text_loader
     loader = build_text_loader(DataConfig(manifest="runs/demo/shards"), cache, rank, world_size)
     loader.set_epoch(epoch)
-    for batch in loader:          # loaders.batch.TokenBatch
+    for batch in loader:          # loaders.rank.batch.TokenBatch
         ...
     state = loader.global_state_dict()   # every rank calls it; save it with the checkpoint
     loader.load_state_dict(state)        # any world size / worker count
 
-A weighted mixture of datasets (``data.mixture``) gives a ``loaders.mixture.MixtureLoader`` with
-the same interface. See ``loaders.order`` (sample order and split), ``loaders.packing``, ``loaders.progress``
-(resume state), ``loaders.steps`` (equal step counts across ranks: ``data.step_policy``),
-``loaders.member_index`` (per-node shard member offsets) and ``python -m loaders keys --help``.
+A weighted mixture of datasets (``data.mixture``) gives a ``loaders.mixture.loader.MixtureLoader`` with
+the same interface. See ``loaders.order.sample_order`` (sample order and split), ``loaders.pack.object_packer``, ``loaders.order.progress``
+(resume state), ``loaders.rank.steps`` (equal step counts across ranks: ``data.step_policy``),
+``shards.access.member_index`` (per-node shard member offsets) and ``python -m loaders keys --help``.
 """
 import importlib
 
-# Imported on first use: loader worker processes import ``loaders.workers`` and must not pay for
-# torch, which ``loaders.dataset`` and ``loaders.batch`` import.
-_EXPORTS = {"DataConfig": ".config", "MixtureLoader": ".mixture", "TextLoader": ".dataset", "TokenBatch": ".batch",
-            "build_text_loader": ".build", "merge_states": ".progress"}
+# Imported on first use: loader worker processes import ``loaders.worker.pool`` and must not pay for
+# torch, which ``loaders.rank.loader`` and ``loaders.rank.batch`` import.
+_EXPORTS = {"DataConfig": ".config", "MixtureLoader": ".mixture.loader", "TextLoader": ".rank.loader",
+            "TokenBatch": ".rank.batch", "build_text_loader": ".rank.build", "merge_states": ".order.progress"}
 
 __all__ = sorted(_EXPORTS)
 

@@ -17,10 +17,10 @@ class DataConfig:
         manifest: URL or path of ``manifest.json`` (or its folder): local, ``http(s)://``, fsspec.
         mixture: train on a weighted mixture of datasets instead of ``manifest``: a list of
             sources ``{manifest, name, weight}`` or ``{manifest, name, epochs | max_tokens}``
-            (see :mod:`loaders.mixture`); empty = one dataset.
+            (see :mod:`loaders.mixture.loader`); empty = one dataset.
         seq_len: tokens per packed row (T); documents longer than this are split into chunks.
         micro_batch_size: rows per micro-batch (B) in ``packed`` mode.
-        num_workers: worker processes per rank (:mod:`loaders.workers`; 0 = load in the main
+        num_workers: worker processes per rank (:mod:`loaders.worker.pool`; 0 = load in the main
             process). A background thread prefetches batches either way.
         worker_start: ``fork`` (default: a worker starts in milliseconds with every module loaded;
             it runs numpy code only) or ``spawn`` (a fresh interpreter without torch, about 0.2 s,
@@ -34,7 +34,7 @@ class DataConfig:
             differ by at most one sample), ``drop`` (drop the last ones, reported) or ``pad``
             (repeat the first ones, reported).
         step_policy: how ranks end an epoch after the same number of steps (packing gives them
-            different batch counts; see :mod:`loaders.steps`): ``pad`` (default: ranks that ran out
+            different batch counts; see :mod:`loaders.rank.steps`): ``pad`` (default: ranks that ran out
             yield fully masked batches until all have; every sample read once), ``drop`` (all
             stop when one runs out; the others' rest is counted as dropped) or ``uneven``. Needs
             ``torch.distributed`` initialised when world size > 1 (one all-reduce per step);

@@ -1,13 +1,13 @@
 """Configuration of the preprocessing pipeline (``configs/pipeline.yaml``).
 
-Loaded with :func:`shards.config.load_config`; every default works on a laptop and
+Loaded with :func:`colaflow.config.load_config`; every default works on a laptop and
 on the demo corpus. Override from the command line, e.g. ``tokenizer.vocab_size=8192``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shards.config import ConfigError
+from colaflow.config import ConfigError
 
 # The values each enumerated knob accepts (``section.key`` → allowed values); checked up front by
 # :meth:`PipelineConfig.validate`, since a typo would otherwise fall through to a default branch.
@@ -276,7 +276,7 @@ class ShardsConfig:
 
 @dataclass
 class SplitConfig:
-    """Held-out validation split (see :mod:`pipelines.splits`).
+    """Held-out validation split (see :mod:`pipelines.stages.split`).
 
     Attributes:
         val_fraction: fraction of kept documents, chosen by content hash (stable across reruns
@@ -304,7 +304,7 @@ class PipelineConfig:
         """Check every enumerated knob (:data:`CHOICES`) and numeric range (:data:`RANGES`) before a run.
 
         Raises:
-            shards.config.ConfigError: (a ``ValueError``) one line naming the key, the bad value and
+            colaflow.config.ConfigError: (a ``ValueError``) one line naming the key, the bad value and
                 the allowed values, e.g. ``input.unknown_files='eror': use one of skip, error, text``.
         """
         for key, allowed in CHOICES.items():

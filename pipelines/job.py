@@ -11,10 +11,10 @@ for the stages)::
       → [Split by content hash ──val──▶ the same shard writing into OUT/val/]
       → Encode → bucket = sha256(key) mod N → GroupByKey → write bucket tars
       → Finalize (single element): rename shards, indexes, manifest.json, tokenizer.model, stats.json
-    then, on the driver: report.txt + report.png (:mod:`pipelines.report`)
+    then, on the driver: report.txt + report.png (:mod:`pipelines.accounting.report`)
 
 Every stage also emits ``((source, event), n)`` records that are summed into ``stats.json``.
-An output folder holding an earlier run is refused unless ``overwrite`` (:mod:`pipelines.output`),
+An output folder holding an earlier run is refused unless ``overwrite`` (:mod:`pipelines.io.output`),
 which keeps the earlier run aside until the new one succeeds; a run that fails or is interrupted
 removes what it wrote and puts the earlier run back as it was.
 """
@@ -35,24 +35,24 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.direct.direct_runner import DirectRunner
 from apache_beam.runners.runner import PipelineRunner, PipelineState
 
-from shards.config import ConfigError
-from shards.wording import count, plural
+from colaflow.config import ConfigError
+from colaflow.wording import count, plural
 
-from .config import PipelineConfig
-from .neardup import NearDedup
-from .output import (DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, abort_output, finish_output, prepare_output,
+from pipelines.config import PipelineConfig
+from pipelines.stages.near_dedup import NearDedup
+from pipelines.io.output import (DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, abort_output, finish_output, prepare_output,
                      refuse_inputs_in_artifacts)
-from .read_summary import summarize
-from .records import DUPLICATES, file_format
-from .report import write_report
-from .sharding import WriteShards, finalize
-from .splits import VAL, VAL_DIR, SplitBatchFn, val_shard_config
-from .stats import EVENTS, NAMESPACE
-from .tokenizer import NoRecordsError, TokenizeFn, build_model
-from .transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, UniqueIds, key_by_hash
+from pipelines.accounting.read_summary import summarize
+from pipelines.records import DUPLICATES, file_format
+from pipelines.accounting.report import write_report
+from pipelines.stages.write_shards import WriteShards, finalize
+from pipelines.stages.split import VAL, VAL_DIR, SplitBatchFn, val_shard_config
+from pipelines.accounting.stats import EVENTS, NAMESPACE
+from pipelines.stages.tokenize import NoRecordsError, TokenizeFn, build_model
+from pipelines.stages.transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, UniqueIds, key_by_hash
 
 
-# Beam's own DaskRunner mistranslates the job (pipelines/dask_runner.py); these names get ours
+# Beam's own DaskRunner mistranslates the job (pipelines/runners/dask/runner.py); these names get ours
 DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner")
 # what docs/cluster.md shows the job running on; other Beam runners are refused (a dotted class path is not)
 SUPPORTED_RUNNERS = ("DirectRunner", "DaskRunner", "PortableRunner", "PrismRunner", "FlinkRunner", "SparkRunner",
@@ -73,7 +73,7 @@ def beam_options(beam_args: list[str]) -> PipelineOptions:
     chosen, and refused with a hint to choose it otherwise.
 
     Raises:
-        shards.config.ConfigError: an unknown flag; the message names it and the closest known option,
+        colaflow.config.ConfigError: an unknown flag; the message names it and the closest known option,
             or says that a Dask option needs ``--runner=DaskRunner``. Or a ``--runner`` colaflow does not
             run on (:func:`check_runner`).
     """
@@ -81,7 +81,7 @@ def beam_options(beam_args: list[str]) -> PipelineOptions:
     standard = options.view_as(StandardOptions)
     standard.runner = check_runner(standard.runner)
     if standard.runner == "DaskRunner":
-        from .dask_runner import ColaflowDaskRunner  # noqa: F401 - declares the DaskOptions
+        from pipelines.runners.dask.runner import ColaflowDaskRunner  # noqa: F401 - declares the DaskOptions
     given = {a[2:].split("=", 1)[0] for a in beam_args if a.startswith("--")}
     dask_only = sorted(given & _dask_flags()) if given and standard.runner != "DaskRunner" else []
     if dask_only:  # declared once the Dask runner was imported in this process, yet meaningless here
@@ -124,7 +124,7 @@ def check_runner(name: str | None) -> str | None:
     subclass, so colaflow's own runner setup applies).
 
     Raises:
-        shards.config.ConfigError: an unknown name (the message lists :data:`SUPPORTED_RUNNERS` and the
+        colaflow.config.ConfigError: an unknown name (the message lists :data:`SUPPORTED_RUNNERS` and the
             closest of them, by ``difflib``), a Beam runner colaflow does not support (by name or
             dotted path), or a dotted path
             that does not import or is not a ``PipelineRunner`` class.
@@ -327,30 +327,30 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         beam_args: Beam pipeline options, e.g. ``["--direct_running_mode=multi_processing",
             "--direct_num_workers=2"]``; default runner is the DirectRunner.
         overwrite: replace an earlier run in ``output_dir`` instead of refusing.
-        report: write ``report.txt`` and ``report.png`` (:mod:`pipelines.report`) at the end.
+        report: write ``report.txt`` and ``report.png`` (:mod:`pipelines.accounting.report`) at the end.
     Returns:
-        the stats dict (see :func:`pipelines.stats.aggregate`) plus ``seconds`` (wall time) and
+        the stats dict (see :func:`pipelines.accounting.stats.aggregate`) plus ``seconds`` (wall time) and
         ``metrics`` (Beam counters, see :func:`counters`).
     Raises:
-        shards.config.ConfigError: a bad config value (:meth:`PipelineConfig.validate`), an unknown
+        colaflow.config.ConfigError: a bad config value (:meth:`PipelineConfig.validate`), an unknown
             Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
         FileNotFoundError: no file matches ``input_glob``.
         InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
             empty (see :func:`match_input`), or no record was read from them (no Parquet rows, only
             blank lines or whitespace, or nothing once decompressed: :func:`no_records_error`).
-        pipelines.output.OutputExistsError: ``output_dir`` holds an earlier run and not ``overwrite``,
+        pipelines.io.output.OutputExistsError: ``output_dir`` holds an earlier run and not ``overwrite``,
             or with ``overwrite`` an input file or the tokenizer lies inside that earlier run
-            (:func:`pipelines.output.refuse_inputs_in_artifacts`).
-        pipelines.output.OutputNotWritableError: ``output_dir`` cannot be written.
+            (:func:`pipelines.io.output.refuse_inputs_in_artifacts`).
+        pipelines.io.output.OutputNotWritableError: ``output_dir`` cannot be written.
         ValueError / RuntimeError: the tokenizer cannot be trained (e.g. nothing survived cleaning),
             no document was kept with a given tokenizer (``EmptySampleError``, raised by
-            :func:`pipelines.sharding.finalize` before it commits anything), or the pipeline did
+            :func:`pipelines.stages.write_shards.finalize` before it commits anything), or the pipeline did
             not finish.
         KeyboardInterrupt: re-raised after the output folder is cleaned.
     With ``overwrite``, the earlier run is moved into ``output_dir/.previous-run/`` and deleted
-    only once this run succeeded (:func:`pipelines.output.finish_output`). On any error after the
+    only once this run succeeded (:func:`pipelines.io.output.finish_output`). On any error after the
     output folder was prepared, the artifacts this run wrote are removed first and the earlier run
-    is moved back as it was (:func:`pipelines.output.abort_output`), so a rerun needs no more
+    is moved back as it was (:func:`pipelines.io.output.abort_output`), so a rerun needs no more
     ``overwrite`` than this one; so is the local ``output_dir`` itself when this run created it
     and it is left empty.
     """
@@ -377,7 +377,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         runner = DirectRunner()
         runner.is_interactive()
     elif options.view_as(StandardOptions).runner == "DaskRunner":  # normalised by beam_options
-        from .dask_runner import ColaflowDaskRunner  # dask is optional (colaflow[dask])
+        from pipelines.runners.dask.runner import ColaflowDaskRunner  # dask is optional (colaflow[dask])
         runner = ColaflowDaskRunner(total_bytes)
     print(f"reading {count(len(matched), 'file')}, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
     start = time.perf_counter()

@@ -6,7 +6,7 @@ Small explicit types pass between the pipeline stages:
 * :class:`DeadLetter` — an input unit that could not become a document, with file, line,
   byte offset, reason and a short excerpt, written to ``OUT/dead_letter/``.
 
-Reading files into units lives in :mod:`pipelines.reading`.
+Reading files into units lives in :mod:`pipelines.io.reading`.
 
 Parsing never raises on bad input: every unit becomes exactly one ``Doc`` or ``DeadLetter``.
 
@@ -23,7 +23,7 @@ import os
 import re
 from typing import NamedTuple, Union
 
-from .config import InputConfig
+from pipelines.config import InputConfig
 
 RAW_EXCERPT_BYTES = 200
 UNREADABLE = "unreadable"  # unit format of a read error: the unit's bytes are the error message
@@ -204,7 +204,7 @@ def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: in
     missing source becomes the file stem. Text units (paragraphs) get the position id. Parquet
     units carry ``(text, id, source)`` values (``raw`` is that tuple; the row is the line).
     Units of format ``unreadable`` (a read error) and ``too_large`` (``size`` bytes, longer than
-    ``cfg.max_record_bytes``; ``raw`` is its head) become dead letters; see :mod:`pipelines.reading`.
+    ``cfg.max_record_bytes``; ``raw`` is its head) become dead letters; see :mod:`pipelines.io.reading`.
     A lone surrogate in the text, id or source makes a ``lone_surrogate`` dead letter.
     """
     stem = file_stem(path)

@@ -1,5 +1,5 @@
-"""Entry point of ``python -m shards`` (see :mod:`shards.cli`)."""
-from .cli import main
-from .errors import run_cli
+"""Entry point of ``python -m shards`` (see :mod:`shards.tools.cli`)."""
+from shards.tools.cli import main
+from colaflow.errors import run_cli
 
 run_cli(main)

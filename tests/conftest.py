@@ -16,8 +16,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from cache.http_server import serve_directory
-from trainer.parallel import free_port
+from tests.support.http_server import serve_directory
+from trainer.distributed.parallel import free_port
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def http_server(tmp_path):
 
     Yields ``(server, base_url, root)``: put files under ``root`` (a ``pathlib.Path``) and fetch
     ``f"{base_url}/{name}"``. ``server.gets(name)`` lists served GETs; ``server.faults`` scripts
-    misbehaviour (see ``cache.http_server.Faults``).
+    misbehaviour (see ``tests.support.http_server.Faults``).
     """
     root = tmp_path / "served"
     root.mkdir()

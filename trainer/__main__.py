@@ -23,8 +23,8 @@ import argparse
 import os
 import sys
 
-from shards.errors import INTERRUPTED, USAGE, exit_status, explain
-from shards.wording import help_text
+from colaflow.errors import INTERRUPTED, USAGE, exit_status, explain
+from colaflow.wording import help_text
 
 
 def _is_rank0() -> bool:
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(args):
     """The validated config; raises ``ValueError`` (``ConfigError`` is one) or ``FileNotFoundError``."""
-    from shards.config import load_config
+    from colaflow.config import load_config
     from trainer.config import TrainConfig
     cfg = load_config(TrainConfig, args.config, args.overrides)
     cfg.validate()
@@ -63,7 +63,7 @@ def _interrupted(cfg) -> str:
     if cfg is None:
         return "interrupted"
     from trainer.checkpointing.layout import latest_checkpoint
-    from trainer.run_folder import checkpoint_root
+    from trainer.run.folder import checkpoint_root
     root = checkpoint_root(cfg)
     try:
         last = latest_checkpoint(root)
@@ -81,15 +81,15 @@ def _dry_run(cfg) -> int:
 
     Raises:
         trainer.checkpointing.verify.CheckpointVerifyError: the checkpoint to resume from is damaged.
-        shards.config.ConfigError: the cache cannot hold a shard, or ``eval.manifest`` is missing
-            (:func:`trainer.announce.check_runnable`).
+        colaflow.config.ConfigError: the cache cannot hold a shard, or ``eval.manifest`` is missing
+            (:func:`trainer.run.announce.check_runnable`).
     """
     import torch
 
-    from trainer.announce import check_runnable, data_summary, start_line
+    from trainer.run.announce import check_runnable, data_summary, start_line
     from trainer.checkpointing import read_meta
     from trainer.checkpointing.verify import check_stored
-    from trainer.run_folder import plan_run
+    from trainer.run.folder import plan_run
     from trainer.train import resolve_vocab_size
     resolve_vocab_size(cfg)
     plan = plan_run(cfg)
@@ -118,7 +118,7 @@ def _train(argv: list[str]) -> int:
         if args.dry_run:
             return _dry_run(cfg)
         if args.nproc_per_node:
-            from trainer.launch import launch_standalone
+            from trainer.distributed.launch import launch_standalone
             return launch_standalone(args.nproc_per_node, (["--config", args.config] if args.config else [])
                                      + args.overrides)
         from trainer.train import train
@@ -163,7 +163,7 @@ def _verify(argv: list[str]) -> int:
 
 
 def _export(argv: list[str]) -> int:
-    from shards.config import ConfigError, load_config
+    from colaflow.config import ConfigError, load_config
     from trainer.export import ExportConfig, run_export
     parser = argparse.ArgumentParser(
         prog="python -m trainer export",
@@ -218,12 +218,12 @@ def _export(argv: list[str]) -> int:
 
 
 def _report(argv: list[str]) -> int:
-    from trainer.observability.report import main as report_main
+    from trainer.report.render import main as report_main
     return report_main(argv, prog="python -m trainer report")
 
 
 def _replay(argv: list[str]) -> int:
-    from trainer.observability.replay import main as replay_main
+    from trainer.debug.replay import main as replay_main
     return replay_main(argv)
 
 
@@ -238,5 +238,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from shards.errors import run_cli
+    from colaflow.errors import run_cli
     run_cli(main)

@@ -1,4 +1,4 @@
-"""Trainer configuration: the top-level ``TrainConfig`` read from YAML by ``shards.config.load_config``.
+"""Trainer configuration: the top-level ``TrainConfig`` read from YAML by ``colaflow.config.load_config``.
 
 Every section is a dataclass with defaults that run on a laptop CPU; a YAML file fills some fields
 and ``key=value`` overrides on the command line fill others (``optim.lr=1e-3 zero.stage=3``).
@@ -107,7 +107,7 @@ class CheckpointConfig:
         save_at_end: save after the last step.
         resume: checkpoint folder to resume from, or ``latest``/``""``: the newest finished one
             under ``dir`` when there is one (a run folder with earlier output but no compatible
-            checkpoint is refused; see :mod:`trainer.run_folder`).
+            checkpoint is refused; see :mod:`trainer.run.folder`).
         overwrite: remove an earlier run's checkpoints, metrics and summary in ``run_dir`` and
             start at step 0 instead of resuming or refusing.
     """
@@ -125,7 +125,7 @@ class CheckpointConfig:
 @dataclass
 class AnomalyConfig:
     """Bad-step handling: non-finite loss/gradients and loss spikes skip the step; repeated bad
-    steps roll back to the last good checkpoint with a lower learning rate (see :mod:`trainer.anomaly`).
+    steps roll back to the last good checkpoint with a lower learning rate (see :mod:`trainer.run.anomaly`).
 
     Attributes:
         enabled: check every step (one 3-value all-reduce and one host read per step).
@@ -162,8 +162,8 @@ class AnomalyConfig:
 
 @dataclass
 class MetricsConfig:
-    """Logging settings (rank 0 writes; see :mod:`trainer.observability.metrics` and
-    :mod:`trainer.observability.meter`).
+    """Logging settings (rank 0 writes; see :mod:`trainer.metrics.sinks` and
+    :mod:`trainer.metrics.meter`).
 
     Attributes:
         jsonl: metrics file name inside ``run_dir`` (one JSON object per logged step).
@@ -174,11 +174,11 @@ class MetricsConfig:
         prometheus_linger_s: keep serving the final values this many seconds after the run ends,
             so a scraper whose ``scrape_interval`` is shorter collects them (0 = stop at once).
         peak_flops: peak FLOP/s of one device for MFU (0 = the bf16 data-sheet figure of a known
-            GPU; on CPU MFU is then not reported). See :mod:`trainer.observability.mfu` for the FLOPs formula.
+            GPU; on CPU MFU is then not reported). See :mod:`trainer.metrics.mfu` for the FLOPs formula.
         layer_stats: transformer blocks with per-layer statistics (gradient norm, update-to-weight
-            ratio, activation RMS/max; :mod:`trainer.observability.model_stats`), measured only on
+            ratio, activation RMS/max; :mod:`trainer.metrics.model_stats`), measured only on
             logged steps: 0 = off, -1 = every block, N = N blocks spread from first to last.
-        hardware: add hardware metrics (:mod:`trainer.observability.hardware`: NVML on a GPU, RSS
+        hardware: add hardware metrics (:mod:`trainer.metrics.hardware`: NVML on a GPU, RSS
             and CUDA allocator bytes otherwise) to each record.
     """
 
@@ -195,7 +195,7 @@ class MetricsConfig:
 
 @dataclass
 class ProfileConfig:
-    """A ``torch.profiler`` trace of a window of steps (:mod:`trainer.observability.profiling`).
+    """A ``torch.profiler`` trace of a window of steps (:mod:`trainer.metrics.profiling`).
 
     Attributes:
         enabled: record a trace.

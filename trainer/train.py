@@ -7,11 +7,11 @@ step's token count is all-reduced first, then each micro-batch backpropagates
 ``world_size``). This weights every token equally however documents fall into rows, micro-batches
 and ranks. The loop never syncs the host with the device except every ``log_every`` steps (and at
 step 1): metrics accumulate in device tensors — and once per step for the anomaly guard
-(``anomaly.enabled``, :mod:`trainer.anomaly`), which must know on the host whether to skip
+(``anomaly.enabled``, :mod:`trainer.run.anomaly`), which must know on the host whether to skip
 ``optimizer.step()``. Validation loss (:mod:`trainer.evaluation`) runs every ``eval.every``
 steps and after the last one, with its own single host read. Checkpoints
 (:mod:`trainer.checkpointing`) are verified before they become visible; a run resumes
-(:mod:`trainer.run_folder`: automatically from the newest compatible checkpoint in its
+(:mod:`trainer.run.folder`: automatically from the newest compatible checkpoint in its
 ``run_dir``, or from ``checkpoint.resume``) with its model, optimizer, RNG, loader and
 learning-rate scale.
 """
@@ -26,24 +26,24 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from loaders.batch import TokenBatch
+from loaders.rank.batch import TokenBatch
 from trainer import checkpointing as ckpt
-from trainer.announce import data_summary, start_line
-from trainer.anomaly import AnomalyGuard, injected
+from trainer.run.announce import data_summary, start_line
+from trainer.run.anomaly import AnomalyGuard, injected
 from trainer.evaluation import Evaluation, evaluation_summary, maybe_evaluate
-from trainer import parallel
+from trainer.distributed import parallel
 from trainer.config import TrainConfig
-from trainer.observability.hardware import HardwareMonitor
-from trainer.observability.meter import IntervalMeter
-from trainer.observability.metrics import MetricsLogger
-from trainer.observability.sources import source_fields
-from trainer.observability.mfu import flops_per_token, matmul_parameters, peak_flops
-from trainer.observability.model_stats import LayerStats
+from trainer.metrics.hardware import HardwareMonitor
+from trainer.metrics.meter import IntervalMeter
+from trainer.metrics.sinks import MetricsLogger
+from trainer.metrics.sources import source_fields
+from trainer.metrics.mfu import flops_per_token, matmul_parameters, peak_flops
+from trainer.metrics.model_stats import LayerStats
 from trainer.model import GPT, count_parameters
-from trainer.run_folder import checkpoint_root, prepare_run
+from trainer.run.folder import checkpoint_root, prepare_run
 from trainer.optim import clip_grad_norm, lr_at, set_lr
-from trainer.observability.profiling import StepProfiler
-from shards.config import to_dict
+from trainer.metrics.profiling import StepProfiler
+from colaflow.config import to_dict
 
 
 def build_data(cfg: TrainConfig, info: parallel.DistInfo):
@@ -61,7 +61,7 @@ def resolve_vocab_size(cfg: TrainConfig) -> None:
     Raises:
         ValueError: no vocabulary size anywhere, or ``model.vocab_size`` below the manifest's.
     """
-    from shards.manifest import Manifest
+    from shards.format.manifest import Manifest
     url = cfg.data.mixture[0].get("manifest", "") if cfg.data.mixture else cfg.data.manifest  # sources share one
     vocab = Manifest.load(url).vocab_size
     if cfg.model.vocab_size == 0:
@@ -116,9 +116,9 @@ def forward_backward(model, batches: list[TokenBatch], info: parallel.DistInfo, 
 
     Returns device tensors ``(loss_sum, local_tokens)``: this rank's summed loss (nats) and its
     real-token count. One all-reduce of the token count (``timer`` mark ``comm``); no host sync.
-    ``inject`` (test hook of :class:`trainer.anomaly.AnomalyGuard`) multiplies the first
+    ``inject`` (test hook of :class:`trainer.run.anomaly.AnomalyGuard`) multiplies the first
     micro-batch's loss, or the output of module ``anomaly.inject_layer``
-    (:func:`trainer.anomaly.injected`).
+    (:func:`trainer.run.anomaly.injected`).
     """
     local_tokens = sum((b.labels != -100).sum() for b in batches).to(info.device)
     global_tokens = local_tokens.clone()
@@ -141,7 +141,7 @@ def train_step(model, optimizer, batches: list[TokenBatch], info: parallel.DistI
                timer=None, guard: AnomalyGuard | None = None, step: int = 0, stats: LayerStats | None = None):
     """:func:`forward_backward`, clip, optimizer step. Returns device tensors
     ``(loss_sum, local_tokens, grad_norm)`` (pre-clip global gradient norm). No host sync.
-    ``timer`` (a :class:`trainer.observability.timing.StepTimer`) gets marks ``comm``,
+    ``timer`` (a :class:`trainer.metrics.timing.StepTimer`) gets marks ``comm``,
     ``forward_backward``, ``comm`` (clipping and the guard) and ``optimizer``.
     With a ``guard`` the step (``step``: 1-based number) is checked first and skipped when bad
     (``guard.applied`` says which; this costs one small all-reduce and one host read).
@@ -257,11 +257,11 @@ def resume(run: Run, path: str) -> None:
 
 def start_run(cfg: TrainConfig) -> Run:
     """Validate ``cfg``, join the process group, build data, model, optimizer, checkpointer and
-    metric sinks; resume, refuse or overwrite per :func:`trainer.run_folder.plan_run`, and print
-    the run's start line (:mod:`trainer.announce`).
+    metric sinks; resume, refuse or overwrite per :func:`trainer.run.folder.plan_run`, and print
+    the run's start line (:mod:`trainer.run.announce`).
 
     Raises:
-        trainer.run_folder.RunFolderError: ``run_dir`` holds a run this config must not continue.
+        trainer.run.folder.RunFolderError: ``run_dir`` holds a run this config must not continue.
     """
     cfg.validate()
     info = parallel.init_distributed(cfg.device)

@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from trainer.checkpointing.layout import COMPLETE, exists, open_file, read_meta, storage_reader
 from trainer.checkpointing.state import load_full_state
-from trainer.synthetic import synthetic_batch
+from trainer.evaluation.synthetic import synthetic_batch
 
 _WORD = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _MOD = 65521
@@ -238,7 +238,7 @@ def reference_loss(model, batch, device: torch.device, precision: str = "fp32", 
     """
     from torch.distributed.fsdp import FSDPModule
 
-    from trainer import parallel
+    from trainer.distributed import parallel
     with torch.no_grad(), parallel.autocast(device, precision, stage):
         loss = model(*(x.to(device) for x in (batch.input_ids, batch.position_ids, batch.document_ids,
                                               batch.labels)))
@@ -311,7 +311,7 @@ def verify_offline(path: str, config_path: str | None = None) -> list[str]:
     ``meta.json``, run the fixed batch through an unsharded model built from the saved config
     (or ``config_path``) and compare its loss. Returns the problems found (empty = passed).
     """
-    from shards.config import load_config
+    from colaflow.config import load_config
     from trainer.config import TrainConfig
     from trainer.model import GPT
     problems = []

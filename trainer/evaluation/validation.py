@@ -1,7 +1,7 @@
 """Validation loss and perplexity over a fixed set of held-out batches, on every rank.
 
 The validation data is the ``val`` split that preprocessing lists in the training manifest
-(``split.val_fraction``; :mod:`pipelines.splits`), or any manifest named by ``eval.manifest``. It is
+(``split.val_fraction``; :mod:`pipelines.stages.split`), or any manifest named by ``eval.manifest``. It is
 read through the public loader (:func:`loaders.build_text_loader`, in order, no shuffle), rewound to
 its first batch before each evaluation, so every evaluation sees the same tokens: each rank reads
 ``ceil(eval.tokens / (world_size x rows x seq_len))`` micro-batches (fewer when the split is
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from trainer import parallel
+from trainer.distributed import parallel
 from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def resolve_val_manifest(data_manifest: str, eval_manifest: str = "") -> str | N
     Raises:
         FileNotFoundError / ValueError: a manifest is missing or is not a manifest.
     """
-    from shards.manifest import Manifest, split_manifest_url
+    from shards.format.manifest import Manifest, split_manifest_url
     if eval_manifest:
         Manifest.load(eval_manifest)  # fail now, with the manifest's own message
         return eval_manifest

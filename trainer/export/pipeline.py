@@ -86,7 +86,7 @@ def load_model(checkpoint: str):
     Raises:
         FileNotFoundError / ValueError: not a readable colaflow checkpoint.
     """
-    from shards.config import load_config, to_dict
+    from colaflow.config import load_config, to_dict
     from trainer.checkpointing import load_full_state
     from trainer.config import TrainConfig
     from trainer.model import GPT
@@ -102,7 +102,7 @@ def load_model(checkpoint: str):
 def resolve_validation(data: str) -> tuple[str, bool]:
     """``(manifest URL, held_out)``: the ``val`` split of the dataset at ``data`` when it lists one,
     else ``data`` itself (not held out)."""
-    from shards.manifest import Manifest, split_manifest_url
+    from shards.format.manifest import Manifest, split_manifest_url
     manifest = Manifest.load(data)
     if "val" in manifest.splits:
         return split_manifest_url(data, manifest, "val"), True
@@ -113,7 +113,7 @@ def resolve_validation(data: str) -> tuple[str, bool]:
 def check_vocab(manifest_url: str, vocab_size: int) -> None:
     """Raise ``ValueError`` when the data's vocabulary does not fit a model of ``vocab_size`` tokens
     (validation data of another dataset)."""
-    from shards.manifest import Manifest
+    from shards.format.manifest import Manifest
     data_vocab = Manifest.load(manifest_url).vocab_size
     if data_vocab > vocab_size:
         raise ValueError(f"{manifest_url}: vocabulary of {data_vocab} tokens does not fit the model's {vocab_size}; "
@@ -122,7 +122,7 @@ def check_vocab(manifest_url: str, vocab_size: int) -> None:
 
 def synthetic_batches(vocab: int, seq_len: int, rows: int) -> list[ValidationBatch]:
     """Random-token rows (seed 0), for a parity check when no validation data can be reached."""
-    from trainer.synthetic import synthetic_batch
+    from trainer.evaluation.synthetic import synthetic_batch
     b = synthetic_batch([[seq_len // 2, seq_len - seq_len // 2]] * rows, seq_len, vocab=vocab, seed=0)
     return [ValidationBatch(*(t.numpy().astype(np.int64) for t in
                               (b.input_ids, b.position_ids, b.document_ids, b.labels)))]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import BACKENDS, ENV_VAR, resolve_backend, triton_available
-from .linear_ce import (REDUCTIONS, LinearCrossEntropyFunction, reduce_loss, run_chunks,
+from trainer.kernels.dispatch import BACKENDS, ENV_VAR, resolve_backend, triton_available
+from trainer.kernels.linear_ce import (REDUCTIONS, LinearCrossEntropyFunction, reduce_loss, run_chunks,
                         torch_ce_chunk)
-from .reference import (NORM_EPS, check_norm_params, layer_norm_reference, linear_cross_entropy_reference,
+from trainer.kernels.reference import (NORM_EPS, check_norm_params, layer_norm_reference, linear_cross_entropy_reference,
                         rms_norm_reference)
 
 __all__ = ["BACKENDS", "ENV_VAR", "NORM_EPS", "layer_norm", "linear_cross_entropy", "rms_norm",
@@ -44,7 +44,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = NORM_EPS,
     """
     check_norm_params(x, weight, None)
     if resolve_backend(backend, x, _norm_triton_ok(x)) == "triton":
-        from .norm_triton import rms_norm_triton
+        from trainer.kernels.norm_triton import rms_norm_triton
         return rms_norm_triton(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
 
@@ -67,7 +67,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """
     check_norm_params(x, weight, bias)
     if resolve_backend(backend, x, _norm_triton_ok(x)) == "triton":
-        from .norm_triton import layer_norm_triton
+        from trainer.kernels.norm_triton import layer_norm_triton
         return layer_norm_triton(x, weight, bias, eps)
     return layer_norm_reference(x, weight, bias, eps)
 
@@ -133,7 +133,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     if name == "reference":
         return linear_cross_entropy_reference(hidden, weight, labels, ignore_index, reduction)
     if name == "triton":
-        from .ce_triton import ce_chunk_triton
+        from trainer.kernels.ce_triton import ce_chunk_triton
         chunk_fn = ce_chunk_triton
     else:
         chunk_fn = torch_ce_chunk

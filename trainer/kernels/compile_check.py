@@ -16,9 +16,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from shards.wording import help_text
+from colaflow.wording import help_text
 
-from . import ce_triton, norm_triton
+from trainer.kernels import ce_triton, norm_triton
 
 
 def _norm_variants(dt: str):

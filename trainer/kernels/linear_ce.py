@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .reference import acc_dtype
+from trainer.kernels.reference import acc_dtype
 
 ChunkFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", int], torch.Tensor]
 REDUCTIONS = ("sum", "mean", "none")

@@ -1,7 +1,7 @@
 """Train the small image classifier (:class:`trainer.vision.model.TinyCNN`) on image shards through DALI.
 
 The image path end to end in one process: cached image shards (``KEY.jpg`` + ``KEY.cls``, as
-written by ``python -m loaders.imageset``) → :class:`loaders.dali.DaliImageLoader` (decode, random
+written by ``python -m examples.demo.imageset``) → :class:`loaders.images.dali.DaliImageLoader` (decode, random
 resized crop, flip, normalise; CPU operators without CUDA, nvJPEG + GPU operators on GPU 0 when
 CUDA is present) → ``TinyCNN`` → AdamW. Each step's mean cross entropy and batch accuracy are
 printed and, with ``--metrics FILE``, appended as JSON lines. Logging reads the loss on the host
@@ -9,7 +9,7 @@ every ``log_every`` steps only.
 
 CLI::
 
-    python -m loaders.imageset --out runs/images
+    python -m examples.demo.imageset --out runs/images
     python -m trainer.vision.train --shards runs/images --steps 30
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from loaders.dali import DaliImageLoader
-from shards.wording import help_text
+from loaders.images.dali import DaliImageLoader
+from colaflow.wording import help_text
 from trainer.vision.model import TinyCNN
 
 
@@ -63,12 +63,12 @@ def num_classes(shards: str) -> int:
     """Class count from ``classes.txt`` in the shard folder (one name per line).
 
     Raises:
-        FileNotFoundError: no ``classes.txt``; build the shards with ``python -m loaders.imageset``.
+        FileNotFoundError: no ``classes.txt``; build the shards with ``python -m examples.demo.imageset``.
     """
     path = os.path.join(shards, "classes.txt")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} is missing: image shards need a classes.txt beside manifest.json "
-                                "(python -m loaders.imageset --out DIR writes one)")
+                                "(python -m examples.demo.imageset --out DIR writes one)")
     with open(path, encoding="utf-8") as f:
         return sum(1 for line in f if line.strip())
 

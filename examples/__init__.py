@@ -1,0 +1,1 @@
+"""Examples and the demo; not part of the installed product."""

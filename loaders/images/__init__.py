@@ -1,0 +1,1 @@
+"""The image path: DALI pipelines over image shards and their checked indexes."""

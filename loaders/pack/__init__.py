@@ -1,0 +1,1 @@
+"""Packing chunks of documents into compact batches (numpy only)."""

@@ -1,0 +1,131 @@
+"""Random access to samples inside shards, through the node cache.
+
+A consumer reads only its own samples: it opens a shard (a local file from the cache), takes
+its member offsets from the node's index (:mod:`shards.access.member_index`: listed once per node with
+:mod:`tarfile`), and reads the members of a sample by offset. A shard holds no file object
+once open (:mod:`shards.access.local_file`): a small one is read whole into memory and unpinned from
+the cache at once, a larger one is memory-mapped and stays pinned while open. So a consumer
+keeping thousands of tiny shards of a shuffle block open needs no descriptor for them.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import numpy as np
+
+from shards import Manifest, ShardError, shard_url
+from shards.access.documents import IndexedShard
+from shards.access.member_index import default_index_dir
+from shards.access.token_blocks import BlockShard
+
+log = logging.getLogger(__name__)
+
+
+class LocalShards:
+    """Shard source for shards already on a local disk (no copy, no verification).
+
+    Implements the subset of the cache contract the loader uses: ``get`` and ``pinned``.
+    """
+
+    def get(self, url: str, sha256: str | None = None, size: int | None = None) -> str:
+        """Local path of ``url``. Raises ``FileNotFoundError`` when it is not a local file."""
+        path = url[len("file://"):] if url.startswith("file://") else url
+        if "://" in path or not os.path.isfile(path):
+            raise FileNotFoundError(f"{url}: not a local shard file; pass a cache.ShardCache for remote shards")
+        return path
+
+    @contextlib.contextmanager
+    def pinned(self, url: str, sha256: str | None = None, size: int | None = None):
+        """Context manager yielding the local path of ``url`` (nothing to pin for local files)."""
+        yield self.get(url, sha256, size)
+
+
+class ShardReader:
+    """Open shards on demand through a cache and read samples by ``(shard, index)``.
+
+    Args:
+        manifest: the dataset manifest.
+        manifest_url: its URL or folder (shard URLs are resolved beside it).
+        cache: an object with ``pinned(url, sha256, size)`` (context manager giving a local path)
+            — ``cache.ShardCache`` or :class:`LocalShards`; ``prefetch([(url, sha256, size)])``
+            is used when present.
+        index_dir: the node's member-index store (default: :func:`shards.access.member_index.default_index_dir`).
+    """
+
+    def __init__(self, manifest: Manifest, manifest_url: str, cache, index_dir: str | None = None):
+        self.manifest, self.manifest_url, self.cache = manifest, manifest_url, cache
+        self.index_dir = index_dir or default_index_dir(cache)
+        self._open: dict[int, tuple[IndexedShard | BlockShard, contextlib.ExitStack]] = {}
+        self._failed: dict[int, str] = {}
+
+    def shard_ref(self, shard: int) -> tuple[str, str, int]:
+        """``(url, sha256, bytes)`` of shard ``shard`` (manifest index)."""
+        info = self.manifest.shards[shard]
+        return shard_url(self.manifest_url, info.name), info.sha256, info.bytes
+
+    def prefetch(self, shards: list[int]) -> None:
+        """Tell the cache the future read order (no-op without a ``prefetch`` method on the cache)."""
+        if hasattr(self.cache, "prefetch"):
+            self.cache.prefetch([self.shard_ref(s) for s in shards])
+
+    def _shard(self, shard: int) -> IndexedShard | BlockShard:
+        if shard in self._failed:
+            raise ShardError(self._failed[shard])
+        if shard not in self._open:
+            stack = contextlib.ExitStack()
+            try:
+                path = stack.enter_context(self.cache.pinned(*self.shard_ref(shard)))
+                info = self.manifest.shards[shard]
+                if self.manifest.layout == "token_blocks":
+                    handle = BlockShard(path, info.samples, info.sha256, info.bytes, self.index_dir,
+                                        self.manifest.token_dtype, info.documents)
+                else:
+                    handle = IndexedShard(path, info.samples, info.sha256, info.bytes, self.index_dir,
+                                          self.manifest.token_dtype)
+                if handle.resident:  # its bytes are in memory: the cache may evict the file (and the pin's lock goes)
+                    stack.close()
+                self._open[shard] = (handle, stack)
+            except Exception as e:  # noqa: BLE001 - any fetch/verify failure: skip the shard's samples, counted
+                stack.close()
+                url = self.shard_ref(shard)[0]
+                self._failed[shard] = f"{url}: {type(e).__name__}: {e}"
+                log.error("shard %s cannot be read, its samples are skipped and counted as bad: %s", url, e)
+                raise ShardError(self._failed[shard]) from e
+        return self._open[shard][0]
+
+    def failed(self, shard: int) -> bool:
+        """Whether shard ``shard`` could not be opened (its samples are skipped, counted as bad)."""
+        return shard in self._failed
+
+    def key(self, shard: int, index: int) -> str:
+        """Sample key of ``(shard, index)`` (from the shard's member index)."""
+        return self._shard(shard).key(index)
+
+    def read(self, shard: int, index: int, fields: tuple[str, ...] | None = None) -> dict:
+        """Decoded sample (only ``fields`` when given). Raises :class:`ShardError` (shard or member unreadable)."""
+        return self._shard(shard).read(index, fields)
+
+    def tokens(self, shard: int, index: int) -> tuple[str, np.ndarray]:
+        """``(key, 1-D tokens)`` of a sample. Raises :class:`ShardError` (shard or member unreadable)."""
+        return self._shard(shard).tokens(index)
+
+    def block_shard(self, shard: int) -> BlockShard:
+        """The open token-block shard ``shard``. Raises :class:`ShardError` (unreadable, or not token blocks)."""
+        handle = self._shard(shard)
+        if not isinstance(handle, BlockShard):
+            raise ShardError(f"{handle.path}: not a token-block shard")
+        return handle
+
+    def retain(self, shards: set[int]) -> None:
+        """Close (unpin) every open shard not in ``shards``. Retained shards hold no file descriptor
+        when small (see the module docstring), so ``shards`` may number thousands."""
+        for s in [s for s in self._open if s not in shards]:
+            handle, stack = self._open.pop(s)
+            handle.close()
+            stack.close()
+
+    def close(self) -> None:
+        """Close every open shard and release its cache pin."""
+        self.retain(set())

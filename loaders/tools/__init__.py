@@ -1,0 +1,1 @@
+"""Loader tools: the ``loaders`` command line (``keys``, ``bench``)."""

@@ -1,0 +1,322 @@
+"""The output folder of a run: refuse to mix two runs, keep the earlier one until a ``--overwrite``
+run succeeds, remove what a failed run wrote, and write the JSONL side outputs (dead letters,
+duplicates).
+
+A finished run is marked by ``manifest.json`` (written last); an unfinished (killed) run by
+``_tmp_buckets/``; shards, ``val/``, ``stats.json``, ``dead_letter/``, ``duplicates/``, Beam's
+``beam-temp-*`` folders or ``*.partial`` files without a manifest are leftovers of an interrupted
+run. Any of these makes a new run refuse unless ``overwrite`` is set, which moves exactly these
+artifacts (nothing else in the folder) into ``OUT/.previous-run/`` (:data:`BACKUP_DIR`): the
+earlier run is deleted only once the new one succeeds (:func:`finish_output`). A run that fails or
+is interrupted removes its own artifacts and moves the earlier run back (:func:`abort_output`), so
+the folder is as it was and the corrected rerun needs no more ``--overwrite`` than the first; the
+local folders the run created for ``--output`` are removed when they are left empty.
+
+``.previous-run/`` outlives a run only when the process is killed hard (``kill -9``, power loss):
+the next run refuses without ``--overwrite`` (the message says where the earlier run is), and
+with it keeps that folder as the backup, clearing the killed run's partial artifacts. The folder
+is marked complete (:data:`BACKUP_DONE`) only once every artifact is in it, and the mark is removed
+before any is moved back: a backup without the mark is a move cut short, whose files are moved
+back into ``OUT`` before anything else. Shard readers list ``OUT`` itself only (``OUT/*.tar``, the
+manifest), never ``.previous-run/``.
+
+Everything here goes through fsspec, so ``s3://``, ``gs://`` and ``memory://`` outputs work the
+same as local folders.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import uuid
+
+import apache_beam as beam
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from pipelines.stages.clean import stable_bucket
+
+DEAD_LETTER_DIR = "dead_letter"
+DUPLICATES_DIR = "duplicates"
+JSONL_PARTS = 8  # side-output lines are spread over at most this many part files per folder
+BACKUP_DIR = ".previous-run"  # hidden: the earlier run while a --overwrite run is not done
+BACKUP_DONE = ".complete"  # in BACKUP_DIR once every artifact of the earlier run is in it
+
+
+class OutputExistsError(FileExistsError):
+    """The output folder holds (part of) an earlier run; the message says what to do."""
+
+
+class OutputNotWritableError(OSError):
+    """``--output`` cannot be created or written; the message names it and the cause."""
+
+
+def _artifacts(fs, root: str, prefix: str) -> list[str]:
+    from pipelines.accounting.report import REPORT_HTML, REPORT_PNG, REPORT_TXT
+    from pipelines.stages.write_shards import TMP_DIR, TOKENIZER_FILE
+    from pipelines.stages.split import VAL_DIR
+
+    fs.invalidate_cache()  # other processes (Beam workers) wrote here since the last listing
+    names = ["manifest.json", "stats.json", TOKENIZER_FILE, "shardindex.json", REPORT_TXT, REPORT_PNG,
+             REPORT_HTML, TMP_DIR, DEAD_LETTER_DIR, DUPLICATES_DIR, VAL_DIR]
+    found = [f"{root}/{n}" for n in names if fs.exists(f"{root}/{n}")]
+    patterns = [f"{prefix}-*.tar", f"{prefix}-*.idx", "beam-temp-*", "*.partial", ".*.partial"]
+    return found + sorted(p for pattern in patterns for p in fs.glob(f"{root}/{pattern}"))
+
+
+def _check_writable(fs, root: str, output_dir: str) -> None:
+    probe = f"{root}/.colaflow-write-test-{uuid.uuid4().hex[:8]}"
+    try:
+        fs.makedirs(root, exist_ok=True)
+        fs.pipe_file(probe, b"")
+        fs.rm(probe)
+    except OSError as e:
+        raise OutputNotWritableError(
+            f"cannot write to --output {output_dir}: {type(e).__name__}: {e}. "
+            "Choose a folder you can write to (or fix its permissions).") from e
+
+
+def _missing_folders(fs, root: str) -> list[str]:
+    """The local folders of ``root`` and its parents that do not exist yet, deepest first (none for
+    an object store, where a prefix is no folder and vanishes with its last object)."""
+    if not isinstance(fs, LocalFileSystem):
+        return []
+    missing, path = [], os.path.abspath(root)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+@dataclasses.dataclass
+class PreparedOutput:
+    """What :func:`prepare_output` did to ``--output``; :func:`finish_output` or :func:`abort_output`
+    completes it once the run is over.
+
+    Attributes:
+        output_dir: the folder or fsspec URL given.
+        prefix: shard name prefix (``shards.prefix``).
+        created: the local folders created for it (``output_dir`` and missing parents, deepest
+            first); empty for object stores.
+        backup: whether ``OUT/.previous-run/`` holds an earlier, finished run to keep until this
+            run succeeds (``--overwrite``).
+    """
+
+    output_dir: str
+    prefix: str
+    created: list[str]
+    backup: bool = False
+
+
+def _move_back(fs, root: str) -> None:
+    """Move everything in ``root/.previous-run/`` back into ``root`` and remove that folder. The
+    completion mark goes first, so a move back cut short is finished by the next run."""
+    backup = f"{root}/{BACKUP_DIR}"
+    if fs.exists(f"{backup}/{BACKUP_DONE}"):
+        fs.rm(f"{backup}/{BACKUP_DONE}")
+    fs.invalidate_cache()
+    for path in fs.ls(backup, detail=False):
+        fs.mv(path, f"{root}/{path.rstrip('/').rsplit('/', 1)[-1]}", recursive=True)
+    fs.invalidate_cache()
+    if fs.exists(backup):  # an object store drops the prefix with its last object
+        fs.rm(backup, recursive=True)
+
+
+def _move_to_backup(fs, root: str, found: list[str]) -> None:
+    """Move the artifacts ``found`` into ``root/.previous-run/`` and mark it complete; an error or
+    Ctrl-C part way moves what was moved back before it propagates."""
+    backup = f"{root}/{BACKUP_DIR}"
+    try:
+        fs.makedirs(backup, exist_ok=True)
+        for path in found:
+            fs.mv(path, f"{backup}/{path.rsplit('/', 1)[-1]}", recursive=True)
+        fs.pipe_file(f"{backup}/{BACKUP_DONE}", b"the earlier run, kept until a --overwrite run of colaflow succeeds\n")
+    except BaseException:
+        _move_back(fs, root)
+        raise
+
+
+def prepare_output(output_dir: str, prefix: str, overwrite: bool = False) -> PreparedOutput:
+    """Create ``output_dir``, check it is writable, and refuse an earlier run's files in it, or with
+    ``overwrite`` move them into ``OUT/.previous-run/`` (kept until the run succeeds).
+
+    A ``.previous-run/`` left by a killed ``--overwrite`` run is handled first: without its
+    completion mark (the move into it was cut short) its files go back into ``output_dir``; with
+    it, the run is refused unless ``overwrite``, which removes the killed run's partial artifacts
+    and keeps that folder as the backup (it holds the last finished run).
+
+    Args:
+        output_dir: folder or fsspec URL.
+        prefix: shard name prefix (``shards.prefix``).
+        overwrite: set the earlier run aside (replaced on success) instead of refusing.
+    Returns:
+        a :class:`PreparedOutput` for :func:`finish_output` (success) or :func:`abort_output`.
+    Raises:
+        OutputExistsError: the folder holds an earlier run (or a backup of one) and ``overwrite``
+            is false.
+        OutputNotWritableError: the folder cannot be created or written (read-only, a file in
+            the way, no permission, bucket missing).
+        OSError: moving the earlier run aside failed (what was moved is moved back first).
+    """
+    fs, root = fsspec.core.url_to_fs(output_dir)
+    created = _missing_folders(fs, root)
+    _check_writable(fs, root, output_dir)
+    backup = f"{root}/{BACKUP_DIR}"
+    if fs.exists(backup) and not fs.exists(f"{backup}/{BACKUP_DONE}"):
+        _move_back(fs, root)
+    found = _artifacts(fs, root, prefix)
+    if fs.exists(f"{backup}/{BACKUP_DONE}"):
+        if not overwrite:
+            out = output_dir.rstrip("/")
+            partial = f"delete {', '.join(p.rsplit('/', 1)[-1] for p in found)} from {out}, " if found else ""
+            raise OutputExistsError(
+                f"{out} holds a run that was killed while it replaced an earlier one, which is kept in "
+                f"{out}/{BACKUP_DIR}/. Pass --overwrite to run again (the earlier run stays there until the new "
+                f"one succeeds), or restore it by hand: {partial}move the files of {BACKUP_DIR}/ back into {out} "
+                f"and delete {BACKUP_DIR}/.")
+        for path in found:  # the killed run's partial output
+            fs.rm(path, recursive=True)
+        return PreparedOutput(output_dir, prefix, created, backup=True)
+    if not found:
+        return PreparedOutput(output_dir, prefix, created)
+    if not overwrite:
+        from pipelines.stages.write_shards import TMP_DIR
+
+        names = [p.rsplit("/", 1)[-1] for p in found]
+        state = ("a finished run (manifest.json)" if "manifest.json" in names else
+                 "an unfinished run (_tmp_buckets/)" if TMP_DIR in names else "leftovers of an earlier run")
+        raise OutputExistsError(
+            f"{output_dir} already holds {state}: {', '.join(names[:6])}"
+            f"{f' and {len(names) - 6} more' if len(names) > 6 else ''}. "
+            "Pass --overwrite to replace it, or choose a new --output folder.")
+    _move_to_backup(fs, root, found)
+    return PreparedOutput(output_dir, prefix, created, backup=True)
+
+
+def refuse_inputs_in_artifacts(output_dir: str, prefix: str, input_paths: list[str], tokenizer: str | None) -> None:
+    """Before an ``overwrite`` run: refuse input files or a tokenizer that lie inside the earlier
+    run's artifacts in a local ``output_dir`` (``OUT/tokenizer.model``, ``OUT/dead_letter/*.jsonl``),
+    which :func:`prepare_output` would move into ``OUT/.previous-run/`` before the run reads them.
+    Paths are compared resolved (``os.path.realpath``, so symlinks and relative paths count); remote
+    paths and outputs are not checked.
+
+    Args:
+        output_dir: the ``--output`` folder or fsspec URL.
+        prefix: shard name prefix (``shards.prefix``).
+        input_paths: the files ``--input`` matched.
+        tokenizer: the ``--tokenizer`` path, or ``None``.
+    Raises:
+        OutputExistsError: one of them lies inside an artifact; the message names the flag and the
+            file and says to copy it elsewhere first.
+    """
+    fs, root = fsspec.core.url_to_fs(output_dir)
+    if not isinstance(fs, LocalFileSystem) or not fs.isdir(root):
+        return
+    held = [os.path.realpath(path) for path in _artifacts(fs, root, prefix)]
+    flagged = [("--tokenizer", tokenizer)] if tokenizer else []
+    for flag, path in flagged + [("--input", path) for path in input_paths]:
+        real = os.path.realpath(path) if "://" not in path else ""
+        if any(real == h or real.startswith(h.rstrip(os.sep) + os.sep) for h in held):
+            out = output_dir.rstrip("/")
+            raise OutputExistsError(f"{flag} {path} lies inside the earlier run in {out}, which --overwrite sets "
+                                    f"aside (into {out}/{BACKUP_DIR}/) before this run reads it; copy the file "
+                                    f"out of {out} first and pass the copy to {flag}")
+
+
+def finish_output(prepared: PreparedOutput) -> None:
+    """After a successful run: delete the earlier run kept in ``OUT/.previous-run/``, if any. Never
+    raises: a backup that cannot be deleted is reported in one warning line."""
+    if not prepared.backup:
+        return
+    fs, root = fsspec.core.url_to_fs(prepared.output_dir)
+    try:
+        fs.rm(f"{root}/{BACKUP_DIR}", recursive=True)
+    except OSError as e:
+        print(f"warning: cannot delete the earlier run kept in {prepared.output_dir.rstrip('/')}/{BACKUP_DIR}/ "
+              f"({type(e).__name__}: {e}); delete that folder by hand", file=sys.stderr)
+
+
+def abort_output(prepared: PreparedOutput) -> list[str]:
+    """After a failed or interrupted run: remove its artifacts (:func:`remove_artifacts`), move the
+    earlier run back from ``OUT/.previous-run/`` (byte for byte as it was) and remove the local
+    folders created for ``--output`` when left empty (:func:`remove_created`). Returns the names
+    removed. Never raises: when this run's files cannot all be removed, the earlier run stays in
+    ``.previous-run/`` (the next run explains it), as it does when moving it back fails."""
+    removed = remove_artifacts(prepared.output_dir, prepared.prefix)
+    if prepared.backup:
+        try:
+            fs, root = fsspec.core.url_to_fs(prepared.output_dir)
+            if not _artifacts(fs, root, prepared.prefix):  # else a name would clash with a leftover
+                _move_back(fs, root)
+        except OSError:
+            pass
+    remove_created(prepared.created)
+    return removed
+
+
+def remove_created(created: list[str]) -> list[str]:
+    """Remove the folders of ``created`` (:attr:`PreparedOutput.created`, deepest first) that are empty,
+    stopping at the first that is not: a failed run leaves no empty ``--output`` behind, and a
+    folder holding anything (user data, or what another process put there) is never touched
+    (``os.rmdir`` removes only empty folders). Returns the folders removed; never raises."""
+    removed = []
+    for path in created:
+        try:
+            os.rmdir(path)
+        except OSError:
+            break
+        removed.append(path)
+    return removed
+
+
+def remove_artifacts(output_dir: str, prefix: str) -> list[str]:
+    """Remove every artifact of a run from ``output_dir`` (after a failed or interrupted run, whose
+    folder :func:`prepare_output` had cleared); returns the names removed. Never raises: what
+    cannot be removed is left for ``--overwrite``."""
+    try:
+        fs, root = fsspec.core.url_to_fs(output_dir)
+        found = _artifacts(fs, root, prefix)
+        for path in found:
+            fs.rm(path, recursive=True)
+    except OSError:
+        return []
+    return [p.rsplit("/", 1)[-1] for p in found]
+
+
+class _WritePartFn(beam.DoFn):
+    def __init__(self, folder_url: str):
+        self.folder_url = folder_url
+
+    def process(self, item):
+        part, lines = item
+        fs, root = fsspec.core.url_to_fs(self.folder_url)
+        fs.makedirs(root, exist_ok=True)
+        # one whole-object write per part: a retried bundle rewrites the same name, and nothing
+        # is ever written for an empty part (S3 refuses an upload of zero parts)
+        body = "".join(f"{line}\n" for line in sorted(lines)).encode("utf-8")
+        fs.pipe_file(f"{root}/part-{part:05d}.jsonl", body)
+        yield part
+
+
+class WriteJsonl(beam.PTransform):
+    """``PCollection[str]`` of JSON lines → ``{folder_url}/part-NNNNN.jsonl`` files (fsspec).
+
+    Lines go to part ``stable_bucket(line, JSONL_PARTS)``, are sorted within it (same files on
+    every runner) and written in one piece; an empty collection writes no file at all. Used for
+    ``dead_letter/`` and ``duplicates/`` instead of Beam's ``WriteToText``, whose S3 writer fails
+    on an empty file and whose ``beam-temp-*`` folders outlive a failed run.
+    """
+
+    def __init__(self, folder_url: str):
+        super().__init__()
+        self.folder_url = folder_url.rstrip("/")
+
+    def expand(self, lines):
+        """``lines`` (PCollection of str, one JSON object each) → ``part-NNNNN.jsonl`` files under the folder.
+
+        Lines are spread over a fixed number of parts by a stable hash, so reruns write the same files;
+        an empty part is never written (no file at all when there is no line)."""
+        return (lines
+                | "Part" >> beam.Map(lambda line: (stable_bucket(line, JSONL_PARTS), line))
+                | "GroupPart" >> beam.GroupByKey()
+                | "WritePart" >> beam.ParDo(_WritePartFn(self.folder_url)))

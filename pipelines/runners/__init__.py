@@ -1,0 +1,1 @@
+"""Where the job runs: runner selection, the Dask runner and the external worker boot."""

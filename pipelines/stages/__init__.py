@@ -1,0 +1,1 @@
+"""The pipeline's stages, one module each, the Beam transform beside its logic."""

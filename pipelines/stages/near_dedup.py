@@ -1,0 +1,316 @@
+"""Near-duplicate removal with MinHash and locality-sensitive hashing, as Beam transforms.
+
+MinHash (Broder 1997, "On the resemblance and containment of documents") estimates the
+Jaccard similarity of word-shingle sets; LSH banding (Leskovec, Rajaraman & Ullman, "Mining
+of Massive Datasets", section 3.4) makes documents that agree on all rows of some band
+candidates. Per band bucket, a combiner reduces the members' ids to the smallest (the
+keeper) without holding the bucket; members are then compared with their bucket's keeper
+only, so a document is dropped when some keeper with a smaller id has an
+estimated Jaccard similarity ≥ ``threshold``. The outcome is the same on every runner.
+
+Signatures are computed with numpy for a batch of documents at once: each word is hashed
+once (CRC-32), shingle hashes are rolled from word hashes, and the ``num_perm`` hash
+functions are multiply-shift hashes ``(a*x + b) mod 2^64 >> 32`` (Dietzfelbinger et al. 1997,
+"A reliable randomized algorithm for the closest-pair problem"), evaluated by numpy
+broadcasting over chunks of at most ``CHUNK_ROWS`` shingles (bounded memory).
+"""
+from __future__ import annotations
+
+import functools
+import zlib
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+
+from pipelines.config import DedupConfig
+from pipelines.records import DUPLICATES, Doc, duplicate_record
+from pipelines.accounting.stats import EVENTS, NAMESPACE, event
+
+LIST_MAX = 64  # bucket members listed by the combiner before a bucket counts as hot
+PARTITION_DOCS = 50_000  # documents whose band buckets share one BucketTable accumulator
+CHUNK_ROWS = 8192  # shingles per broadcast: 8192 x num_perm x 8 bytes (7 MB at 112)
+_SEED = 1234
+_ROLL = np.uint64(0x100000001B3)  # FNV-1 64-bit prime, multiplier of the rolling shingle hash
+_MIX = np.uint64(0xFF51AFD7ED558CCD)  # MurmurHash3 fmix64 constant
+HELD_METRIC = "neardup_held"
+_HELD = Metrics.distribution(NAMESPACE, HELD_METRIC)  # elements held for one key after a grouping
+
+
+@functools.lru_cache(maxsize=4)
+def _permutations(num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.RandomState(_SEED)
+    a = rng.randint(0, 2**63 - 1, size=num_perm, dtype=np.int64).astype(np.uint64) * np.uint64(2) + np.uint64(1)
+    b = rng.randint(0, 2**63 - 1, size=num_perm, dtype=np.int64).astype(np.uint64)
+    return a, b
+
+
+def shingle_hashes(text: str, n: int) -> np.ndarray:
+    """32-bit hashes (held in uint64) of the lower-cased word ``n``-grams of ``text``, one per position.
+
+    A text with fewer than ``n`` words has one shingle (all its words; no words → hash of nothing).
+    Repeated shingles give repeated values; MinHash ignores repeats.
+    """
+    words = text.lower().split()
+    w = np.fromiter((zlib.crc32(x.encode("utf-8")) for x in words), dtype=np.uint64, count=len(words))
+    k = max(len(w) - n + 1, 1)
+    h = np.zeros(k, dtype=np.uint64)
+    for j in range(min(n, len(w))):
+        h = h * _ROLL + w[j:j + k]  # wraps mod 2^64
+    h ^= h >> np.uint64(33)
+    h *= _MIX
+    h ^= h >> np.uint64(33)
+    return h >> np.uint64(32)
+
+
+def _hashed(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (x[:, None] * a[None, :] + b[None, :]) >> np.uint64(32)
+
+
+def minhash_batch(texts: list[str], cfg: DedupConfig) -> np.ndarray:
+    """MinHash signatures of ``texts``: array ``(len(texts), cfg.num_perm)`` of uint32.
+
+    Each row is independent of the others in the batch (batching only saves overhead).
+    """
+    a, b = _permutations(cfg.num_perm)
+    out = np.empty((len(texts), cfg.num_perm), dtype=np.uint32)
+    group, rows = [], 0
+
+    def flush():
+        x = np.concatenate([h for _, h in group])
+        starts = np.cumsum([0] + [len(h) for _, h in group[:-1]])
+        out[[i for i, _ in group]] = np.minimum.reduceat(_hashed(x, a, b), starts, axis=0)
+
+    for i, text in enumerate(texts):
+        h = shingle_hashes(text, cfg.ngram)
+        if len(h) > CHUNK_ROWS:  # a long document alone, in chunks
+            sig = np.full(cfg.num_perm, np.iinfo(np.uint64).max, dtype=np.uint64)
+            for s in range(0, len(h), CHUNK_ROWS):
+                sig = np.minimum(sig, _hashed(h[s:s + CHUNK_ROWS], a, b).min(axis=0))
+            out[i] = sig
+            continue
+        if rows + len(h) > CHUNK_ROWS:
+            flush()
+            group, rows = [], 0
+        group.append((i, h))
+        rows += len(h)
+    if group:
+        flush()
+    return out
+
+
+def minhash(text: str, cfg: DedupConfig) -> np.ndarray:
+    """MinHash signature of one text: ``cfg.num_perm`` uint32 values (see :func:`minhash_batch`)."""
+    return minhash_batch([text], cfg)[0]
+
+
+def band_keys(signature: np.ndarray | bytes, bands: int) -> list[bytes]:
+    """LSH buckets of a signature split into ``bands`` equal bands: the band number (one byte)
+    followed by the band's raw uint32 rows, so equal buckets mean exactly equal bands."""
+    raw = signature if isinstance(signature, bytes) else np.ascontiguousarray(signature, dtype=np.uint32).tobytes()
+    width = len(raw) // bands
+    return [bytes((i,)) + raw[i * width:(i + 1) * width] for i in range(bands)]
+
+
+def partitions(num_docs: int) -> int:
+    """Partitions per band: about ``PARTITION_DOCS`` documents' buckets each (at least 1)."""
+    return max(1, -(-num_docs // PARTITION_DOCS))
+
+
+class BucketTable(beam.CombineFn):
+    """Combine the ``(bucket, id)`` memberships of one band partition into a table
+    ``{bucket: id}`` (one member) or ``{bucket: [count, ids or None, smallest id]}``.
+
+    Ids are listed while a bucket has at most ``list_max`` members (else ``None``: a hot
+    bucket), so an entry is bounded, and a partition holds about ``PARTITION_DOCS`` buckets
+    (:func:`partitions`), so the accumulator is bounded too. Keying by partition instead of by
+    bucket lets the runner pre-combine memberships where they are made: a shuffle moves one
+    table per partition, not one element per (document, band).
+    """
+
+    def __init__(self, list_max: int):
+        self.list_max = list_max
+
+    def create_accumulator(self):
+        """An empty table ``{bucket bytes: entry}``."""
+        return {}
+
+    def _add(self, table: dict, bucket: bytes, entry) -> None:
+        old = table.get(bucket)
+        if old is None:
+            table[bucket] = entry
+            return
+        if isinstance(old, str):
+            old = [1, [old], old]
+        if isinstance(entry, str):
+            entry = [1, [entry], entry]
+        ids = None if old[1] is None or entry[1] is None or len(old[1]) + len(entry[1]) > self.list_max \
+            else old[1] + entry[1]
+        table[bucket] = [old[0] + entry[0], ids, min(old[2], entry[2])]
+
+    def add_input(self, acc, member):
+        """Add one membership ``(bucket, doc id)`` to the table."""
+        self._add(acc, member[0], member[1])
+        return acc
+
+    def merge_accumulators(self, accumulators):
+        """Merge partial tables bucket by bucket (member lists capped at ``list_max``)."""
+        accumulators = iter(accumulators)
+        out = next(accumulators)
+        for acc in accumulators:
+            for bucket, entry in acc.items():
+                self._add(out, bucket, entry)
+        return out
+
+    def extract_output(self, acc):
+        """The partition's table: per bucket a doc id, or ``[count, ids or None, smallest id]``."""
+        return acc
+
+
+def similarity(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
+    """Estimated Jaccard similarity: the fraction of equal MinHash values."""
+    return float(np.mean(sig_a == sig_b))
+
+
+def _signatures(batch: list[Doc], cfg: DedupConfig):
+    sigs = minhash_batch([d.text for d in batch], cfg)
+    for doc, sig in zip(batch, sigs):
+        yield doc.id, sig.tobytes()
+
+
+def _memberships(item: tuple[str, bytes], bands: int, num_docs: int):
+    doc_id, sig = item
+    parts = partitions(num_docs)
+    for key in band_keys(sig, bands):
+        yield key[0] * parts + int.from_bytes(key[1:5], "little") % parts, (key, doc_id)
+
+
+def _bucket_pairs(item):
+    _, table = item
+    for bucket, entry in table.items():  # order is irrelevant: pairs are made distinct downstream
+        if isinstance(entry, str):
+            continue
+        _, ids, keeper = entry
+        if ids is None:  # a hot bucket: its pairs come from the side-input pass
+            yield beam.pvalue.TaggedOutput("hot", (bucket, keeper))
+            continue
+        for doc_id in sorted(set(ids)):
+            if doc_id != keeper:
+                yield keeper, doc_id
+
+
+def _held(n: int) -> int:
+    """Record ``n`` elements held at once for one key (Beam distribution ``colaflow/neardup_held``)."""
+    _HELD.update(n)
+    return n
+
+
+def _hot_keepers(item):
+    """``(keeper id, {"sig": [its signature], "hot": [its hot buckets]})`` → ``(bucket, (keeper, sig))``."""
+    keeper, grouped = item
+    sigs, hot = list(grouped["sig"]), list(grouped["hot"])  # 1 signature, at most ``bands`` buckets
+    _held(len(sigs) + len(hot))
+    for sig in sigs:
+        for bucket in hot:
+            yield bucket, (keeper, sig)
+
+
+def _hot_losers(item: tuple[str, bytes], bands: int, threshold: float, hot: dict):
+    """A document against the keeper of each hot bucket it is in: ``(doc id, keeper)`` when similar."""
+    if not hot:  # the usual case: no bucket over LIST_MAX members
+        return
+    doc_id, sig = item
+    for key in band_keys(sig, bands):
+        entry = hot.get(key)
+        if entry is not None and entry[0] != doc_id and similarity(
+                np.frombuffer(entry[1], dtype=np.uint32), np.frombuffer(sig, dtype=np.uint32)) >= threshold:
+            yield doc_id, entry[0]
+
+
+def _sig_per_pair(item):
+    doc_id, grouped = item
+    as_keeper, as_member = list(grouped["as_keeper"]), list(grouped["as_member"])
+    _held(len(as_keeper) + len(as_member) + 1)  # listed buckets only: <= bands * (LIST_MAX + 1)
+    for sig in grouped["sig"]:
+        for member in as_keeper:
+            yield (doc_id, member), (0, sig)
+        for keeper in as_member:
+            yield (keeper, doc_id), (1, sig)
+
+
+def _compare(item, threshold: float):
+    (keeper, member), sides = item
+    sigs = dict(sides)
+    if len(sigs) == 2 and similarity(np.frombuffer(sigs[0], dtype=np.uint32),
+                                     np.frombuffer(sigs[1], dtype=np.uint32)) >= threshold:
+        yield member, keeper
+
+
+def _drop_losers(item):
+    _, grouped = item
+    keepers = sorted(grouped["loser"])  # at most 2 * bands: one per listed pair and per hot bucket
+    _held(len(keepers) + 1)
+    for doc in grouped["doc"]:
+        if keepers:
+            yield event(doc.source, "filtered:near_duplicate")
+            yield beam.pvalue.TaggedOutput(DUPLICATES, duplicate_record(doc.id, doc.source, keepers[0], "near"))
+        else:
+            yield doc
+
+
+class NearDedup(beam.PTransform):
+    """``PCollection[Doc]`` → documents that are not near-duplicates of a smaller-id document.
+
+    Shuffles carry ids, plus signatures where a comparison needs them:
+    (1) ``(band partition, (bucket, id))`` per band; (2) ``CombinePerKey(BucketTable)`` → per
+    bucket the smallest id (the keeper) and, for buckets of at most ``LIST_MAX`` members, all
+    members; (3) listed buckets → candidate pairs ``(keeper, member)``, signatures joined with
+    the pairs by id (as keeper and as member), the two signatures of each pair grouped by the pair
+    and compared; (4) hot buckets (more than ``LIST_MAX`` members): each keeper's signature is
+    joined to its hot buckets by the keeper's id, and that side input (hot buckets only: at most
+    ``bands * documents / LIST_MAX`` entries) is read by a pass over all signatures that compares
+    each member with the keeper directly, so a hot bucket's members are never grouped or paired;
+    (5) documents joined with the losers (and the smallest keeper they resemble) by id.
+
+    Memory per key is bounded whatever the size of the largest bucket: every grouping holds at
+    most ``bands * (LIST_MAX + 1) + 1`` elements for one key (a document is keeper or member of
+    at most ``bands`` listed buckets of at most ``LIST_MAX`` members; a keeper of at most
+    ``bands`` hot buckets; a loser of at most ``2 * bands`` keepers). The largest count held is
+    reported as the Beam distribution ``colaflow/neardup_held``. Emits
+    ``filtered:near_duplicate`` events on tag ``events`` and ``duplicate_record`` lines (kind
+    ``near``) on tag ``duplicates``.
+    """
+
+    def __init__(self, cfg: DedupConfig):
+        super().__init__()
+        if cfg.num_perm % cfg.bands:
+            raise ValueError(f"dedup.num_perm={cfg.num_perm} must be a multiple of dedup.bands={cfg.bands}")
+        self.cfg = cfg
+
+    def expand(self, docs):
+        """``Doc`` → ``{"docs", "events", "duplicates"}``: documents whose MinHash signature is near an
+        earlier (smaller-id) document's are dropped, counted and listed."""
+        sigs = (docs
+                | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=512)
+                | "Signature" >> beam.FlatMap(_signatures, self.cfg))
+        num_docs = docs | "Count" >> beam.combiners.Count.Globally()
+        buckets = (sigs
+                   | "Bands" >> beam.FlatMap(_memberships, self.cfg.bands, beam.pvalue.AsSingleton(num_docs))
+                   | "Buckets" >> beam.CombinePerKey(BucketTable(LIST_MAX))
+                   | "Pairs" >> beam.FlatMap(_bucket_pairs).with_outputs("hot", main="pairs"))
+        pairs = buckets.pairs | "OncePerPair" >> beam.Distinct()
+        listed_losers = ({"sig": sigs, "as_keeper": pairs,
+                          "as_member": pairs | "ByMember" >> beam.Map(lambda kv: (kv[1], kv[0]))}
+                         | "JoinSig" >> beam.CoGroupByKey()
+                         | "SigPerPair" >> beam.FlatMap(_sig_per_pair)
+                         | "PerPair" >> beam.GroupByKey()
+                         | "Compare" >> beam.FlatMap(_compare, self.cfg.threshold))
+        hot = ({"sig": sigs, "hot": buckets.hot | "ByKeeper" >> beam.Map(lambda bk: (bk[1], bk[0]))}
+               | "JoinKeeperSig" >> beam.CoGroupByKey()
+               | "HotKeepers" >> beam.FlatMap(_hot_keepers))
+        hot_losers = sigs | "HotLosers" >> beam.FlatMap(_hot_losers, self.cfg.bands, self.cfg.threshold,
+                                                        beam.pvalue.AsDict(hot))
+        losers = (listed_losers, hot_losers) | "AllLosers" >> beam.Flatten()
+        return ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d)), "loser": losers}
+                | "JoinDoc" >> beam.CoGroupByKey()
+                | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="docs"))

@@ -1,0 +1,211 @@
+"""Tokenizer stage: a deterministic training sample, sentencepiece training, tokenisation.
+
+The sample is chosen by content hash, not by arrival order, so every runner and worker
+count picks the same documents: a document joins when its hash falls under
+``sample_fraction`` of the hash space, and the sample is filled in hash order up to
+``sample_max_bytes``. When no document falls under the fraction (a tiny corpus), the sample is
+filled from all documents in hash order instead, so it is never empty while documents exist.
+The sample is taken in two steps (:mod:`pipelines.stages.tokenizer_sample`).
+Lines longer than ``max_sentence_bytes`` are cut at spaces for training. Training runs single-threaded because sentencepiece's multi-threaded
+trainer gives different models for different thread counts.
+"""
+from __future__ import annotations
+
+import io
+import re
+import sys
+
+import apache_beam as beam
+import numpy as np
+import sentencepiece as spm
+from tqdm import tqdm
+
+from colaflow.config import ConfigError
+from colaflow.wording import count
+
+from pipelines.config import TokenizerConfig
+from pipelines.accounting.read_summary import ReadSummary
+from pipelines.records import Doc
+from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
+from pipelines.accounting.stats import EventTally
+
+# Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial cutoffs
+# (each at most the rows of sample_max_bytes of documents), not one per bundle
+SAMPLE_FANOUT = 8
+# Documents encoded per sentencepiece call: its token lists of Python ints take about 20 times
+# the bytes of the arrays kept, so a whole batch of them was a Dask worker's largest task
+ENCODE_DOCS = 64
+
+
+def training_lines(texts: list[str], max_bytes: int) -> list[str]:
+    """Non-blank lines of ``texts``, each line longer than ``max_bytes`` UTF-8 bytes cut into pieces
+    of at most ``max_bytes``: at the last space inside the limit, else at a character boundary.
+    sentencepiece skips any sentence over its ``max_sentence_length`` whole, so an uncut long
+    one-line document would never reach training."""
+    out = []
+    for text in texts:
+        for line in text.split("\n"):
+            data = line.strip().encode("utf-8")
+            while len(data) > max_bytes:
+                cut = data.rfind(b" ", 0, max_bytes + 1)
+                if cut <= 0:
+                    cut = max_bytes
+                    while data[cut] & 0xC0 == 0x80:  # inside a multi-byte character: back to its start
+                        cut -= 1
+                out.append(data[:cut].decode("utf-8"))
+                data = data[cut:].lstrip()
+            if data:
+                out.append(data.decode("utf-8"))
+    return out
+
+
+class EmptySampleError(ValueError):
+    """No document reached the tokenizer (every record was a dead letter or filtered, or the input
+    files hold no record); the message says what to check. A data error: the command line prints
+    it in one line, without the traceback Beam logs for a failed step (exit 1)."""
+
+
+class NoRecordsError(EmptySampleError):
+    """The input files hold no record at all (no Parquet rows, only blank lines or whitespace, or
+    they decompress to nothing): :func:`pipelines.job.run` turns it into an ``InputError`` naming
+    the files (exit 2)."""
+
+
+def empty_error(summary: ReadSummary | None, what: str, instead: str) -> EmptySampleError:
+    """The error for a run that kept no document: ``what`` happened, then why (``summary``'s
+    dead-letter and filter reasons, :meth:`ReadSummary.why_empty`), then what to check, ending
+    with ``instead``. A :class:`NoRecordsError` when ``summary`` counts no record read at all."""
+    if summary is not None and summary.records == 0:
+        return NoRecordsError("no record was read from the input files; check --input and input.format")
+    why = summary.why_empty() if summary is not None else "every record was dead-lettered or filtered"
+    return EmptySampleError(f"{what}; {why}; check --input, input.format and input.text_field, {instead}")
+
+
+def train_sentencepiece(texts: list[str], cfg: TokenizerConfig, summary: ReadSummary | None = None) -> bytes:
+    """Train a sentencepiece model on ``texts`` (each line is one training sentence, long lines cut by
+    :func:`training_lines`); returns model bytes. ``summary`` (what became of the records read,
+    :func:`pipelines.accounting.read_summary.summarize`) is read only to explain an empty sample.
+
+    Raises:
+        NoRecordsError: (an ``EmptySampleError``) the sample is empty because ``summary`` counts
+            no record read at all.
+        EmptySampleError: (a ``ValueError``) the sample is empty (no document reached the
+            tokenizer: every record was a dead letter or filtered; the message says which reasons
+            and names unreadable files when ``summary`` is given).
+        colaflow.config.ConfigError: ``vocab_size`` is below the characters the sample requires at
+            ``character_coverage`` (a config problem: the message says which size would do).
+        RuntimeError: sentencepiece rejects the sample otherwise (message includes its error).
+    """
+    lines = training_lines(texts, cfg.max_sentence_bytes)
+    if not lines:
+        raise empty_error(summary, "tokenizer sample is empty: no document reached the tokenizer",
+                          "or pass --tokenizer PATH")
+    print(f"training sentencepiece ({cfg.model_type}, vocab {cfg.vocab_size}) on {count(len(texts), 'document')}, "
+          f"{sum(len(t.encode('utf-8')) for t in texts) / 1e6:.1f} MB", file=sys.stderr, flush=True)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines), model_writer=model, vocab_size=cfg.vocab_size,
+            model_type=cfg.model_type, character_coverage=cfg.character_coverage,
+            byte_fallback=cfg.byte_fallback, hard_vocab_limit=False, num_threads=1,
+            input_sentence_size=0, shuffle_input_sentence=False, minloglevel=2,
+            max_sentence_length=cfg.max_sentence_bytes,
+            normalization_rule_name=cfg.normalization_rule, remove_extra_whitespaces=cfg.remove_extra_whitespaces)
+    except RuntimeError as e:
+        need = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", str(e))
+        if need:
+            raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size} is too small: the sample needs "
+                              f"tokenizer.vocab_size > {need.group(2)} at character_coverage={cfg.character_coverage}"
+                              ": raise tokenizer.vocab_size or lower tokenizer.character_coverage") from None
+        raise RuntimeError(f"sentencepiece training on {count(len(lines), 'line')} failed: {e}") from e
+    return model.getvalue()
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id fits (vocab ≤ 65536), else ``uint32``."""
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def load_processor(model_bytes: bytes) -> spm.SentencePieceProcessor:
+    """A sentencepiece processor from serialized model bytes."""
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(model_bytes)
+    return sp
+
+
+def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer", summary=None):
+    """Singleton PCollection of model bytes: the file at ``cfg.path``, or trained on ``hashed``
+    (PCollection of ``(content hash, Doc)`` pairs). ``summary``, an optional singleton PCollection
+    of :class:`~pipelines.accounting.read_summary.ReadSummary`, explains an empty sample in the error.
+
+    The sample is taken in two steps, so no step holds more text than the sample: the
+    :class:`~pipelines.stages.tokenizer_sample.SampleLimit` from hashes and sizes (:class:`SampleCutoff`, one
+    side input), then :class:`SmallestHashSample` over the texts it admits. The sample, hence the model, is the
+    one :class:`SmallestHashSample` gives over every text (``tests/unit/pipelines/test_tokenizer_sample.py``).
+    """
+    if cfg.path:
+        with open(cfg.path, "rb") as f:
+            model = f.read()
+        load_processor(model)  # fail at construction time on a bad model file
+        return hashed.pipeline | f"{label}/Load" >> beam.Create([model])
+    limit = (hashed
+             | f"{label}/Sizes" >> beam.Map(sample_key)
+             | f"{label}/Cutoff" >> beam.CombineGlobally(SampleCutoff(cfg.sample_max_bytes, cfg.sample_fraction))
+             .with_fanout(SAMPLE_FANOUT))
+    return (hashed
+            | f"{label}/Select" >> beam.FlatMap(sample_text, beam.pvalue.AsSingleton(limit), cfg.sample_fraction)
+            | f"{label}/Sample" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes, cfg.sample_fraction))
+            | f"{label}/Train" >> beam.Map(train_sentencepiece, cfg,
+                                           None if summary is None else beam.pvalue.AsSingleton(summary)))
+
+
+class TokenizeFn(beam.DoFn):
+    """A batch (list) of :class:`Doc` → one list of ``(doc, tokens)``, ``tokens`` a 1-D uint16/uint32 array.
+
+    A document that encodes to no token at all (only characters the normaliser removes) is not
+    a sample: it is counted as ``filtered:no_tokens`` (tag ``events``).
+
+    Batches (``beam.BatchElements`` upstream) amortise the per-element cost of the runner for
+    the big payloads that follow. The model arrives as a singleton side input; the processor is
+    built once per DoFn instance (side inputs are not readable in ``setup``) and reused.
+    """
+
+    def setup(self):
+        """Per-instance state: no processor yet (it comes with the side input) and a progress bar."""
+        self._model_key = None
+        self._sp = None
+        self._bar = tqdm(desc="tokenize", unit=" doc", mininterval=2.0, delay=2.0, leave=False,
+                         disable=None)  # no bar when stderr is not a terminal
+
+    def teardown(self):
+        """Close the progress bar."""
+        self._bar.close()
+
+    def start_bundle(self):
+        """A fresh event tally for the bundle."""
+        self.tally = EventTally()
+
+    def process(self, docs: list[Doc], model_bytes: bytes):
+        """Encode a batch of :class:`Doc` with the sentencepiece model (``model_bytes``, side input).
+
+        Yields one list of ``(doc, tokens)`` (``tokens``: 1-D uint16 when the vocabulary fits, else
+        uint32); documents with no token are counted ``filtered:no_tokens`` and left out. Encodes
+        ``ENCODE_DOCS`` documents at a time, so their token lists never exist for the whole batch."""
+        if self._model_key != len(model_bytes) or self._sp is None:
+            self._sp = load_processor(model_bytes)
+            self._model_key = len(model_bytes)
+            self._dtype = token_dtype(self._sp.get_piece_size())
+        out = []
+        for start in range(0, len(docs), ENCODE_DOCS):
+            part = docs[start:start + ENCODE_DOCS]
+            for doc, t in zip(part, self._sp.encode([doc.text for doc in part])):
+                if t:
+                    out.append((doc, np.asarray(t, dtype=self._dtype)))
+                else:
+                    self.tally.add(doc.source, "filtered:no_tokens")
+        self._bar.update(len(docs))
+        yield out
+
+    def finish_bundle(self):
+        """Emit the bundle's event counts on tag ``events``."""
+        yield from self.tally.flush()

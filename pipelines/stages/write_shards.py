@@ -1,0 +1,345 @@
+"""Writing shards deterministically, then the manifest, tokenizer and ``stats.json``.
+
+Assignment: a sample goes to bucket ``sha256(key) mod N`` where ``N`` derives from the
+total encoded size (a singleton side input). Each bundle sorts its samples of a bucket by key
+into one run (:class:`AssignBucketsFn`); each bucket's runs are grouped, merged in key order
+and written as one tar under a temporary name by a DoFn (``_tmp_buckets/bucket-NNNNNN``, no
+``.tar`` suffix, so a killed job leaves nothing that looks like a shard). Each attempt at a
+bucket writes its own ``bucket-NNNNNN.<random hex>.partial`` and renames it into place
+(:class:`shards.TarShardWriter`), so a retried or speculative attempt of the same bucket on a
+shared filesystem cannot corrupt another; both write the same bytes, so either rename may win. A final
+single-element step renames the non-empty buckets, in bucket order, to
+``{prefix}-000000.tar``... and then writes the manifest. Nothing depends on runner, worker count or arrival order, so every runner
+writes byte-identical shards.
+
+Output may be a local folder or any fsspec URL (``gs://``, ``s3://``, ...): tars are built
+in a local temporary folder and uploaded when the output is remote.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import json
+import math
+import os
+import sys
+import tempfile
+
+import apache_beam as beam
+import fsspec
+import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+
+from shards import Manifest, TarShardWriter, encode_text_sample, escape_key, shard_name
+from shards.format.blocks import COMPRESSIONS, BlockPacker
+from shards.io.index import WIDS_FILE, build_shard_index, dali_index_path, wids_index, write_dali_index
+from colaflow.wording import count
+
+from pipelines.stages.clean import stable_bucket
+from pipelines.config import ShardsConfig
+from pipelines.io.frames import Blob, decode, encode
+from pipelines.records import Doc
+from pipelines.stages.split import VAL, VAL_DIR, split_entry
+from pipelines.accounting.stats import EVENTS, aggregate, event
+
+TMP_DIR = "_tmp_buckets"
+TOKENIZER_FILE = "tokenizer.model"
+HEADER_BYTES = 1536  # two tar headers plus average padding per sample
+BLOCK_DOC_BYTES = 16  # a document's share of its block's metadata, compressed
+
+
+def encode_sample(item: tuple[Doc, np.ndarray], store_text: bool = False, layout: str = "token_blocks"
+                  ) -> tuple[str, dict, int, str, int]:
+    """``(doc, tokens)`` → ``(key, fields, n_tokens, source, text UTF-8 bytes)``.
+
+    The key is :func:`shards.escape_key` of the id (a hashed key for over-long ids; the id is in
+    the metadata either way). ``fields`` always holds ``json`` (the document's metadata, bytes);
+    with ``layout="documents"`` it is the sample's members (``store_text`` adds ``txt.zst``);
+    with ``token_blocks`` it also holds ``tokens`` (the array's raw little-endian bytes:
+    :func:`sample_tokens` reads them back) and ``text`` (with ``store_text``), which
+    :class:`WriteBucketFn` packs into blocks. Raw bytes, not the array: a shard's samples are
+    held together while it is written, and an array object costs more than a short document's
+    tokens (1,250 against 530 bytes per 60-token sample).
+    """
+    doc, tokens = item
+    text_bytes = len(doc.text.encode("utf-8"))
+    meta = {"id": doc.id, "source": doc.source, "n_tokens": int(tokens.size), "n_bytes": text_bytes}
+    if layout == "token_blocks":
+        fields = {"json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"),
+                  "tokens": tokens.astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes()}
+        if store_text:
+            fields["text"] = doc.text
+    else:
+        fields = encode_text_sample(tokens, meta, doc.text if store_text else None)
+    return escape_key(doc.id), fields, int(tokens.size), doc.source, text_bytes
+
+
+def sample_tokens(sample) -> np.ndarray | None:
+    """The tokens of a ``token_blocks`` sample of :func:`encode_sample` (1-D ``uint16``/``uint32``,
+    read in place from its bytes; the width is bytes per token), or ``None`` for a ``documents``
+    sample."""
+    data = sample[1].get("tokens")
+    if data is None:
+        return None
+    return np.frombuffer(data, dtype=f"<u{len(data) // sample[2]}")
+
+
+def encoded_size(sample) -> int:
+    """Approximate tar bytes of an encoded sample (a document of a token block: its tokens' bytes)."""
+    fields = sample[1]
+    if "tokens" in fields:
+        return len(fields["tokens"]) + BLOCK_DOC_BYTES
+    return sum(len(v) for v in fields.values()) + HEADER_BYTES
+
+
+def num_buckets(total_bytes: int, cfg: ShardsConfig) -> int:
+    """Shard count: ``cfg.num_shards`` when set, else ``ceil(total_bytes / cfg.target_bytes)`` (at least 1)."""
+    if cfg.num_shards > 0:
+        return cfg.num_shards
+    return max(1, math.ceil(total_bytes / cfg.target_bytes))
+
+
+def assign_bucket(sample, total_bytes: int, cfg: ShardsConfig):
+    """``(bucket, sample)``: the sample's bucket by a stable hash of its key over :func:`num_buckets`."""
+    return stable_bucket(sample[0], num_buckets(total_bytes, cfg)), sample
+
+
+def sample_order(sample) -> tuple[str, bytes]:
+    """Where a sample of :func:`encode_sample` goes in its shard: by key, then metadata."""
+    return sample[0], sample[1]["json"]
+
+
+RUN_FRAME_SAMPLES = 32  # samples per frame of a run: the writer holds one frame of each run as objects
+RUN_BUFFER_BYTES = 32 << 20  # encoded bytes a bundle buffers before it emits its runs early
+
+
+class AssignBucketsFn(beam.DoFn):
+    """Batches of :func:`encode_sample` samples → ``(bucket, run)`` per bucket, once per bundle:
+    the bundle's samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`,
+    encoded as frames of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.io.frames.encode`) in a
+    :class:`pipelines.io.frames.Blob`, which the writer reads in place on Dask. A bundle that
+    buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`, plus stored text) emits its
+    runs early and starts new ones, so a runner with large bundles (the DirectRunner's can be the whole
+    corpus) never holds more than that as objects here.
+
+    Why runs: :class:`WriteBucketFn` merges a bucket's runs, reading one frame of each at a
+    time, so it holds the bucket as bytes, not as one object tree per sample (a shard of
+    52,000 short documents as objects was a Dask worker's largest task at 16× the demo
+    corpus), and the group moves one element per bundle and bucket instead of one per
+    document. Process arguments: ``total_bytes`` (the side input of encoded bytes) and ``cfg``.
+    """
+
+    def start_bundle(self):
+        """Start empty runs."""
+        self._runs: dict[int, list] = {}
+        self._buffered = 0
+
+    def process(self, batch: list, total_bytes: int, cfg: ShardsConfig):
+        """Add each sample of ``batch`` to its bucket's run; emits runs only past ``RUN_BUFFER_BYTES``."""
+        for sample in batch:
+            bucket, _ = assign_bucket(sample, total_bytes, cfg)
+            self._runs.setdefault(bucket, []).append(sample)
+            self._buffered += encoded_size(sample) + len(sample[1].get("text", ""))  # stored text is held too
+        if self._buffered > RUN_BUFFER_BYTES:
+            yield from self._emit()
+
+    def finish_bundle(self):
+        """Emit the runs left, in bucket order."""
+        for run in self._emit():
+            yield beam.transforms.window.GlobalWindows.windowed_value(run)
+
+    def _emit(self):
+        runs, self._runs, self._buffered = self._runs, {}, 0
+        for bucket in sorted(runs):
+            samples = runs.pop(bucket)
+            samples.sort(key=sample_order)
+            yield bucket, Blob(encode(samples, RUN_FRAME_SAMPLES))
+
+
+def bucket_name(bucket: int) -> str:
+    """Temporary file name of a bucket's tar before the commit renames it to a shard."""
+    return f"bucket-{bucket:06d}"
+
+
+def length_bin(n_tokens: int) -> int:
+    """Lower edge of a document's power-of-two length bin in tokens (0, 1, 2, 4, 8, ...)."""
+    return 1 << (n_tokens.bit_length() - 1) if n_tokens > 0 else 0
+
+
+def _fs(url: str):
+    return fsspec.core.url_to_fs(url)
+
+
+class WriteBucketFn(beam.DoFn):
+    """``(bucket, runs)`` → ``(bucket, ShardInfo, ShardIndex | None)`` of a tar under ``OUT/_tmp_buckets/``.
+
+    ``runs`` are :class:`pipelines.io.frames.Blob` s of encoded samples, each run sorted by
+    :func:`sample_order` (:class:`AssignBucketsFn`); they are merged, so samples are written sorted by key and only
+    one frame of each run exists as objects at a time. A key seen twice (two documents with the
+    same id but different text) keeps the first in sort order and emits ``filtered:duplicate_id`` for the
+    other. Emits ``kept``, ``tokens`` and ``text_bytes`` events per source. With ``write_index``
+    the DALI ``.idx`` is built here, in parallel, from the file just written. Documents encoded
+    for ``token_blocks`` are cut into blocks of ``block_tokens`` in key order.
+    """
+
+    def __init__(self, output_dir: str, write_index: bool, compression: str = "none", block_tokens: int = 0):
+        self.output_dir, self.write_index = output_dir, write_index
+        self.compression, self.block_tokens = compression, block_tokens
+
+    def process(self, item):
+        """Write one bucket's runs, merged by key, into one tar (token blocks or one sample per
+        document); yields ``(bucket, ShardInfo, index)`` and ``kept``/``tokens``/length events."""
+        bucket, runs = item
+        samples = heapq.merge(*(decode(run.data) for run in runs), key=sample_order)
+        fs, root = _fs(self.output_dir)
+        name = bucket_name(bucket)
+        local = isinstance(fs, LocalFileSystem)
+        tmp_local = os.path.join(root, TMP_DIR) if local else tempfile.mkdtemp(prefix="colaflow-")
+        os.makedirs(tmp_local, exist_ok=True)
+        path = os.path.join(tmp_local, name)
+        last_key = None
+        counts: dict[tuple[str, str], int] = {}  # summed per bucket: one event per (source, name)
+        packer = BlockPacker(self.block_tokens, self.compression)
+
+        def put(block):
+            if block is not None:
+                writer.write(block[0], block[1], tokens=block[3], documents=block[2])
+
+        with TarShardWriter(path) as writer:
+            for sample in samples:
+                key, fields, n_tokens, source, text_bytes = sample
+                if key == last_key:
+                    counts[source, "filtered:duplicate_id"] = counts.get((source, "filtered:duplicate_id"), 0) + 1
+                    continue
+                last_key = key
+                tokens = sample_tokens(sample)
+                if tokens is not None:
+                    doc = json.loads(fields["json"])
+                    put(packer.add(doc["id"], doc["source"], tokens, fields.get("text")))
+                else:
+                    writer.write(key, fields, tokens=n_tokens)
+                for name, n in (("kept", 1), ("tokens", n_tokens), ("text_bytes", text_bytes),
+                                (f"length:{length_bin(n_tokens)}", 1)):
+                    counts[source, name] = counts.get((source, name), 0) + n
+            put(packer.flush())
+        for (source, name), n in sorted(counts.items()):
+            yield event(source, name, n)
+        index = None
+        if self.write_index:
+            index = build_shard_index(path, url=name, schema="text")
+            write_dali_index(index, dali_index_path(path))
+            index = dataclasses.replace(index, samples=[])  # offsets live in the .idx; keep the side input small
+        if not local:
+            fs.makedirs(f"{root}/{TMP_DIR}", exist_ok=True)
+            for local_file in [path] + ([dali_index_path(path)] if index else []):
+                fs.put_file(local_file, f"{root}/{TMP_DIR}/{os.path.basename(local_file)}")
+                os.unlink(local_file)
+            os.rmdir(tmp_local)
+        yield bucket, writer.info, index
+
+
+def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, model: bytes, splits: dict | None = None) -> Manifest:
+    """Commit one shard set: rename bucket tars (and their ``.idx``) to ``{prefix}-NNNNNN`` in bucket
+    order, remove stale shards of an earlier run, write ``tokenizer.model``, the wids
+    ``shardindex.json`` (with ``cfg.write_index``) and, last, ``manifest.json`` (with ``splits``, and
+    ``cfg.layout`` also when ``shards`` is empty); returns the manifest."""
+    from pipelines.stages.tokenize import load_processor, token_dtype
+
+    vocab_size = load_processor(model).get_piece_size()
+    fs, root = _fs(output_dir)
+    fs.makedirs(root, exist_ok=True)
+    infos, indexes = [], []
+    for n, (bucket, info, index) in enumerate(sorted(shards, key=lambda s: s[0])):
+        final = shard_name(cfg.prefix, n)
+        src = f"{root}/{TMP_DIR}/{bucket_name(bucket)}"
+        for a, b in [(src, f"{root}/{final}"), (dali_index_path(src), dali_index_path(f"{root}/{final}"))]:
+            if fs.exists(a):
+                fs.mv(a, b)
+        infos.append(dataclasses.replace(info, name=final))
+        if index is not None:
+            indexes.append(dataclasses.replace(index, url=final))
+    keep = {i.name for i in infos}
+    for stale in fs.glob(f"{root}/{cfg.prefix}-*.tar") + fs.glob(f"{root}/{cfg.prefix}-*.idx"):
+        if stale.rsplit("/", 1)[-1].replace(".idx", ".tar") not in keep:
+            fs.rm(stale)
+    if fs.exists(f"{root}/{TMP_DIR}"):
+        fs.rm(f"{root}/{TMP_DIR}", recursive=True)
+    fs.pipe_file(f"{root}/{TOKENIZER_FILE}", model)
+    if indexes:
+        fs.pipe_file(f"{root}/{WIDS_FILE}", (json.dumps(wids_index(indexes), indent=1) + "\n").encode("utf-8"))
+    # the configured layout, not one read off the shards: a job that wrote none has no shard to tell
+    manifest = Manifest(shards=infos, tokenizer=TOKENIZER_FILE, vocab_size=vocab_size,
+                        token_dtype=token_dtype(vocab_size).name, splits=splits or {}, layout=cfg.layout)
+    fs.pipe_file(f"{root}/manifest.json", manifest.to_json().encode("utf-8"))
+    return manifest
+
+
+def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, model: bytes,
+             val_shards: list | None = None) -> dict:
+    """Commit the run: the validation shard set first (``OUT/val/``, when ``val_shards`` is given),
+    then the training shards with a manifest listing it under ``splits`` (see :func:`commit_shards`),
+    then ``stats.json``; returns the stats. ``stats["splits"]`` counts shards, documents and tokens
+    per split; ``stats["shards_requested"]`` is ``cfg.num_shards`` (0: derived from ``target_bytes``),
+    which empty buckets can leave above ``stats["shards"]`` (see :func:`pipelines.accounting.report.shard_shortfall`).
+
+    Raises:
+        pipelines.stages.tokenize.EmptySampleError: no document was kept (every record dead-lettered or
+            filtered; the message gives the reasons), before anything is committed; a
+            ``NoRecordsError`` when no record was read at all."""
+    from pipelines.accounting.read_summary import ReadSummary
+    from pipelines.stages.tokenize import empty_error
+
+    stats = aggregate(events)
+    if not stats["total"]["kept"]:  # with --tokenizer no sample was trained, so nothing failed before
+        raise empty_error(ReadSummary.from_total(stats["total"]), "no document was kept, so no shard was written",
+                          "or the clean.* settings")
+    splits = {}
+    if val_shards is not None:
+        val = commit_shards(f"{output_dir}/{VAL_DIR}", cfg, val_shards, model)
+        splits[VAL] = split_entry(val, f"{VAL_DIR}/manifest.json", val.to_json().encode("utf-8"))
+    manifest = commit_shards(output_dir, cfg, shards, model, splits)
+    fs, root = _fs(output_dir)
+    index_bytes = sum(fs.size(p) for p in fs.glob(f"{root}/{cfg.prefix}-*.idx"))
+    if fs.exists(f"{root}/{WIDS_FILE}"):
+        index_bytes += fs.size(f"{root}/{WIDS_FILE}")
+    stats.update(shards=len(manifest.shards), shards_requested=cfg.num_shards, vocab_size=manifest.vocab_size, token_dtype=manifest.token_dtype,
+                 layout=manifest.layout, shard_bytes=manifest.total_bytes, index_bytes=index_bytes,
+                 shard_bytes_per_token=(manifest.total_bytes + index_bytes) / max(manifest.total_tokens, 1))
+    if splits:
+        stats["splits"] = {"train": {"shards": len(manifest.shards), "samples": manifest.total_documents,
+                                     "tokens": manifest.total_tokens},
+                           **{name: {k: e[k] for k in ("shards", "samples", "tokens")} for name, e in splits.items()}}
+    fs.pipe_file(f"{root}/stats.json", (json.dumps(stats, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    extra = "".join(f" (+{e['shards']} {name})" for name, e in splits.items())
+    print(f"committed {count(len(manifest.shards), 'shard')}{extra}, manifest.json and stats.json to {output_dir}",
+          file=sys.stderr, flush=True)
+    return stats
+
+
+def _encode_batch(batch: list, store_text: bool, layout: str) -> list:
+    return [encode_sample(item, store_text, layout) for item in batch]
+
+
+class WriteShards(beam.PTransform):
+    """``PCollection[list[(Doc, tokens)]]`` (batches) → ``(bucket, ShardInfo, ShardIndex | None)`` per
+    bucket (tag ``events``). Samples travel in batches up to the bucket assignment, which needs the
+    total size as a side input, so the runner materialises a few large elements, not one per sample."""
+
+    def __init__(self, output_dir: str, cfg: ShardsConfig):
+        super().__init__()
+        if cfg.layout not in ("token_blocks", "documents") or cfg.compression not in COMPRESSIONS or cfg.block_tokens < 0:
+            raise ValueError(f"shards.layout={cfg.layout!r}, shards.compression={cfg.compression!r}, shards.block_tokens="
+                             f"{cfg.block_tokens}: use token_blocks|documents, {'|'.join(COMPRESSIONS)} and >= 0")
+        self.output_dir, self.cfg = output_dir, cfg
+
+    def expand(self, tokenized):
+        """Tokenized batches → written shards (main output) and events: encode, size the dataset,
+        assign buckets, group and write one tar per bucket."""
+        samples = tokenized | "Encode" >> beam.Map(_encode_batch, self.cfg.store_text, self.cfg.layout)
+        total = (samples | "Size" >> beam.Map(lambda batch: sum(encoded_size(s) for s in batch))
+                 | "TotalSize" >> beam.CombineGlobally(sum))
+        return (samples
+                | "Assign" >> beam.ParDo(AssignBucketsFn(), beam.pvalue.AsSingleton(total), self.cfg)
+                | "GroupBucket" >> beam.GroupByKey()
+                | "WriteBucket" >> beam.ParDo(WriteBucketFn(self.output_dir, self.cfg.write_index, self.cfg.compression,
+                                                            self.cfg.block_tokens)).with_outputs(EVENTS, main="shards"))

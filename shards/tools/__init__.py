@@ -1,0 +1,1 @@
+"""Shard tools: verification against the format and the manifest, resharding, and the ``shards`` command line."""

@@ -1,0 +1,1 @@
+"""colaflow's test suite."""

@@ -1,0 +1,1 @@
+"""Tests across stages: the demo path, preprocessing to training."""

@@ -1,0 +1,1 @@
+"""Tests of the code base itself: import cycles, docstrings, command lines, worker dependencies."""

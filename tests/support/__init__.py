@@ -1,0 +1,1 @@
+"""Test support: fault-injecting HTTP server, local engines, synthetic data, browser screenshots, oracles."""

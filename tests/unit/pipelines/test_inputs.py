@@ -1,0 +1,121 @@
+"""Input reading: byte-range splits, bounded reads of huge records, Parquet, language filter."""
+from __future__ import annotations
+
+import io
+import json
+import tracemalloc
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelines.config import InputConfig, LanguageConfig, PipelineConfig, TokenizerConfig
+from pipelines.job import run
+from pipelines.stages.language import LanguageFilter
+from pipelines.io.reading import iter_lines, plan_splits, read_split
+from pipelines.records import DeadLetter, parse_unit
+from pipelines.stages.tokenize import train_sentencepiece
+from shards import Manifest, iter_documents
+
+
+def _units(path, cfg):
+    import os
+
+    return [u for s in plan_splits(str(path), os.path.getsize(path), cfg) for u in read_split(s, cfg)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b"")), min_size=1, max_size=40),
+       st.integers(1, 120), st.booleans())
+def test_splits_read_every_line_once(tmp_path_factory, lines, split_bytes, final_newline):
+    path = tmp_path_factory.mktemp("split") / "in.jsonl"
+    data = b"\n".join(lines) + (b"\n" if final_newline else b"")
+    path.write_bytes(data)
+    cfg = InputConfig(split_bytes=split_bytes)
+    units = _units(path, cfg)
+    expected = lines if final_newline or lines[-1] else lines[:-1]  # an empty last line is no line
+    assert [u[3] for u in units] == expected
+    assert all(data[u[2]:u[2] + len(u[3])] == u[3] for u in units)  # offsets point at the line
+    assert [u[1] for u in units if u[1]] == list(range(1, 1 + len([u for u in units if u[1]])))
+
+
+def test_dead_letter_in_later_split_names_byte_offset(tmp_path):
+    path = tmp_path / "big.jsonl"
+    good = b'{"id": "x%d", "text": "some text"}\n'
+    body = b"".join(good % i for i in range(100))
+    path.write_bytes(body + b'{"id": broken\n' + good % 100)
+    cfg = InputConfig(split_bytes=1000)
+    assert len(plan_splits(str(path), path.stat().st_size, cfg)) > 3
+    units = _units(path, cfg)
+    assert len(units) == 102
+    bad = next(u for u in units if u[3].startswith(b'{"id": broken'))
+    dead = parse_unit(bad[0], bad[1], bad[3], bad[4], cfg, bad[2], bad[5])
+    assert isinstance(dead, DeadLetter) and dead.reason == "bad_json"
+    assert dead.line == 0 and dead.offset == len(body) and json.loads(dead.to_json())["offset"] == len(body)
+
+
+def test_huge_line_is_skipped_in_bounded_memory(tmp_path):
+    path = tmp_path / "huge.jsonl"
+    with open(path, "wb") as f:
+        f.write(b'{"id": "huge", "text": "')
+        for _ in range(30):
+            f.write(b"x" * (1 << 20))  # 30 MiB on one line
+        f.write(b'"}\n{"id": "after", "text": "small"}\n')
+    cfg = InputConfig(max_record_bytes=1 << 20)
+    tracemalloc.start()
+    units = _units(path, cfg)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 6 << 20  # a few read buffers, never the 30 MiB line
+    # the second 16 MB split starts inside the huge line, skips its rest and owns the next line
+    assert [(u[1], u[2], u[4]) for u in units] == [(1, 0, "too_large"), (0, units[0][5], "jsonl")]
+    assert units[0][5] == path.stat().st_size - len(b'{"id": "after", "text": "small"}\n')
+    dead = parse_unit(*[units[0][i] for i in (0, 1, 3, 4)], cfg, units[0][2], units[0][5])
+    assert dead.reason == "too_large" and dead.raw.startswith('{"id": "huge"') and "31457" in dead.error
+    text_units = list(iter_lines(io.BytesIO(b"a" * 5000 + b"\nok\n"), 100))
+    assert [(u[0], u[2]) for u in text_units] == [(None, 5001), (b"ok", 3)]
+
+
+def test_language_filter_uses_bundled_model():
+    f = LanguageFilter(LanguageConfig(enabled=True, allowed=["en", "zh"], threshold=0.5))
+    assert f.classify("The quick brown fox jumps over the lazy dog near the river bank.")[0] == "en"
+    assert f.reason("这是一个用于测试语言识别的中文句子，内容关于春天的山和水。") is None
+    assert f.reason("Ceci est une phrase écrite en français, avec beaucoup de mots ordinaires.") == "lang_fr"
+    assert LanguageFilter(LanguageConfig(enabled=False)).reason("Ceci est une phrase") is None
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok") / "t.model"
+    path.write_bytes(train_sentencepiece(["the river ran past old stone walls into a quiet valley"] * 40
+                                         + ["les mots ordinaires de la phrase"] * 10, TokenizerConfig(vocab_size=400)))
+    return str(path)
+
+
+def test_parquet_in_row_group_splits_with_columns_and_language(tmp_path, model_path):
+    rows = {"key": [f"p{i}" for i in range(6)],
+            "body": ["The river ran past old stone walls into a quiet valley.", None,
+                     "Ceci est une phrase écrite en français, avec beaucoup de mots ordinaires.",
+                     "The farmers grew wheat and barley with great care every single year.",
+                     "The river ran past old stone walls into a quiet valley.", "Stone walls and a quiet valley in the hills."],
+            "src": ["web"] * 6, "other": list(range(6))}
+    pq.write_table(pa.table(rows), tmp_path / "part.parquet", row_group_size=2)
+    cfg = PipelineConfig()
+    cfg.input.text_field, cfg.input.id_field, cfg.input.source_field = "body", "key", "src"
+    cfg.input.split_bytes = 1  # one split per row group
+    cfg.language.enabled, cfg.language.allowed = True, ["en"]
+    cfg.tokenizer.path = model_path
+    assert len(plan_splits(str(tmp_path / "part.parquet"), 0, cfg.input)) == 3
+    stats = run(str(tmp_path / "*.parquet"), str(tmp_path / "out"), cfg)
+    t = stats["total"]
+    assert (t["input_records"], t["kept"], t["duplicates"], t["filtered"], t["dead_letter_reasons"]) == (
+        6, 3, 1, {"lang_fr": 1}, {"missing_text": 1})
+    dead = [json.loads(line) for p in (tmp_path / "out" / "dead_letter").iterdir() for line in open(p)]
+    assert [(d["line"], d["reason"]) for d in dead] == [(2, "missing_text")]  # Parquet row number
+    dups = [json.loads(line) for p in (tmp_path / "out" / "duplicates").iterdir() for line in open(p)]
+    assert dups == [{"duplicate_of": "part.parquet/p0", "id": "part.parquet/p4", "kind": "exact", "source": "web"}]
+    kept = sorted(s["json"]["id"] for info in Manifest.load(str(tmp_path / "out")).shards
+                  for s in iter_documents(str(tmp_path / "out" / info.name)))
+    assert kept == ["part.parquet/p0", "part.parquet/p3", "part.parquet/p5"]

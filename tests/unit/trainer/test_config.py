@@ -1,0 +1,54 @@
+"""TrainConfig from YAML + overrides, validation, learning-rate schedule."""
+import glob
+import os
+
+import pytest
+
+from colaflow.config import ConfigError, load_config
+from trainer.config import TrainConfig
+from trainer.optim import lr_at
+from tests.support.paths import REPO
+
+ROOT = str(REPO)
+CONFIGS = [os.path.join(ROOT, "configs", "demo.yaml")] + sorted(glob.glob(os.path.join(ROOT, "configs", "train*.yaml")))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_shipped_configs_load_and_validate(path):
+    cfg = load_config(TrainConfig, path)
+    cfg.validate()
+    assert cfg.model.vocab_size == 0 and cfg.zero.stage in (0, 1, 2, 3)
+
+
+def test_overrides_reach_nested_sections():
+    cfg = load_config(TrainConfig, CONFIGS[0], ["zero.stage=3", "optim.lr=1e-3", "model.norm=layernorm",
+                                               "data.seq_len=64", "cache.max_bytes=2GiB", "optim.betas=[0.8, 0.9]",
+                                               "activation_checkpointing=true", "steps=7"])
+    assert (cfg.zero.stage, cfg.optim.lr, cfg.model.norm) == (3, 1e-3, "layernorm")
+    assert (cfg.data.seq_len, cfg.cache.max_bytes, cfg.optim.betas) == (64, "2GiB", [0.8, 0.9])
+    assert cfg.activation_checkpointing is True and cfg.steps == 7
+    assert cfg.data.manifest == "runs/demo/shards" and cfg.cache.dir == "runs/demo/cache"
+
+
+def test_unknown_keys_are_rejected_with_valid_names():
+    with pytest.raises(ConfigError, match="zero.stag"):
+        load_config(TrainConfig, CONFIGS[0], ["zero.stag=2"])
+
+
+@pytest.mark.parametrize("override,field", [("zero.stage=4", "zero.stage"), ("precision=fp16", "precision"),
+                                            ("model.n_heads=3", "model.d_model"), ("device=tpu", "device"),
+                                            ("steps=0", "steps")])
+def test_validate_names_the_bad_field(override, field):
+    cfg = load_config(TrainConfig, CONFIGS[0], [override])
+    with pytest.raises(ValueError, match=field):
+        cfg.validate()
+
+
+def test_lr_warmup_then_cosine_to_min():
+    cfg = load_config(TrainConfig, None, ["optim.lr=1.0", "optim.min_lr=0.1", "optim.warmup_steps=10"]).optim
+    assert lr_at(0, cfg, 110) == pytest.approx(0.1)
+    assert lr_at(9, cfg, 110) == pytest.approx(1.0)
+    assert lr_at(60, cfg, 110) == pytest.approx(0.55)
+    assert lr_at(110, cfg, 110) == pytest.approx(0.1)
+    values = [lr_at(s, cfg, 110) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(values, values[1:]))

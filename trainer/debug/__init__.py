@@ -1,0 +1,1 @@
+"""Debugging a run after the fact: replay a bad step and name the first module that went wrong."""

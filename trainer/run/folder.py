@@ -1,0 +1,179 @@
+"""What a training command does with a run folder that already holds output: resume, refuse or overwrite.
+
+Re-running a command (up-arrow, Enter after Ctrl-C, a job scheduler's retry) must never throw away
+progress, as preprocessing refuses to write into a finished output (:mod:`pipelines.io.output`):
+
+- the folder holds a finished full checkpoint (``checkpoint.dir``) → **resume** from the newest
+  one when it is compatible, else **refuse**;
+- it holds earlier output (``metrics.jsonl``, ``train_summary.json``, checkpoints still being
+  written) but no finished checkpoint → **refuse** (a torchelastic restart of the same job,
+  ``TORCHELASTIC_RESTART_COUNT`` > 0, starts over instead: its earlier attempt never checkpointed);
+- ``checkpoint.overwrite=true`` → the earlier run's artifacts are removed and training starts at step 0;
+- ``checkpoint.resume=PATH`` → resume from that checkpoint (compatibility checked the same way).
+
+Compatible means: the checkpoint's ``config.yaml`` has the same ``model`` section (after
+``vocab_size`` is taken from the manifest). World size and ZeRO stage may differ: DCP reshards
+FSDP2 DTensors on load, and ZeRO-1 saves the optimizer state of each parameter under its FQN, so
+every stage and world size reads every other's checkpoint (:mod:`trainer.checkpointing.checkpoint`).
+What cannot be resharded is a different architecture (tensor shapes/names), hence the check.
+
+On resume from step ``N`` the records of ``metrics.jsonl`` after step ``N`` (written by the run
+that went past its last checkpoint) are removed, so re-trained steps are not logged twice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+from trainer.checkpointing.layout import exists, is_url, latest_checkpoint, list_names, open_file, read_meta
+from trainer.checkpointing.storage import open_store
+from trainer.config import TrainConfig
+
+# files and folders (relative to run_dir) that one training run writes, besides checkpoint.dir
+RUN_ARTIFACTS = ("train_summary.json", "config.json", "events.jsonl", "report", "profile")
+
+
+class RunFolderError(ValueError):
+    """The run folder holds an earlier run that cannot be resumed; the message says what to do."""
+
+
+@dataclass
+class RunPlan:
+    """What :func:`plan_run` decided for ``run_dir``.
+
+    Attributes:
+        action: ``fresh`` (nothing there), ``resume`` or ``overwrite`` (earlier run removed first).
+        checkpoint: folder to resume from (``resume`` only).
+        step: optimizer step the checkpoint holds (0 when not resuming).
+    """
+
+    action: str
+    checkpoint: str | None = None
+    step: int = 0
+
+
+def checkpoint_root(cfg: TrainConfig) -> str:
+    """``checkpoint.dir`` resolved against ``run_dir``; an fsspec URL (``s3://bucket/run/ckpt``) as is."""
+    return cfg.checkpoint.dir if is_url(cfg.checkpoint.dir) else os.path.join(cfg.run_dir, cfg.checkpoint.dir)
+
+
+def _earlier_output(cfg: TrainConfig) -> list[str]:
+    names = [cfg.metrics.jsonl, "train_summary.json"]
+    found = [os.path.join(cfg.run_dir, n) for n in names if os.path.exists(os.path.join(cfg.run_dir, n))]
+    root = checkpoint_root(cfg)
+    if list_names(root):
+        found.append(root)
+    return found
+
+
+def check_compatible(path: str, cfg: TrainConfig) -> int:
+    """Check that checkpoint ``path`` can be resumed by ``cfg``; returns its step.
+
+    Raises:
+        RunFolderError: not a finished full checkpoint, or its ``model`` section differs from
+            ``cfg.model`` (the differing keys are named).
+    """
+    import yaml
+    from colaflow.config import to_dict
+    try:
+        meta = read_meta(path)
+        with open_file(os.path.join(path, "config.yaml"), "r") as f:
+            saved = (yaml.safe_load(f) or {}).get("model", {})
+    except (OSError, ValueError) as e:
+        raise RunFolderError(f"{path}: not a readable colaflow checkpoint ({e}); pick another with "
+                             "checkpoint.resume=PATH or start over with checkpoint.overwrite=true") from e
+    if meta.get("kind") != "full":
+        raise RunFolderError(f"{path}: a weights-only checkpoint cannot resume training (no optimizer/loader "
+                             "state); use a step_XXXXXX folder")
+    want = to_dict(cfg.model)
+    differ = sorted(k for k in set(want) | set(saved) if want.get(k) != saved.get(k)
+                    and not (k == "vocab_size" and want.get(k) == 0))
+    if differ:
+        what = ", ".join(f"model.{k}={saved.get(k)!r} (now {want.get(k)!r})" for k in differ)
+        raise RunFolderError(f"{path} was trained with {what}: it cannot be resumed by this config. Use another "
+                             "run_dir, or checkpoint.overwrite=true to replace that run")
+    return int(meta["step"])
+
+
+def plan_run(cfg: TrainConfig) -> RunPlan:
+    """Decide between fresh start, resume and overwrite for ``cfg.run_dir`` (module doc); reads only.
+
+    Raises:
+        RunFolderError: the folder holds an earlier run that this config must not continue or replace.
+    """
+    ck = cfg.checkpoint
+    if ck.overwrite:
+        return RunPlan("overwrite")
+    if ck.resume not in ("", "latest"):
+        if not exists(ck.resume):
+            raise RunFolderError(f"checkpoint.resume={ck.resume}: no such checkpoint folder; use latest, \"\" "
+                                 "or an existing step_XXXXXX folder")
+        return RunPlan("resume", ck.resume, check_compatible(ck.resume, cfg))
+    latest = latest_checkpoint(checkpoint_root(cfg))
+    if latest is not None:
+        return RunPlan("resume", latest, check_compatible(latest, cfg))
+    earlier = _earlier_output(cfg)
+    if earlier and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        raise RunFolderError(f"run_dir={cfg.run_dir} already holds a run ({', '.join(earlier)}) with no finished "
+                             "checkpoint to resume from; use another run_dir or checkpoint.overwrite=true")
+    return RunPlan("fresh")
+
+
+def remove_earlier_run(cfg: TrainConfig) -> None:
+    """Delete what an earlier run wrote into ``run_dir`` (checkpoints, metrics, events, summary,
+    report, profile, TensorBoard); other files in the folder are left alone."""
+    names = [*RUN_ARTIFACTS, cfg.metrics.jsonl, cfg.metrics.tensorboard_dir]
+    open_store(checkpoint_root(cfg)).remove_all()
+    for path in [os.path.join(cfg.run_dir, n) for n in names if n]:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
+def truncate_metrics(path: str, step: int) -> int:
+    """Drop the records of ``metrics.jsonl`` at ``path`` whose ``step`` is after ``step``
+    (rewritten atomically); returns how many were dropped (0 when the file is absent)."""
+    if not os.path.exists(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()]
+    keep = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(keep) < len(lines):
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(keep)
+        os.replace(tmp, path)
+    return len(lines) - len(keep)
+
+
+def prepare_run(cfg: TrainConfig, is_main: bool) -> RunPlan:
+    """:func:`plan_run` on rank 0, shared with every rank; rank 0 then applies it (overwrite:
+    remove the earlier run; resume: drop metrics records after the checkpoint's step); collective
+    when distributed (one broadcast and one barrier).
+
+    Raises:
+        RunFolderError: see :func:`plan_run` (raised on every rank).
+    """
+    import torch.distributed as dist
+    result: list = [None]
+    if is_main:
+        try:
+            result[0] = plan_run(cfg)
+        except RunFolderError as e:
+            result[0] = e
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(result, src=0)
+    if isinstance(result[0], RunFolderError):
+        raise RunFolderError(str(result[0]))
+    plan: RunPlan = result[0]
+    if is_main:
+        if plan.action == "overwrite":
+            remove_earlier_run(cfg)
+        else:
+            truncate_metrics(os.path.join(cfg.run_dir, cfg.metrics.jsonl), plan.step)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+    return plan
