@@ -107,6 +107,15 @@ class TextLoader:
         """The epoch the loader is in (0-based)."""
         return self.progress.epoch
 
+    @property
+    def consumed(self) -> int:
+        """Documents of the current epoch delivered so far (all ranks' after a resume)."""
+        return self.progress.consumed
+
+    def source_counts(self) -> dict | None:
+        """``None``: one dataset has no sources to count (a mixture's loader counts them)."""
+        return None
+
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning, unless the state already points into it."""
         if epoch != self.progress.epoch:

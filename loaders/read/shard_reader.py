@@ -24,10 +24,10 @@ log = logging.getLogger(__name__)
 
 
 class LocalShards:
-    """Shard source for shards already on a local disk (no copy, no verification).
+    """:class:`loaders.protocols.ShardSource` for shards already on a local disk (no copy, no
+    verification, no read-ahead, no counters)."""
 
-    Implements the subset of the cache contract the loader uses: ``get`` and ``pinned``.
-    """
+    registry = None  # no counters to export
 
     def get(self, url: str, sha256: str | None = None, size: int | None = None) -> str:
         """Local path of ``url``. Raises ``FileNotFoundError`` when it is not a local file."""
@@ -40,6 +40,16 @@ class LocalShards:
     def pinned(self, url: str, sha256: str | None = None, size: int | None = None):
         """Context manager yielding the local path of ``url`` (nothing to pin for local files)."""
         yield self.get(url, sha256, size)
+
+    def prefetch(self, items) -> None:
+        """Nothing to fetch ahead: the files are local."""
+
+    def metrics(self) -> dict:
+        """No counters: ``{}``."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing to stop."""
 
 
 class ShardReader:
