@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from colaflow.config import ConfigError
+from shards.format.blocks import COMPRESSIONS
+from shards.format.layouts import LAYOUTS
 
 # The values each enumerated knob accepts (``section.key`` → allowed values); checked up front by
 # :meth:`PipelineConfig.validate`, since a typo would otherwise fall through to a default branch.
@@ -18,8 +20,8 @@ CHOICES: dict[str, tuple] = {
     "clean.whitespace": ("trim", "collapse", "keep"),
     "tokenizer.model_type": ("bpe", "unigram"),
     "tokenizer.normalization_rule": ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"),
-    "shards.layout": ("token_blocks", "documents"),
-    "shards.compression": ("none", "zstd"),
+    "shards.layout": tuple(LAYOUTS),
+    "shards.compression": COMPRESSIONS,
 }
 
 # Numeric ranges (``section.key`` → (low, high, low inclusive, high inclusive); ``None`` = unbounded).

@@ -17,6 +17,7 @@ import numpy as np
 
 from shards import Manifest, ShardError, shard_url
 from shards.access.documents import IndexedShard
+from shards.format.layouts import get_layout
 from shards.access.member_index import default_index_dir
 from shards.access.token_blocks import BlockShard
 
@@ -67,6 +68,7 @@ class ShardReader:
     def __init__(self, manifest: Manifest, manifest_url: str, cache, index_dir: str | None = None):
         self.manifest, self.manifest_url, self.cache = manifest, manifest_url, cache
         self.index_dir = index_dir or default_index_dir(cache)
+        self.layout = get_layout(manifest.layout)
         self._open: dict[int, tuple[IndexedShard | BlockShard, contextlib.ExitStack]] = {}
         self._failed: dict[int, str] = {}
 
@@ -87,13 +89,7 @@ class ShardReader:
             stack = contextlib.ExitStack()
             try:
                 path = stack.enter_context(self.cache.pinned(*self.shard_ref(shard)))
-                info = self.manifest.shards[shard]
-                if self.manifest.layout == "token_blocks":
-                    handle = BlockShard(path, info.samples, info.sha256, info.bytes, self.index_dir,
-                                        self.manifest.token_dtype, info.documents)
-                else:
-                    handle = IndexedShard(path, info.samples, info.sha256, info.bytes, self.index_dir,
-                                          self.manifest.token_dtype)
+                handle = self.layout.open(path, self.manifest.shards[shard], self.manifest.token_dtype, self.index_dir)
                 if handle.resident:  # its bytes are in memory: the cache may evict the file (and the pin's lock goes)
                     stack.close()
                 self._open[shard] = (handle, stack)

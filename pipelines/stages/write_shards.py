@@ -30,8 +30,8 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from shards import Manifest, TarShardWriter, encode_text_sample, escape_key, shard_name
-from shards.format.blocks import COMPRESSIONS, BlockPacker
+from shards import Manifest, TarShardWriter, escape_key, shard_name
+from shards.format.layouts import EncodedDocument, check_settings, get_layout
 from shards.io.index import WIDS_FILE, build_shard_index, dali_index_path, wids_index, write_dali_index
 from colaflow.wording import count
 
@@ -44,52 +44,25 @@ from pipelines.accounting.stats import EVENTS, aggregate, event
 
 TMP_DIR = "_tmp_buckets"
 TOKENIZER_FILE = "tokenizer.model"
-HEADER_BYTES = 1536  # two tar headers plus average padding per sample
-BLOCK_DOC_BYTES = 16  # a document's share of its block's metadata, compressed
 
 
 def encode_sample(item: tuple[Doc, np.ndarray], store_text: bool = False, layout: str = "token_blocks"
-                  ) -> tuple[str, dict, int, str, int]:
-    """``(doc, tokens)`` → ``(key, fields, n_tokens, source, text UTF-8 bytes)``.
+                  ) -> EncodedDocument:
+    """``(doc, tokens)`` → its :class:`shards.format.layouts.EncodedDocument` for ``layout``.
 
     The key is :func:`shards.escape_key` of the id (a hashed key for over-long ids; the id is in
-    the metadata either way). ``fields`` always holds ``json`` (the document's metadata, bytes);
-    with ``layout="documents"`` it is the sample's members (``store_text`` adds ``txt.zst``);
-    with ``token_blocks`` it also holds ``tokens`` (the array's raw little-endian bytes:
-    :func:`sample_tokens` reads them back) and ``text`` (with ``store_text``), which
-    :class:`WriteBucketFn` packs into blocks. Raw bytes, not the array: a shard's samples are
-    held together while it is written, and an array object costs more than a short document's
-    tokens (1,250 against 530 bytes per 60-token sample).
+    the metadata ``{"id", "source", "n_tokens", "n_bytes"}`` either way); ``store_text`` keeps the text.
     """
     doc, tokens = item
     text_bytes = len(doc.text.encode("utf-8"))
     meta = {"id": doc.id, "source": doc.source, "n_tokens": int(tokens.size), "n_bytes": text_bytes}
-    if layout == "token_blocks":
-        fields = {"json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"),
-                  "tokens": tokens.astype(tokens.dtype.newbyteorder("<"), copy=False).tobytes()}
-        if store_text:
-            fields["text"] = doc.text
-    else:
-        fields = encode_text_sample(tokens, meta, doc.text if store_text else None)
-    return escape_key(doc.id), fields, int(tokens.size), doc.source, text_bytes
+    fields = get_layout(layout).encode(meta, tokens, doc.text if store_text else None)
+    return EncodedDocument(escape_key(doc.id), fields, int(tokens.size), doc.source, text_bytes)
 
 
-def sample_tokens(sample) -> np.ndarray | None:
-    """The tokens of a ``token_blocks`` sample of :func:`encode_sample` (1-D ``uint16``/``uint32``,
-    read in place from its bytes; the width is bytes per token), or ``None`` for a ``documents``
-    sample."""
-    data = sample[1].get("tokens")
-    if data is None:
-        return None
-    return np.frombuffer(data, dtype=f"<u{len(data) // sample[2]}")
-
-
-def encoded_size(sample) -> int:
-    """Approximate tar bytes of an encoded sample (a document of a token block: its tokens' bytes)."""
-    fields = sample[1]
-    if "tokens" in fields:
-        return len(fields["tokens"]) + BLOCK_DOC_BYTES
-    return sum(len(v) for v in fields.values()) + HEADER_BYTES
+def encoded_size(doc: EncodedDocument, layout: str = "token_blocks") -> int:
+    """Approximate shard bytes of an encoded document (:meth:`shards.format.layouts.Layout.encoded_bytes`)."""
+    return get_layout(layout).encoded_bytes(doc)
 
 
 def num_buckets(total_bytes: int, cfg: ShardsConfig) -> int:
@@ -99,14 +72,14 @@ def num_buckets(total_bytes: int, cfg: ShardsConfig) -> int:
     return max(1, math.ceil(total_bytes / cfg.target_bytes))
 
 
-def assign_bucket(sample, total_bytes: int, cfg: ShardsConfig):
-    """``(bucket, sample)``: the sample's bucket by a stable hash of its key over :func:`num_buckets`."""
-    return stable_bucket(sample[0], num_buckets(total_bytes, cfg)), sample
+def assign_bucket(doc: EncodedDocument, total_bytes: int, cfg: ShardsConfig) -> tuple[int, EncodedDocument]:
+    """``(bucket, doc)``: the document's bucket by a stable hash of its key over :func:`num_buckets`."""
+    return stable_bucket(doc.key, num_buckets(total_bytes, cfg)), doc
 
 
-def sample_order(sample) -> tuple[str, bytes]:
-    """Where a sample of :func:`encode_sample` goes in its shard: by key, then metadata."""
-    return sample[0], sample[1]["json"]
+def sample_order(doc: EncodedDocument) -> tuple[str, bytes]:
+    """Where an encoded document goes in its shard: by key, then metadata."""
+    return doc.key, doc.fields["json"]
 
 
 RUN_FRAME_SAMPLES = 32  # samples per frame of a run: the writer holds one frame of each run as objects
@@ -136,10 +109,10 @@ class AssignBucketsFn(beam.DoFn):
 
     def process(self, batch: list, total_bytes: int, cfg: ShardsConfig):
         """Add each sample of ``batch`` to its bucket's run; emits runs only past ``RUN_BUFFER_BYTES``."""
-        for sample in batch:
-            bucket, _ = assign_bucket(sample, total_bytes, cfg)
-            self._runs.setdefault(bucket, []).append(sample)
-            self._buffered += encoded_size(sample) + len(sample[1].get("text", ""))  # stored text is held too
+        for doc in batch:
+            bucket, _ = assign_bucket(doc, total_bytes, cfg)
+            self._runs.setdefault(bucket, []).append(doc)
+            self._buffered += encoded_size(doc, cfg.layout) + len(doc.fields.get("text", ""))  # stored text is held too
         if self._buffered > RUN_BUFFER_BYTES:
             yield from self._emit()
 
@@ -182,15 +155,16 @@ class WriteBucketFn(beam.DoFn):
     for ``token_blocks`` are cut into blocks of ``block_tokens`` in key order.
     """
 
-    def __init__(self, output_dir: str, write_index: bool, compression: str = "none", block_tokens: int = 0):
+    def __init__(self, output_dir: str, write_index: bool, compression: str = "none", block_tokens: int = 0,
+                 layout: str = "token_blocks"):
         self.output_dir, self.write_index = output_dir, write_index
-        self.compression, self.block_tokens = compression, block_tokens
+        self.compression, self.block_tokens, self.layout = compression, block_tokens, layout
 
     def process(self, item):
         """Write one bucket's runs, merged by key, into one tar (token blocks or one sample per
         document); yields ``(bucket, ShardInfo, index)`` and ``kept``/``tokens``/length events."""
         bucket, runs = item
-        samples = heapq.merge(*(decode(run.data) for run in runs), key=sample_order)
+        docs = heapq.merge(*(decode(run.data) for run in runs), key=sample_order)
         fs, root = _fs(self.output_dir)
         name = bucket_name(bucket)
         local = isinstance(fs, LocalFileSystem)
@@ -199,29 +173,18 @@ class WriteBucketFn(beam.DoFn):
         path = os.path.join(tmp_local, name)
         last_key = None
         counts: dict[tuple[str, str], int] = {}  # summed per bucket: one event per (source, name)
-        packer = BlockPacker(self.block_tokens, self.compression)
-
-        def put(block):
-            if block is not None:
-                writer.write(block[0], block[1], tokens=block[3], documents=block[2])
-
         with TarShardWriter(path) as writer:
-            for sample in samples:
-                key, fields, n_tokens, source, text_bytes = sample
-                if key == last_key:
-                    counts[source, "filtered:duplicate_id"] = counts.get((source, "filtered:duplicate_id"), 0) + 1
+            sink = get_layout(self.layout).sink(writer.write, self.compression, self.block_tokens)
+            for doc in docs:
+                if doc.key == last_key:
+                    counts[doc.source, "filtered:duplicate_id"] = counts.get((doc.source, "filtered:duplicate_id"), 0) + 1
                     continue
-                last_key = key
-                tokens = sample_tokens(sample)
-                if tokens is not None:
-                    doc = json.loads(fields["json"])
-                    put(packer.add(doc["id"], doc["source"], tokens, fields.get("text")))
-                else:
-                    writer.write(key, fields, tokens=n_tokens)
-                for name, n in (("kept", 1), ("tokens", n_tokens), ("text_bytes", text_bytes),
-                                (f"length:{length_bin(n_tokens)}", 1)):
-                    counts[source, name] = counts.get((source, name), 0) + n
-            put(packer.flush())
+                last_key = doc.key
+                sink.add(doc)
+                for name, n in (("kept", 1), ("tokens", doc.tokens), ("text_bytes", doc.text_bytes),
+                                (f"length:{length_bin(doc.tokens)}", 1)):
+                    counts[doc.source, name] = counts.get((doc.source, name), 0) + n
+            sink.flush()
         for (source, name), n in sorted(counts.items()):
             yield event(source, name, n)
         index = None
@@ -327,19 +290,17 @@ class WriteShards(beam.PTransform):
 
     def __init__(self, output_dir: str, cfg: ShardsConfig):
         super().__init__()
-        if cfg.layout not in ("token_blocks", "documents") or cfg.compression not in COMPRESSIONS or cfg.block_tokens < 0:
-            raise ValueError(f"shards.layout={cfg.layout!r}, shards.compression={cfg.compression!r}, shards.block_tokens="
-                             f"{cfg.block_tokens}: use token_blocks|documents, {'|'.join(COMPRESSIONS)} and >= 0")
+        check_settings(cfg.layout, cfg.compression, cfg.block_tokens)
         self.output_dir, self.cfg = output_dir, cfg
 
     def expand(self, tokenized):
         """Tokenized batches → written shards (main output) and events: encode, size the dataset,
         assign buckets, group and write one tar per bucket."""
         samples = tokenized | "Encode" >> beam.Map(_encode_batch, self.cfg.store_text, self.cfg.layout)
-        total = (samples | "Size" >> beam.Map(lambda batch: sum(encoded_size(s) for s in batch))
+        total = (samples | "Size" >> beam.Map(lambda batch: sum(encoded_size(s, self.cfg.layout) for s in batch))
                  | "TotalSize" >> beam.CombineGlobally(sum))
         return (samples
                 | "Assign" >> beam.ParDo(AssignBucketsFn(), beam.pvalue.AsSingleton(total), self.cfg)
                 | "GroupBucket" >> beam.GroupByKey()
                 | "WriteBucket" >> beam.ParDo(WriteBucketFn(self.output_dir, self.cfg.write_index, self.cfg.compression,
-                                                            self.cfg.block_tokens)).with_outputs(EVENTS, main="shards"))
+                                                            self.cfg.block_tokens, self.cfg.layout)).with_outputs(EVENTS, main="shards"))

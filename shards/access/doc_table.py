@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from shards import ShardError
+from shards.io.reader import ShardError
 from shards.format.blocks import META_SUFFIX, decode_meta
 from shards.format.keys import escape_keys
 

@@ -26,7 +26,7 @@ import threading
 
 import numpy as np
 
-from shards import ShardError
+from shards.io.reader import ShardError
 from shards.format.blocks import npy_data_offset
 
 from shards.access.doc_table import DocTable, doc_table

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -183,6 +183,15 @@ def block_counts(fields: dict[str, bytes], where: str = "block") -> tuple[int, i
     return len(meta.ids), meta.tokens
 
 
+class Block(NamedTuple):
+    """An encoded block: its sample ``key``, member ``fields`` (suffix -> bytes), ``documents`` and ``tokens`` (counts)."""
+
+    key: str
+    fields: dict[str, bytes]
+    documents: int
+    tokens: int
+
+
 class BlockPacker:
     """Collect documents and cut them into blocks of about ``block_tokens`` tokens.
 
@@ -206,9 +215,8 @@ class BlockPacker:
         self._texts: list[str] | None = None
         self._n = 0
 
-    def add(self, doc_id: str, source: str, tokens: np.ndarray, text: str | None = None
-            ) -> tuple[str, dict[str, bytes], int, int] | None:
-        """Add one document; returns a finished block ``(key, fields, documents, tokens)`` or ``None``.
+    def add(self, doc_id: str, source: str, tokens: np.ndarray, text: str | None = None) -> Block | None:
+        """Add one document; returns the block it finished, or ``None``.
 
         Raises:
             ValueError: an empty ``doc_id`` (it could never be a sample key).
@@ -225,12 +233,12 @@ class BlockPacker:
         self._n += len(tokens)
         return out
 
-    def flush(self) -> tuple[str, dict[str, bytes], int, int] | None:
+    def flush(self) -> Block | None:
         """The block being filled, or ``None`` when empty."""
         if not self._docs:
             return None
         key, fields = encode_block(self._docs, self.compression, self._texts)
-        out = key, fields, len(self._docs), self._n
+        out = Block(key, fields, len(self._docs), self._n)
         self._docs, self._texts, self._n = [], None, 0
         return out
 

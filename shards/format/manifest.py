@@ -13,11 +13,11 @@ import os
 from dataclasses import asdict, dataclass, field
 
 
+from shards.format.layouts import LAYOUTS, get_layout
 from shards.format.urls import shard_url  # noqa: F401  (re-exported: shard URLs beside a manifest)
 
 FORMAT_VERSION = 2
 SUPPORTED_VERSIONS = (1, 2)  # 1: one sample per document; 2 adds token blocks and per-shard document counts
-LAYOUTS = ("documents", "token_blocks")
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,9 @@ class Manifest:
         return sum(self.document_counts())
 
     def document_counts(self) -> list[int]:
-        """Documents per shard in manifest order (the loader's unit): ``documents`` for token blocks,
-        else ``samples`` (one sample per document)."""
-        return [s.documents if self.layout == "token_blocks" else s.samples for s in self.shards]
+        """Documents per shard in manifest order (the loader's unit; a token block holds many)."""
+        layout = get_layout(self.layout)
+        return [layout.documents(s) for s in self.shards]
 
     def to_json(self) -> str:
         """The manifest as indented JSON text, with the derived totals (the bytes written to ``manifest.json``)."""
@@ -125,7 +125,7 @@ class Manifest:
                              f"{SUPPORTED_VERSIONS}); upgrade colaflow or rewrite the shards")
         layout = d.get("layout", "documents")
         if layout not in LAYOUTS:
-            raise ValueError(f"manifest layout {layout!r} is not one of {LAYOUTS}")
+            raise ValueError(f"manifest layout {layout!r} is not one of {tuple(LAYOUTS)}")
         return cls(
             shards=[ShardInfo(**{k: s[k] for k in ("name", "samples", "tokens", "bytes", "sha256")},
                               documents=int(s.get("documents", 0)), blocks=int(s.get("blocks", 0)))

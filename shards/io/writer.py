@@ -266,8 +266,7 @@ class TokenBlockWriter:
 
     def _write(self, block) -> None:
         if block is not None:
-            key, fields, docs, tokens = block
-            self.shards_writer.write(key, fields, tokens, docs)
+            self.shards_writer.write(block.key, block.fields, block.tokens, block.documents)
 
     def close(self) -> list[ShardInfo]:
         """Write the last block, commit the last shard; returns every shard's :class:`ShardInfo`."""
