@@ -141,6 +141,12 @@ class ShardCache:
         """The prometheus ``CollectorRegistry`` of this cache."""
         return self._metrics.registry
 
+    @property
+    def index_dir(self) -> str:
+        """``CACHE_DIR/shard-index``: the loaders' member indexes of cached shards, node-local beside them
+        and outside the cache's ``data/`` accounting."""
+        return os.path.join(self.config.path, "shard-index")
+
     def close(self) -> None:
         """Stop prefetching (waits for running downloads). The directory stays as is."""
         self._prefetcher.close()

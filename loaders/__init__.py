@@ -1,5 +1,6 @@
-"""Resumable loaders: the text loader (global deterministic order, exact resume, document-aware
-packing) and the image loaders.
+"""Resumable loaders: the text loader (a global order independent of the world size, exact resume,
+document-aware packing) over one dataset or a weighted mixture, and the image loaders; see
+``loaders/README.md``.
 
 Text::
 
@@ -10,18 +11,13 @@ Text::
         ...
     state = loader.global_state_dict()   # every rank calls it; save it with the checkpoint
     loader.load_state_dict(state)        # any world size / worker count
-
-A weighted mixture of datasets (``data.mixture``) gives a ``loaders.mixture.loader.MixtureLoader`` with
-the same interface. See ``loaders.order.sample_order`` (sample order and split), ``loaders.pack.object_packer``, ``loaders.order.progress``
-(resume state), ``loaders.rank.steps`` (equal step counts across ranks: ``data.step_policy``),
-``shards.access.member_index`` (per-node shard member offsets) and ``python -m loaders keys --help``.
 """
 import importlib
 
 # Imported on first use: loader worker processes import ``loaders.worker.pool`` and must not pay for
 # torch, which ``loaders.rank.loader`` and ``loaders.rank.batch`` import.
-_EXPORTS = {"DataConfig": ".config", "MixtureLoader": ".mixture.loader", "TextLoader": ".rank.loader",
-            "TokenBatch": ".rank.batch", "build_text_loader": ".rank.build", "merge_states": ".order.progress"}
+_EXPORTS = {"DataConfig": ".config", "TextLoader": ".rank.loader", "TokenBatch": ".rank.batch",
+            "build_text_loader": ".rank.loader", "merge_states": ".order.progress"}
 
 __all__ = sorted(_EXPORTS)
 

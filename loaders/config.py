@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-BATCHING_MODES = ("packed", "token_budget")
+from loaders.pack.batching import BATCHING
 REMAINDER_POLICIES = ("uneven", "drop", "pad")
 STEP_POLICIES = ("pad", "drop", "uneven")
 WORKER_STARTS = ("fork", "spawn")
@@ -17,7 +17,7 @@ class DataConfig:
         manifest: URL or path of ``manifest.json`` (or its folder): local, ``http(s)://``, fsspec.
         mixture: train on a weighted mixture of datasets instead of ``manifest``: a list of
             sources ``{manifest, name, weight}`` or ``{manifest, name, epochs | max_tokens}``
-            (see :mod:`loaders.mixture.loader`); empty = one dataset.
+            (see :mod:`loaders.mixture.mixture`); empty = one dataset.
         seq_len: tokens per packed row (T); documents longer than this are split into chunks.
         micro_batch_size: rows per micro-batch (B) in ``packed`` mode.
         num_workers: worker processes per rank (:mod:`loaders.worker.pool`; 0 = load in the main
@@ -85,8 +85,6 @@ class DataConfig:
             raise ValueError(f"data.step_policy={self.step_policy!r}: use one of {STEP_POLICIES}")
         if self.worker_start not in WORKER_STARTS:
             raise ValueError(f"data.worker_start={self.worker_start!r}: use one of {WORKER_STARTS}")
-        if self.batching not in BATCHING_MODES:
-            raise ValueError(f"data.batching={self.batching!r}: use one of {BATCHING_MODES}")
-        if self.batching == "token_budget" and self.max_tokens < self.seq_len:
-            raise ValueError(f"data.max_tokens={self.max_tokens} is below data.seq_len={self.seq_len}:"
-                             " a chunk of seq_len tokens would not fit in a batch")
+        if self.batching not in BATCHING:
+            raise ValueError(f"data.batching={self.batching!r}: use one of {tuple(BATCHING)}")
+        BATCHING[self.batching].check(self)

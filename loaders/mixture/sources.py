@@ -1,19 +1,8 @@
-"""The sources of a data mixture (``data.mixture``), their read order and shard access.
+"""The sources of a data mixture (``data.mixture``): their entries, one mixture epoch's order, and their shards.
 
-A source is a prebuilt dataset (a ``manifest.json`` path, folder, ``http(s)://`` or fsspec URL)
-with either a token ``weight`` (its share of the mixture's tokens) or a budget per mixture epoch
-(``epochs`` of its tokens, or ``max_tokens``). All sources of one mixture use the same kind.
-
-:class:`MixtureOrder` presents one mixture epoch the way :class:`loaders.order.sample_order.SampleOrder`
-presents one dataset epoch (positions, blocks, ``(shard, index)`` per position), over the
-concatenation of all sources' shards ("global" shard index = the source's offset + its shard
-index), so the consumer split and the packing of :mod:`loaders.rank.loader` apply unchanged.
-:class:`MixtureReader` routes each global shard to the source's own :class:`ShardReader`; all
-sources share one node cache. :class:`MixtureStream` is the :class:`loaders.worker.stream.TextStream`
-that uses both; like it, this module imports no torch (loader worker processes unpickle it).
-
-The unit of a source is the *document* (what the loader reads, packs and records), not the tar
-sample: a token-block shard's sample holds many documents (``Manifest.document_counts``).
+A source is a prebuilt dataset with a token ``weight`` or a budget per mixture epoch (``epochs`` of
+its tokens, or ``max_tokens``); its unit is the document, not the tar sample. Mixture shards have
+*global* indices: the source's offset plus its shard index.
 """
 from __future__ import annotations
 
@@ -22,16 +11,13 @@ from hashlib import sha256
 
 import numpy as np
 
-from shards import Manifest
 from colaflow.config import ConfigError, from_dict
-from shards.format.manifest import ShardInfo
-
 from loaders.mixture.plan import MixturePlan
-from shards.access.token_blocks import BlockShard
-from loaders.config import DataConfig
 from loaders.order.sample_order import SampleOrder
+from loaders.protocols import ShardSource
 from loaders.read.shard_reader import ShardReader
-from loaders.worker.stream import TextStream
+from shards import Manifest
+from shards.format.manifest import ShardInfo
 
 
 @dataclass
@@ -134,19 +120,19 @@ def source_shares(sources: list[LoadedSource]) -> tuple[list[float], float]:
     return budgets, float(sum(budgets))
 
 
-def combined_manifest(sources: list[LoadedSource]) -> Manifest:
-    """All sources' shards in one list (names prefixed ``SOURCE/``), for messages and fingerprints.
+def shard_offsets(sources: list[LoadedSource]) -> np.ndarray:
+    """``int64`` ``[sources + 1]``: each source's first global shard index (and the total)."""
+    return np.concatenate([[0], np.cumsum([len(s.manifest.shards) for s in sources])]).astype(np.int64)
 
-    Its layout is ``token_blocks`` when every source has token blocks (the stream then packs
-    whole groups of documents with numpy); otherwise ``documents``: the stream reads one document
-    at a time, which :meth:`ShardReader.tokens` serves from either layout.
-    """
+
+def combined_manifest(sources: list[LoadedSource]) -> Manifest:
+    """All sources' shards in one list (names prefixed ``SOURCE/``, each with its document count),
+    for messages and the data's fingerprint."""
     shards = [ShardInfo(f"{s.spec.name}/{i.name}", i.samples, i.tokens, i.bytes, i.sha256, d, i.blocks)
               for s in sources for i, d in zip(s.manifest.shards, s.manifest.document_counts())]
     first = sources[0].manifest
-    blocks = all(s.manifest.layout == "token_blocks" for s in sources)
-    return Manifest(shards, first.tokenizer, first.vocab_size, first.token_dtype,
-                    layout="token_blocks" if blocks else "documents")
+    # token_blocks: the layout whose counts are the listed documents (each source keeps its own layout)
+    return Manifest(shards, first.tokenizer, first.vocab_size, first.token_dtype, layout="token_blocks")
 
 
 def source_seed(seed: int, name: str) -> int:
@@ -172,7 +158,7 @@ class MixtureOrder:
         self.src, self.item = plan.epoch_draws(epoch)
         self.num_samples = len(self.src)
         self.num_blocks = -(-self.num_samples // self.block)
-        self.offsets = np.concatenate([[0], np.cumsum([len(s.manifest.shards) for s in sources])]).astype(np.int64)
+        self.offsets = shard_offsets(sources)
         self._orders: dict[tuple[int, int], SampleOrder] = {}
         self._blocks: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
@@ -227,50 +213,47 @@ class MixtureOrder:
                 break
         return list(seen)
 
-    def source_of_shard(self, shard: int) -> tuple[int, int]:
-        """``(source, shard index in the source's manifest)`` of a global shard index."""
-        s = int(np.searchsorted(self.offsets, shard, side="right") - 1)
-        return s, shard - int(self.offsets[s])
-
 
 class MixtureReader:
-    """Read samples by global shard index, each source through its own :class:`ShardReader`.
+    """Reads the shards of a mixture order's global indices, each source through its own
+    :class:`loaders.read.shard_reader.ShardReader` (a :class:`loaders.protocols.Reader`).
 
     Args:
-        sources: the loaded sources.
-        order: gives the global -> source shard mapping.
-        cache: the node cache (``pinned``; ``prefetch`` when present), shared by every source.
+        sources: the loaded sources (global shard index = the source's offset + its shard index).
+        cache: the node's shard source, shared by every source.
         index_dir: the node's member-index store (``None``: the default).
     """
 
-    def __init__(self, sources: list[LoadedSource], order: MixtureOrder, cache, index_dir: str | None = None):
-        self.order, self.cache = order, cache
+    def __init__(self, sources: list[LoadedSource], cache: ShardSource, index_dir: str | None = None):
+        self.cache, self.names = cache, [s.spec.name for s in sources]
+        self.offsets = shard_offsets(sources)
         self.readers = [ShardReader(s.manifest, s.spec.manifest, cache, index_dir) for s in sources]
 
+    def _source(self, shard: int) -> int:
+        return int(np.searchsorted(self.offsets, shard, side="right") - 1)
+
     def _route(self, shard: int) -> tuple[ShardReader, int]:
-        s, local = self.order.source_of_shard(shard)
-        return self.readers[s], local
+        s = self._source(shard)
+        return self.readers[s], shard - int(self.offsets[s])
 
     def shard_ref(self, shard: int) -> tuple[str, str, int]:
         """``(url, sha256, bytes)`` of a global shard."""
         reader, local = self._route(shard)
         return reader.shard_ref(local)
 
+    def shard_name(self, shard: int) -> str:
+        """``SOURCE/NAME`` of a global shard, as in :func:`combined_manifest`."""
+        reader, local = self._route(shard)
+        return f"{self.names[self._source(shard)]}/{reader.shard_name(local)}"
+
     def prefetch(self, shards: list[int]) -> None:
-        """Tell the cache the future read order over all sources (no-op without a ``prefetch`` method on the cache)."""
-        if hasattr(self.cache, "prefetch"):
-            self.cache.prefetch([self.shard_ref(s) for s in shards])
+        """Tell the shard source the future read order over all sources."""
+        self.cache.prefetch([self.shard_ref(s) for s in shards])
 
-    def tokens(self, shard: int, index: int) -> tuple[str, np.ndarray]:
-        """``(key, 1-D tokens)``; raises :class:`shards.ShardError` as :meth:`ShardReader.tokens`."""
+    def handle(self, shard: int):
+        """The open shard of a global index; raises :class:`shards.ShardError` as :meth:`ShardReader.handle`."""
         reader, local = self._route(shard)
-        return reader.tokens(local, index)
-
-    def block_shard(self, shard: int) -> BlockShard:
-        """The open token-block shard of a global shard; raises :class:`shards.ShardError` as
-        :meth:`ShardReader.block_shard`."""
-        reader, local = self._route(shard)
-        return reader.block_shard(local)
+        return reader.handle(local)
 
     def key(self, shard: int, index: int) -> str:
         """Sample key of ``(global shard, index)``."""
@@ -286,8 +269,8 @@ class MixtureReader:
         """Close every open shard not in ``shards`` (global indices)."""
         keep: list[set[int]] = [set() for _ in self.readers]
         for g in shards:
-            s, local = self.order.source_of_shard(int(g))
-            keep[s].add(local)
+            s = self._source(g)
+            keep[s].add(int(g) - int(self.offsets[s]))
         for reader, k in zip(self.readers, keep):
             reader.retain(k)
 
@@ -295,22 +278,3 @@ class MixtureReader:
         """Close every source's reader (unpins its shards)."""
         for reader in self.readers:
             reader.close()
-
-
-class MixtureStream(TextStream):
-    """:class:`TextStream` over a mixture epoch: the order is a :class:`MixtureOrder`, shards are
-    read through a :class:`MixtureReader` (the two seams :meth:`order` and :meth:`open_reader`)."""
-
-    def __init__(self, cfg: DataConfig, sources: list[LoadedSource], plan: MixturePlan, cache, rank: int,
-                 world_size: int):
-        super().__init__(cfg, combined_manifest(sources), "", cache, rank, world_size)
-        self.sources, self.plan = sources, plan
-
-    def order(self) -> MixtureOrder:
-        """The current mixture epoch's order."""
-        return MixtureOrder(self.plan, self.epoch, self.sources, self.cfg.seed, self.cfg.shuffle,
-                            self.cfg.shuffle_block)
-
-    def open_reader(self, cache, order: MixtureOrder) -> MixtureReader:
-        """One :class:`MixtureReader` per consumer (each source through its own shard reader)."""
-        return MixtureReader(self.sources, order, cache, self.cfg.index_dir or None)

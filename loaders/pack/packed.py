@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -42,6 +43,56 @@ class _Keys(Sequence):
         return repr(self._list())
 
 
+class KeyTable(Protocol):
+    """Sample keys of a group of documents, looked up in bulk when a batch's keys are read."""
+
+    has_ids: bool  # whether ``take(..., escaped=False)`` gives raw document ids (escaped later, on read)
+
+    def take(self, index: np.ndarray, escaped: bool = True) -> list[str]:
+        """Keys (``escaped``) or raw ids of documents ``index`` (``int64``)."""
+
+
+class KeyList:
+    """A :class:`KeyTable` over a list of keys (no raw ids)."""
+
+    has_ids = False
+
+    def __init__(self, keys: list[str]):
+        self.keys = keys
+
+    def take(self, index: np.ndarray, escaped: bool = True) -> list[str]:
+        """The keys at ``index`` (``escaped`` has no effect: they are keys already)."""
+        return [self.keys[i] for i in index.tolist()]
+
+
+class GroupKeys:
+    """The :class:`KeyTable` of documents gathered from several shards (one group of a consumer's read loop).
+
+    Args:
+        handles: the shards' open handles (``None``: an unreadable shard, whose documents have the key
+            ``""``); each gives ``key_list()`` and ``ids`` (raw ids, or ``None``).
+        handle, local: ``int64`` ``[documents]``: each document's handle and its index in that shard.
+    """
+
+    def __init__(self, handles: list, handle: np.ndarray, local: np.ndarray):
+        self.handles, self.handle, self.local = handles, handle, local
+        self.has_ids = all(h is None or h.ids is not None for h in handles)
+
+    def take(self, docs: np.ndarray, escaped: bool = True) -> list[str]:
+        """Sample keys (``escaped``) or raw ids of documents ``docs`` (``int64`` array), in bulk."""
+        which, local = self.handle[docs], self.local[docs]
+        out: list[str] = [""] * len(docs)
+        for t in np.unique(which).tolist():
+            handle = self.handles[t]
+            if handle is None:
+                continue
+            at = np.flatnonzero(which == t)
+            keys = handle.key_list() if escaped else handle.ids
+            for i, j in zip(at.tolist(), local[at].tolist()):
+                out[i] = keys[j]
+        return out
+
+
 def _runs_of(values: list[str]) -> list[str]:
     """``values`` with consecutive repeats dropped (one key per run of chunks of one document)."""
     out: list[str] = []
@@ -55,9 +106,8 @@ class BatchKeys(_Keys):
     """The sample keys of a batch's documents, looked up only when read (most batches' keys never are).
 
     Args:
-        tables: by token-pool group (shared with the packer, not copied): a key list, or an object
-            with ``take(index, escaped)`` (:class:`shards.access.token_blocks.GroupKeys`) that also gives
-            the raw document ids.
+        tables: :class:`KeyTable` s by group (:meth:`loaders.pack.packer.ArrayPacker.add` call; shared
+            with the packer, not copied).
         group, index: ``int64`` ``[chunks]``: each chunk's group and its document's index in that
             group's table, in row order.
 
@@ -77,8 +127,7 @@ class BatchKeys(_Keys):
         for gi in np.unique(g).tolist():  # one look-up per group (add call), in bulk
             at = np.flatnonzero(g == gi)
             table = self._tables[gi]
-            got = table.take(k[at], escaped) if hasattr(table, "take") else [table[i] for i in k[at].tolist()]
-            for i, key in zip(at.tolist(), got):
+            for i, key in zip(at.tolist(), table.take(k[at], escaped)):
                 found[i] = key
         return _runs_of(found)
 
@@ -89,7 +138,7 @@ class BatchKeys(_Keys):
         return self._keys
 
     def __reduce__(self):
-        if self._keys is None and all(hasattr(t, "take") for t in self._tables.values()):
+        if self._keys is None and all(t.has_ids for t in self._tables.values()):
             return IdKeys, (self._lookup(escaped=False),)  # no escaping in the worker: the reader does it, if ever
         return list, (self._list(),)
 

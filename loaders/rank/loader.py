@@ -1,40 +1,28 @@
-"""The text loader of one rank: packed batches from worker processes, with an exact resume state.
-
-Each rank builds ``build_text_loader(cfg, cache, rank, world_size)``. Worker ``w`` of rank ``r``
-is consumer ``r * W + w`` of ``C = world_size * W`` (see :mod:`loaders.order.sample_order`); it reads its
-documents, packs them (:mod:`loaders.pack.object_packer`) and sends compact batches
-(:class:`loaders.pack.packed.PackedBatch`) that this process expands into :class:`TokenBatch` es.
-Workers (:mod:`loaders.worker.pool`) deliver in round-robin order, so the stream is a deterministic
-function of (seed, epoch, world size, workers, resume state). The main process records each
-batch's ``consumed`` list on delivery (:mod:`loaders.order.progress`), so the resume state is exact
-even though workers read ahead.
-
-Ranks would deliver different numbers of batches (documents differ in length); ``data.step_policy``
-(:mod:`loaders.rank.steps`) makes every rank take the same number of steps (pad or drop, reported in
-``metrics()``) with one all-reduce per step when ``torch.distributed`` is initialised.
-"""
+"""The text loader of one rank: packed batches from worker processes, with an exact resume state."""
 from __future__ import annotations
 
+import collections
 import logging
-import queue
 import threading
 import time
 from hashlib import sha256
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 import numpy as np
 import torch
 
-from shards import Manifest
-
-from loaders.rank.batch import TokenBatch
 from loaders.config import DataConfig
+from loaders.order.progress import Progress, deal_fits
 from loaders.order.sample_order import plan_split
-from loaders.order.progress import Progress, deal_fits, merge_states
-from loaders.read.shard_reader import LocalShards
+from loaders.pack.batching import BestFit, batching
+from loaders.protocols import ShardSource, Sources
+from loaders.rank.batch import TokenBatch
 from loaders.rank.steps import StepCounts, StepSync, equal_steps, padding_batch, torch_step_sync
-from loaders.worker.stream import TextStream
+from loaders.read.shard_reader import LocalShards
+from loaders.sources import build_sources
 from loaders.worker.pool import WorkerPool
+from loaders.worker.stream import TextStream
+from shards import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -49,33 +37,67 @@ def dataset_fingerprint(manifest: Manifest) -> str:
     return h.hexdigest()[:16]
 
 
+def chunk_tokens(batch: TokenBatch) -> np.ndarray:
+    """Tokens of each chunk entry (``n_chunks > 0``) of ``batch.consumed``, in that order (``int64``).
+
+    Chunk entries are listed row by row, in row order (empty/bad documents, ``n_chunks == 0``,
+    before them), and a chunk's tokens are the row's tokens with its ``document_ids`` value.
+
+    Raises:
+        RuntimeError: the batch's rows and its ``consumed`` list disagree.
+    """
+    if batch.packed is not None:  # chunk lengths in row order: no need to expand the batch
+        return batch.packed.lens.astype(np.int64)
+    docs = batch.document_ids.cpu().numpy()
+    lengths = [np.bincount(row[row >= 0]) for row in docs]
+    out = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
+    expected = int(np.count_nonzero(batch.consumed[:, 2] > 0))
+    if len(out) != expected:
+        raise RuntimeError(f"batch lists {expected} chunks but its rows hold {len(out)}: cannot count tokens per source")
+    return out.astype(np.int64)
+
+
 class TextLoader:
-    """Resumable loader of one rank: iterate it for one epoch of :class:`TokenBatch` es.
+    """Resumable loader of one rank over its :class:`loaders.protocols.Sources` (one dataset or a
+    mixture): iterate it for one epoch of :class:`TokenBatch` es. A :class:`loaders.protocols.RankLoader`.
+
+    Args:
+        cfg: ``data:`` settings.
+        sources: what is read (:func:`loaders.sources.build_sources`).
+        cache: where local shard files come from (``cache.ShardCache``, or :class:`LocalShards`).
+        rank, world_size: this process's place in the job.
+        in_process: run the worker streams in this process (same batches, no worker processes).
+        step_sync: step agreement across ranks (default: ``torch.distributed`` all-reduce when
+            initialised; see :mod:`loaders.rank.steps`).
 
     Attributes:
         data_wait_seconds: seconds the last ``next()`` waited for its batch (trainer step metric).
         progress: the resume state (see :mod:`loaders.order.progress`).
+        stream: the rank's :class:`loaders.worker.stream.TextStream` (what worker processes run).
+    Raises:
+        ValueError: an invalid config (the message names the field) or ``rank`` out of range.
     """
 
-    def __init__(self, cfg: DataConfig, manifest: Manifest, manifest_url: str, cache, rank: int = 0,
-                 world_size: int = 1, in_process: bool = False, step_sync: StepSync | None = None):
+    def __init__(self, cfg: DataConfig, sources: Sources, cache: ShardSource, rank: int = 0, world_size: int = 1,
+                 in_process: bool = False, step_sync: StepSync | None = None):
         cfg.validate()
         self.step_sync = step_sync  # None: torch.distributed all-reduce when initialised
         self.steps = StepCounts()
         self.step_sync_used = "none"
         self.in_process = in_process  # worker streams interleaved in this process (same order, no processes)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.dataset = TextStream(cfg, manifest, manifest_url, cache, rank, world_size)
-        self.cache = cache
+        self.sources, self.cache = sources, cache
+        self.stream = TextStream(cfg, sources, cache, rank, world_size)
+        self.mode = batching(cfg)
         self.order_key = {"seed": cfg.seed, "shuffle": cfg.shuffle, "shuffle_block": cfg.shuffle_block,
-                          "seq_len": cfg.seq_len, "dataset": dataset_fingerprint(manifest)}
-        batch_tokens = cfg.seq_len * cfg.micro_batch_size
-        if rank == 0 and cfg.batching == "packed" and 1 < cfg.pack_window < batch_tokens:
+                          "seq_len": cfg.seq_len, "dataset": dataset_fingerprint(sources.manifest)}
+        batch_tokens = self.mode.micro_batch_tokens
+        if rank == 0 and isinstance(self.mode, BestFit) and 1 < cfg.pack_window < batch_tokens:
             log.warning("data.pack_window=%d tokens is less than one batch (seq_len x micro_batch_size = %d): most "
                         "rows will be padding; use at least %d (32 batches)", cfg.pack_window, batch_tokens,
                         32 * batch_tokens)
         self._unrecorded: list[np.ndarray] = []  # consumed records of delivered batches, not yet applied
-        self.progress = self._epoch_progress(0)
+        self._progress = sources.new_progress(0, self.order_key, world_size)
         self.data_wait_seconds = 0.0
         self.last_split = None  # loaders.order.sample_order.Split of the current epoch (drop/pad counts)
         # queue_depth_sum / queue_samples: mean ready batches in the prefetch thread's queue
@@ -100,7 +122,10 @@ class TextLoader:
     def _apply_records(self) -> None:
         if self._unrecorded:
             records, self._unrecorded = self._unrecorded, []
-            self._progress.record_many(np.concatenate(records))
+            p = self._progress
+            bad, empty = p.bad, p.empty
+            p.record_many(np.concatenate(records))
+            self.sources.counted(p.bad - bad, p.empty - empty)
 
     @property
     def epoch(self) -> int:
@@ -113,22 +138,18 @@ class TextLoader:
         return self.progress.consumed
 
     def source_counts(self) -> dict | None:
-        """``None``: one dataset has no sources to count (a mixture's loader counts them)."""
-        return None
+        """Tokens per mixture source (:meth:`loaders.protocols.Sources.counts`), ``None`` for one dataset."""
+        return self.sources.counts()
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning, unless the state already points into it."""
         if epoch != self.progress.epoch:
-            self.progress = self._epoch_progress(epoch)
-
-    def _epoch_progress(self, epoch: int) -> Progress:
-        """A fresh :class:`Progress` of ``epoch``, nothing consumed (seam: a mixture's epochs differ in length)."""
-        return Progress(epoch, self.order_key, self.dataset.manifest.total_documents, self.world_size)
+            self.progress = self.sources.new_progress(epoch, self.order_key, self.world_size)
 
     def state_dict(self) -> dict:
         """This rank's state (JSON-able). With several ranks, merge all ranks' states
-        (:func:`loaders.order.progress.merge_states` or :meth:`global_state_dict`) before saving."""
-        return self.progress.state_dict()
+        (:meth:`global_state_dict`) before saving."""
+        return self.sources.state_dict(self.progress)
 
     def global_state_dict(self) -> dict:
         """All ranks' states merged (a collective: every rank must call it when
@@ -138,32 +159,18 @@ class TextLoader:
             return self.state_dict()
         states: list = [None] * dist.get_world_size()
         dist.all_gather_object(states, self.state_dict())
-        return self._merge(states)
-
-    @staticmethod
-    def _merge(states: list[dict]) -> dict:
-        """All ranks' states as one (seam: a mixture merges its per-source states)."""
-        return merge_states(states)
+        return self.sources.merge(states)
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
         """Continue from a (merged) state, or a list of all ranks' states; any world size and workers.
 
         Raises:
-            ValueError: the state comes from another dataset, seed, shuffle or ``seq_len``, or is
-                malformed (:meth:`Progress.from_state`).
+            ValueError: the state comes from other data or order settings, or is malformed
+                (:meth:`loaders.protocols.Sources.restore`).
         """
         if isinstance(state, list):
-            state = merge_states(state)
-        p = Progress.from_state(state)
-        if p.order_key != self.order_key:
-            raise ValueError(f"loader state was written for {p.order_key}, this loader has {self.order_key};"
-                             " resume with the same data and data.seed/shuffle/shuffle_block/seq_len")
-        if p.num_samples != self.dataset.manifest.total_documents:
-            raise ValueError(f"loader state counts {p.num_samples} documents in an epoch, the data has "
-                             f"{self.dataset.manifest.total_documents}; resume from the checkpoint as saved")
-        over = len(p.complete_ranks) >= int(state["world_size"]) or self._nothing_left(p)
-        p.world_size = self.world_size
-        self.progress = self._epoch_progress(p.epoch + 1) if over else p
+            state = self.sources.merge(state)
+        self.progress = self.sources.restore(state, self.order_key, self.world_size, self._nothing_left)
         self.progress.complete_ranks = set()
 
     def _nothing_left(self, p: Progress) -> bool:
@@ -184,21 +191,22 @@ class TextLoader:
         """Counters: batches, doc_tokens, slots (B x T), padding_efficiency, data_wait_seconds (s),
         consumed/bad/empty samples, dropped/padded samples of this epoch's split (this rank's
         view of the whole split), the step policy's padded/dropped batches and dropped
-        samples/tokens of this rank (cumulative; see :mod:`loaders.rank.steps`), plus the cache's
-        metrics when it has any, and ``workers_peak_rss_mb`` (the largest worker's peak resident
-        memory this epoch, MiB)."""
+        samples/tokens of this rank (cumulative; see :mod:`loaders.rank.steps`), the shard source's
+        counters (``cache``, when it keeps any), ``workers_peak_rss_mb`` (the largest worker's peak
+        resident memory this epoch, MiB), and a mixture's per-source counters (``sources``)."""
+        progress = self.progress
         m = dict(self.totals)
         m["padding_efficiency"] = m["doc_tokens"] / m["slots"] if m["slots"] else 0.0
-        m.update(epoch=self.epoch, consumed=self.progress.consumed, bad=self.progress.bad, empty=self.progress.empty,
+        m.update(epoch=progress.epoch, consumed=progress.consumed, bad=progress.bad, empty=progress.empty,
                  dropped=self.last_split.dropped if self.last_split else 0,
                  padded=self.last_split.padded if self.last_split else 0)
         m.update(step_policy=self.cfg.step_policy, step_sync=self.step_sync_used,
                  padded_batches=self.steps.padded_batches, dropped_batches=self.steps.dropped_batches,
                  dropped_samples=self.steps.dropped_samples, dropped_tokens=self.steps.dropped_tokens)
         m["workers_peak_rss_mb"] = self.pool.peak_rss_mb if self.pool is not None else 0.0
-        if hasattr(self.cache, "metrics"):
-            m["cache"] = self.cache.metrics()
-        return m
+        if cache := self.cache.metrics():
+            m["cache"] = cache
+        return self.sources.metrics(m)
 
     # -- iteration --------------------------------------------------------------------
     def _batches(self) -> Iterator[TokenBatch]:
@@ -206,12 +214,12 @@ class TextLoader:
         pin = cfg.pin_memory and torch.cuda.is_available()
         first = self.progress.next_worker.get(self.rank, 0)  # the workers' round-robin goes on there
         if self.in_process:
-            return _expand(self.dataset.rank_batches(cfg.num_workers, first))
+            return _expand(self.stream.rank_batches(cfg.num_workers, first))
         if cfg.num_workers > 0:
-            self.pool = WorkerPool(self.dataset, cfg.num_workers, cfg.worker_start)
+            self.pool = WorkerPool(self.stream, cfg.num_workers, cfg.worker_start)
             runs = self.pool.runs(first)
         else:
-            runs = self.dataset.consumer_runs(0, 1)
+            runs = self.stream.consumer_runs(0, 1)
         return _thread_prefetch(runs, cfg.prefetch_batches * max(cfg.num_workers, 1), pin, self._queue_depth)
 
     def _queue_depth(self, ready: int) -> None:
@@ -221,7 +229,8 @@ class TextLoader:
 
     def __iter__(self) -> Iterator[TokenBatch]:
         if self.rank in self.progress.complete_ranks or self._nothing_left(self.progress):
-            self.progress = self._epoch_progress(self.epoch + 1)  # this epoch is over: go on with the next
+            # this epoch is over: go on with the next
+            self.progress = self.sources.new_progress(self.epoch + 1, self.order_key, self.world_size)
         split = self.last_split = self.split()
         if split.dropped or split.padded:
             log.info("epoch %d: %d samples dropped, %d repeated (data.remainder=%s)",
@@ -231,7 +240,7 @@ class TextLoader:
             p.deal = {"world_size": self.world_size, "workers": workers, "prefix": p.prefix,
                       "done": p.done.encode(p.prefix)}
             p.next_worker = {}
-        self.dataset.start(p)
+        self.stream.start(p)
         t0 = time.perf_counter()
         for batch in equal_steps(self._deliverable(self._batches()), self.cfg.step_policy, self._sync(),
                                  self.world_size, self._padding_batch, self.steps):
@@ -257,11 +266,13 @@ class TextLoader:
                 self._record(batch)
 
     def _record(self, batch: TokenBatch) -> None:
-        """Note a delivered batch's ``consumed`` entries in the resume state (seam: a mixture also
-        counts tokens per source)."""
+        """Note a delivered batch's ``consumed`` entries in the resume state, and tell the sources (a
+        mixture counts tokens per source)."""
         self._unrecorded.append(batch.consumed)
         if len(self._unrecorded) >= RECORD_EVERY:
             self._apply_records()
+        if len(batch.consumed):
+            self.sources.delivered(self.epoch, batch.consumed, chunk_tokens(batch))
 
     def _sync(self) -> StepSync | None:
         """The step agreement of this epoch (``None``: none needed or none possible, warned)."""
@@ -277,86 +288,89 @@ class TextLoader:
         return sync
 
     def _padding_batch(self) -> TokenBatch:
-        cfg = self.cfg
-        rows = cfg.micro_batch_size if cfg.batching == "packed" else max(1, cfg.max_tokens // cfg.seq_len)
-        return padding_batch(rows, cfg.seq_len)
+        return padding_batch(self.mode.micro_batch_rows, self.cfg.seq_len)
 
 
-def _expand(packed: Iterator) -> Iterator[TokenBatch]:
+def _expand(packed: Generator) -> Iterator[TokenBatch]:
     """Packed batches as :class:`TokenBatch` es; closing it closes ``packed``."""
     try:
         for p in packed:
             yield TokenBatch.from_packed(p)
     finally:
-        if hasattr(packed, "close"):
-            packed.close()
+        packed.close()
 
 
-def _thread_prefetch(runs: Iterator[list], depth: int, pin: bool,
+def _thread_prefetch(runs: Generator, depth: int, pin: bool,
                      on_get: Callable[[int], None] | None = None) -> Iterator[TokenBatch]:
-    """Expand runs of packed batches into :class:`TokenBatch` es in a background thread, about
-    ``depth`` batches ahead (a run crosses the thread in one hand-over); stops when the consumer
-    stops, and closes ``runs`` (stopping worker processes still reading ahead). ``on_get(n)`` is
-    told the number of batches ready each time the consumer asks for one."""
-    q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+    """Expand runs of packed batches into :class:`TokenBatch` es in a background thread, at most
+    ``depth`` batches ahead of the consumer (``data.prefetch_batches`` per worker: a run of one
+    packing may hold many); stops when the consumer stops, and closes ``runs`` (stopping worker
+    processes still reading ahead). ``on_get(n)`` is told the number of batches ready each time the
+    consumer asks for one."""
+    depth = max(1, depth)
+    ready: collections.deque = collections.deque()  # expanded batches, oldest first
+    cond = threading.Condition()
     stop = threading.Event()
     end = object()
+
+    def put(item) -> bool:
+        with cond:
+            while len(ready) >= depth and isinstance(item, TokenBatch) and not stop.is_set():
+                cond.wait(0.1)
+            if stop.is_set():
+                return False
+            ready.append(item)
+            cond.notify_all()
+            return True
 
     def run():
         try:
             for packed in runs:
-                batch = [TokenBatch.from_packed(p) for p in packed]
-                item = [b.pin_memory() for b in batch] if pin else batch
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(end)
+                for p in packed:
+                    batch = TokenBatch.from_packed(p)
+                    if not put(batch.pin_memory() if pin else batch):
+                        return
+            put(end)
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer thread
-            q.put(e)
+            put(e)
         finally:
-            if hasattr(runs, "close"):
-                runs.close()
+            runs.close()
 
     thread = threading.Thread(target=run, name="colaflow-batch-prefetch", daemon=True)
     thread.start()
-    ready: list = []
     try:
         while True:
-            if on_get is not None:
-                with q.mutex:  # the producer appends under this lock
-                    queued = sum(len(r) for r in q.queue if isinstance(r, list))
-                on_get(len(ready) + queued)
-            if not ready:
-                if (item := q.get()) is end:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                ready = item[::-1]
-            yield ready.pop()
+            with cond:
+                if on_get is not None:
+                    on_get(sum(1 for b in ready if isinstance(b, TokenBatch)))
+                while not ready:
+                    cond.wait()
+                item = ready.popleft()
+                cond.notify_all()
+            if item is end:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
     finally:
         stop.set()
+        with cond:
+            cond.notify_all()
         thread.join(timeout=5)
 
 
-def build_text_loader(cfg: DataConfig, cache=None, rank: int = 0, world_size: int = 1,
+def build_text_loader(cfg: DataConfig, cache: ShardSource | None = None, rank: int = 0, world_size: int = 1,
                       in_process: bool = False, step_sync: StepSync | None = None) -> TextLoader:
-    """The resumable text loader of ``rank`` of ``world_size``.
+    """The resumable text loader of ``rank`` of ``world_size`` over ``data.manifest`` or ``data.mixture``.
 
     Args:
-        cfg: ``data:`` settings (``cfg.manifest``: path, folder or URL of ``manifest.json``;
-            ``cfg.mixture`` is handled by :func:`loaders.rank.build.build_text_loader`).
+        cfg: ``data:`` settings.
         cache: ``cache.ShardCache`` for remote shards; ``None`` reads local shards in place.
-        in_process: run the worker streams in this process (same batches, no worker processes).
-        step_sync: step agreement across ranks (default: ``torch.distributed`` all-reduce when
-            initialised; see :mod:`loaders.rank.steps`).
+        rank, world_size, in_process, step_sync: as :class:`TextLoader`.
     Raises:
-        FileNotFoundError / ValueError: no manifest, or an invalid config (message names the field).
+        FileNotFoundError / ValueError: no manifest, or an invalid config (the message names the field or
+            source); ``colaflow.config.ConfigError`` for a bad ``data.mixture`` entry.
     """
-    manifest = Manifest.load(cfg.manifest)
-    return TextLoader(cfg, manifest, cfg.manifest, cache if cache is not None else LocalShards(), rank,
-                      world_size, in_process, step_sync)
+    cfg.validate()
+    return TextLoader(cfg, build_sources(cfg), cache if cache is not None else LocalShards(), rank, world_size,
+                      in_process, step_sync)

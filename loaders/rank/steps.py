@@ -23,10 +23,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from loaders.rank.batch import TokenBatch
-from loaders.pack.object_packer import make_batch
+from loaders.pack.packed import PackedBatch
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ def torch_step_sync(world_size: int) -> StepSync | None:
 
 def padding_batch(rows: int, seq_len: int) -> TokenBatch:
     """A fully masked ``[rows, seq_len]`` batch: input 0, labels -100, documents -1, no keys."""
-    return make_batch([], seq_len, rows)
+    return TokenBatch.from_packed(PackedBatch(np.zeros((rows, seq_len), np.uint16), np.zeros(0, np.int32),
+                                              np.zeros(rows, np.int32)))
 
 
 @dataclass

@@ -1,25 +1,16 @@
-"""Random access to samples inside shards, through the node cache.
-
-A consumer reads only its own samples: it opens a shard (a local file from the cache), takes
-its member offsets from the node's index (:mod:`shards.access.member_index`: listed once per node with
-:mod:`tarfile`), and reads the members of a sample by offset. A shard holds no file object
-once open (:mod:`shards.access.local_file`): a small one is read whole into memory and unpinned from
-the cache at once, a larger one is memory-mapped and stays pinned while open. So a consumer
-keeping thousands of tiny shards of a shuffle block open needs no descriptor for them.
-"""
+"""The one shard reader: shards of a dataset opened on demand through a shard source, as the layout's handles."""
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import tempfile
 
 import numpy as np
 
+from loaders.protocols import ShardHandle, ShardSource
 from shards import Manifest, ShardError, shard_url
-from shards.access.documents import IndexedShard
 from shards.format.layouts import get_layout
-from shards.access.member_index import default_index_dir
-from shards.access.token_blocks import BlockShard
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +20,7 @@ class LocalShards:
     verification, no read-ahead, no counters)."""
 
     registry = None  # no counters to export
+    index_dir = os.path.join(tempfile.gettempdir(), "colaflow-shard-index")  # member indexes of local shards
 
     def get(self, url: str, sha256: str | None = None, size: int | None = None) -> str:
         """Local path of ``url``. Raises ``FileNotFoundError`` when it is not a local file."""
@@ -59,17 +51,15 @@ class ShardReader:
     Args:
         manifest: the dataset manifest.
         manifest_url: its URL or folder (shard URLs are resolved beside it).
-        cache: an object with ``pinned(url, sha256, size)`` (context manager giving a local path)
-            — ``cache.ShardCache`` or :class:`LocalShards`; ``prefetch([(url, sha256, size)])``
-            is used when present.
-        index_dir: the node's member-index store (default: :func:`shards.access.member_index.default_index_dir`).
+        cache: where local shard files come from (``cache.ShardCache`` or :class:`LocalShards`).
+        index_dir: the node's member-index store (default: the shard source's ``index_dir``).
     """
 
-    def __init__(self, manifest: Manifest, manifest_url: str, cache, index_dir: str | None = None):
+    def __init__(self, manifest: Manifest, manifest_url: str, cache: ShardSource, index_dir: str | None = None):
         self.manifest, self.manifest_url, self.cache = manifest, manifest_url, cache
-        self.index_dir = index_dir or default_index_dir(cache)
+        self.index_dir = index_dir or cache.index_dir
         self.layout = get_layout(manifest.layout)
-        self._open: dict[int, tuple[IndexedShard | BlockShard, contextlib.ExitStack]] = {}
+        self._open: dict[int, tuple[ShardHandle, contextlib.ExitStack]] = {}
         self._failed: dict[int, str] = {}
 
     def shard_ref(self, shard: int) -> tuple[str, str, int]:
@@ -77,12 +67,22 @@ class ShardReader:
         info = self.manifest.shards[shard]
         return shard_url(self.manifest_url, info.name), info.sha256, info.bytes
 
-    def prefetch(self, shards: list[int]) -> None:
-        """Tell the cache the future read order (no-op without a ``prefetch`` method on the cache)."""
-        if hasattr(self.cache, "prefetch"):
-            self.cache.prefetch([self.shard_ref(s) for s in shards])
+    def shard_name(self, shard: int) -> str:
+        """The shard's file name (as the manifest lists it)."""
+        return self.manifest.shards[shard].name
 
-    def _shard(self, shard: int) -> IndexedShard | BlockShard:
+    def prefetch(self, shards: list[int]) -> None:
+        """Tell the shard source the future read order."""
+        self.cache.prefetch([self.shard_ref(s) for s in shards])
+
+    def handle(self, shard: int) -> ShardHandle:
+        """The open shard ``shard`` (the layout's handle, :func:`shards.format.layouts.get_layout`): opened on
+        first use and kept until :meth:`retain` lets it go. A small shard is read into memory and its
+        cache pin released at once, so thousands can stay open without a file descriptor each.
+
+        Raises:
+            ShardError: it cannot be fetched, verified or opened (logged once; its documents count as bad).
+        """
         if shard in self._failed:
             raise ShardError(self._failed[shard])
         if shard not in self._open:
@@ -107,22 +107,15 @@ class ShardReader:
 
     def key(self, shard: int, index: int) -> str:
         """Sample key of ``(shard, index)`` (from the shard's member index)."""
-        return self._shard(shard).key(index)
+        return self.handle(shard).key(index)
 
     def read(self, shard: int, index: int, fields: tuple[str, ...] | None = None) -> dict:
         """Decoded sample (only ``fields`` when given). Raises :class:`ShardError` (shard or member unreadable)."""
-        return self._shard(shard).read(index, fields)
+        return self.handle(shard).read(index, fields)
 
     def tokens(self, shard: int, index: int) -> tuple[str, np.ndarray]:
         """``(key, 1-D tokens)`` of a sample. Raises :class:`ShardError` (shard or member unreadable)."""
-        return self._shard(shard).tokens(index)
-
-    def block_shard(self, shard: int) -> BlockShard:
-        """The open token-block shard ``shard``. Raises :class:`ShardError` (unreadable, or not token blocks)."""
-        handle = self._shard(shard)
-        if not isinstance(handle, BlockShard):
-            raise ShardError(f"{handle.path}: not a token-block shard")
-        return handle
+        return self.handle(shard).tokens(index)
 
     def retain(self, shards: set[int]) -> None:
         """Close (unpin) every open shard not in ``shards``. Retained shards hold no file descriptor

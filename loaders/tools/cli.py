@@ -28,10 +28,8 @@ from colaflow.config import apply_overrides, from_dict
 from colaflow.errors import exit_status, explain
 from colaflow.wording import help_text
 
-from loaders.rank.build import build_text_loader
 from loaders.config import DataConfig
-from loaders.rank.loader import TextLoader
-from loaders.mixture.loader import MixtureLoader
+from loaders.rank.loader import TextLoader, build_text_loader
 from loaders.read.shard_reader import LocalShards
 
 
@@ -55,11 +53,8 @@ def _loaders(cfg: DataConfig, cache, world: int) -> list[TextLoader]:
 
 def _source(ld: TextLoader, pos: int) -> str:
     """`` source=NAME source_epoch=E`` of a mixture position ('' for one dataset)."""
-    if not isinstance(ld, MixtureLoader):
-        return ""
-    src, item = ld.plan.epoch_draws(ld.epoch)
-    s = int(src[pos])
-    return f" source={ld.names[s]} source_epoch={int(item[pos]) // ld.sources[s].items}"
+    origin = ld.sources.origin(ld.epoch, pos)
+    return f" source={origin[0]} source_epoch={origin[1]}" if origin else ""
 
 
 def keys_command(args) -> int:
@@ -78,7 +73,7 @@ def keys_command(args) -> int:
         from cache import CacheConfig, ShardCache
         cache = ShardCache(CacheConfig(dir=args.cache_dir))
     loaders = _loaders(cfg, cache, args.world_size)
-    manifest = loaders[0].dataset.manifest
+    manifest = loaders[0].sources.manifest
     for ld in loaders:
         ld.set_epoch(args.epoch)
     if args.resume_at:
@@ -90,7 +85,7 @@ def keys_command(args) -> int:
                         f"--resume-at {args.resume_at} is past the end of epoch {args.epoch}: its "
                         f"{loaders[0].progress.num_samples} documents last {step} steps "
                         f"at world size {args.world_size}; give --resume-at {step} or less")
-            state = loaders[0]._merge([ld.state_dict() for ld in loaders])
+            state = loaders[0].sources.merge([ld.state_dict() for ld in loaders])
         finally:
             for it in its:
                 it.close()  # unpins the shards these loaders hold open in the cache
@@ -102,13 +97,13 @@ def keys_command(args) -> int:
     print(f"# epoch {progress.epoch}: {progress.num_samples} samples, {progress.consumed} consumed before; "
           f"world size {args.world_size} x {max(args.workers, 1)} workers; remainder={cfg.remainder}: "
           f"{split.assigned} assigned, {split.dropped} dropped, {split.padded} repeated")
-    reader = loaders[0].dataset.open_reader(cache, loaders[0].dataset.order())
+    reader = loaders[0].stream.open_reader()
     try:
         for ld in loaders:
-            ld.dataset.start(ld.progress)
+            ld.stream.start(ld.progress)
             partial = ld.progress.partial
             for w in range(max(args.workers, 1)):
-                for pos, shard, local in ld.dataset.consumer_positions(w, max(args.workers, 1)):
+                for pos, shard, local in ld.stream.consumer_positions(w, max(args.workers, 1)):
                     reader.retain({shard})  # one shard pinned at a time: the cache may hold less than the data
                     done = partial.get(pos, (0, set()))[1]
                     mark = f" partial={','.join(map(str, sorted(done)))}" if done else ""
@@ -116,8 +111,7 @@ def keys_command(args) -> int:
                           f"{manifest.shards[shard].name}/{reader.key(shard, local)}")
     finally:
         reader.close()
-        if hasattr(cache, "close"):
-            cache.close()
+        cache.close()
     return 0
 
 

@@ -188,10 +188,13 @@ class WorkerPool:
 def _work(job: bytes, out: BinaryIO) -> int:
     """Worker side: run the job, write runs of batches to ``out``; the exit status (130: Ctrl-C)."""
     try:
-        stream, worker, num_workers = pickle.loads(job)
-        for run in stream.consumer_runs(worker, num_workers):
-            pickle.dump(("batches", run), out, protocol=pickle.HIGHEST_PROTOCOL)
-            out.flush()
+        stream, worker, num_workers = pickle.loads(job)  # the stream's shard source is this worker's own copy
+        try:
+            for run in stream.consumer_runs(worker, num_workers):
+                pickle.dump(("batches", run), out, protocol=pickle.HIGHEST_PROTOCOL)
+                out.flush()
+        finally:
+            stream.cache.close()
         pickle.dump(("end", peak_rss_mb()), out)
         out.flush()
     except BrokenPipeError:  # the parent stopped reading (end of iteration): nothing to report

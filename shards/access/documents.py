@@ -41,6 +41,8 @@ class IndexedShard:
             self._data = read_or_map(f)
         self._tokens = self.table.field_rows("tokens")
         self._decoder = TokenDecoder(token_dtype)
+        self._keys: list[str] | None = None
+        self.errors: list[str] = []  # unreadable documents met by locate(), for the caller to log
 
     def __len__(self) -> int:
         return len(self.table)
@@ -53,6 +55,14 @@ class IndexedShard:
     def key(self, index: int) -> str:
         """Key of sample ``index`` (file order)."""
         return str(self.table.keys[index])
+
+    def key_list(self) -> list[str]:
+        """Every sample's key, in file order."""
+        if self._keys is None:
+            self._keys = [str(k) for k in self.table.keys]
+        return self._keys
+
+    ids = None  # the member table holds keys, not the raw ids (an over-long id's key is hashed)
 
     def _member(self, key: str, suffix: str, offset: int, size: int) -> bytes:
         """The ``size`` bytes at ``offset`` (bytes) of the shard. Raises ShardError when the shard is shorter."""
@@ -91,6 +101,33 @@ class IndexedShard:
         except Exception as e:  # noqa: BLE001 - any decoder failure is reported with its location
             raise ShardError(f"{self.path}: cannot decode member {key}.{suffix}: {type(e).__name__}: {e}",
                              "undecodable") from e
+
+    def locate(self, index: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Documents ``index`` (``int64``) decoded into one token array, as
+        :meth:`shards.access.token_blocks.BlockShard.locate` returns them: ``(pools, pool, offset, length, ok)``.
+
+        A document whose tokens member is missing, undecodable or not a 1-D integer array is not ``ok``
+        (its error is in :attr:`errors` for the caller to log as bad); an empty one is ``ok`` with length 0.
+        """
+        arrays, ok = [], np.ones(len(index), bool)
+        for k, i in enumerate(index.tolist()):
+            try:
+                key, toks = self.tokens(i)
+            except ShardError as e:
+                self.errors.append(f"sample {i}: {e}")
+                ok[k] = False
+                continue
+            if toks.ndim != 1 or toks.dtype.kind not in "iu":
+                self.errors.append(f"{self.path}: sample {key} has no 1-D integer 'tokens' member")
+                ok[k] = False
+                continue
+            arrays.append(toks)
+        length = np.zeros(len(index), np.int64)
+        length[ok] = [len(a) for a in arrays]
+        offset = np.zeros(len(index), np.int64)
+        offset[ok] = np.cumsum(length[ok]) - length[ok]
+        pool = np.concatenate(arrays) if arrays else np.zeros(0, self._decoder.dtype)
+        return [pool], np.zeros(len(index), np.int64), offset, length, ok
 
     def close(self) -> None:
         """Let go of the shard's bytes (a memory map, and its descriptor, goes when garbage-collected)."""

@@ -28,7 +28,6 @@ import collections
 import logging
 import os
 import tarfile
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,16 +127,6 @@ def store_path(index_dir: str | None, sha256: str | None, size: int | None, suff
 
 
 _memory = TableCache(MEMORY_SHARDS)
-
-
-def default_index_dir(cache) -> str:
-    """Index store for ``cache``: ``CACHE_DIR/shard-index`` for a ``cache.ShardCache`` (node-local
-    beside the cached shards, outside the cache's ``data/`` accounting), else
-    ``$TMPDIR/colaflow-shard-index``."""
-    cfg = getattr(cache, "config", None)
-    if cfg is not None and hasattr(cfg, "path"):
-        return os.path.join(cfg.path, "shard-index")
-    return os.path.join(tempfile.gettempdir(), "colaflow-shard-index")
 
 
 def list_members(path: str) -> tuple[SampleEntry, ...]:

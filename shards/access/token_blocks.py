@@ -29,7 +29,7 @@ import numpy as np
 from shards.io.reader import ShardError
 from shards.format.blocks import npy_data_offset
 
-from shards.access.doc_table import DocTable, doc_table
+from shards.access.doc_table import doc_table
 from shards.access.member_index import member_table
 from shards.access.local_file import is_resident, read_or_map
 from shards.format.tokens import TokenDecoder
@@ -50,36 +50,6 @@ def _read_ahead_pool() -> concurrent.futures.ThreadPoolExecutor:
         if _ahead_pool is None or _ahead_pool[0] != os.getpid():
             _ahead_pool = (os.getpid(), concurrent.futures.ThreadPoolExecutor(1, "colaflow-block-read-ahead"))
         return _ahead_pool[1]
-
-
-class GroupKeys:
-    """Sample keys of a group of documents gathered from several shards, looked up when read.
-
-    Args:
-        tables: the shards' :class:`DocTable` s (``None``: an unreadable shard, whose documents
-            have the key ``""``).
-        table, local: ``int64`` ``[documents]``: each document's table and its index there.
-    """
-
-    def __init__(self, tables: list[DocTable | None], table: np.ndarray, local: np.ndarray):
-        self.tables, self.table, self.local = tables, table, local
-
-    def take(self, docs: np.ndarray, escaped: bool = True) -> list[str]:
-        """Sample keys (``escaped``) or raw ids of documents ``docs`` (``int64`` array), in bulk."""
-        which, local = self.table[docs], self.local[docs]
-        out: list[str] = [""] * len(docs)
-        for t in np.unique(which).tolist():
-            table = self.tables[t]
-            if table is None:
-                continue
-            at = np.flatnonzero(which == t)
-            keys = table.key_list() if escaped else table.ids
-            for i, j in zip(at.tolist(), local[at].tolist()):
-                out[i] = keys[j]
-        return out
-
-    def __len__(self) -> int:
-        return len(self.table)
 
 
 class BlockShard:
@@ -150,6 +120,15 @@ class BlockShard:
     def key(self, index: int) -> str:
         """Sample key of document ``index`` (:func:`shards.escape_key` of its id)."""
         return self.docs.key(index)
+
+    def key_list(self) -> list[str]:
+        """Every document's sample key, in file order (computed on first use)."""
+        return self.docs.key_list()
+
+    @property
+    def ids(self) -> list[str]:
+        """Every document's raw id, in file order (a key is :func:`shards.escape_key` of it)."""
+        return self.docs.ids
 
     def _decode(self, b: int, decoder: TokenDecoder) -> np.ndarray:
         """Block ``b``'s tokens, read and decompressed (``decoder``: one per thread, zstd contexts are

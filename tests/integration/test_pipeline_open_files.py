@@ -32,7 +32,7 @@ print(json.dumps({"shards": stats["shards"], "kept": stats["total"]["kept"]}))
 
 _LOADER = """
 import resource, sys
-from loaders.rank.build import build_text_loader
+from loaders.rank.loader import build_text_loader
 from loaders.config import DataConfig
 
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

@@ -3,7 +3,7 @@
 The anomaly guard (:mod:`trainer.run.anomaly`) writes each skipped step to ``RUN_DIR/events.jsonl``
 with the sample keys of every rank's batch. Replay takes the newest finished checkpoint (full or
 weights-only) saved before step ``N``, reads those samples from the run's shards, packs them into
-one batch the way the loader does (:mod:`loaders.pack.object_packer`: documents cut into ``seq_len`` chunks,
+one batch the way the loader does (:func:`loaders.pack.packer.pack_documents`: documents cut into ``seq_len`` chunks,
 best-fit-decreasing rows) and runs forward and backward once, in one process, with deterministic
 algorithms, the run's precision and its ``anomaly.inject_*`` test hooks (so an injected fault is
 replayed too). Hooks on every module record, in execution order, the statistics of its forward
@@ -201,7 +201,8 @@ def batch_from_keys(cfg, keys: list[str]):
     Raises:
         ReplayError: a key is not in the dataset of ``data.manifest``.
     """
-    from loaders.pack.object_packer import best_fit_decreasing, make_batch, split_document
+    from loaders.pack.packer import pack_documents
+    from loaders.rank.batch import TokenBatch
     from loaders.read.shard_reader import LocalShards, ShardReader
     from shards import Manifest
     manifest = Manifest.load(cfg.data.manifest)
@@ -225,16 +226,13 @@ def batch_from_keys(cfg, keys: list[str]):
                 break
     finally:
         reader.close()
-        if hasattr(cache, "close"):
-            cache.close()
+        cache.close()
     missing = [k for k in keys if k not in found]
     if missing:
         raise ReplayError(f"{len(missing)} batch key(s) not in {cfg.data.manifest}: {missing[:5]}; "
                           "point data.manifest at the run's dataset (--manifest)")
-    seq = cfg.data.seq_len
-    chunks = [c for pos, k in enumerate(keys) for c in split_document(pos, k, found[k], seq)]
-    rows = best_fit_decreasing(chunks, seq)
-    return make_batch(rows, seq, max(len(rows), cfg.data.micro_batch_size))
+    return TokenBatch.from_packed(pack_documents(keys, [found[k] for k in keys], cfg.data.seq_len,
+                                                 cfg.data.micro_batch_size))
 
 
 def _injection(cfg, step: int, rank: int) -> tuple[float | None, str | None]:

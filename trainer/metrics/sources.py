@@ -23,9 +23,9 @@ def field_key(name: str) -> str:
 def source_fields(loader, world_size: int) -> dict:
     """Per-source fields of a mixture loader (``{}`` for one dataset). A collective when
     ``torch.distributed`` is initialised with ``world_size`` > 1 (one small ``all_gather_object``)."""
-    if not hasattr(loader, "source_counts"):
-        return {}
     c = loader.source_counts()
+    if c is None:
+        return {}
     parts = [c]
     if world_size > 1 and dist.is_available() and dist.is_initialized():
         parts = [None] * world_size

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from loaders.rank.batch import TokenBatch
 from shards.access.member_index import list_members, member_table
-from loaders.pack.object_packer import make_batch, split_document
+from tests.support.object_packer import make_batch, split_document
 from shards.access.documents import IndexedShard
 from shards.format.tokens import TokenDecoder
 from shards import Manifest, ShardSequenceWriter, encode_text_sample

@@ -82,14 +82,14 @@ def _chunks(batches):
 
 def _assert_epoch(chunks, docs, seq_len, loader):
     """Every document's tokens delivered exactly once, in chunk order."""
-    ds = loader.dataset
+    ds = loader.stream
     order = ds.order()
     keys = {}
     for b in range(order.num_blocks):
         for p, s, i in zip(*(a.tolist() for a in order.block_items(b))):
             keys[p] = (s, i)
     from loaders.read.shard_reader import ShardReader
-    reader = ShardReader(ds.manifest, ds.manifest_url, ds.cache)
+    reader = ShardReader(ds.sources.manifest, ds.sources.url, ds.cache)
     seen = 0
     for p, (s, i) in keys.items():
         toks = docs[reader.key(s, i)]
@@ -287,8 +287,8 @@ def test_a_killed_worker_is_reported_with_its_exit_status(tmp_path, start):
 
     write_text_shards(str(tmp_path), n_docs=3000)
     loader = build_text_loader(_cfg(str(tmp_path), num_workers=1, micro_batch_size=1, seq_len=16))
-    loader.dataset.start(loader.progress)
-    pool = WorkerPool(loader.dataset, 1, start)
+    loader.stream.start(loader.progress)
+    pool = WorkerPool(loader.stream, 1, start)
     os.kill(pool.procs[0].pid, signal.SIGKILL)
     with pytest.raises(WorkerError, match=r"loader worker 0 \(pid \d+\) exited with status -9"):
         for _ in pool:

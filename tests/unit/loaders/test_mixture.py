@@ -77,7 +77,7 @@ def _delivered(loader, batches, got=None):
     a chunk delivered twice."""
     got = {} if got is None else got
     for epoch, b in batches:
-        src, item = loader.plan.epoch_draws(epoch)
+        src, item = loader.sources.plan.epoch_draws(epoch)
         segs = []
         for r in range(b.input_ids.shape[0]):
             d = b.document_ids[r]
@@ -94,7 +94,7 @@ def _delivered(loader, batches, got=None):
 def _check(loader, srcs, got, complete_to=None):
     """Per source: items 0..k-1 delivered (no gap, none twice), each document whole and equal to the
     shard's tokens, each source epoch holding every key once. ``complete_to``: expected k per source."""
-    order = loader.dataset.order()
+    order = loader.stream.order()
     for s, name in enumerate(SIZES):
         docs = srcs[name][1]
         items = sorted(i for (ss, i) in got if ss == s)
@@ -122,12 +122,12 @@ def test_exactly_once_within_each_source_epoch_any_world_and_workers(two_sources
     loaders, batches = _run(two_sources, world, epochs=2, num_workers=workers, seed=seed)
     ld = loaders[0]
     got = _delivered(ld, batches)
-    _check(ld, two_sources, got, complete_to=ld.plan.first_items(2))
-    assert ld.plan.first_items(2)[1] > SIZES["small"]  # the small source went on into its next epoch
+    _check(ld, two_sources, got, complete_to=ld.sources.plan.first_items(2))
+    assert ld.sources.plan.first_items(2)[1] > SIZES["small"]  # the small source went on into its next epoch
 
 
 def test_small_source_starts_its_next_epoch_logged_and_counted(two_sources, caplog):
-    with caplog.at_level(logging.INFO, logger="loaders.mixture.loader"):
+    with caplog.at_level(logging.INFO, logger="loaders.mixture.mixture"):
         loaders, batches = _run(two_sources, 1, epochs=1)
     m = loaders[0].metrics()["sources"]
     assert m["small"]["epoch"] >= 1 and m["big"]["epoch"] == 0
@@ -144,14 +144,14 @@ def test_small_source_starts_its_next_epoch_logged_and_counted(two_sources, capl
 @example(old=(4, 0), new=(1, 0), steps=19, weights=(0.5, 0.5))  # saved after the epoch's last batch, 3 of 4 ranks ended
 def test_resume_other_world_size_workers_and_weights_no_duplicate_no_gap(two_sources, old, new, steps, weights):
     first, before = _run(two_sources, old[0], steps=steps, num_workers=old[1])
-    state = first[0].global_state_dict() if old[0] == 1 else first[0]._merge([ld.state_dict() for ld in first])
+    state = first[0].global_state_dict() if old[0] == 1 else first[0].sources.merge([ld.state_dict() for ld in first])
     second, after = _run(two_sources, new[0], state=state, epochs=2, num_workers=new[1], weights=weights)
     ld = second[0]
-    assert np.allclose(ld.plan.shares, np.array(weights) / sum(weights))
+    assert np.allclose(ld.sources.plan.shares, np.array(weights) / sum(weights))
     got = _delivered(ld, after, _delivered(first[0], before))
     end = ld.epoch + 1  # every epoch run to its end
-    _check(ld, two_sources, got, complete_to=ld.plan.first_items(end))
-    merged = ld._merge([x.state_dict() for x in second])
+    _check(ld, two_sources, got, complete_to=ld.sources.plan.first_items(end))
+    merged = ld.sources.merge([x.state_dict() for x in second])
     total = sum(b.num_doc_tokens for _, b in before + after)
     assert sum(s["tokens"] for s in merged["sources"]) == total  # per-source tokens survive the resume
 
@@ -159,7 +159,7 @@ def test_resume_other_world_size_workers_and_weights_no_duplicate_no_gap(two_sou
 def test_same_weights_resume_continues_the_same_order(two_sources):
     _, whole = _run(two_sources, 2, epochs=1, pack_window=1)
     first, before = _run(two_sources, 2, steps=6, pack_window=1)
-    state = first[0]._merge([ld.state_dict() for ld in first])
+    state = first[0].sources.merge([ld.state_dict() for ld in first])
     _, after = _run(two_sources, 2, state=state, epochs=1, pack_window=1)
     seq = lambda bs: [(e, p, c) for e, b in bs for p, c, n in b.consumed.tolist() if n > 0]  # noqa: E731
     assert sorted(seq(before + after)) == sorted(seq(whole))
@@ -195,7 +195,7 @@ def test_state_of_a_single_dataset_is_refused(two_sources):
 ])
 def test_hand_edited_mixture_states_are_refused_with_a_value_error(two_sources, edit, match):
     loaders, _ = _run(two_sources, 2, steps=6)
-    state = loaders[0]._merge([ld.state_dict() for ld in loaders])
+    state = loaders[0].sources.merge([ld.state_dict() for ld in loaders])
     edit(state)
     with pytest.raises(ValueError, match=f"mixture loader state is malformed.*{match}"):
         build_text_loader(_cfg(two_sources), in_process=True).load_state_dict(state)
@@ -219,8 +219,8 @@ def test_budgets_read_each_source_its_epochs_per_mixture_epoch(two_sources):
     mixture = [{"name": "big", "manifest": two_sources["big"][0], "epochs": 1},
                {"name": "small", "manifest": two_sources["small"][0], "epochs": 2}]
     ld = build_text_loader(DataConfig(mixture=mixture), in_process=True)
-    assert ld.plan.first_items(1) == [SIZES["big"], 2 * SIZES["small"]]
-    assert ld.plan.first_items(3) == [3 * SIZES["big"], 6 * SIZES["small"]]
+    assert ld.sources.plan.first_items(1) == [SIZES["big"], 2 * SIZES["small"]]
+    assert ld.sources.plan.first_items(3) == [3 * SIZES["big"], 6 * SIZES["small"]]
 
 
 def test_worker_processes_read_a_mixture_of_layouts_like_in_process(two_sources, tmp_path):
@@ -232,13 +232,14 @@ def test_worker_processes_read_a_mixture_of_layouts_like_in_process(two_sources,
     per_doc = write_text_shards(docs_dir, SIZES["small"], seed=11, layout="documents")
     srcs = {"big": two_sources["big"], "small": (docs_dir, per_doc)}
     cfg = _cfg(srcs, (0.6, 0.4), num_workers=2)
-    assert build_text_loader(cfg, in_process=True).dataset.manifest.layout == "documents"
+    mixture = build_text_loader(cfg, in_process=True).sources  # each source read in its own layout
+    assert [s.manifest.layout for s in mixture.sources] == ["token_blocks", "documents"]
     got = list(build_text_loader(cfg, rank=0, world_size=1))
     ld = build_text_loader(cfg, rank=0, world_size=1, in_process=True)
     want = list(ld)
     assert [b.consumed.tolist() for b in got] == [b.consumed.tolist() for b in want]
     assert all(a.input_ids.equal(b.input_ids) for a, b in zip(got, want))
-    _check(ld, srcs, _delivered(ld, [(0, b) for b in got]), complete_to=ld.plan.first_items(1))
+    _check(ld, srcs, _delivered(ld, [(0, b) for b in got]), complete_to=ld.sources.plan.first_items(1))
     probe = ("import sys, loaders.mixture.sources, loaders.worker.pool; "
              "sys.exit(1 if 'torch' in sys.modules else 0)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loaders.rank.batch import TokenBatch
-from loaders.pack.object_packer import BestFitPacker, TokenBudgetBatcher, make_batch, split_document
+from tests.support.object_packer import BestFitPacker, TokenBudgetBatcher, make_batch, split_document
 
 
 def _run(packer, docs, seq_len):
@@ -115,6 +115,7 @@ def test_long_documents_pack_to_995_percent_with_the_default_window():
     """Documents of ~2,000 tokens (lognormal lengths, rows of 512): every document is cut into
     chunks of 512 and a tail; best-fit-decreasing over the default window (262,144 tokens) pairs the
     tails to >= 99.5 % real tokens, with every token delivered once."""
+    from loaders.pack.batching import BestFit
     from loaders.pack.packer import ArrayPacker, split_documents
     from loaders.config import DataConfig
 
@@ -123,7 +124,7 @@ def test_long_documents_pack_to_995_percent_with_the_default_window():
     lengths = np.maximum(1, rng.lognormal(np.log(1500), 0.8, 3000)).astype(np.int64)
     pool = rng.integers(1, 60000, int(lengths.sum())).astype(np.uint16)
     offsets = np.cumsum(lengths) - lengths
-    packer, got = ArrayPacker(seq_len, rows, DataConfig().pack_window), []
+    packer, got = ArrayPacker(BestFit(seq_len, rows), DataConfig().pack_window), []
     for s in range(0, len(lengths), 500):
         part = slice(s, s + 500)
         got += list(packer.add(pool, [f"k{i}" for i in range(s, s + 500)],
@@ -135,21 +136,16 @@ def test_long_documents_pack_to_995_percent_with_the_default_window():
     assert len(delivered) == len(set(delivered)) == int(sum(-(-lengths // seq_len)))
 
 
-@settings(max_examples=40, deadline=None)
-@given(lengths=st.lists(st.integers(0, 70), min_size=1, max_size=80), seq_len=st.integers(2, 32),
-       rows=st.integers(1, 4), window=st.integers(1, 400), group=st.integers(1, 30))
-def test_array_packer_gives_the_object_packers_batches(lengths, seq_len, rows, window, group):
-    """The token-block loader's numpy packer emits exactly BestFitPacker's batches (ids, chunks, order)."""
-    from loaders.pack.packer import ArrayPacker, split_documents
+def _array_run(packer, docs, seq_len, group):
+    """The array packer's batches over ``docs``, added ``group`` documents at a time (as shuffle blocks
+    arrive), each group's documents in two token arrays (as in two shards); empty ones are pending."""
+    from loaders.pack.packer import split_documents
 
-    rng = np.random.default_rng(len(lengths))
-    docs = [rng.integers(1, 60000, n).astype(np.uint16) for n in lengths]
-    ref = [TokenBatch.from_packed(b) for b in _packed_run(BestFitPacker(seq_len, rows, window), docs, seq_len)]
-    packer, got = ArrayPacker(seq_len, rows, window), []
-    for start in range(0, len(docs), group):  # documents arrive in groups, as shuffle blocks do
+    got = []
+    for start in range(0, len(docs), group):
         part = docs[start:start + group]
         lens = np.array([len(d) for d in part], np.int64)
-        which = np.arange(len(part)) % 2  # documents live in two token arrays, as in two shards
+        which = np.arange(len(part)) % 2
         pools = [np.concatenate([d for d, w in zip(part, which) if w == k] + [np.zeros(0, np.uint16)]) for k in (0, 1)]
         offs = np.zeros(len(part), np.int64)
         for k in (0, 1):
@@ -161,14 +157,72 @@ def test_array_packer_gives_the_object_packers_batches(lengths, seq_len, rows, w
         chunks["doc"] = np.flatnonzero(real)[chunks["doc"]]
         chunks["pool"] = which[chunks["doc"]]
         got += list(packer.add(pools, [f"k{start + i}" for i in range(len(part))], chunks))
-    got = [TokenBatch.from_packed(b) for b in got + list(packer.flush())]
+    return [TokenBatch.from_packed(b) for b in got + list(packer.flush())]
+
+
+def _assert_same_batches(got, ref, lengths):
+    """The same batches, row for row. The records of empty documents ride with their group's first batch in
+    ``got``, so a batch of records only (no rows) that ``ref`` ends with may be missing there (only there)."""
+    empties = sorted(tuple(c) for b in got for c in b.consumed.tolist() if c[2] == 0)  # reported with a group's first batch
+    assert set(tuple(c) for b in ref for c in b.consumed.tolist() if c[2] == 0) <= set(empties) <= {(i, -1, 0) for i, n in
+                                                                                   enumerate(lengths) if n == 0}
+    assert all(b.shape[0] for b in got[:-1]) and all(b.shape[0] for b in ref[:-1])
+    got, ref = [b for b in got if b.shape[0]], [b for b in ref if b.shape[0]]
     assert len(got) == len(ref)
     for a, b in zip(got, ref):
         assert a.input_ids.equal(b.input_ids) and a.labels.equal(b.labels) and a.keys == b.keys
         assert [c for c in a.consumed.tolist() if c[2] > 0] == [c for c in b.consumed.tolist() if c[2] > 0]
-    empties = sorted(tuple(c) for b in got for c in b.consumed.tolist() if c[2] == 0)  # reported with a group's first batch
-    assert set(tuple(c) for b in ref for c in b.consumed.tolist() if c[2] == 0) <= set(empties) <= {(i, -1, 0) for i, n in
-                                                                                   enumerate(lengths) if n == 0}
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(0, 70), min_size=1, max_size=80), seq_len=st.integers(2, 32),
+       rows=st.integers(1, 4), window=st.integers(1, 400), group=st.integers(1, 30))
+def test_array_packer_gives_the_object_packers_batches(lengths, seq_len, rows, window, group):
+    """The loader's numpy packer emits exactly the object packer's batches (ids, chunks, order) in ``packed`` mode."""
+    from loaders.pack.batching import BestFit
+    from loaders.pack.packer import ArrayPacker
+
+    rng = np.random.default_rng(len(lengths))
+    docs = [rng.integers(1, 60000, n).astype(np.uint16) for n in lengths]
+    ref = [TokenBatch.from_packed(b) for b in _packed_run(BestFitPacker(seq_len, rows, window), docs, seq_len)]
+    got = _array_run(ArrayPacker(BestFit(seq_len, rows), window), docs, seq_len, group)
+    _assert_same_batches(got, ref, lengths)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(0, 70), min_size=1, max_size=80), seq_len=st.integers(2, 32),
+       extra=st.integers(0, 100), window=st.integers(1, 400), group=st.integers(1, 30))
+def test_array_packer_gives_the_token_budget_batches(lengths, seq_len, extra, window, group):
+    """In ``token_budget`` mode the same packer emits exactly the object batcher's batches: one chunk per row,
+    rows padded to the batch's longest chunk, rows x width <= max_tokens."""
+    from loaders.pack.batching import TokenBudget
+    from loaders.pack.packer import ArrayPacker
+
+    rng = np.random.default_rng(len(lengths))
+    docs = [rng.integers(1, 60000, n).astype(np.uint16) for n in lengths]
+    max_tokens = seq_len + extra
+    ref = [TokenBatch.from_packed(b) for b in _packed_run(TokenBudgetBatcher(max_tokens, window), docs, seq_len)]
+    got = _array_run(ArrayPacker(TokenBudget(max_tokens, seq_len), window), docs, seq_len, group)
+    _assert_same_batches(got, ref, lengths)
+    assert all(b.input_ids.numel() <= max_tokens and (b.document_ids <= 0).all() for b in got)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=doc_lengths, seq_len=st.integers(2, 64), rows=st.integers(1, 6), window=st.integers(1, 40),
+       extra=st.integers(0, 200), group=st.integers(1, 30))
+def test_array_packer_invariants_in_both_modes(lengths, seq_len, rows, window, extra, group):
+    """Every token once, boundaries kept, positions restart, labels stay inside documents, in both modes."""
+    from loaders.pack.batching import BestFit, TokenBudget
+    from loaders.pack.packer import ArrayPacker
+
+    rng = np.random.default_rng(len(lengths))
+    docs = [rng.integers(1, 50000, n).astype(np.uint16) for n in lengths]
+    packed = _array_run(ArrayPacker(BestFit(seq_len, rows), window), docs, seq_len, group)
+    assert all(tuple(b.input_ids.shape) == (rows, seq_len) for b in packed)
+    _check_all(packed, docs, seq_len)
+    budget = _array_run(ArrayPacker(TokenBudget(seq_len + extra, seq_len), window), docs, seq_len, group)
+    assert all(b.input_ids.numel() <= seq_len + extra for b in budget)
+    _check_all(budget, docs, seq_len)
 
 
 def _packed_run(packer, docs, seq_len):
@@ -244,6 +298,7 @@ def test_bins_that_cannot_fill_are_emitted_not_repacked_with_every_document():
     """Documents of 1,950-2,000 tokens leave tails of 414-464 tokens that never share a row of 512.
     Kept back as 'not full', they used to pile up until every new document triggered a packing of
     all of them (quadratic). A packing now also emits them once the kept bins exceed half the window."""
+    from loaders.pack.batching import BestFit
     from loaders.pack.packer import ArrayPacker, split_documents
 
     rng = np.random.default_rng(5)
@@ -251,9 +306,9 @@ def test_bins_that_cannot_fill_are_emitted_not_repacked_with_every_document():
     lengths = rng.integers(1950, 2001, 300).astype(np.int64)
     pool = rng.integers(1, 60000, int(lengths.sum())).astype(np.uint16)
     offsets = np.cumsum(lengths) - lengths
-    packer, got, packings = ArrayPacker(seq_len, rows, window), [], []
-    real_bins = packer._bins
-    packer._bins = lambda: packings.append(packer.buffered) or real_bins()
+    packer, got, packings = ArrayPacker(BestFit(seq_len, rows), window), [], []
+    real_pack = packer._pack
+    packer._pack = lambda final: packings.append(packer.buffered) or real_pack(final)
     for s in range(0, len(lengths), 10):
         part = slice(s, s + 10)
         got += list(packer.add(pool, [f"k{i}" for i in range(s, s + 10)],
@@ -279,5 +334,23 @@ def test_token_budget_groups_the_window_once_per_half_window():
     real_groups = batcher._groups
     batcher._groups = lambda: calls.append(1) or real_groups()
     batches = _run(batcher, docs, 128)
+    _check_all(batches, docs, 128)
+    assert len(batches) > 4 * len(calls) and len(calls) <= 2 * sum(len(d) for d in docs) // window + 2
+
+
+def test_array_token_budget_packs_once_per_half_window():
+    """The array packer in ``token_budget`` mode groups its buffer once per packing and emits groups until
+    half the window is left, like the object batcher (not one sort of the window per batch)."""
+    from loaders.pack.batching import TokenBudget
+    from loaders.pack.packer import ArrayPacker
+
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(0, 1000, int(n)).astype(np.uint16) for n in rng.integers(1, 120, 3000)]
+    window = 16384
+    packer = ArrayPacker(TokenBudget(512, 128), window)
+    calls = []
+    real_pack = packer._pack
+    packer._pack = lambda final: calls.append(final) or real_pack(final)
+    batches = _array_run(packer, docs, 128, 100)
     _check_all(batches, docs, 128)
     assert len(batches) > 4 * len(calls) and len(calls) <= 2 * sum(len(d) for d in docs) // window + 2

@@ -1,4 +1,5 @@
-"""Packing documents into token batches that keep document boundaries.
+"""The object packer: the loader's packing, one chunk object at a time — the oracle the array packer
+(:mod:`loaders.pack.packer`) is tested against, batch for batch.
 
 A document of ``n`` tokens is cut into ``ceil(n / seq_len)`` chunks of at most ``seq_len``
 tokens; **each chunk is treated as its own document** (positions restart at 0, no label
@@ -22,13 +23,14 @@ from operator import attrgetter
 
 import numpy as np
 
+from loaders.pack.batching import bins_to_take
 from loaders.pack.packed import PackedBatch, compact_ids, records_only
 
 
 class Chunk:
     """Chunk ``index`` of ``n_chunks`` of the document at global ``position`` (``tokens`` 1-D).
 
-    A slotted class, not a dataclass: the loader makes one per chunk (its hot path).
+    A slotted class, not a dataclass: one is made per chunk.
     """
 
     __slots__ = ("position", "key", "index", "n_chunks", "tokens", "length", "sort_key")
@@ -88,20 +90,6 @@ def make_batch(rows: list[list[Chunk]], row_len: int, n_rows: int | None = None,
     from loaders.rank.batch import TokenBatch  # torch stays out of worker processes, which only pack
 
     return TokenBatch.from_packed(pack_rows(rows, row_len, n_rows, extra_consumed))
-
-
-def bins_to_take(fill: np.ndarray, seq_len: int, rows: int, window: int) -> int:
-    """How many bins a packing emits, fullest first (``fill``: tokens per bin, sorted descending).
-
-    Every full bin, in whole batches of ``rows``; then more whole batches while the bins kept back
-    would hold more than ``window // 2`` tokens, so bins that cannot fill (the tails of documents
-    just over a row long, say) are emitted instead of being packed again with every new document.
-    At least one batch (all bins when fewer than ``rows``)."""
-    n, n_full = len(fill), int(np.count_nonzero(fill == seq_len))
-    over = int(fill.sum()) - window // 2  # tokens to emit so that at most window // 2 stay
-    k = int(np.searchsorted(np.cumsum(fill), over)) + 1 if over > 0 else 0
-    k = min(-(-k // rows) * rows, n // rows * rows)
-    return min(max(n_full // rows, 1) * rows, n) if k <= n_full // rows * rows else k
 
 
 def best_fit_decreasing(chunks: list[Chunk], capacity: int) -> list[list[Chunk]]:
