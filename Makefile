@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m examples.demo --nproc $(NPROC)
+	$(VENV)/bin/colaflow demo --nproc $(NPROC)
 
 test: $(STAMP)
 	# the slowest tests listed at the end: the suite must stay under 15 minutes on 2 CI cores

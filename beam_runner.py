@@ -49,16 +49,18 @@ from colaflow.wording import help_text, plural  # noqa: E402
 # --help's epilog: the docstring's paragraphs on overrides, Beam options and exit codes
 EPILOG = help_text("\n\n".join(__doc__.split("\n\n")[3:5]))
 from colaflow.config import ConfigError, load_config  # noqa: E402
+from colaflow.errors import run_cli  # noqa: E402
 
 
-def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
-    """Split ``argv`` into our flags, ``key=value`` config overrides and Beam pipeline options.
+def split_args(argv: list[str], prog: str | None = None) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """Split ``argv`` into our flags, ``key=value`` config overrides and Beam pipeline options;
+    ``prog`` is the command line usage errors show (``None``: the script's name).
 
     Raises:
         SystemExit: (code 2, argparse's usage error) a required flag is missing, or a bare word
             that is neither ``key=value`` nor a ``--flag`` remains (an unquoted glob's extra files).
     """
-    ap = argparse.ArgumentParser(description="Preprocess JSONL/text/Parquet into tokenised WebDataset shards.",
+    ap = argparse.ArgumentParser(prog=prog, description="Preprocess JSONL/text/Parquet into tokenised WebDataset shards.",
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", required=True, help="input file glob (local, gs://, s3://, hdfs://)")
     ap.add_argument("--output", required=True, help="output folder or fsspec URL")
@@ -181,11 +183,12 @@ def _failure(e: BaseException, args: argparse.Namespace) -> int:
     raise e
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the command line (``argv`` without the program name; ``sys.argv[1:]`` when ``None``);
-    returns the exit code: 0 done, 1 runtime/data error, 2 usage/config error, 130 interrupted
-    (SIGINT), 143 terminated (SIGTERM)."""
-    args, overrides, beam_args = split_args(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run the command line (``argv`` without the program name; ``sys.argv[1:]`` when ``None``;
+    ``prog``: the command line its usage shows, ``colaflow preprocess`` when run as that); returns the
+    exit code: 0 done, 1 runtime/data error, 2 usage/config error, 130 interrupted (SIGINT), 143
+    terminated (SIGTERM)."""
+    args, overrides, beam_args = split_args(sys.argv[1:] if argv is None else argv, prog)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
     try:
         cfg = load_config(PipelineConfig, args.config, overrides)
@@ -237,4 +240,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -1,7 +1,4 @@
-"""How every colaflow command line reports a failure: one line saying what is wrong, no traceback.
-
-Shared by ``python -m shards``, ``python -m cache``, ``python -m loaders`` and ``python -m trainer``.
-"""
+"""How every colaflow command line reports a failure: one line saying what is wrong, no traceback."""
 from __future__ import annotations
 
 import os
@@ -35,15 +32,21 @@ def exit_status(e: BaseException) -> int:
     return USAGE if isinstance(e, ValueError) else RUNTIME
 
 
-def run_cli(main: Callable[[], int]) -> None:
-    """Run ``main`` and exit with its status; a closed pipe (``| head``) or Ctrl-C ends quietly."""
+def guard(main: Callable[[], int]) -> int:
+    """Run ``main`` and return its exit status; a closed pipe (``| head``) ends quietly with 0, Ctrl-C
+    with :data:`INTERRUPTED` (130) after ``interrupted`` on stderr. ``SystemExit`` (argparse's
+    ``--help`` and usage errors) passes through."""
     try:
-        status = main()
+        return main()
     except BrokenPipeError:
         # stdout's reader went away: point stdout at /dev/null so the interpreter's final flush is quiet
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        status = 0
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        status = INTERRUPTED
-    sys.exit(status)
+        return INTERRUPTED
+
+
+def run_cli(main: Callable[[], int]) -> None:
+    """Run ``main`` through :func:`guard` and exit with its status (a ``__main__`` block's one line)."""
+    sys.exit(guard(main))

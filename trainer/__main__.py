@@ -37,8 +37,8 @@ def _say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=help_text(__doc__),
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=help_text(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file with a TrainConfig (sections model, data, cache, zero, ...)")
     parser.add_argument("--dry-run", action="store_true",
@@ -103,12 +103,12 @@ def _dry_run(cfg) -> int:
     return 0
 
 
-def _train(argv: list[str]) -> int:
+def _train(argv: list[str], prog: str) -> int:
     if not argv:  # training on built-in defaults is never what a bare command meant
-        _parser().print_usage(sys.stderr)
-        _say("error: give --config FILE and/or key=value overrides (python -m trainer --help for more)")
+        _parser(prog).print_usage(sys.stderr)
+        _say(f"error: give --config FILE and/or key=value overrides ({prog} --help for more)")
         return USAGE
-    args = _parser().parse_args(argv)
+    args = _parser(prog).parse_args(argv)
     if args.config and "://" not in args.config and not os.path.isfile(args.config):
         _say(f"error: config file not found: {args.config}")
         return USAGE
@@ -144,9 +144,9 @@ def _train(argv: list[str]) -> int:
     return 0
 
 
-def _verify(argv: list[str]) -> int:
+def _verify(argv: list[str], prog: str) -> int:
     from trainer.checkpointing.verify import verify_offline
-    parser = argparse.ArgumentParser(prog="python -m trainer verify", description="Verify a checkpoint offline.")
+    parser = argparse.ArgumentParser(prog=prog, description="Verify a checkpoint offline.")
     parser.add_argument("checkpoint", help="checkpoint folder (step_XXXXXX or weights_XXXXXX)")
     parser.add_argument("--config", help="training config (default: the checkpoint's config.yaml)")
     args = parser.parse_args(argv)
@@ -162,11 +162,11 @@ def _verify(argv: list[str]) -> int:
     return 0
 
 
-def _export(argv: list[str]) -> int:
+def _export(argv: list[str], prog: str) -> int:
     from colaflow.config import ConfigError, load_config
     from trainer.export import ExportConfig, run_export
     parser = argparse.ArgumentParser(
-        prog="python -m trainer export",
+        prog=prog,
         description="Export a checkpoint as ONNX (fp32/fp16/int8) or one consolidated .pt file, verify every "
                     "variant on validation data, and keep only those within tolerance (exit 1 otherwise).")
     parser.add_argument("checkpoint", help="checkpoint folder (step_XXXXXX or weights_XXXXXX)")
@@ -217,24 +217,25 @@ def _export(argv: list[str]) -> int:
     return 0
 
 
-def _report(argv: list[str]) -> int:
+def _report(argv: list[str], prog: str) -> int:
     from trainer.report.render import main as report_main
-    return report_main(argv, prog="python -m trainer report")
+    return report_main(argv, prog=prog)
 
 
-def _replay(argv: list[str]) -> int:
+def _replay(argv: list[str], prog: str) -> int:
     from trainer.debug.replay import main as replay_main
-    return replay_main(argv)
+    return replay_main(argv, prog=prog)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m trainer") -> int:
     """``python -m trainer [verify|export|report|replay] ...``: dispatch to the subcommand, else train;
-    returns the exit code (2 usage/config, 1 runtime/data, 130 Ctrl-C)."""
+    returns the exit code (2 usage/config, 1 runtime/data, 130 Ctrl-C). ``prog`` is the command line
+    usage shows; a subcommand's is ``prog`` and its name (``colaflow`` gives ``colaflow verify``)."""
     argv = sys.argv[1:] if argv is None else argv
     commands = {"verify": _verify, "export": _export, "report": _report, "replay": _replay}
     if argv and argv[0] in commands:
-        return commands[argv[0]](argv[1:])
-    return _train(argv)
+        return commands[argv[0]](argv[1:], f"{prog} {argv[0]}")
+    return _train(argv, prog)
 
 
 if __name__ == "__main__":

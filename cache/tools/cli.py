@@ -253,9 +253,9 @@ def _common_options(parser: argparse.ArgumentParser, top: bool) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="log retries and evictions", **kw)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m cache`` argument parser."""
-    p = argparse.ArgumentParser(prog="python -m cache", description=help_text(__doc__.split("\n")[0]))
+def build_parser(prog: str = "python -m cache") -> argparse.ArgumentParser:
+    """The argument parser; ``prog`` is the command line its usage shows (``colaflow cache`` when run as that)."""
+    p = argparse.ArgumentParser(prog=prog, description=help_text(__doc__.split("\n")[0]))
     _common_options(p, top=True)
     common = argparse.ArgumentParser(add_help=False)
     _common_options(common, top=False)
@@ -285,9 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m cache``; returns the exit code (2 usage/config, 1 runtime, 130 Ctrl-C)."""
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m cache") -> int:
+    """Entry point of ``python -m cache`` and ``colaflow cache`` (``prog``, shown in its usage); returns
+    the exit code (2 usage/config, 1 runtime, 130 Ctrl-C)."""
+    args = build_parser(prog).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(message)s")
     try:
         return args.fn(args)

@@ -26,6 +26,7 @@ import re
 import sys
 from typing import Iterator
 
+from colaflow.errors import run_cli
 from colaflow.wording import count
 
 
@@ -175,4 +176,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

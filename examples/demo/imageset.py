@@ -29,6 +29,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from colaflow.errors import run_cli
 from shards import Manifest, ShardSequenceWriter, encode_image_sample, escape_key
 
 IMAGE_EXTS = (".png", ".jpg")
@@ -180,8 +181,9 @@ def build_image_shards(out_dir: str, samples_per_shard: int = 32, size: int = 25
     return ImageSetInfo(manifest_path, classes, total, [os.path.join(out_dir, s.name) for s in infos])
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m examples.demo.imageset --out DIR``: write the bundled pictures as image shards (see :func:`build_image_shards`)."""
+def main(argv: list[str] | None = None) -> int:
+    """``python -m examples.demo.imageset --out DIR``: write the bundled pictures as image shards (see
+    :func:`build_image_shards`); returns 0."""
     p = argparse.ArgumentParser(prog="python -m examples.demo.imageset", description="Write the bundled scikit-image/scikit-learn pictures as image shards.")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--samples-per-shard", type=int, default=32)
@@ -190,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ext", choices=("jpg", "png"), default="jpg")
     a = p.parse_args(argv)
     build_image_shards(a.out, a.samples_per_shard, a.size, a.copies, a.ext)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

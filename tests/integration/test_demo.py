@@ -18,10 +18,10 @@ OVERRIDES = ["steps=30", "log_every=5", "optim.warmup_steps=5", "metrics.progres
 
 @pytest.mark.slow
 def test_demo_on_real_slice(tmp_path, monkeypatch):
-    monkeypatch.chdir(ROOT)  # beam_runner.py and configs/ are found relative to the checkout
+    monkeypatch.chdir(ROOT)  # where make demo runs it
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     run_dir = tmp_path / "demo"
-    summary = demo.main(["--run-dir", str(run_dir), "--limit-per-source", "400", *OVERRIDES])
+    summary = demo.run_demo(["--run-dir", str(run_dir), "--limit-per-source", "400", *OVERRIDES])
     with open(run_dir / "summary.json") as f:
         written = json.load(f)
     assert written == summary

@@ -54,3 +54,33 @@ def test_loaders_bench_names_a_missing_manifest(tmp_path):
     p = run("-m", "loaders", "bench", "--shards", str(tmp_path / "nope"))
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert "python -m loaders bench: not found or unreachable:" in p.stderr
+
+
+def test_colaflow_commands_end_as_their_python_m_aliases(tmp_path):
+    """``colaflow X`` runs the tool's own main: the same exit codes and one-line errors, under its
+    colaflow name."""
+    out = str(tmp_path / "out")
+    for cmd in (["beam_runner.py"], ["-m", "colaflow", "preprocess"]):
+        p = run(*cmd, "--input", str(tmp_path / "c.jsonl"), "--output", out, "split.val_fractio=0.1")
+        assert p.returncode == 2 and "Traceback" not in p.stderr and not os.path.exists(out)
+        assert p.stderr.strip() == "error: config: unknown config key 'split.val_fractio'; did you mean " \
+                                   "'split.val_fraction'? valid keys: val_fraction"
+    p = run("-m", "colaflow", "loaders", "bench", "--shards", str(tmp_path / "nope"))
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.startswith("colaflow loaders bench: not found or unreachable:")
+    p = run("-m", "colaflow", "cache", "serve", str(tmp_path / "missing"))
+    assert p.returncode == 2 and "is not a folder" in p.stderr and "Traceback" not in p.stderr
+    p = run("-m", "colaflow", "train")
+    assert p.returncode == 2 and p.stderr.startswith("usage: colaflow train ")
+    assert "error: give --config FILE and/or key=value overrides (colaflow train --help for more)" in p.stderr
+    p = run("-m", "colaflow", "trian", "--config", "configs/demo.yaml")
+    assert p.returncode == 2 and "colaflow: error: argument command: invalid choice: 'trian'" in p.stderr
+
+
+def test_colaflow_closed_pipe_ends_quietly(tmp_path):
+    write_counting_shards(str(tmp_path), 400, max_samples=50, vocab=64, max_len=40)
+    cmd = (f"{sys.executable} -m colaflow loaders keys --shards {tmp_path} --world-size 2 | head -n 2; "
+           f"exit ${{PIPESTATUS[0]}}")
+    p = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
+    assert len(p.stdout.splitlines()) == 2

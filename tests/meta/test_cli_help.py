@@ -1,8 +1,9 @@
-"""Every command line of the project answers ``--help`` with exit 0 and its usage.
+"""Every command line of the project answers ``--help`` with exit 0 and its usage: each ``colaflow
+COMMAND`` (and each of its own sub-commands), and the ``python -m`` aliases and scripts.
 
-The commands run in this process (``runpy`` with ``sys.argv`` patched), so the whole check takes
-seconds; a benchmark whose help text breaks argparse (a bare ``%`` in it) fails here, not in a
-new user's terminal. Subcommands are found in each parser's ``{a,b,c}`` usage line.
+The commands run in this process (``colaflow.cli.main``, or ``runpy`` with ``sys.argv`` patched), so
+the whole check takes seconds; a benchmark whose help text breaks argparse (a bare ``%`` in it) fails
+here, not in a new user's terminal. Subcommands are found in each parser's ``{a,b,c}`` usage line.
 """
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import contextlib
 import io
 import logging
 import re
+import os
 import runpy
+import subprocess
 import sys
 import warnings
 
 import pytest
+from colaflow.cli import COMMANDS, main as colaflow_main
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -28,7 +32,10 @@ MODULES = ["shards", "cache", "loaders", "trainer", "examples.demo.corpus", "pip
 TRAINER_COMMANDS = ["verify", "export", "report", "replay"]
 # files whose parsers are reached through another command line above
 REACHED_THROUGH = {"shards/tools/cli.py": "shards", "cache/tools/cli.py": "cache", "loaders/tools/cli.py": "loaders",
-                   "trainer/__main__.py": "trainer", "trainer/debug/replay.py": "trainer replay"}
+                   "trainer/__main__.py": "trainer", "trainer/debug/replay.py": "trainer replay",
+                   "colaflow/cli.py": "colaflow", "examples/demo/run.py": "examples.demo"}
+# colaflow commands that are groups of their own sub-commands (colaflow shards verify ...)
+GROUPS = {"shards", "cache", "loaders", "dashboard"}
 REST_ROLE = re.compile(r":(func|mod|class|meth|data|attr|exc):`")
 # files with an ArgumentParser that is no command line
 NOT_COMMAND_LINES = {"pipelines/job.py"}  # reads the flags Beam's DaskOptions declares (a --dask_* flag hint)
@@ -36,29 +43,46 @@ SCRIPTS = ["beam_runner.py"] + sorted(p.relative_to(ROOT).as_posix() for p in BE
                                       if "def main(" in p.read_text(encoding="utf-8"))
 
 
-def run_help(target: str, args: list[str]) -> tuple[object, str]:
-    """Run ``TARGET ARGS --help`` in this process; returns ``(exit code, stdout)``.
-
-    ``target`` is a script path relative to the repository root (``*.py``) or a module name.
+def _run_in_process(call, argv: list[str]) -> tuple[object, str]:
+    """Run ``call()`` with ``sys.argv`` set to ``argv``; returns ``(exit code, stdout)``.
     ``sys.argv``, ``sys.path`` and the root log level (beam_runner sets it on import) are restored."""
     saved_argv, saved_path, saved_level = sys.argv[:], sys.path[:], logging.getLogger().level
     out = io.StringIO()
     code: object = "returned without exiting: --help was not handled"
-    sys.argv = [target, *args, "--help"]
+    sys.argv = argv
     sys.path.insert(0, str(BENCHMARKS))  # bench_cache_limits imports its sibling bench_cache
     try:
         with contextlib.redirect_stdout(out), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is already imported
-            if target.endswith(".py"):
-                runpy.run_path(str(ROOT / target), run_name="__main__")
-            else:
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            call()
     except SystemExit as e:
         code = e.code or 0
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         logging.getLogger().setLevel(saved_level)
     return code, out.getvalue()
+
+
+def run_help(target: str, args: list[str]) -> tuple[object, str]:
+    """Run ``TARGET ARGS --help`` in this process; returns ``(exit code, stdout)``.
+
+    ``target`` is a script path relative to the repository root (``*.py``) or a module name."""
+    def call() -> None:
+        if target.endswith(".py"):
+            runpy.run_path(str(ROOT / target), run_name="__main__")
+        else:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+    return _run_in_process(call, [target, *args, "--help"])
+
+
+def run_colaflow_help(args: list[str]) -> tuple[object, str]:
+    """Run ``colaflow ARGS --help`` in this process (:func:`colaflow.cli.main`, which the console
+    script calls); returns ``(exit code, stdout)``."""
+    return _run_in_process(lambda: colaflow_main([*args, "--help"]), ["colaflow", *args, "--help"])
+
+
+def _plain(shown: str, out: str) -> None:
+    assert "``" not in out and not REST_ROLE.search(out), f"{shown} shows reST markup: {REST_ROLE.search(out)}"
 
 
 def _check(target: str, args: list[str]) -> str:
@@ -71,7 +95,19 @@ def _check(target: str, args: list[str]) -> str:
     if not target.endswith(".py"):
         typed = " ".join(["python -m", target, *args])
         assert out.startswith(f"usage: {typed} ") or out.startswith(f"usage: {typed}\n"), f"{shown}: {out[:80]!r}"
-    assert "``" not in out and not REST_ROLE.search(out), f"{shown} shows reST markup: {REST_ROLE.search(out)}"
+    _plain(shown, out)
+    return out
+
+
+def _check_colaflow(args: list[str]) -> str:
+    """Run ``colaflow ARGS --help``; check exit 0 and a usage naming the command as typed
+    (``colaflow shards verify``, not ``python -m shards verify``), in plain text."""
+    code, out = run_colaflow_help(args)
+    typed = " ".join(["colaflow", *args])
+    assert code == 0, f"{typed} --help: exit {code}"
+    assert len(out.splitlines()) > 2 and (out.startswith(f"usage: {typed} ") or out.startswith(f"usage: {typed}\n")), \
+        f"{typed} --help printed no usage of {typed}: {out[:120]!r}"
+    _plain(f"{typed} --help", out)
     return out
 
 
@@ -92,12 +128,41 @@ def test_help_exits_zero_with_usage(target):
         _check(target, [sub])
 
 
+def test_colaflow_help_lists_every_command_on_one_line(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")  # argparse wraps to the terminal's width
+    out = _check_colaflow([])
+    assert _subcommands(out) == list(COMMANDS)
+    assert {"preprocess", "shards", "cache", "loaders", "train", "export", "report", "replay", "verify",
+            "demo"} <= set(COMMANDS)
+    for c in COMMANDS.values():
+        assert re.search(rf"^    {c.name} +{re.escape(c.summary)}$", out, re.MULTILINE), f"{c.name}'s line in {out}"
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_colaflow_command_help_exits_zero_with_usage(command):
+    subs = _subcommands(_check_colaflow([command]))
+    assert bool(subs) == (command in GROUPS), f"colaflow {command}: sub-commands {subs}"
+    for sub in subs:
+        _check_colaflow([command, sub])
+
+
+def test_colaflow_help_imports_neither_torch_nor_beam():
+    probe = ("import contextlib, io, sys\nfrom colaflow.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n    try:\n        main(['--help'])\n"
+             "    except SystemExit as e:\n        code = e.code\n"
+             "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'apache_beam'}))")
+    p = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0", "[]"], p.stdout
+
+
 def test_every_argparse_command_line_is_listed():
     """A new script or module with an ArgumentParser must be added above (or reached through one)."""
     listed = set(SCRIPTS) | {m.replace(".", "/") + ".py" for m in MODULES} | set(REACHED_THROUGH)
     listed |= {m.replace(".", "/") + "/__main__.py" for m in MODULES}
-    sources = list(ROOT.glob("*.py")) + [p for stage in ("pipelines", "shards", "cache", "loaders", "trainer",
-                                                        "benchmarks") for p in (ROOT / stage).rglob("*.py")]
+    sources = list(ROOT.glob("*.py")) + [p for stage in ("colaflow", "pipelines", "shards", "cache", "loaders", "trainer",
+                                                        "benchmarks", "examples") for p in (ROOT / stage).rglob("*.py")]
     parsers = {p.relative_to(ROOT).as_posix() for p in sources if "ArgumentParser(" in p.read_text(encoding="utf-8")}
     assert parsers - listed - NOT_COMMAND_LINES == set()
 

@@ -69,3 +69,14 @@ def test_cycle_finder_sees_a_cycle():
 
 def test_no_import_cycles():
     assert _cycles(_module_graph()) == []
+
+
+def test_colaflow_imports_stages_only_lazily_and_no_stage_imports_its_command_line():
+    """``colaflow.config``, ``.errors`` and ``.wording`` sit below every stage and import none;
+    ``colaflow.cli`` reaches the stages only inside functions (``colaflow --help`` stays light), and
+    no stage imports it back."""
+    graph = _module_graph()
+    own = {m for m in graph if m == "colaflow" or m.startswith("colaflow.")}
+    assert {"colaflow.config", "colaflow.errors", "colaflow.wording", "colaflow.cli"} <= own
+    assert {m: sorted(graph[m] - own) for m in own} == {m: [] for m in own}
+    assert sorted(m for m in graph if m not in own and "colaflow.cli" in graph[m]) == []

@@ -344,14 +344,15 @@ def format_report(r: ReplayReport) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: exit 0 when replayed (the report is printed), 1 when it cannot be, 2 on usage errors."""
+def main(argv: list[str] | None = None, prog: str = "python -m trainer replay") -> int:
+    """CLI (``prog`` in its usage): exit 0 when replayed (the report is printed), 1 when it cannot be,
+    2 on usage errors."""
     import argparse
     import sys
 
     from colaflow.wording import help_text
 
-    ap = argparse.ArgumentParser(prog="python -m trainer replay", description=help_text(__doc__),
+    ap = argparse.ArgumentParser(prog=prog, description=help_text(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="training run folder (holds config.json, events.jsonl, checkpoints/)")
     ap.add_argument("--step", type=int, required=True, help="the bad optimizer step to replay (1-based)")

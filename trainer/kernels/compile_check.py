@@ -16,6 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from colaflow.errors import run_cli
 from colaflow.wording import help_text
 
 from trainer.kernels import ce_triton, norm_triton
@@ -70,19 +71,20 @@ def compile_all(arch: int = 90, dtypes: tuple[str, ...] = ("bf16", "fp32")) -> l
     return done
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     """``python -m trainer.kernels.compile_check [--arch 90]``: compile every Triton kernel for that GPU
-    architecture without a GPU; exits non-zero naming the kernel that failed."""
+    architecture without a GPU; returns 0, or 1 after naming the kernel that failed."""
     p = argparse.ArgumentParser(prog="python -m trainer.kernels.compile_check", description=help_text(__doc__.splitlines()[0]))
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 80, 90")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     try:
         done = compile_all(args.arch)
     except Exception as exc:  # report which kernel failed, then fail the command
         print(f"compile check for sm_{args.arch} FAILED: {exc}", file=sys.stderr)
-        sys.exit(1)
+        return 1
     print(f"compiled {len(done)} kernel variants for sm_{args.arch}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -21,6 +21,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from colaflow.errors import run_cli
 from colaflow.wording import help_text
 
 SELECTOR = '{job=~"$job"}'
@@ -206,9 +207,10 @@ def render_preview(metrics_path: str, out_dir: str, title: str = "") -> str:
     return page
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI (see the module docstring): exit 0 on success, 2 on usage errors or a missing metrics file."""
-    ap = argparse.ArgumentParser(prog="python -m trainer.report.dashboard", description=help_text(__doc__),
+def main(argv: list[str] | None = None, prog: str = "python -m trainer.report.dashboard") -> int:
+    """CLI (see the module docstring; ``prog`` in its usage): exit 0 on success, 2 on usage errors or a
+    missing metrics file."""
+    ap = argparse.ArgumentParser(prog=prog, description=help_text(__doc__),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grafana", help="write the Grafana dashboard JSON")
@@ -233,4 +235,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 
+from colaflow.errors import run_cli
 from colaflow.wording import help_text
 from trainer.report.plots import PLOTS
 from trainer.report.run_metrics import Markers, RunMetrics, read_markers, read_metrics
@@ -191,4 +192,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m trainer.report.re
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

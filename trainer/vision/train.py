@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from loaders.images.dali import DaliImageLoader
+from colaflow.errors import run_cli
 from colaflow.wording import help_text
 from trainer.vision.model import TinyCNN
 
@@ -122,9 +123,9 @@ def train_vision(cfg: VisionTrainConfig) -> list[dict]:
     return records
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    """``python -m trainer.vision.train``: parse the flags into :class:`VisionTrainConfig`, train, and
-    return the logged records (list of dicts)."""
+def train_from_flags(argv: list[str] | None = None) -> list[dict]:
+    """Parse the flags of ``python -m trainer.vision.train`` into :class:`VisionTrainConfig`, train,
+    and return the logged records (list of dicts)."""
     defaults = VisionTrainConfig()
     p = argparse.ArgumentParser(prog="python -m trainer.vision.train", description=help_text(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,5 +136,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     return train_vision(VisionTrainConfig(**{f.name: getattr(args, f.name) for f in fields(VisionTrainConfig)}))
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.vision.train``: :func:`train_from_flags`; returns 0."""
+    train_from_flags(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    run_cli(main)

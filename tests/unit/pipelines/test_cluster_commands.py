@@ -1,8 +1,9 @@
 """The cluster command lines in README.md and docs/cluster.md use only flags Beam knows.
 
-Flink, Spark and Dataflow cannot run here, so each documented ``python beam_runner.py ...`` line is
-split the way ``beam_runner.py`` splits it, and every Beam flag must be a registered pipeline
-option (a typo such as ``--flink-master`` would otherwise only fail on the cluster).
+Flink, Spark and Dataflow cannot run here, so each documented ``colaflow preprocess ...`` or
+``python beam_runner.py ...`` line (its alias) is split the way ``beam_runner.py`` splits it, and
+every Beam flag must be a registered pipeline option (a typo such as ``--flink-master`` would
+otherwise only fail on the cluster).
 """
 import os
 import re
@@ -16,6 +17,7 @@ import beam_runner
 from tests.support.paths import REPO
 
 ROOT = str(REPO)
+PREPROCESS = ("colaflow preprocess", "python beam_runner.py")  # two words, then beam_runner's arguments
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -25,7 +27,7 @@ def documented_commands() -> list[tuple[str, str]]:
         for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
             joined = re.sub(r"\\\n\s*", " ", block)
             found += [(doc, line.strip()) for line in joined.splitlines()
-                      if line.strip().startswith("python beam_runner.py") and "[" not in line]
+                      if line.strip().startswith(PREPROCESS) and "[" not in line]
     return found
 
 

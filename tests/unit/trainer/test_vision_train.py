@@ -13,7 +13,7 @@ import torch
 
 from loaders.images.dali import cuda_device_count
 from examples.demo.imageset import build_image_shards
-from trainer.vision.train import VisionTrainConfig, main, num_classes, train_vision
+from trainer.vision.train import VisionTrainConfig, num_classes, train_from_flags, train_vision
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def images(tmp_path_factory):
 
 def test_loss_falls_and_accuracy_rises(images, tmp_path):
     metrics = tmp_path / "metrics.jsonl"
-    records = main(["--shards", str(images), "--steps", "30", "--metrics", str(metrics)])
+    records = train_from_flags(["--shards", str(images), "--steps", "30", "--metrics", str(metrics)])
     assert [r["step"] for r in records] == list(range(1, 31))
     with open(metrics) as f:
         assert [json.loads(line) for line in f] == records

@@ -1,0 +1,1 @@
+"""Tests of ``colaflow`` (the command line)."""
