@@ -312,7 +312,7 @@ def verify_offline(path: str, config_path: str | None = None) -> list[str]:
     (or ``config_path``) and compare its loss. Returns the problems found (empty = passed).
     """
     from colaflow.config import load_config
-    from trainer.config import TrainConfig
+    from trainer.config import TrainConfig, read_saved_config
     from trainer.model import GPT
     problems = []
     if not exists(os.path.join(path, COMPLETE)):
@@ -331,9 +331,10 @@ def verify_offline(path: str, config_path: str | None = None) -> list[str]:
     if bad:
         problems.append(f"{path}: {len(bad)} tensor(s) differ from their saved checksums:\n"
                         + describe_mismatches(path, bad))
-    cfg = load_config(TrainConfig, config_path or os.path.join(path, "config.yaml"))
+    saved = os.path.join(path, "config.yaml")
+    cfg = load_config(TrainConfig, config_path) if config_path else read_saved_config(saved)
     if cfg.model.vocab_size == 0:  # a training YAML that takes the vocabulary from the manifest
-        cfg.model.vocab_size = load_config(TrainConfig, os.path.join(path, "config.yaml")).model.vocab_size
+        cfg.model.vocab_size = read_saved_config(saved).model.vocab_size
     ref = meta.get("verify", {})
     if "model" in state and "loss" in ref:
         model = GPT(cfg.model)

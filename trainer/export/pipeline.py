@@ -86,14 +86,14 @@ def load_model(checkpoint: str):
     Raises:
         FileNotFoundError / ValueError: not a readable colaflow checkpoint.
     """
-    from colaflow.config import load_config, to_dict
+    from colaflow.config import to_dict
     from trainer.checkpointing import load_full_state
-    from trainer.config import TrainConfig
+    from trainer.config import read_saved_config
     from trainer.model import GPT
     config_path = os.path.join(checkpoint, "config.yaml")
     if not os.path.exists(config_path):
         raise FileNotFoundError(f"{checkpoint}: no config.yaml; not a colaflow checkpoint folder (step_XXXXXX)?")
-    cfg = load_config(TrainConfig, config_path)
+    cfg = read_saved_config(config_path)
     model = GPT(cfg.model)
     model.load_state_dict(load_full_state(checkpoint)["model"])
     return model.float().eval(), cfg, to_dict(cfg)

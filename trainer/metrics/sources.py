@@ -12,6 +12,8 @@ import re
 
 import torch.distributed as dist
 
+from loaders.protocols import RankLoader
+
 WINDOW_BATCHES = 1000
 
 
@@ -20,12 +22,12 @@ def field_key(name: str) -> str:
     return re.sub(r"\W", "_", name)
 
 
-def source_fields(loader, world_size: int) -> dict:
+def source_fields(loader: RankLoader, world_size: int) -> dict:
     """Per-source fields of a mixture loader (``{}`` for one dataset). A collective when
     ``torch.distributed`` is initialised with ``world_size`` > 1 (one small ``all_gather_object``)."""
-    if not hasattr(loader, "source_counts"):
-        return {}
     c = loader.source_counts()
+    if c is None:
+        return {}
     parts = [c]
     if world_size > 1 and dist.is_available() and dist.is_initialized():
         parts = [None] * world_size

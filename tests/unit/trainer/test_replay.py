@@ -10,6 +10,8 @@ import pytest
 
 from trainer.debug.replay import replay_step
 
+from tests.support.faults import fault_hooks
+
 from tests.unit.trainer.test_metrics import MODEL, ROOT, build_shards
 
 LAYER = "blocks.1.mlp"
@@ -29,8 +31,7 @@ def bad_run(tmp_path_factory):
                  *(f"model.{k}={v}" for k, v in MODEL.items() if k != "vocab_size"), "model.n_layers=2",
                  "data.seq_len=32", "data.micro_batch_size=2", "data.num_workers=0", "zero.stage=2",
                  "precision=fp32", "device=cpu", "steps=4", "log_every=2", "metrics.progress=false",
-                 "checkpoint.every=2", "anomaly.inject_nan_at_steps=[3]", "anomaly.inject_rank=1",
-                 f"anomaly.inject_layer={LAYER}"]
+                 "checkpoint.every=2", fault_hooks(nan_at_steps=[3], rank=1, layer=LAYER)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "trainer",
            "--config", os.path.join(ROOT, "configs", "demo.yaml"), *overrides]
     proc = subprocess.run(cmd, cwd=str(tmp), env=_env(), capture_output=True, text=True, timeout=300)
@@ -77,7 +78,7 @@ def test_watcher_names_a_spiking_module_and_the_loss():
     """Spikes (output RMS over ``spike_ratio`` x the input's) and a NaN loss are found in forward order."""
     import torch
 
-    from trainer.run.anomaly import injected
+    from tests.support.faults import injected
     from trainer.config import ModelConfig
     from trainer.model import GPT
     from trainer.debug.replay import _Watcher
@@ -127,7 +128,7 @@ def test_replay_finds_documents_inside_token_blocks(tmp_path):
                  *(f"model.{k}={v}" for k, v in MODEL.items() if k != "vocab_size"), "model.n_layers=2",
                  "data.seq_len=32", "data.micro_batch_size=2", "data.num_workers=0", "zero.stage=0",
                  "precision=fp32", "device=cpu", "steps=3", "log_every=1", "metrics.progress=false",
-                 "checkpoint.every=2", "anomaly.inject_nan_at_steps=[3]", f"anomaly.inject_layer={LAYER}"]
+                 "checkpoint.every=2", fault_hooks(nan_at_steps=[3], layer=LAYER)]
     proc = subprocess.run([sys.executable, "-m", "trainer", "--config", os.path.join(ROOT, "configs", "demo.yaml"),
                            *overrides], cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

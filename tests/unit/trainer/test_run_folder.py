@@ -15,6 +15,7 @@ from trainer.config import TrainConfig
 from trainer.run.announce import start_line
 from trainer.run.folder import RunFolderError, RunPlan, plan_run, remove_earlier_run, truncate_metrics
 from tests.support.data import write_counting_shards
+from tests.support.faults import fault_hooks
 from tests.support.paths import REPO
 
 ROOT = str(REPO)
@@ -196,7 +197,7 @@ def test_interrupt_advice_without_and_with_a_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("nproc", [[], ["--nproc-per-node", "2"]])
 def test_bad_steps_without_a_checkpoint_end_in_one_line_exit_1(tmp_path, common, nproc):
-    p = _train(common + ["steps=3", "checkpoint.every=0", "anomaly.inject_nan_at_steps=[1, 2]",
+    p = _train(common + ["steps=3", "checkpoint.every=0", fault_hooks(nan_at_steps=[1, 2]),
                          "anomaly.max_consecutive=2", *nproc], tmp_path)
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert p.returncode == 1, p.stderr[-3000:]
