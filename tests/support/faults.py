@@ -13,6 +13,7 @@ import signal
 import time
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.run.hooks import BaseStepHook, HookContext
@@ -89,23 +90,20 @@ class FaultInjector(BaseStepHook):
         return self.done.get((step, rank))
 
 
+def _process_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
 class CallRecorder(BaseStepHook):
-    """Logs every call on ``ranks`` (default: all) to ``events.jsonl``: ``hook_before_step``
-    (``step``, ``rank``) and ``hook_forward`` (``step``, ``micro_batch``, ``rank``, ``model``: the
-    model's class name, ``forward_calls``: how many times the model's forward ran inside the context).
-    """
-
-    def __init__(self, context: HookContext, ranks: list | None = None):
-        super().__init__(context)
-        self.ranks = ranks
-
-    def _mine(self, rank: int) -> bool:
-        return self.ranks is None or rank in self.ranks
+    """Logs every call to ``events.jsonl``: ``hook_before_step`` (``step``, ``rank``) and
+    ``hook_forward`` (``step``, ``micro_batch``, ``rank``, ``model``: the model's class name,
+    ``forward_calls``: how many times the model's forward ran inside the context); each with
+    ``process_rank``, the rank of the process that made the call."""
 
     def before_step(self, step: int, rank: int) -> None:
         """Log ``hook_before_step``."""
-        if self._mine(rank):
-            self.context.events.write({"event": "hook_before_step", "step": step, "rank": rank})
+        self.context.events.write({"event": "hook_before_step", "step": step, "rank": rank,
+                                   "process_rank": _process_rank()})
 
     @contextlib.contextmanager
     def forward(self, model: torch.nn.Module, step: int, micro_batch: int, rank: int):
@@ -116,9 +114,9 @@ class CallRecorder(BaseStepHook):
             yield
         finally:
             handle.remove()
-        if self._mine(rank):
-            self.context.events.write({"event": "hook_forward", "step": step, "micro_batch": micro_batch,
-                                       "rank": rank, "model": type(model).__name__, "forward_calls": calls[0]})
+        self.context.events.write({"event": "hook_forward", "step": step, "micro_batch": micro_batch, "rank": rank,
+                                   "process_rank": _process_rank(), "model": type(model).__name__,
+                                   "forward_calls": calls[0]})
 
 
 def fault_hooks(**args) -> str:

@@ -90,6 +90,9 @@ class ResolvedHook(NamedTuple):
 
 def _resolve(entry, index: int) -> ResolvedHook:
     where = f"hooks[{index}]"
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: expected a mapping {{target: 'package.module:Class', args: {{...}}}}, "
+                          f"got {entry!r}")
     spec = from_dict(HookSpec, entry, f"{where}.")
     module_name, _, name = spec.target.partition(":")
     if not module_name or not name:
@@ -122,7 +125,7 @@ def parse_hooks(entries: list) -> list[ResolvedHook]:
         ConfigError: one line naming the entry (``hooks[i]``) and what is wrong with it.
     """
     if not isinstance(entries, list):
-        raise ConfigError(f"hooks: expected a list of {{target: 'package.module:Class', args: {{...}}}}, "
+        raise ConfigError(f"hooks: expected a list of mappings {{target: 'package.module:Class', args: {{...}}}}, "
                           f"got {entries!r}")
     return [_resolve(entry, i) for i, entry in enumerate(entries)]
 

@@ -232,3 +232,27 @@ def test_dry_run_fails_on_what_the_real_run_would_fail_on(tmp_path, common):
 def test_missing_config_file_is_a_usage_error(tmp_path):
     p = _train(["--config", str(tmp_path / "nope.yaml"), "steps=1"], tmp_path)
     assert p.returncode == 2 and p.stderr.strip() == f"error: config file not found: {tmp_path / 'nope.yaml'}"
+
+
+def test_a_run_folder_of_an_older_trainer_resumes(tmp_path, common):
+    """Runs written before step hooks hold ``anomaly.inject_*`` in config.json and config.yaml: a
+    re-run resumes such a folder (only the checkpoint's model section is compared) and rewrites config.json."""
+    first = _train(common + ["steps=2"], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = tmp_path / "run"
+    inject = {"inject_nan_at_steps": [1], "inject_spike_at_steps": [], "inject_spike_factor": 1000.0,
+              "inject_kill_at_step": 0, "inject_rank": -1, "inject_layer": ""}
+    config = json.loads((run / "config.json").read_text())
+    del config["hooks"]
+    config["anomaly"].update(inject)
+    (run / "config.json").write_text(json.dumps(config))
+    saved_yaml = run / "checkpoints" / "step_000002" / "config.yaml"
+    saved = yaml.safe_load(saved_yaml.read_text())
+    del saved["hooks"]
+    saved["anomaly"].update(inject)
+    saved_yaml.write_text(yaml.safe_dump(saved, sort_keys=False))
+    again = _train(common + ["steps=3"], tmp_path)
+    assert again.returncode == 0 and "resumed from step 2" in again.stdout, again.stderr[-3000:]
+    assert _steps(tmp_path) == [1, 2, 3]
+    rewritten = json.loads((run / "config.json").read_text())
+    assert rewritten["hooks"] == [] and not any(k.startswith("inject_") for k in rewritten["anomaly"])
