@@ -28,7 +28,9 @@ MODULES = ["shards", "cache", "loaders", "trainer", "examples.demo.corpus", "pip
 TRAINER_COMMANDS = ["verify", "export", "report", "replay"]
 # files whose parsers are reached through another command line above
 REACHED_THROUGH = {"shards/tools/cli.py": "shards", "cache/tools/cli.py": "cache", "loaders/tools/cli.py": "loaders",
-                   "trainer/__main__.py": "trainer", "trainer/debug/replay.py": "trainer replay"}
+                   "trainer/run/cli.py": "trainer", "trainer/checkpointing/verify.py": "trainer verify",
+                   "trainer/export/cli.py": "trainer export",
+                   "trainer/debug/replay.py": "trainer replay"}
 REST_ROLE = re.compile(r":(func|mod|class|meth|data|attr|exc):`")
 # files with an ArgumentParser that is no command line
 NOT_COMMAND_LINES = {"pipelines/job.py"}  # reads the flags Beam's DaskOptions declares (a --dask_* flag hint)

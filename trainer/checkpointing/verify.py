@@ -350,3 +350,25 @@ def verify_offline(path: str, config_path: str | None = None) -> list[str]:
             problems.append(f"{path}: forward pass on the fixed batch gives loss {loss!r}, the live model "
                             f"gave {ref['loss']!r} (tolerance {rtol:g} relative)")
     return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer verify CKPT [--config FILE]``: :func:`verify_offline`; returns the exit code
+    (0 passed, 1 failed: the problems are printed, 2 usage)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m trainer verify", description="Verify a checkpoint offline.")
+    parser.add_argument("checkpoint", help="checkpoint folder (step_XXXXXX or weights_XXXXXX)")
+    parser.add_argument("--config", help="training config (default: the checkpoint's config.yaml)")
+    args = parser.parse_args(argv)
+    problems = verify_offline(args.checkpoint, args.config)
+    if problems:
+        print(f"FAILED: {args.checkpoint}", file=sys.stderr)
+        for p in problems:
+            print(p, file=sys.stderr)
+        print("Resume from an older checkpoint (checkpoint.resume=PATH) or re-export from a good copy.",
+              file=sys.stderr)
+        return 1
+    print(f"OK: {args.checkpoint} (every tensor matches its checksum; forward pass matches)")
+    return 0

@@ -185,14 +185,14 @@ def test_ctrl_c_ends_in_one_line_with_exit_130(tmp_path, common):
 
 def test_interrupt_advice_without_and_with_a_checkpoint(tmp_path):
     """Ctrl-C before the first checkpoint must not advise a resume that the next run refuses."""
-    from trainer.__main__ import _interrupted
+    from trainer.run.cli import interrupt_advice
     cfg = TrainConfig(run_dir=str(tmp_path))
-    assert "nothing to resume; run again with checkpoint.overwrite=true" in _interrupted(cfg)
+    assert "nothing to resume; run again with checkpoint.overwrite=true" in interrupt_advice(cfg)
     from trainer.checkpointing.layout import COMPLETE, step_dir
     from trainer.run.folder import checkpoint_root
     os.makedirs(step_dir(checkpoint_root(cfg), 4))
     open(os.path.join(step_dir(checkpoint_root(cfg), 4), COMPLETE), "w").close()
-    assert "resume from the last checkpoint" in _interrupted(cfg)
+    assert "resume from the last checkpoint" in interrupt_advice(cfg)
 
 
 @pytest.mark.parametrize("nproc", [[], ["--nproc-per-node", "2"]])
