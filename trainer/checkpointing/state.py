@@ -17,6 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
 
 from trainer.checkpointing.layout import storage_reader
 
@@ -44,7 +45,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def _unwrap(model):
-    return model.module if hasattr(model, "module") else model
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def _zero_owned_state(model, optimizer: ZeroRedundancyOptimizer, init: bool) -> dict:
