@@ -1,19 +1,5 @@
-"""The training loop, top to bottom: data → model → ZeRO wrapper → optimizer → steps → checkpoint.
-
-One optimizer step takes ``optim.grad_accum_steps`` micro-batches. The loss of a step is the mean
-cross entropy over every real token (labels != -100) of all its micro-batches on all ranks: the
-step's token count is all-reduced first, then each micro-batch backpropagates
-``loss_sum * world_size / global_tokens`` (DDP and FSDP average gradients over ranks, hence the
-``world_size``). This weights every token equally however documents fall into rows, micro-batches
-and ranks. The loop never syncs the host with the device except every ``log_every`` steps (and at
-step 1): metrics accumulate in device tensors — and once per step for the anomaly guard
-(``anomaly.enabled``, :mod:`trainer.run.anomaly`), which must know on the host whether to skip
-``optimizer.step()``. Validation loss (:mod:`trainer.evaluation`) runs every ``eval.every``
-steps and after the last one, with its own single host read. Checkpoints
-(:mod:`trainer.checkpointing`) are verified before they become visible; a run resumes
-(:mod:`trainer.run.folder`: automatically from the newest compatible checkpoint in its
-``run_dir``, or from ``checkpoint.resume``) with its model, optimizer, RNG, loader and
-learning-rate scale.
+"""The training loop: data -> model -> ZeRO wrapper -> optimizer -> steps -> metrics -> checkpoints
+(drawn in ``trainer/README.md``).
 """
 from __future__ import annotations
 
@@ -114,7 +100,9 @@ def micro_batches(loader: RankLoader, epoch: int):
 
 def forward_backward(model, batches: list[TokenBatch], info: parallel.DistInfo, cfg: TrainConfig,
                      timer=None, hooks: StepHooks = NO_HOOKS, step: int = 0):
-    """Accumulate gradients of the mean loss over every real token of ``batches`` on all ranks.
+    """Accumulate gradients of the mean loss over every real token of ``batches`` on all ranks: each
+    micro-batch backpropagates ``loss_sum * world_size / global_tokens`` (DDP and FSDP average
+    gradients over ranks), so every token weighs the same wherever it falls.
 
     Returns device tensors ``(loss_sum, local_tokens)``: this rank's summed loss (nats) and its
     real-token count. One all-reduce of the token count (``timer`` mark ``comm``); no host sync.
@@ -355,7 +343,7 @@ def train(cfg: TrainConfig) -> dict:
     Summary keys: ``train_steps``, ``world_size``, ``loss_first``/``loss_last`` (nats per real token,
     first and last logged interval), ``tokens_per_second`` (real tokens, all ranks, per wall second
     of the loop), ``tokens_seen`` (real tokens, all ranks), ``checkpoint`` (folder or ``None``),
-    ``parameters``, ``cache`` and ``loader`` (their ``metrics()`` on this rank, when they have one),
+    ``parameters``, ``cache`` and ``loader`` (their ``metrics()`` on this rank),
     ``val_loss_first``/``val_loss_last``/``val_perplexity_last``/``val_tokens``/``evaluations``
     (:mod:`trainer.evaluation`; ``None`` without validation data).
     """

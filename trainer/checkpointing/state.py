@@ -1,8 +1,5 @@
-"""What a checkpoint holds and how it moves between a live model/optimizer and DCP files.
-
-``build_state`` gathers the model, optimizer (ZeRO-1 owned state under parameter FQNs), step,
-loader, trainer and per-rank RNG state; ``load_into``/``apply_state`` reverse it; the offline
-helpers read a whole checkpoint in one process.
+"""What a checkpoint holds (model, optimizer with ZeRO-1 state under parameter FQNs, step, loader,
+trainer and per-rank RNG state) and how it moves between a live model/optimizer and DCP files.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Checkpoint verification: per-tensor checksums and object digests of what was saved, compared with
-the same figures computed from the bytes stored on disk (online, every save), plus one forward pass
-(offline, ``python -m trainer verify``).
-
-Online verification never builds a second model or optimizer: the stored items are read back one at
-a time on the CPU (split over the ranks), so its memory is one stored chunk, not a second copy of the
-model states. Checked besides every tensor: the loader, trainer (scheduler, anomaly) and per-rank RNG
-states and the step (SHA-256 of each, :func:`object_digests`).
+"""Checkpoint verification: per-tensor checksums and object digests (SHA-256 of the loader, trainer
+and per-rank RNG state and the step, :func:`object_digests`) of what was saved, compared with the
+same figures computed from the stored bytes (online, every save, one stored item in CPU memory at
+a time), plus one forward pass (offline, ``python -m trainer verify``).
 
 Checksum of a tensor: its elements' bit patterns read as integers ``w_i`` (uint8/int16/int32/int64
 by element size) give ``(sum w_i, sum w_i * (i mod 65521 + 1))`` modulo 2^64, where ``i`` is the

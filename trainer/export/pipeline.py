@@ -1,12 +1,6 @@
-"""``python -m trainer export``: write each requested variant of a checkpoint, verify it on validation
-data, and keep it under its final name only when it passes.
-
-Order: load the checkpoint into an fp32 :class:`trainer.model.GPT` (the reference), read the fixed
-validation batches, run the reference, then per variant: write it under a hidden temporary name,
-verify it (:mod:`trainer.export.verify`), and rename it to its final name when every limit holds,
-or to ``NAME.rejected`` when not (a stale file of the final name from an earlier export is
-removed then). ``conversion_report.json`` and ``conversion_report.txt`` (the table) record every
-variant, the validation data and the provenance (:mod:`trainer.export.provenance`).
+"""Write each requested export variant of a checkpoint under a hidden temporary name, verify it
+against the fp32 PyTorch reference on validation batches, and rename it to its final name when
+every limit holds (else to ``NAME.rejected``); ``conversion_report.json``/``.txt`` record it all.
 """
 from __future__ import annotations
 

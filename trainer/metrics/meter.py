@@ -1,9 +1,6 @@
-"""One log interval's metrics from all ranks: loss, throughput, MFU, step-time split, memory, cache, padding.
-
-The trainer accumulates loss and token counts in device tensors and times phases with a
-:class:`~trainer.metrics.timing.StepTimer`; at a log step :meth:`IntervalMeter.collect` gathers one small
-vector per rank with a single ``all_gather`` (the interval's only collective for metrics and its
-host sync), and turns it into a flat record of numbers for the sinks in :mod:`trainer.metrics.sinks`.
+"""One log interval's metrics from all ranks (loss, throughput, MFU, step-time split, memory, cache,
+padding), gathered with one ``all_gather`` at the log step: the interval's only metrics collective
+and host sync.
 """
 from __future__ import annotations
 

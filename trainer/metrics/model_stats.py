@@ -1,10 +1,8 @@
 """Per-layer model statistics on logged steps: gradient norm, update-to-weight ratio, activation RMS/max.
 
 Only a sample of transformer blocks is watched (``metrics.layer_stats``: first and last by
-default) and only on the steps whose metrics are logged: :meth:`LayerStats.arm` puts forward hooks
-on the sampled blocks for that one step, so the other steps pay nothing. Every statistic stays in
-a device tensor until the log step, where :class:`trainer.metrics.meter.IntervalMeter`
-appends them to the interval's one all-gather (:meth:`LayerStats.local_vector`, :meth:`LayerStats.reduce`).
+default), and only on logged steps (:meth:`LayerStats.arm` puts forward hooks on them for that one
+step); every statistic stays in a device tensor until the log step's all-gather.
 
 Sharding: under FSDP2 (ZeRO 2/3) parameters and gradients are ``DTensor`` shards, so each rank
 sums the squares of its local shard and the ranks' sums are added. Under DDP (ZeRO 0/1) every
