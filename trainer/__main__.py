@@ -1,230 +1,28 @@
-"""Command line of the trainer.
-
-- ``python -m trainer --config FILE [key=value ...]``: train, alone or under ``torchrun``; re-running
-  it into the same ``run_dir`` resumes (or refuses; ``checkpoint.overwrite=true`` starts over).
-  ``--dry-run`` checks config, data and run folder and prints the start line without training;
-  ``--nproc-per-node N`` validates once, then starts N local ranks like ``torchrun --standalone``.
-  Exit status: 0 done, 2 usage/config error, 1 runtime/data error (e.g. a 404), 130 Ctrl-C.
-- ``python -m trainer verify CKPT [--config FILE]``: verify a checkpoint offline in one process
-  (checksums of every tensor, a forward pass of the fixed batch); exit status 0 only if it passes.
-- ``python -m trainer export CKPT OUT_DIR --format onnx [--precision fp32,fp16,int8] [--batch-sizes 1,8]``:
-  ONNX models, each verified on the validation split before it keeps its name
-  (:mod:`trainer.export`; ``conversion_report.json``); exit 1 when a variant exceeds its tolerance.
-- ``python -m trainer export CKPT OUT.pt``: one consolidated, verified ``torch.save`` file
-  (``torch.load(OUT.pt)["model"]`` holds the unsharded weights, ``["provenance"]`` where it came from;
-  the report is ``OUT.pt.conversion_report.json`` beside it).
-- ``python -m trainer report RUN_DIR``: HTML report with PNG plots of a run (``RUN_DIR/report/``).
-- ``python -m trainer replay RUN_DIR --step N``: re-run bad step N from the checkpoint before it
-  and name the first module whose output went non-finite or spiked (forward, then backward).
-"""
+"""``python -m trainer``: training (:mod:`trainer.run.cli`, whose ``--help`` lists everything) or one of
+the subcommands verify, export, report and replay."""
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-
-from colaflow.errors import INTERRUPTED, USAGE, exit_status, explain
-from colaflow.wording import help_text
-
-
-def _is_rank0() -> bool:
-    return os.environ.get("RANK", "0") == "0"
-
-
-def _say(message: str) -> None:
-    """One line on stderr, from rank 0 only (under torchrun every rank meets the same error)."""
-    if _is_rank0():
-        print(message, file=sys.stderr, flush=True)
-
-
-def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=help_text(__doc__),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file with a TrainConfig (sections model, data, cache, zero, ...)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="validate config, data and run folder/checkpoint, print the start line, do not train")
-    parser.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
-                        help="start N local ranks (torchrun --standalone) after validating the config once here")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. zero.stage=2 optim.lr=1e-3")
-    return parser
-
-
-def _load(args):
-    """The validated config; raises ``ValueError`` (``ConfigError`` is one) or ``FileNotFoundError``."""
-    from colaflow.config import load_config
-    from trainer.config import TrainConfig
-    cfg = load_config(TrainConfig, args.config, args.overrides)
-    cfg.validate()
-    return cfg
-
-
-def _interrupted(cfg) -> str:
-    """What to do after Ctrl-C: resume from the last checkpoint, or start over when there is none."""
-    if cfg is None:
-        return "interrupted"
-    from trainer.checkpointing.layout import latest_checkpoint
-    from trainer.run.folder import checkpoint_root
-    root = checkpoint_root(cfg)
-    try:
-        last = latest_checkpoint(root)
-    except Exception:  # noqa: BLE001 - unreadable storage: the general advice still holds
-        last = root
-    if last is None:
-        return (f"interrupted before the first checkpoint (checkpoint.every={cfg.checkpoint.every}): nothing to "
-                f"resume; run again with checkpoint.overwrite=true to start over")
-    return f"interrupted; run the same command again to resume from the last checkpoint ({last})"
-
-
-def _dry_run(cfg) -> int:
-    """Check data (manifest), run folder, checkpoint compatibility and the checkpoint's stored
-    bytes against its checksums (one stored item in memory at a time); print the start line.
-
-    Raises:
-        trainer.checkpointing.verify.CheckpointVerifyError: the checkpoint to resume from is damaged.
-        colaflow.config.ConfigError: the cache cannot hold a shard, or ``eval.manifest`` is missing
-            (:func:`trainer.run.announce.check_runnable`).
-    """
-    import torch
-
-    from trainer.run.announce import check_runnable, data_summary, start_line
-    from trainer.checkpointing import read_meta
-    from trainer.checkpointing.verify import check_stored
-    from trainer.run.folder import plan_run
-    from trainer.train import resolve_vocab_size
-    resolve_vocab_size(cfg)
-    plan = plan_run(cfg)
-    if plan.checkpoint:
-        meta = read_meta(plan.checkpoint)
-        check_stored(plan.checkpoint, plan.checkpoint, meta["checksums"], meta.get("digests", {}), torch.device("cpu"))
-    data = data_summary(cfg.data)
-    check_runnable(cfg, data)
-    print(start_line(cfg, data, int(os.environ.get("WORLD_SIZE", "1")), plan, dry_run=True))
-    print("dry run: config, data and run folder are fine; nothing was trained")
-    return 0
-
-
-def _train(argv: list[str], prog: str) -> int:
-    if not argv:  # training on built-in defaults is never what a bare command meant
-        _parser(prog).print_usage(sys.stderr)
-        _say(f"error: give --config FILE and/or key=value overrides ({prog} --help for more)")
-        return USAGE
-    args = _parser(prog).parse_args(argv)
-    if args.config and "://" not in args.config and not os.path.isfile(args.config):
-        _say(f"error: config file not found: {args.config}")
-        return USAGE
-    cfg = None  # set once the config loads: later errors are about the run or its data
-    try:
-        cfg = _load(args)
-        if args.dry_run:
-            return _dry_run(cfg)
-        if args.nproc_per_node:
-            from trainer.distributed.launch import launch_standalone
-            return launch_standalone(args.nproc_per_node, (["--config", args.config] if args.config else [])
-                                     + args.overrides)
-        from trainer.train import train
-        train(cfg)
-    except KeyboardInterrupt:
-        _say(_interrupted(cfg))
-        return INTERRUPTED
-    except Exception as e:  # noqa: BLE001 - expected user/data errors end in one line; others re-raise
-        from cache.errors import CacheError
-        from trainer.train import NoDataError, RollbackError
-        from trainer.checkpointing.layout import CheckpointStorageError
-        from trainer.checkpointing.verify import CheckpointVerifyError
-        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, RollbackError,
-                              CheckpointVerifyError, CheckpointStorageError)):
-            raise
-        where = "config" if cfg is None else "run" if isinstance(e, (ValueError, RollbackError)) else "data"
-        _say(f"error: {where}: {explain(e)}")
-        return exit_status(e)
-    finally:
-        dist = sys.modules.get("torch.distributed")  # not imported at all when the config was wrong
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
 
 
 def _verify(argv: list[str], prog: str) -> int:
-    from trainer.checkpointing.verify import verify_offline
-    parser = argparse.ArgumentParser(prog=prog, description="Verify a checkpoint offline.")
-    parser.add_argument("checkpoint", help="checkpoint folder (step_XXXXXX or weights_XXXXXX)")
-    parser.add_argument("--config", help="training config (default: the checkpoint's config.yaml)")
-    args = parser.parse_args(argv)
-    problems = verify_offline(args.checkpoint, args.config)
-    if problems:
-        print(f"FAILED: {args.checkpoint}", file=sys.stderr)
-        for p in problems:
-            print(p, file=sys.stderr)
-        print("Resume from an older checkpoint (checkpoint.resume=PATH) or re-export from a good copy.",
-              file=sys.stderr)
-        return 1
-    print(f"OK: {args.checkpoint} (every tensor matches its checksum; forward pass matches)")
-    return 0
+    from trainer.checkpointing.verify import main as verify_main
+    return verify_main(argv, prog)
 
 
 def _export(argv: list[str], prog: str) -> int:
-    from colaflow.config import ConfigError, load_config
-    from trainer.export import ExportConfig, run_export
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Export a checkpoint as ONNX (fp32/fp16/int8) or one consolidated .pt file, verify every "
-                    "variant on validation data, and keep only those within tolerance (exit 1 otherwise).")
-    parser.add_argument("checkpoint", help="checkpoint folder (step_XXXXXX or weights_XXXXXX)")
-    parser.add_argument("out", help="output folder; or a file NAME.pt for the consolidated torch.save file")
-    parser.add_argument("--format", choices=["onnx", "pt"], help="onnx (default) or pt (default for OUT.pt)")
-    parser.add_argument("--precision", help="ONNX precisions, comma-separated: fp32,fp16,int8 (default fp32,int8)")
-    parser.add_argument("--batch-sizes", help="batch sizes timed on onnxruntime, comma-separated (default 1,8)")
-    parser.add_argument("--data", help="dataset or validation manifest (default: the checkpoint's data.manifest)")
-    parser.add_argument("--config", help="YAML ExportConfig (tolerances, rows, batches, ...)")
-    parser.add_argument("overrides", nargs="*", help="key=value, e.g. tolerance.int8.ppl_delta=0.05")
-    args = parser.parse_intermixed_args(argv)  # key=value may come before or after the flags
-    try:
-        cfg = load_config(ExportConfig, args.config, args.overrides)
-        legacy_file = args.out.endswith(".pt") and args.format in (None, "pt")
-        cfg.format = "pt" if legacy_file else (args.format or cfg.format)
-        if args.precision:
-            cfg.precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
-        if args.batch_sizes:
-            cfg.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
-        cfg.data = args.data or cfg.data
-        cfg.validate()
-    except (ConfigError, FileNotFoundError, ValueError) as e:
-        print(f"error: export config: {e}", file=sys.stderr)
-        return 2
-    from trainer.checkpointing.layout import exists
-    if not exists(args.checkpoint):
-        print(f"error: no checkpoint at {args.checkpoint}", file=sys.stderr)
-        return USAGE
-    out_dir, pt_name = (os.path.dirname(os.path.abspath(args.out)), os.path.basename(args.out)) if legacy_file \
-        else (args.out, "model.pt")
-    prefix = f"{pt_name}." if legacy_file else ""  # OUT.pt's folder may be shared: name the report after it
-    try:
-        report = run_export(args.checkpoint, out_dir, cfg, pt_name, prefix)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: export: {e}", file=sys.stderr)
-        return 1
-    print(report.table())
-    if report.validation["validated_on"] == "random_tokens":
-        print(f"warning: export NOT verified on validation data: {report.validation['unavailable']}; parity was "
-              "checked on random tokens only. Pass --data MANIFEST (a dataset or val manifest) to verify it",
-              file=sys.stderr)
-    kept = [v.path for v in report.variants if v.passed]
-    print(f"wrote {', '.join(kept) or 'no model'} and {os.path.join(out_dir, prefix + 'conversion_report.json')}")
-    if not report.passed:
-        print("error: some variants exceed their tolerance and were not written under their final name (see the "
-              "table); loosen tolerance.* only if the numbers are acceptable", file=sys.stderr)
-        return 1
-    return 0
+    from trainer.export.cli import main as export_main
+    return export_main(argv, prog)
 
 
 def _report(argv: list[str], prog: str) -> int:
     from trainer.report.render import main as report_main
-    return report_main(argv, prog=prog)
+    return report_main(argv, prog)
 
 
 def _replay(argv: list[str], prog: str) -> int:
     from trainer.debug.replay import main as replay_main
-    return replay_main(argv, prog=prog)
+    return replay_main(argv, prog)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m trainer") -> int:
@@ -235,7 +33,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m trainer") -> int:
     commands = {"verify": _verify, "export": _export, "report": _report, "replay": _replay}
     if argv and argv[0] in commands:
         return commands[argv[0]](argv[1:], f"{prog} {argv[0]}")
-    return _train(argv, prog)
+    from trainer.run.cli import main as train_main
+    return train_main(argv, prog)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from trainer.config import OptimConfig
 
@@ -32,7 +33,7 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if hasattr(norm, "full_tensor"):
+    if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_([p for p in parameters if p.grad is not None], max_norm, norm,

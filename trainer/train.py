@@ -1,19 +1,5 @@
-"""The training loop, top to bottom: data → model → ZeRO wrapper → optimizer → steps → checkpoint.
-
-One optimizer step takes ``optim.grad_accum_steps`` micro-batches. The loss of a step is the mean
-cross entropy over every real token (labels != -100) of all its micro-batches on all ranks: the
-step's token count is all-reduced first, then each micro-batch backpropagates
-``loss_sum * world_size / global_tokens`` (DDP and FSDP average gradients over ranks, hence the
-``world_size``). This weights every token equally however documents fall into rows, micro-batches
-and ranks. The loop never syncs the host with the device except every ``log_every`` steps (and at
-step 1): metrics accumulate in device tensors — and once per step for the anomaly guard
-(``anomaly.enabled``, :mod:`trainer.run.anomaly`), which must know on the host whether to skip
-``optimizer.step()``. Validation loss (:mod:`trainer.evaluation`) runs every ``eval.every``
-steps and after the last one, with its own single host read. Checkpoints
-(:mod:`trainer.checkpointing`) are verified before they become visible; a run resumes
-(:mod:`trainer.run.folder`: automatically from the newest compatible checkpoint in its
-``run_dir``, or from ``checkpoint.resume``) with its model, optimizer, RNG, loader and
-learning-rate scale.
+"""The training loop: data -> model -> ZeRO wrapper -> optimizer -> steps -> metrics -> checkpoints
+(drawn in ``trainer/README.md``).
 """
 from __future__ import annotations
 
@@ -26,10 +12,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from loaders.protocols import RankLoader, ShardSource
 from loaders.rank.batch import TokenBatch
 from trainer import checkpointing as ckpt
 from trainer.run.announce import data_summary, start_line
-from trainer.run.anomaly import AnomalyGuard, injected
+from trainer.run.anomaly import AnomalyGuard
+from trainer.run.events import EventLog
+from trainer.run.hooks import NO_HOOKS, HookContext, StepHooks
 from trainer.evaluation import Evaluation, evaluation_summary, maybe_evaluate
 from trainer.distributed import parallel
 from trainer.config import TrainConfig
@@ -46,7 +35,7 @@ from trainer.metrics.profiling import StepProfiler
 from colaflow.config import to_dict
 
 
-def build_data(cfg: TrainConfig, info: parallel.DistInfo):
+def build_data(cfg: TrainConfig, info: parallel.DistInfo) -> tuple[ShardSource, RankLoader]:
     """Per-rank shard cache and text loader (imported here so the trainer imports without them)."""
     from cache import ShardCache
     from loaders import build_text_loader
@@ -73,10 +62,9 @@ def resolve_vocab_size(cfg: TrainConfig) -> None:
                          f"its token ids would not fit the embedding; set model.vocab_size={vocab} (or 0: the manifest's)")
 
 
-def loader_state(loader, epoch: int) -> dict:
-    """All ranks' loader state merged (a collective when the loader offers ``global_state_dict``)."""
-    state = loader.global_state_dict() if hasattr(loader, "global_state_dict") else loader.state_dict()
-    return {"epoch": epoch, "loader": state}
+def loader_state(loader: RankLoader, epoch: int) -> dict:
+    """All ranks' loader state merged (a collective when ``torch.distributed`` is initialised)."""
+    return {"epoch": epoch, "loader": loader.global_state_dict()}
 
 
 class NoDataError(RuntimeError):
@@ -87,7 +75,7 @@ class RollbackError(RuntimeError):
     """Too many bad steps in a row and no finished checkpoint to roll back to (a run error: exit 1)."""
 
 
-def micro_batches(loader, epoch: int):
+def micro_batches(loader: RankLoader, epoch: int):
     """Endless stream of ``(epoch, TokenBatch)``, calling ``loader.set_epoch`` at each new epoch
     (a loader restored mid-epoch continues where its state points).
 
@@ -97,7 +85,7 @@ def micro_batches(loader, epoch: int):
     while True:
         loader.set_epoch(epoch)
         # a resumed epoch may hold only empty documents after its last batch: then go on with the next
-        resumed = getattr(getattr(loader, "progress", None), "consumed", 0) > 0
+        resumed = loader.consumed > 0
         empty = True
         for batch in loader:
             empty = False
@@ -111,14 +99,14 @@ def micro_batches(loader, epoch: int):
 
 
 def forward_backward(model, batches: list[TokenBatch], info: parallel.DistInfo, cfg: TrainConfig,
-                     inject: float | None = None, timer=None):
-    """Accumulate gradients of the mean loss over every real token of ``batches`` on all ranks.
+                     timer=None, hooks: StepHooks = NO_HOOKS, step: int = 0):
+    """Accumulate gradients of the mean loss over every real token of ``batches`` on all ranks: each
+    micro-batch backpropagates ``loss_sum * world_size / global_tokens`` (DDP and FSDP average
+    gradients over ranks), so every token weighs the same wherever it falls.
 
     Returns device tensors ``(loss_sum, local_tokens)``: this rank's summed loss (nats) and its
     real-token count. One all-reduce of the token count (``timer`` mark ``comm``); no host sync.
-    ``inject`` (test hook of :class:`trainer.run.anomaly.AnomalyGuard`) multiplies the first
-    micro-batch's loss, or the output of module ``anomaly.inject_layer``
-    (:func:`trainer.run.anomaly.injected`).
+    Each micro-batch's forward runs inside ``hooks.forward(model, step, i, rank)``.
     """
     local_tokens = sum((b.labels != -100).sum() for b in batches).to(info.device)
     global_tokens = local_tokens.clone()
@@ -128,9 +116,9 @@ def forward_backward(model, batches: list[TokenBatch], info: parallel.DistInfo, 
     scale = info.world_size / global_tokens.clamp(min=1).float()
     loss_sum = torch.zeros((), device=info.device)
     for i, b in enumerate(batches):
-        with parallel.set_grad_sync(model, i == len(batches) - 1), \
-                injected(model, cfg.anomaly.inject_layer, inject if i == 0 else None):
-            with parallel.autocast(info.device, cfg.precision, cfg.zero.stage):
+        with parallel.set_grad_sync(model, i == len(batches) - 1):
+            with hooks.forward(model, step, i, info.rank), \
+                    parallel.autocast(info.device, cfg.precision, cfg.zero.stage):
                 loss = model(b.input_ids, b.position_ids, b.document_ids, b.labels)
             (loss * scale).backward()
         loss_sum += loss.detach().float()
@@ -138,16 +126,18 @@ def forward_backward(model, batches: list[TokenBatch], info: parallel.DistInfo, 
 
 
 def train_step(model, optimizer, batches: list[TokenBatch], info: parallel.DistInfo, cfg: TrainConfig,
-               timer=None, guard: AnomalyGuard | None = None, step: int = 0, stats: LayerStats | None = None):
+               timer=None, guard: AnomalyGuard | None = None, step: int = 0, stats: LayerStats | None = None,
+               hooks: StepHooks = NO_HOOKS):
     """:func:`forward_backward`, clip, optimizer step. Returns device tensors
     ``(loss_sum, local_tokens, grad_norm)`` (pre-clip global gradient norm). No host sync.
     ``timer`` (a :class:`trainer.metrics.timing.StepTimer`) gets marks ``comm``,
     ``forward_backward``, ``comm`` (clipping and the guard) and ``optimizer``.
     With a ``guard`` the step (``step``: 1-based number) is checked first and skipped when bad
     (``guard.applied`` says which; this costs one small all-reduce and one host read).
-    ``stats`` (armed on logged steps) records per-layer gradient norms and update sizes."""
-    loss_sum, local_tokens = forward_backward(model, batches, info, cfg, guard.injection(step) if guard else None,
-                                              timer)
+    ``stats`` (armed on logged steps) records per-layer gradient norms and update sizes.
+    ``hooks.before_step(step, rank)`` runs first."""
+    hooks.before_step(step, info.rank)
+    loss_sum, local_tokens = forward_backward(model, batches, info, cfg, timer, hooks, step)
     if timer is not None:
         timer.mark("forward_backward")
     if stats is not None:
@@ -213,13 +203,14 @@ class Run:
     """Everything one training run holds between steps (built by :func:`start_run`)."""
     cfg: TrainConfig
     info: parallel.DistInfo
-    cache: object
-    loader: object
+    cache: ShardSource
+    loader: RankLoader
     model: torch.nn.Module  # the bare GPT (parameter counts, FLOPs)
     wrapped: torch.nn.Module  # the ZeRO-wrapped model that trains
     optimizer: torch.optim.Optimizer
     ckpts: ckpt.Checkpointer
     guard: AnomalyGuard
+    hooks: StepHooks
     log: MetricsLogger | None = None  # sinks are built after a resume sets ``step``
     meter: IntervalMeter | None = None
     profiler: StepProfiler | None = None
@@ -252,7 +243,7 @@ def resume(run: Run, path: str) -> None:
                             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
     if restored.loader_state is not None:
         run.loader.load_state_dict(restored.loader_state["loader"])
-        run.epoch = getattr(run.loader, "epoch", restored.loader_state["epoch"])
+        run.epoch = run.loader.epoch
 
 
 def start_run(cfg: TrainConfig) -> Run:
@@ -272,7 +263,8 @@ def start_run(cfg: TrainConfig) -> Run:
     cache, loader = build_data(cfg, info)
     model, wrapped, optimizer = build_model(cfg, info)
     run = Run(cfg, info, cache, loader, model, wrapped, optimizer, build_checkpointer(cfg, info, checkpoint_root(cfg)),
-              AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device))
+              AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device),
+              StepHooks.build(cfg.hooks, HookContext(cfg.run_dir, EventLog.of_run(cfg.run_dir))))
     if plan.checkpoint:
         resume(run, plan.checkpoint)
     if info.is_main:
@@ -280,7 +272,7 @@ def start_run(cfg: TrainConfig) -> Run:
         with open(os.path.join(cfg.run_dir, "config.json"), "w", encoding="utf-8") as f:
             json.dump(to_dict(cfg), f, indent=2)
     run.log = MetricsLogger.from_config(cfg.metrics, cfg.run_dir, cfg.steps, info.is_main, run.step,
-                                        (cache.registry,) if hasattr(cache, "registry") else ())
+                                        (cache.registry,) if cache.registry is not None else ())
     run.layer_stats = LayerStats(model, cfg.metrics.layer_stats, info.device, info.world_size)
     run.meter = IntervalMeter(info.device, info.world_size,
                               flops_per_token(matmul_parameters(model), cfg.model, cfg.data.seq_len),
@@ -328,8 +320,7 @@ def finish_run(run: Run, elapsed: float) -> dict:
                "loss_first": run.loss_first, "loss_last": run.loss_last, "tokens_seen": run.tokens_seen,
                "tokens_per_second": run.tokens_seen / elapsed if elapsed > 0 else 0.0,
                "checkpoint": run.saved, "parameters": count_parameters(run.model), "anomalies": run.guard.summary(),
-               "cache": run.cache.metrics() if hasattr(run.cache, "metrics") else None,
-               "loader": run.loader.metrics() if hasattr(run.loader, "metrics") else None,
+               "cache": run.cache.metrics(), "loader": run.loader.metrics(),
                **evaluation_summary(run)}
     if info.is_main:
         with open(os.path.join(cfg.run_dir, "train_summary.json"), "w", encoding="utf-8") as f:
@@ -352,7 +343,7 @@ def train(cfg: TrainConfig) -> dict:
     Summary keys: ``train_steps``, ``world_size``, ``loss_first``/``loss_last`` (nats per real token,
     first and last logged interval), ``tokens_per_second`` (real tokens, all ranks, per wall second
     of the loop), ``tokens_seen`` (real tokens, all ranks), ``checkpoint`` (folder or ``None``),
-    ``parameters``, ``cache`` and ``loader`` (their ``metrics()`` on this rank, when they have one),
+    ``parameters``, ``cache`` and ``loader`` (their ``metrics()`` on this rank),
     ``val_loss_first``/``val_loss_last``/``val_perplexity_last``/``val_tokens``/``evaluations``
     (:mod:`trainer.evaluation`; ``None`` without validation data).
     """
@@ -372,11 +363,10 @@ def train(cfg: TrainConfig) -> dict:
         timer.mark("data_wait")
         lr = lr_at(run.step, cfg.optim, cfg.steps) * guard.lr_scale
         set_lr(run.optimizer, lr)
-        guard.maybe_kill(run.step + 1)
         if run.is_log_step(run.step + 1):
             run.layer_stats.arm()
         loss_sum, tokens, grad_norm = train_step(run.wrapped, run.optimizer, batches, info, cfg, timer, guard,
-                                                 run.step + 1, run.layer_stats)
+                                                 run.step + 1, run.layer_stats, run.hooks)
         if guard.applied:
             acc_loss += loss_sum
             acc_tokens += tokens

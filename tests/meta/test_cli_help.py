@@ -32,7 +32,8 @@ MODULES = ["shards", "cache", "loaders", "trainer", "examples.demo.corpus", "pip
 TRAINER_COMMANDS = ["verify", "export", "report", "replay"]
 # files whose parsers are reached through another command line above
 REACHED_THROUGH = {"shards/tools/cli.py": "shards", "cache/tools/cli.py": "cache", "loaders/tools/cli.py": "loaders",
-                   "trainer/__main__.py": "trainer", "trainer/debug/replay.py": "trainer replay",
+                   "trainer/run/cli.py": "trainer", "trainer/checkpointing/verify.py": "trainer verify",
+                   "trainer/export/cli.py": "trainer export", "trainer/debug/replay.py": "trainer replay",
                    "colaflow/cli.py": "colaflow", "examples/demo/run.py": "examples.demo"}
 # colaflow commands that are groups of their own sub-commands (colaflow shards verify ...)
 GROUPS = {"shards", "cache", "loaders", "dashboard"}

@@ -1,30 +1,15 @@
-"""Save and restore a run with ``torch.distributed.checkpoint`` (DCP), atomically and verified.
+"""Save and restore a run with ``torch.distributed.checkpoint`` (DCP), atomically and verified
+(:class:`Checkpointer`, :func:`restore`; the save's steps are in ``trainer/README.md``).
 
-Layout of ``<dir>/step_XXXXXX`` (full) and ``<dir>/weights_XXXXXX`` (weights only):
+Contents of ``<dir>/step_XXXXXX`` (full) and ``<dir>/weights_XXXXXX`` (weights only):
 
 - DCP files (``.metadata``, ``__R_0.distcp``): ``model`` (FQN → tensor), ``optim`` (the
-  ``get_optimizer_state_dict`` layout: ``state`` keyed by parameter FQN + ``param_groups``),
+  ``get_optimizer_state_dict`` layout: ``state`` keyed by parameter FQN + ``param_groups``; at
+  ZeRO stage 1 each rank saves the parameters it owns, so the union is the same layout),
   ``step``, ``loader`` (the merged loader state of all ranks), ``trainer`` (scheduler and anomaly
   state) and ``rng_rank<R>`` (python, numpy, torch CPU/CUDA RNG states of rank R).
 - ``meta.json``: step, kind, world size, ZeRO stage, git commit, package versions, per-tensor
   checksums and the fixed-batch reference loss; ``config.yaml``: the run's config; ``COMPLETE``.
-
-The root is a local folder or an fsspec URL (``s3://``, ``gs://``); a store
-(:mod:`trainer.checkpointing.storage`) decides where DCP writes and how a save becomes visible.
-Every rank writes its own shards in parallel (local: into a hidden ``.NAME.partial`` folder, DCP
-fsyncs them; URL: straight into the final folder). After all ranks finished, the stored bytes are
-read back item by item, from the disk or the object store, and checked against checksums of the
-live state (:mod:`trainer.checkpointing.verify`; no second model is built); only then rank 0
-writes ``meta.json``, ``config.yaml`` and ``COMPLETE`` last (local: each fsynced, then the folder
-is renamed to its final name and the parent fsynced), so a visible checkpoint is always whole.
-Pruning and replacing a folder of the same step never leave a half-deleted folder that still says
-``COMPLETE`` (local: hidden ``.NAME.old`` / ``.NAME.deleting`` renames; URL: ``COMPLETE`` is
-deleted first).
-
-ZeRO stage 1 (``ZeroRedundancyOptimizer``) owns whole parameters per rank: each rank saves the
-optimizer state of the parameters it owns under their FQNs, so the union is the regular
-world-size-independent layout, and on load each rank reads the FQNs it owns under the new
-world size (any world size, and even another ZeRO stage, can resume).
 """
 from __future__ import annotations
 

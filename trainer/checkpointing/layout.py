@@ -1,9 +1,6 @@
-"""Names and metadata of checkpoint folders: ``step_XXXXXX`` / ``weights_XXXXXX``, the ``COMPLETE``
-marker, listing finished checkpoints, and the provenance written into ``meta.json``.
-
-A checkpoint root is a local path or any fsspec URL (``s3://bucket/run/ckpt``, ``gs://...``); the
-helpers here (:func:`exists`, :func:`list_names`, :func:`open_file`, :func:`storage_reader`) read
-both, so listing, verification and restore have one code path."""
+"""Names and metadata of checkpoint folders (``step_XXXXXX`` / ``weights_XXXXXX``, the ``COMPLETE``
+marker, ``meta.json`` provenance), read alike under a local path or any fsspec URL.
+"""
 from __future__ import annotations
 
 import json

@@ -1,8 +1,5 @@
-"""What a checkpoint holds and how it moves between a live model/optimizer and DCP files.
-
-``build_state`` gathers the model, optimizer (ZeRO-1 owned state under parameter FQNs), step,
-loader, trainer and per-rank RNG state; ``load_into``/``apply_state`` reverse it; the offline
-helpers read a whole checkpoint in one process.
+"""What a checkpoint holds (model, optimizer with ZeRO-1 state under parameter FQNs, step, loader,
+trainer and per-rank RNG state) and how it moves between a live model/optimizer and DCP files.
 """
 from __future__ import annotations
 
@@ -17,6 +14,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
 
 from trainer.checkpointing.layout import storage_reader
 
@@ -44,7 +42,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def _unwrap(model):
-    return model.module if hasattr(model, "module") else model
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def _zero_owned_state(model, optimizer: ZeroRedundancyOptimizer, init: bool) -> dict:

@@ -1,15 +1,6 @@
-"""Where a :class:`trainer.checkpointing.Checkpointer` writes: a local (or shared) folder, or an
-fsspec URL (``s3://``, ``gs://``, anything fsspec knows). The checkpointer has one code path; a
-store decides only how a save becomes visible and how a checkpoint is deleted.
-
-- :class:`LocalStore`: DCP writes a hidden ``.NAME.partial`` folder, files fsynced, renamed to its
-  final name, parent fsynced (:func:`publish`); deletion renames to ``.NAME.deleting`` first
-  (:func:`retire`); :func:`recover_root` tidies what a crash left.
-- :class:`UrlStore`: object stores cannot rename a folder atomically, so every rank writes its DCP
-  files (``FsspecWriter``) straight into the final folder and rank 0 writes ``COMPLETE`` last; a
-  folder without ``COMPLETE`` is invisible (:func:`trainer.checkpointing.layout.list_checkpoints`)
-  and is removed before the same step is written again. Deletion removes ``COMPLETE`` first.
-  Credentials and endpoints come from the environment (``AWS_*`` for s3fs) or fsspec's config.
+"""Where a :class:`trainer.checkpointing.Checkpointer` writes: a local folder (:class:`LocalStore`) or
+an fsspec URL such as ``s3://`` / ``gs://`` (:class:`UrlStore`); a store decides only how a save
+becomes visible and how a checkpoint is deleted.
 """
 from __future__ import annotations
 
@@ -83,7 +74,10 @@ def retire(path: str) -> None:
 
 
 class LocalStore:
-    """Checkpoints in local folder ``root``: write hidden, fsync, rename (module doc)."""
+    """Checkpoints in local (or shared) folder ``root``: DCP writes a hidden ``.NAME.partial`` folder,
+    its files are fsynced, it is renamed to its final name and the parent fsynced (:func:`publish`);
+    deletion renames to ``.NAME.deleting`` first (:func:`retire`); :func:`recover_root` tidies what
+    a crash left."""
 
     def __init__(self, root: str):
         self.root = root
@@ -131,7 +125,12 @@ class LocalStore:
 
 
 class UrlStore:
-    """Checkpoints under fsspec URL ``root``: write in place, ``COMPLETE`` last (module doc)."""
+    """Checkpoints under fsspec URL ``root``. Object stores cannot rename a folder atomically, so
+    every rank writes its DCP files (``FsspecWriter``) straight into the final folder and rank 0
+    writes ``COMPLETE`` last; a folder without it is invisible
+    (:func:`trainer.checkpointing.layout.list_checkpoints`) and is removed before the same step is
+    written again. Deletion removes ``COMPLETE`` first. Credentials and endpoints come from the
+    environment (``AWS_*`` for s3fs) or fsspec's config."""
 
     def __init__(self, root: str):
         self.root = root.rstrip("/")

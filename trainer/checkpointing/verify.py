@@ -1,11 +1,7 @@
-"""Checkpoint verification: per-tensor checksums and object digests of what was saved, compared with
-the same figures computed from the bytes stored on disk (online, every save), plus one forward pass
-(offline, ``python -m trainer verify``).
-
-Online verification never builds a second model or optimizer: the stored items are read back one at
-a time on the CPU (split over the ranks), so its memory is one stored chunk, not a second copy of the
-model states. Checked besides every tensor: the loader, trainer (scheduler, anomaly) and per-rank RNG
-states and the step (SHA-256 of each, :func:`object_digests`).
+"""Checkpoint verification: per-tensor checksums and object digests (SHA-256 of the loader, trainer
+and per-rank RNG state and the step, :func:`object_digests`) of what was saved, compared with the
+same figures computed from the stored bytes (online, every save, one stored item in CPU memory at
+a time), plus one forward pass (offline, ``python -m trainer verify``).
 
 Checksum of a tensor: its elements' bit patterns read as integers ``w_i`` (uint8/int16/int32/int64
 by element size) give ``(sum w_i, sum w_i * (i mod 65521 + 1))`` modulo 2^64, where ``i`` is the
@@ -312,7 +308,7 @@ def verify_offline(path: str, config_path: str | None = None) -> list[str]:
     (or ``config_path``) and compare its loss. Returns the problems found (empty = passed).
     """
     from colaflow.config import load_config
-    from trainer.config import TrainConfig
+    from trainer.config import TrainConfig, read_saved_config
     from trainer.model import GPT
     problems = []
     if not exists(os.path.join(path, COMPLETE)):
@@ -331,9 +327,10 @@ def verify_offline(path: str, config_path: str | None = None) -> list[str]:
     if bad:
         problems.append(f"{path}: {len(bad)} tensor(s) differ from their saved checksums:\n"
                         + describe_mismatches(path, bad))
-    cfg = load_config(TrainConfig, config_path or os.path.join(path, "config.yaml"))
+    saved = os.path.join(path, "config.yaml")
+    cfg = load_config(TrainConfig, config_path) if config_path else read_saved_config(saved)
     if cfg.model.vocab_size == 0:  # a training YAML that takes the vocabulary from the manifest
-        cfg.model.vocab_size = load_config(TrainConfig, os.path.join(path, "config.yaml")).model.vocab_size
+        cfg.model.vocab_size = read_saved_config(saved).model.vocab_size
     ref = meta.get("verify", {})
     if "model" in state and "loss" in ref:
         model = GPT(cfg.model)
@@ -349,3 +346,25 @@ def verify_offline(path: str, config_path: str | None = None) -> list[str]:
             problems.append(f"{path}: forward pass on the fixed batch gives loss {loss!r}, the live model "
                             f"gave {ref['loss']!r} (tolerance {rtol:g} relative)")
     return problems
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m trainer verify") -> int:
+    """``python -m trainer verify CKPT [--config FILE]``: :func:`verify_offline`; returns the exit code
+    (0 passed, 1 failed: the problems are printed, 2 usage)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog=prog, description="Verify a checkpoint offline.")
+    parser.add_argument("checkpoint", help="checkpoint folder (step_XXXXXX or weights_XXXXXX)")
+    parser.add_argument("--config", help="training config (default: the checkpoint's config.yaml)")
+    args = parser.parse_args(argv)
+    problems = verify_offline(args.checkpoint, args.config)
+    if problems:
+        print(f"FAILED: {args.checkpoint}", file=sys.stderr)
+        for p in problems:
+            print(p, file=sys.stderr)
+        print("Resume from an older checkpoint (checkpoint.resume=PATH) or re-export from a good copy.",
+              file=sys.stderr)
+        return 1
+    print(f"OK: {args.checkpoint} (every tensor matches its checksum; forward pass matches)")
+    return 0

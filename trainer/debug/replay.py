@@ -5,8 +5,8 @@ with the sample keys of every rank's batch. Replay takes the newest finished che
 weights-only) saved before step ``N``, reads those samples from the run's shards, packs them into
 one batch the way the loader does (:func:`loaders.pack.packer.pack_documents`: documents cut into ``seq_len`` chunks,
 best-fit-decreasing rows) and runs forward and backward once, in one process, with deterministic
-algorithms, the run's precision and its ``anomaly.inject_*`` test hooks (so an injected fault is
-replayed too). Hooks on every module record, in execution order, the statistics of its forward
+algorithms, the run's precision and its step hooks (``hooks:`` of ``config.json``, built afresh
+and entered around the forward, so a fault a hook injected is replayed too). Hooks on every module record, in execution order, the statistics of its forward
 output and of the gradient it passes back (backward ``grad_input``). The report names the first
 module whose output is non-finite or spikes (RMS above ``spike_ratio`` x the RMS of its input),
 forward first, then backward.
@@ -18,6 +18,7 @@ live batch may have held only some of them; rows may be arranged differently (th
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -80,7 +81,7 @@ class ReplayReport:
     event: dict
     forward: Finding | None = None
     backward: Finding | None = None
-    injected: str | None = None  # what the run's test hook injected at this step, if anything
+    injected: str | None = None  # what the run's step hooks did at this step (StepHooks.describe), if anything
     modules_checked: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -202,11 +203,13 @@ def batch_from_keys(cfg, keys: list[str]):
         ReplayError: a key is not in the dataset of ``data.manifest``.
     """
     from loaders.pack.packer import pack_documents
+    from loaders.protocols import ShardSource
     from loaders.rank.batch import TokenBatch
     from loaders.read.shard_reader import LocalShards, ShardReader
     from shards import Manifest
     manifest = Manifest.load(cfg.data.manifest)
     local = "://" not in cfg.data.manifest or cfg.data.manifest.startswith("file://")
+    cache: ShardSource
     if local:
         cache = LocalShards()
     else:
@@ -235,28 +238,19 @@ def batch_from_keys(cfg, keys: list[str]):
                                                  cfg.data.micro_batch_size))
 
 
-def _injection(cfg, step: int, rank: int) -> tuple[float | None, str | None]:
-    """The run's ``anomaly.inject_*`` hook at ``step`` on ``rank``: ``(multiplier, description)``."""
-    a = cfg.anomaly
-    if a.inject_rank not in (-1, rank):
-        return None, None
-    where = a.inject_layer or "the loss"
-    if step in a.inject_nan_at_steps:
-        return float("nan"), f"NaN x output of {where} (anomaly.inject_nan_at_steps)"
-    if step in a.inject_spike_at_steps:
-        return a.inject_spike_factor, f"{a.inject_spike_factor:g} x output of {where} (anomaly.inject_spike_at_steps)"
-    return None, None
-
-
 def load_run_config(run_dir: str, manifest: str | None = None):
-    """The run's :class:`trainer.config.TrainConfig` from ``RUN_DIR/config.json`` (``manifest`` overrides ``data.manifest``)."""
-    from colaflow.config import from_dict
-    from trainer.config import TrainConfig
+    """The run's :class:`trainer.config.TrainConfig` from ``RUN_DIR/config.json`` (``manifest`` overrides
+    ``data.manifest``; see :func:`trainer.config.read_saved_config` for configs of older runs).
+
+    Raises:
+        ReplayError: no ``config.json``.
+        colaflow.config.ConfigError: it holds a key this trainer does not know.
+    """
+    from trainer.config import read_saved_config
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
         raise ReplayError(f"{path}: missing; RUN_DIR must be a training run folder")
-    with open(path, encoding="utf-8") as f:
-        cfg = from_dict(TrainConfig, json.load(f))
+    cfg = read_saved_config(path)
     if manifest:
         cfg.data.manifest = manifest
     return cfg
@@ -285,41 +279,42 @@ def replay_step(run_dir: str, step: int, rank: int | None = None, spike_ratio: f
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        return [_replay_event(cfg, event, weights, path, weights_step, step, spike_ratio)
+        return [_replay_event(cfg, run_dir, event, weights, path, weights_step, step, spike_ratio)
                 for event in sorted(events, key=lambda e: e.get("rank", 0))]
     finally:
         torch.use_deterministic_algorithms(deterministic)
 
 
-def _replay_event(cfg, event: dict, weights: dict, path: str, weights_step: int, step: int,
+def _replay_event(cfg, run_dir: str, event: dict, weights: dict, path: str, weights_step: int, step: int,
                   spike_ratio: float) -> ReplayReport:
-    """Forward and backward of one rank's logged batch on CPU with the watcher's hooks."""
+    """Forward and backward of one rank's logged batch on CPU with the watcher's hooks, inside the
+    run's step hooks (built afresh; the replayed batch is their micro-batch 0)."""
     from trainer.distributed import parallel
-    from trainer.run.anomaly import injected
     from trainer.model import GPT
+    from trainer.run.events import EventLog
+    from trainer.run.hooks import HookContext, StepHooks
     device = torch.device("cpu")
+    rank = event.get("rank", 0)
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model)
     model.load_state_dict(weights)
     model.set_activation_checkpointing(False)
     batch = batch_from_keys(cfg, list(event.get("keys", [])))
-    value, what = _injection(cfg, step, event.get("rank", 0))
-    # the injection hook first, so the watcher sees the output as the live run produced it
-    with injected(model, cfg.anomaly.inject_layer, value):
-        watcher = _Watcher(model, spike_ratio)
-        try:
+    hooks = StepHooks.build(cfg.hooks, HookContext(run_dir, EventLog.of_run(run_dir)))
+    with contextlib.ExitStack() as stack:
+        with hooks.forward(model, step, 0, rank):
+            watcher = _Watcher(model, spike_ratio)  # after the step hooks': it sees outputs as the live run made them
+            stack.callback(watcher.remove)
             with parallel.autocast(device, cfg.precision, 0):
                 loss = model(batch.input_ids, batch.position_ids, batch.document_ids, batch.labels)
-            tokens = int((batch.labels != -100).sum())
-            loss.backward()
-        finally:
-            watcher.remove()
+        tokens = int((batch.labels != -100).sum())
+        loss.backward()
     notes = []
     if weights_step != step - 1:
         notes.append(f"weights are from step {weights_step}, not {step - 1}: later updates are not replayed")
-    return ReplayReport(step, event.get("rank", 0), path, weights_step, batch.keys, tokens,
+    return ReplayReport(step, rank, path, weights_step, batch.keys, tokens,
                         float(loss.detach()) / max(tokens, 1), event, watcher.found.get("forward"),
-                        watcher.found.get("backward"), what, watcher.modules, notes)
+                        watcher.found.get("backward"), hooks.describe(step, rank), watcher.modules, notes)
 
 
 def _describe(f: Finding | None, phase: str) -> str:
@@ -338,7 +333,7 @@ def format_report(r: ReplayReport) -> str:
     lines = [f"step {r.step}, rank {r.rank}: {r.event.get('event')} (logged loss {r.event.get('loss')}, "
              f"grad norm {r.event.get('grad_norm')}); weights of step {r.weights_step} from {r.checkpoint}",
              f"  batch: {len(r.keys)} samples, {r.tokens} tokens; replayed loss {r.loss:.6g} nats/token",
-             f"  injected by the run's test hook: {r.injected}" if r.injected else "  no test hook fired at this step",
+             f"  the run's step hooks did: {r.injected}" if r.injected else "  no step hook reported anything at this step",
              _describe(r.forward, "forward"), _describe(r.backward, "backward")]
     lines += [f"  note: {n}" for n in r.notes]
     return "\n".join(lines)

@@ -7,7 +7,7 @@ from trainer.distributed.parallel import free_port
 def launch_standalone(nproc: int, trainer_args: list[str]) -> int:
     """``torchrun --standalone --nproc-per-node=nproc -m trainer *trainer_args`` in this process, via
     ``torch.distributed.launcher.api.elastic_launch``; returns the exit status of the first rank
-    that failed (2 config, 1 runtime/data, 130 Ctrl-C; see :mod:`trainer.__main__`) or 0.
+    that failed (2 config, 1 runtime/data, 130 Ctrl-C; see :mod:`trainer.run.cli`) or 0.
 
     The ranks print their own one-line errors (rank 0 only); torchrun's agent logs and its
     ``ChildFailedError`` report are held back, so a failure ends in one line, not one screen per rank.

@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.config import ZeroConfig
@@ -155,7 +156,7 @@ def set_grad_sync(model: nn.Module, last_micro_batch: bool):
 
 
 def _local_bytes(t: torch.Tensor) -> int:
-    if hasattr(t, "to_local"):
+    if isinstance(t, DTensor):
         t = t.to_local()
     return t.numel() * t.element_size()
 

@@ -1,5 +1,6 @@
-"""The training loop's evaluation hook: :func:`maybe_evaluate` after every step, the results kept
-for the run's summary (``val_loss_first``/``val_loss_last``)."""
+"""Validation during training: :func:`maybe_evaluate` after every step, the results kept for the
+run's summary (``val_loss_first``/``val_loss_last``).
+"""
 from __future__ import annotations
 
 import logging

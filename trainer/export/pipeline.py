@@ -1,12 +1,6 @@
-"""``python -m trainer export``: write each requested variant of a checkpoint, verify it on validation
-data, and keep it under its final name only when it passes.
-
-Order: load the checkpoint into an fp32 :class:`trainer.model.GPT` (the reference), read the fixed
-validation batches, run the reference, then per variant: write it under a hidden temporary name,
-verify it (:mod:`trainer.export.verify`), and rename it to its final name when every limit holds,
-or to ``NAME.rejected`` when not (a stale file of the final name from an earlier export is
-removed then). ``conversion_report.json`` and ``conversion_report.txt`` (the table) record every
-variant, the validation data and the provenance (:mod:`trainer.export.provenance`).
+"""Write each requested export variant of a checkpoint under a hidden temporary name, verify it
+against the fp32 PyTorch reference on validation batches, and rename it to its final name when
+every limit holds (else to ``NAME.rejected``); ``conversion_report.json``/``.txt`` record it all.
 """
 from __future__ import annotations
 
@@ -86,14 +80,14 @@ def load_model(checkpoint: str):
     Raises:
         FileNotFoundError / ValueError: not a readable colaflow checkpoint.
     """
-    from colaflow.config import load_config, to_dict
+    from colaflow.config import to_dict
     from trainer.checkpointing import load_full_state
-    from trainer.config import TrainConfig
+    from trainer.config import read_saved_config
     from trainer.model import GPT
     config_path = os.path.join(checkpoint, "config.yaml")
     if not os.path.exists(config_path):
         raise FileNotFoundError(f"{checkpoint}: no config.yaml; not a colaflow checkpoint folder (step_XXXXXX)?")
-    cfg = load_config(TrainConfig, config_path)
+    cfg = read_saved_config(config_path)
     model = GPT(cfg.model)
     model.load_state_dict(load_full_state(checkpoint)["model"])
     return model.float().eval(), cfg, to_dict(cfg)

@@ -1,9 +1,6 @@
-"""One log interval's metrics from all ranks: loss, throughput, MFU, step-time split, memory, cache, padding.
-
-The trainer accumulates loss and token counts in device tensors and times phases with a
-:class:`~trainer.metrics.timing.StepTimer`; at a log step :meth:`IntervalMeter.collect` gathers one small
-vector per rank with a single ``all_gather`` (the interval's only collective for metrics and its
-host sync), and turns it into a flat record of numbers for the sinks in :mod:`trainer.metrics.sinks`.
+"""One log interval's metrics from all ranks (loss, throughput, MFU, step-time split, memory, cache,
+padding), gathered with one ``all_gather`` at the log step: the interval's only metrics collective
+and host sync.
 """
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from loaders.protocols import RankLoader, ShardSource
 from trainer.metrics.hardware import rss_bytes
 from trainer.metrics.timing import StepTimer
 
@@ -37,13 +35,13 @@ def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _cache_counts(cache) -> tuple[float, float, float]:
-    m = cache.metrics() if hasattr(cache, "metrics") else {}
+def _cache_counts(cache: ShardSource) -> tuple[float, float, float]:
+    m = cache.metrics()
     return float(m.get("hits", 0)), float(m.get("misses", 0)), float(m.get("stall_seconds", 0.0))
 
 
-def _loader_counts(loader) -> tuple[float, float, float, float]:
-    totals = getattr(loader, "totals", {})
+def _loader_counts(loader: RankLoader) -> tuple[float, float, float, float]:
+    totals = loader.totals
     return (float(totals.get("doc_tokens", 0)), float(totals.get("slots", 0)),
             float(totals.get("queue_depth_sum", 0)), float(totals.get("queue_samples", 0)))
 
@@ -56,8 +54,9 @@ class IntervalMeter:
         world_size: ranks in the job.
         flops_per_token: training FLOPs per token (:func:`trainer.metrics.mfu.flops_per_token`).
         peak_flops: peak FLOP/s of one device, or ``None`` (then ``mfu`` is ``None``).
-        cache: object with ``metrics()`` -> ``hits``/``misses``/``stall_seconds`` (``ShardCache``), or ``None``.
-        loader: object with ``totals`` -> ``doc_tokens``/``slots`` (``TextLoader``), or ``None``.
+        cache: this rank's shard source; its ``metrics()`` give ``hits``/``misses``/``stall_seconds``
+            (missing counters count 0: local shards have none).
+        loader: this rank's loader; its ``totals`` give ``doc_tokens``/``slots``/``queue_depth_*``.
         layer_stats: a :class:`~trainer.metrics.model_stats.LayerStats` whose values ride
             along in the same all-gather (record field ``layers``), or ``None``.
         hardware: a :class:`~trainer.metrics.hardware.HardwareMonitor` sampled at each
@@ -65,7 +64,7 @@ class IntervalMeter:
     """
 
     def __init__(self, device: torch.device, world_size: int, flops_per_token: float,
-                 peak_flops: float | None, cache=None, loader=None, layer_stats=None, hardware=None):
+                 peak_flops: float | None, cache: ShardSource, loader: RankLoader, layer_stats=None, hardware=None):
         self.device, self.world_size = device, world_size
         self.layer_stats = layer_stats if layer_stats is not None and layer_stats.enabled else None
         self.hardware = hardware

@@ -18,9 +18,14 @@ MFU = achieved model FLOP/s per device / peak FLOP/s per device.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from trainer.config import ModelConfig
+
+if TYPE_CHECKING:
+    from trainer.model import GPT
 
 # Dense (no 2:4 sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s per device.
 PEAK_BF16_FLOPS = {
@@ -34,12 +39,12 @@ PEAK_BF16_FLOPS = {
 }
 
 
-def matmul_parameters(model: torch.nn.Module) -> int:
+def matmul_parameters(model: GPT) -> int:
     """Parameters that take part in matrix multiplies: the distinct weight matrices (``dim >= 2``;
     norm gains are elementwise) minus an untied input embedding (``model.tok_emb`` when
     ``model.lm_head`` is a separate matrix)."""
     total = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
-    if getattr(model, "lm_head", None) is not None and hasattr(model, "tok_emb"):
+    if model.lm_head is not None:
         total -= model.tok_emb.weight.numel()
     return total
 

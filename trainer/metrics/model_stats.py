@@ -1,10 +1,8 @@
 """Per-layer model statistics on logged steps: gradient norm, update-to-weight ratio, activation RMS/max.
 
 Only a sample of transformer blocks is watched (``metrics.layer_stats``: first and last by
-default) and only on the steps whose metrics are logged: :meth:`LayerStats.arm` puts forward hooks
-on the sampled blocks for that one step, so the other steps pay nothing. Every statistic stays in
-a device tensor until the log step, where :class:`trainer.metrics.meter.IntervalMeter`
-appends them to the interval's one all-gather (:meth:`LayerStats.local_vector`, :meth:`LayerStats.reduce`).
+default), and only on logged steps (:meth:`LayerStats.arm` puts forward hooks on them for that one
+step); every statistic stays in a device tensor until the log step's all-gather.
 
 Sharding: under FSDP2 (ZeRO 2/3) parameters and gradients are ``DTensor`` shards, so each rank
 sums the squares of its local shard and the ranks' sums are added. Under DDP (ZeRO 0/1) every
@@ -18,16 +16,21 @@ Karpathy's "A Recipe for Training Neural Networks" (2019) suggests watching (abo
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from trainer.model import GPT
 
 STATS = ("grad_norm", "update_ratio", "act_rms", "act_max")
 
 
 def _local(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """``(local tensor, sharded)``: the local shard of a ``DTensor``, or the tensor itself."""
-    return (t.to_local(), True) if hasattr(t, "to_local") else (t, False)
+    return (t.to_local(), True) if isinstance(t, DTensor) else (t, False)
 
 
 def sample_blocks(n_blocks: int, n: int) -> list[int]:
@@ -55,9 +58,8 @@ class LayerStats:
     :meth:`collect` (or the meter's collect) at the log step on every rank (collective).
     """
 
-    def __init__(self, model: torch.nn.Module, n_layers: int, device: torch.device, world_size: int = 1):
-        blocks = getattr(model, "blocks", [])
-        self.names = [f"blocks.{i}" for i in sample_blocks(len(blocks), n_layers)]
+    def __init__(self, model: GPT, n_layers: int, device: torch.device, world_size: int = 1):
+        self.names = [f"blocks.{i}" for i in sample_blocks(len(model.blocks), n_layers)]
         self.modules = [model.get_submodule(n) for n in self.names]
         self.device, self.world_size = device, world_size
         k = len(self.names)
@@ -84,7 +86,7 @@ class LayerStats:
     def _activation_hook(self, i: int):
         def hook(_module, _inputs, output):
             out = output.detach()
-            out = out.to_local() if hasattr(out, "to_local") else out
+            out = out.to_local() if isinstance(out, DTensor) else out
             self._sums[i, 3] += out.double().square().sum()
             self._sums[i, 4] += out.numel()
             self._max[i] = torch.maximum(self._max[i], out.abs().max().double())

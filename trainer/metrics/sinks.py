@@ -1,8 +1,7 @@
 """Where logged metrics go, on rank 0 only: a tqdm bar, ``run_dir/metrics.jsonl``, TensorBoard and a
-Prometheus endpoint. The records themselves come from :class:`trainer.metrics.meter.IntervalMeter`.
+Prometheus endpoint (all optional except JSONL).
 
-Sinks (all optional except JSONL):
-- JSONL: one JSON object per logged step, ``sort_keys``; the input of ``python -m trainer.report.render``.
+- JSONL: one JSON object per logged step, ``sort_keys``; the input of ``python -m trainer report``.
 - TensorBoard: ``torch.utils.tensorboard.SummaryWriter`` under ``run_dir/<metrics.tensorboard_dir>``,
   every numeric field as scalar ``train/<field>`` at x = optimizer step.
 - Prometheus: ``prometheus_client.start_http_server(port, addr, registry=...)`` on rank 0 when

@@ -12,6 +12,8 @@ import re
 
 import torch.distributed as dist
 
+from loaders.protocols import RankLoader
+
 WINDOW_BATCHES = 1000
 
 
@@ -20,7 +22,7 @@ def field_key(name: str) -> str:
     return re.sub(r"\W", "_", name)
 
 
-def source_fields(loader, world_size: int) -> dict:
+def source_fields(loader: RankLoader, world_size: int) -> dict:
     """Per-source fields of a mixture loader (``{}`` for one dataset). A collective when
     ``torch.distributed`` is initialised with ``world_size`` > 1 (one small ``all_gather_object``)."""
     c = loader.source_counts()

@@ -1,16 +1,13 @@
-"""Per-phase step time (data wait, communication, forward + backward, optimizer) without host syncs in the loop.
+"""Per-phase step time without host syncs in the loop.
 
-The trainer's phases: ``data_wait`` (host blocked in the loader), ``comm`` (the collectives the
-loop issues itself: the step's token-count all-reduce, the gradient-norm all-reduce of clipping
-under FSDP and the anomaly guard's all-reduce with its host read), ``forward_backward`` (which
-also holds the gradient all-reduce / reduce-scatter that DDP and FSDP overlap with backward) and
-``optimizer``.
+Phases: ``data_wait`` (host blocked in the loader), ``comm`` (the collectives the loop issues
+itself: the step's token-count all-reduce, the gradient-norm all-reduce of clipping under FSDP and
+the anomaly guard's all-reduce with its host read), ``forward_backward`` (which also holds the
+gradient all-reduce / reduce-scatter that DDP and FSDP overlap with backward) and ``optimizer``.
 
 On CPU the work is synchronous, so ``time.perf_counter`` between marks is the phase time. On CUDA
-the host runs ahead of the device, so the compute phases are timed with CUDA events recorded on
-the current stream (no sync) and read only in :meth:`StepTimer.collect`, which the trainer calls
-at log steps right after the interval's all-reduce has synced the host anyway. ``data_wait`` is
-always host time: it is the time the host was blocked in the loader.
+the compute phases are timed with CUDA events on the current stream (no sync), read only in
+:meth:`StepTimer.collect` at log steps. ``data_wait`` is always host time.
 """
 from __future__ import annotations
 

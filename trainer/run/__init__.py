@@ -1,1 +1,3 @@
-"""One run's lifecycle around the loop: the run folder (resume, refuse, overwrite), the start line, anomalies."""
+"""A run around the loop: its command line, run folder (resume, refuse, overwrite), start line, bad-step
+guard, step hooks and event log.
+"""

@@ -18,11 +18,7 @@ Every event is appended to ``run_dir/events.jsonl`` by the rank it happened on, 
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
-import signal
 import time
 from typing import Iterable
 
@@ -30,49 +26,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import AnomalyConfig
-
-
-@contextlib.contextmanager
-def injected(model: torch.nn.Module, layer: str, value: float | None):
-    """While inside, multiply the forward output of module ``layer`` of ``model`` by ``value`` (test
-    hook of ``anomaly.inject_*``; ``layer=""`` is the model itself, whose output is the loss).
-    A DDP wrapper is looked through (its ``module``). Nothing happens when ``value`` is ``None``.
-
-    Raises:
-        ValueError: ``model`` has no module named ``layer``.
-    """
-    if value is None:
-        yield
-        return
-    base = getattr(model, "module", model)
-    try:
-        module = base.get_submodule(layer)
-    except AttributeError as e:
-        raise ValueError(f"anomaly.inject_layer={layer!r}: no such module ({e}); use a name from "
-                         "model.named_modules(), e.g. blocks.0.mlp") from None
-    handle = module.register_forward_hook(lambda _m, _inputs, out: out * value)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-class EventLog:
-    """Append-only JSON lines shared by all ranks (one ``os.write`` per record on an
-    ``O_APPEND`` descriptor, so lines of different ranks do not interleave)."""
-
-    def __init__(self, path: str):
-        self.path = path
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-
-    def write(self, record: dict) -> None:
-        """Append ``record`` as one JSON line (keys sorted) with a single ``os.write``."""
-        line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+from trainer.run.events import EventLog
 
 
 class AnomalyGuard:
@@ -87,34 +41,13 @@ class AnomalyGuard:
 
     def __init__(self, cfg: AnomalyConfig, run_dir: str, rank: int, device: torch.device):
         self.cfg, self.rank, self.device = cfg, rank, device
-        self.events = EventLog(os.path.join(run_dir, "events.jsonl"))
+        self.events = EventLog.of_run(run_dir)
         self.skipped_nonfinite = self.skipped_spikes = self.rollbacks = 0
         self.consecutive, self.good_steps = 0, 0
         self.good_since_checkpoint = 0  # applied steps a rollback to the newest full checkpoint undoes
         self.good_steps_lost = self.good_micro_batches_lost = 0
         self.lr_scale, self.ema = 1.0, None
         self.applied = True  # whether the last checked step was applied
-        self._fired: set[tuple[str, int]] = set()
-
-    # -- test hooks ----------------------------------------------------------------------
-    def _mine(self) -> bool:
-        return self.cfg.inject_rank in (-1, self.rank)
-
-    def injection(self, step: int) -> float | None:
-        """Loss multiplier injected at optimizer step ``step`` (1-based) on this rank, once per process."""
-        for kind, steps, value in (("nan", self.cfg.inject_nan_at_steps, float("nan")),
-                                   ("spike", self.cfg.inject_spike_at_steps, self.cfg.inject_spike_factor)):
-            if step in steps and self._mine() and (kind, step) not in self._fired:
-                self._fired.add((kind, step))
-                return value
-        return None
-
-    def maybe_kill(self, step: int) -> None:
-        """SIGKILL this process before step ``step`` if ``inject_kill_at_step`` says so (first attempt only)."""
-        if (self.cfg.inject_kill_at_step == step and self._mine()
-                and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
-            self.events.write({"event": "injected_kill", "step": step, "rank": self.rank, "time": time.time()})
-            os.kill(os.getpid(), signal.SIGKILL)
 
     # -- the check -----------------------------------------------------------------------
     def check(self, step: int, loss_sum: torch.Tensor, local_tokens: torch.Tensor, grad_norm: torch.Tensor,

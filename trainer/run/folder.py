@@ -1,24 +1,7 @@
-"""What a training command does with a run folder that already holds output: resume, refuse or overwrite.
-
-Re-running a command (up-arrow, Enter after Ctrl-C, a job scheduler's retry) must never throw away
-progress, as preprocessing refuses to write into a finished output (:mod:`pipelines.io.output`):
-
-- the folder holds a finished full checkpoint (``checkpoint.dir``) → **resume** from the newest
-  one when it is compatible, else **refuse**;
-- it holds earlier output (``metrics.jsonl``, ``train_summary.json``, checkpoints still being
-  written) but no finished checkpoint → **refuse** (a torchelastic restart of the same job,
-  ``TORCHELASTIC_RESTART_COUNT`` > 0, starts over instead: its earlier attempt never checkpointed);
-- ``checkpoint.overwrite=true`` → the earlier run's artifacts are removed and training starts at step 0;
-- ``checkpoint.resume=PATH`` → resume from that checkpoint (compatibility checked the same way).
-
-Compatible means: the checkpoint's ``config.yaml`` has the same ``model`` section (after
-``vocab_size`` is taken from the manifest). World size and ZeRO stage may differ: DCP reshards
-FSDP2 DTensors on load, and ZeRO-1 saves the optimizer state of each parameter under its FQN, so
-every stage and world size reads every other's checkpoint (:mod:`trainer.checkpointing.checkpoint`).
-What cannot be resharded is a different architecture (tensor shapes/names), hence the check.
-
-On resume from step ``N`` the records of ``metrics.jsonl`` after step ``N`` (written by the run
-that went past its last checkpoint) are removed, so re-trained steps are not logged twice.
+"""What a training command does with a run folder that already holds output: resume, refuse or
+overwrite (the table is in ``trainer/README.md``). A checkpoint is compatible when its
+``config.yaml`` has the same ``model`` section: DCP reshards every other difference (world size,
+ZeRO stage), not tensor shapes or names.
 """
 from __future__ import annotations
 

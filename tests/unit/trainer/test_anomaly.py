@@ -11,7 +11,10 @@ import torch
 from colaflow.config import load_config
 from trainer.distributed import parallel
 from trainer.run.anomaly import AnomalyGuard
+from trainer.run.events import EventLog
+from trainer.run.hooks import HookContext, StepHooks
 from trainer.config import AnomalyConfig, ModelConfig, OptimConfig, TrainConfig, ZeroConfig
+from tests.support.faults import fault_hook, fault_hooks
 from tests.support.launch import run_local_workers
 from trainer.optim import lr_at
 from trainer.evaluation.synthetic import synthetic_batch
@@ -33,16 +36,18 @@ def _skip_worker(run_dir: str):
     info = parallel.init_distributed("cpu")
     out = {}
     for stage in (0, 3):
-        anomaly = AnomalyConfig(inject_nan_at_steps=[2], inject_spike_at_steps=[4], inject_rank=1, spike_warmup=1,
-                                spike_ratio=3.0)
-        cfg = TrainConfig(model=SMALL, zero=ZeroConfig(stage=stage), optim=OptimConfig(lr=1e-2), anomaly=anomaly)
+        anomaly = AnomalyConfig(spike_warmup=1, spike_ratio=3.0)
+        cfg = TrainConfig(model=SMALL, zero=ZeroConfig(stage=stage), optim=OptimConfig(lr=1e-2), anomaly=anomaly,
+                          hooks=[fault_hook(nan_at_steps=[2], spike_at_steps=[4], rank=1)])
         model, wrapped, opt = build_model(cfg, info)
-        guard = AnomalyGuard(anomaly, os.path.join(run_dir, f"stage{stage}"), info.rank, info.device)
+        stage_dir = os.path.join(run_dir, f"stage{stage}")
+        guard = AnomalyGuard(anomaly, stage_dir, info.rank, info.device)
+        hooks = StepHooks.build(cfg.hooks, HookContext(stage_dir, EventLog.of_run(stage_dir)))
         batch = synthetic_batch([[20, 12]], 32, vocab=128, seed=info.rank)
         applied, unchanged = [], []
         for step in range(1, 6):
             before = _state(model, opt)
-            train_step(wrapped, opt, [batch], info, cfg, guard=guard, step=step)
+            train_step(wrapped, opt, [batch], info, cfg, guard=guard, step=step, hooks=hooks)
             after = _state(model, opt)
             applied.append(guard.applied)
             unchanged.append(all(torch.equal(a, b) for a, b in zip(before, after)))
@@ -75,7 +80,7 @@ def test_repeated_bad_steps_roll_back_with_lower_lr(tmp_path):
         f"data.manifest={shards}", f"run_dir={run}", f"cache.dir={tmp_path / 'cache'}", "model.d_model=32",
         "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=64", "data.seq_len=64", "data.micro_batch_size=1",
         "data.num_workers=0", "steps=10", "log_every=5", "checkpoint.every=5", "zero.stage=1", "device=cpu",
-        "metrics.progress=false", "anomaly.inject_nan_at_steps=[7, 8]", "anomaly.inject_rank=0",
+        "metrics.progress=false", fault_hooks(nan_at_steps=[7, 8], rank=0),
         "anomaly.max_consecutive=2", "anomaly.rollback_lr_factor=0.25"])
     results = run_local_workers(_train_worker, 2, cfg)
     for res in results:

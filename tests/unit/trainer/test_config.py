@@ -52,3 +52,42 @@ def test_lr_warmup_then_cosine_to_min():
     assert lr_at(110, cfg, 110) == pytest.approx(0.1)
     values = [lr_at(s, cfg, 110) for s in range(10, 111)]
     assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_saved_configs_of_older_runs_drop_their_inject_keys(tmp_path, caplog):
+    """Runs written before step hooks saved ``anomaly.inject_*`` (fault-injection knobs since moved to
+    tests/support/faults.py) in config.json and every checkpoint's config.yaml; they still load."""
+    import json
+
+    from colaflow.config import to_dict
+    from trainer.config import read_saved_config
+    old = to_dict(TrainConfig(steps=7))
+    del old["hooks"]  # older runs had no hooks
+    old["anomaly"].update(inject_nan_at_steps=[], inject_spike_at_steps=[], inject_spike_factor=1000.0,
+                          inject_kill_at_step=0, inject_rank=-1, inject_layer="")
+    quiet = tmp_path / "config.json"
+    quiet.write_text(json.dumps(old))
+    with caplog.at_level("WARNING", logger="trainer.config"):
+        cfg = read_saved_config(str(quiet))
+    assert cfg == TrainConfig(steps=7) and caplog.records == []  # the defaults said nothing: no warning
+    old["anomaly"].update(inject_nan_at_steps=[3], inject_rank=1, inject_layer="blocks.1.mlp")
+    loud = tmp_path / "config.yaml"
+    loud.write_text(json.dumps(old))  # YAML reads the JSON as well
+    with caplog.at_level("WARNING", logger="trainer.config"):
+        cfg = read_saved_config(str(loud))
+    assert cfg == TrainConfig(steps=7)
+    warning, = [r.getMessage() for r in caplog.records]
+    assert warning == (f"{loud}: anomaly.inject_nan_at_steps=[3], anomaly.inject_rank=1, "
+                       "anomaly.inject_layer='blocks.1.mlp': test hooks of an older trainer, ignored (the faults "
+                       "they injected are not re-applied; a step hook in hooks: does that now)")
+    old["anomaly"]["inject_typo"] = 1  # other unknown keys stay errors
+    loud.write_text(json.dumps(old))
+    with pytest.raises(ConfigError, match="unknown config key 'anomaly.inject_typo'"):
+        read_saved_config(str(loud))
+
+
+def test_a_live_config_rejects_the_removed_inject_keys():
+    with pytest.raises(ConfigError, match="unknown config key 'anomaly.inject_nan_at_steps'"):
+        load_config(TrainConfig, None, ["anomaly.inject_nan_at_steps=[3]"])
+    with pytest.raises(ConfigError, match=r"hooks: expected a list of mappings"):
+        TrainConfig(hooks=5).validate()

@@ -10,6 +10,7 @@ import numpy as np
 
 from shards import Manifest, ShardSequenceWriter, encode_text_sample
 from trainer.distributed.parallel import free_port
+from tests.support.faults import fault_hooks
 from tests.support.paths import REPO
 
 ROOT = str(REPO)
@@ -59,7 +60,7 @@ def test_killed_rank_restarts_from_checkpoint_and_matches_uninterrupted_run(tmp_
     elastic = ["--nnodes=1:2", "--nproc_per_node=2", "--max-restarts=3", "--rdzv-backend=c10d",
                f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf=join_timeout=60,last_call_timeout=1",
                "--monitor-interval=0.5"]
-    torchrun(elastic, common + [f"run_dir={run_dir}", "anomaly.inject_kill_at_step=17", "anomaly.inject_rank=1"],
+    torchrun(elastic, common + [f"run_dir={run_dir}", fault_hooks(kill_at_step=17, rank=1)],
              str(tmp_path))
 
     with open(os.path.join(run_dir, "events.jsonl")) as f:

@@ -10,6 +10,8 @@ import pytest
 
 from trainer.debug.replay import replay_step
 
+from tests.support.faults import fault_hooks
+
 from tests.unit.trainer.test_metrics import MODEL, ROOT, build_shards
 
 LAYER = "blocks.1.mlp"
@@ -29,8 +31,7 @@ def bad_run(tmp_path_factory):
                  *(f"model.{k}={v}" for k, v in MODEL.items() if k != "vocab_size"), "model.n_layers=2",
                  "data.seq_len=32", "data.micro_batch_size=2", "data.num_workers=0", "zero.stage=2",
                  "precision=fp32", "device=cpu", "steps=4", "log_every=2", "metrics.progress=false",
-                 "checkpoint.every=2", "anomaly.inject_nan_at_steps=[3]", "anomaly.inject_rank=1",
-                 f"anomaly.inject_layer={LAYER}"]
+                 "checkpoint.every=2", fault_hooks(nan_at_steps=[3], rank=1, layer=LAYER)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "trainer",
            "--config", os.path.join(ROOT, "configs", "demo.yaml"), *overrides]
     proc = subprocess.run(cmd, cwd=str(tmp), env=_env(), capture_output=True, text=True, timeout=300)
@@ -77,7 +78,7 @@ def test_watcher_names_a_spiking_module_and_the_loss():
     """Spikes (output RMS over ``spike_ratio`` x the input's) and a NaN loss are found in forward order."""
     import torch
 
-    from trainer.run.anomaly import injected
+    from tests.support.faults import injected
     from trainer.config import ModelConfig
     from trainer.model import GPT
     from trainer.debug.replay import _Watcher
@@ -127,7 +128,7 @@ def test_replay_finds_documents_inside_token_blocks(tmp_path):
                  *(f"model.{k}={v}" for k, v in MODEL.items() if k != "vocab_size"), "model.n_layers=2",
                  "data.seq_len=32", "data.micro_batch_size=2", "data.num_workers=0", "zero.stage=0",
                  "precision=fp32", "device=cpu", "steps=3", "log_every=1", "metrics.progress=false",
-                 "checkpoint.every=2", "anomaly.inject_nan_at_steps=[3]", f"anomaly.inject_layer={LAYER}"]
+                 "checkpoint.every=2", fault_hooks(nan_at_steps=[3], layer=LAYER)]
     proc = subprocess.run([sys.executable, "-m", "trainer", "--config", os.path.join(ROOT, "configs", "demo.yaml"),
                            *overrides], cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -142,3 +143,40 @@ def test_replay_finds_documents_inside_token_blocks(tmp_path):
     cli = subprocess.run([sys.executable, "-m", "trainer", "replay", str(run), "--step", "3"], env=_env(),
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and f"forward: first nonfinite output at {LAYER}" in cli.stdout, cli.stderr[-3000:]
+
+
+def test_a_run_folder_of_an_older_trainer_replays_reports_and_verifies(bad_run, tmp_path):
+    """A run written before step hooks holds ``anomaly.inject_*`` in config.json and the checkpoints'
+    config.yaml: replay, report and verify read it, with one warning when the keys were set; the replay
+    cannot re-apply the fault those keys injected, so rank 1's batch replays clean."""
+    import shutil
+
+    import yaml
+    old = tmp_path / "old_run"
+    shutil.copytree(bad_run, old)
+    inject = {"inject_nan_at_steps": [3], "inject_spike_at_steps": [], "inject_spike_factor": 1000.0,
+              "inject_kill_at_step": 0, "inject_rank": 1, "inject_layer": LAYER}
+    config = json.loads((old / "config.json").read_text())
+    del config["hooks"]
+    config["anomaly"].update(inject)
+    (old / "config.json").write_text(json.dumps(config))
+    ckpt = old / "checkpoints" / "step_000002"
+    saved = yaml.safe_load((ckpt / "config.yaml").read_text())
+    del saved["hooks"]
+    saved["anomaly"].update(inject)
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+
+    replay = subprocess.run([sys.executable, "-m", "trainer", "replay", str(old), "--step", "3", "--rank", "1"],
+                            env=_env(), capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 0 and "Traceback" not in replay.stderr, replay.stderr[-3000:]
+    assert (f"anomaly.inject_nan_at_steps=[3], anomaly.inject_rank=1, anomaly.inject_layer='{LAYER}': test hooks "
+            "of an older trainer, ignored") in replay.stderr
+    assert "step 3, rank 1" in replay.stdout and "no step hook reported anything at this step" in replay.stdout
+    assert "forward: every module output finite, no spike" in replay.stdout
+    report = subprocess.run([sys.executable, "-m", "trainer", "report", str(old)], env=_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert report.returncode == 0 and (old / "report" / "index.html").exists(), report.stderr[-3000:]
+    verify = subprocess.run([sys.executable, "-m", "trainer", "verify", str(ckpt)], env=_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert verify.returncode == 0 and f"OK: {ckpt}" in verify.stdout, verify.stderr[-3000:]
+    assert "test hooks of an older trainer, ignored" in verify.stderr

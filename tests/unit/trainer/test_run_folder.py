@@ -15,6 +15,7 @@ from trainer.config import TrainConfig
 from trainer.run.announce import start_line
 from trainer.run.folder import RunFolderError, RunPlan, plan_run, remove_earlier_run, truncate_metrics
 from tests.support.data import write_counting_shards
+from tests.support.faults import fault_hooks
 from tests.support.paths import REPO
 
 ROOT = str(REPO)
@@ -184,19 +185,19 @@ def test_ctrl_c_ends_in_one_line_with_exit_130(tmp_path, common):
 
 def test_interrupt_advice_without_and_with_a_checkpoint(tmp_path):
     """Ctrl-C before the first checkpoint must not advise a resume that the next run refuses."""
-    from trainer.__main__ import _interrupted
+    from trainer.run.cli import interrupt_advice
     cfg = TrainConfig(run_dir=str(tmp_path))
-    assert "nothing to resume; run again with checkpoint.overwrite=true" in _interrupted(cfg)
+    assert "nothing to resume; run again with checkpoint.overwrite=true" in interrupt_advice(cfg)
     from trainer.checkpointing.layout import COMPLETE, step_dir
     from trainer.run.folder import checkpoint_root
     os.makedirs(step_dir(checkpoint_root(cfg), 4))
     open(os.path.join(step_dir(checkpoint_root(cfg), 4), COMPLETE), "w").close()
-    assert "resume from the last checkpoint" in _interrupted(cfg)
+    assert "resume from the last checkpoint" in interrupt_advice(cfg)
 
 
 @pytest.mark.parametrize("nproc", [[], ["--nproc-per-node", "2"]])
 def test_bad_steps_without_a_checkpoint_end_in_one_line_exit_1(tmp_path, common, nproc):
-    p = _train(common + ["steps=3", "checkpoint.every=0", "anomaly.inject_nan_at_steps=[1, 2]",
+    p = _train(common + ["steps=3", "checkpoint.every=0", fault_hooks(nan_at_steps=[1, 2]),
                          "anomaly.max_consecutive=2", *nproc], tmp_path)
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert p.returncode == 1, p.stderr[-3000:]
@@ -231,3 +232,27 @@ def test_dry_run_fails_on_what_the_real_run_would_fail_on(tmp_path, common):
 def test_missing_config_file_is_a_usage_error(tmp_path):
     p = _train(["--config", str(tmp_path / "nope.yaml"), "steps=1"], tmp_path)
     assert p.returncode == 2 and p.stderr.strip() == f"error: config file not found: {tmp_path / 'nope.yaml'}"
+
+
+def test_a_run_folder_of_an_older_trainer_resumes(tmp_path, common):
+    """Runs written before step hooks hold ``anomaly.inject_*`` in config.json and config.yaml: a
+    re-run resumes such a folder (only the checkpoint's model section is compared) and rewrites config.json."""
+    first = _train(common + ["steps=2"], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = tmp_path / "run"
+    inject = {"inject_nan_at_steps": [1], "inject_spike_at_steps": [], "inject_spike_factor": 1000.0,
+              "inject_kill_at_step": 0, "inject_rank": -1, "inject_layer": ""}
+    config = json.loads((run / "config.json").read_text())
+    del config["hooks"]
+    config["anomaly"].update(inject)
+    (run / "config.json").write_text(json.dumps(config))
+    saved_yaml = run / "checkpoints" / "step_000002" / "config.yaml"
+    saved = yaml.safe_load(saved_yaml.read_text())
+    del saved["hooks"]
+    saved["anomaly"].update(inject)
+    saved_yaml.write_text(yaml.safe_dump(saved, sort_keys=False))
+    again = _train(common + ["steps=3"], tmp_path)
+    assert again.returncode == 0 and "resumed from step 2" in again.stdout, again.stderr[-3000:]
+    assert _steps(tmp_path) == [1, 2, 3]
+    rewritten = json.loads((run / "config.json").read_text())
+    assert rewritten["hooks"] == [] and not any(k.startswith("inject_") for k in rewritten["anomaly"])
