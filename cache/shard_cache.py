@@ -1,14 +1,4 @@
-"""``ShardCache``: make a shard local, verified and pinned, sharing one directory per node.
-
-A ``get`` takes the entry's pin (shared flock), checks the entry per the verify policy and, if
-it is missing or bad, takes the entry's fetch lock (exclusive flock) so that exactly one
-process on the node downloads it while the others wait; a waiter then finds the entry ready.
-Downloads go to ``tmp/KEY.part`` and are renamed into ``data/`` after the size and sha256
-checks, so a reader never sees a partial or unverified file.
-
-A folder this process cannot write (a pre-filled cache on a read-only mount) is opened
-read-only: complete, verified entries are served without locks or writes (nobody on the node
-can evict from it), and anything needing a download raises ``CacheReadOnlyError``.
+"""``ShardCache``: make a shard local, verified and pinned, sharing one folder per node (``cache/README.md``).
 """
 from __future__ import annotations
 

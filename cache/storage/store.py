@@ -1,25 +1,5 @@
-"""On-disk layout of a cache directory, space accounting and LRU eviction.
-
-Layout under the cache root (shared by every process on the node)::
-
-    data/KEY            complete, size-checked shard (renamed into place atomically)
-    data/KEY.meta       JSON sidecar: url, size, sha256, whether it was hashed (verification marker)
-    tmp/KEY.part        partial download (resumed with a Range request after a crash)
-    tmp/KEY.resv        bytes reserved for KEY's download; valid only while locks/KEY.fetch is held
-    locks/KEY.pin       shared flock while a reader pins KEY; eviction needs it exclusive (non-blocking)
-    locks/KEY.hold      shared flock while a prefetcher holds KEY (downloaded ahead, not yet read):
-                        only a reader's download may evict it, never another prefetch
-    locks/KEY.fetch     exclusive flock while one process downloads KEY
-    global.lock         exclusive flock around accounting (reserve, evict) — held briefly
-
-Usage = sizes of ``data/`` files + per partial download max(written, reserved). A download
-reserves its bytes before writing them, so usage never exceeds ``max_bytes``. Every change that
-moves bytes between those two listings (commit = rename ``tmp/`` -> ``data/`` + drop the
-reservation) happens under ``global.lock``, like the accounting itself: otherwise a download
-finishing between the listing of ``data/`` and of ``tmp/`` would be counted in neither. LRU order is
-the data file's atime, set explicitly on every use (works on ``noatime`` mounts too).
-Lock files are never deleted: unlinking a lock file another process has open would let two
-holders lock different inodes.
+"""The on-disk store of a cache folder: paths, sidecars, space accounting and LRU eviction, shared by every
+process of the node (the layout is drawn in ``cache/README.md``).
 """
 from __future__ import annotations
 
@@ -82,6 +62,10 @@ def entry_key(url: str, decompress: bool) -> str:
 
 class Store:
     """One cache directory: paths, sidecars, accounting and eviction (all processes share it).
+
+    Every change that moves bytes between ``data/`` and ``tmp/`` (a commit renames the file and drops
+    its reservation) happens under ``global.lock``, like the accounting itself: a download finishing
+    between the listing of ``data/`` and of ``tmp/`` would otherwise be counted in neither.
 
     Args:
         root: cache directory.

@@ -39,8 +39,6 @@ from apache_beam.portability.api import (beam_artifact_api_pb2, beam_artifact_ap
                                          beam_provision_api_pb2_grpc, endpoints_pb2)
 from google.protobuf import json_format, text_format
 
-from colaflow.errors import run_cli
-
 EXTRA_PACKAGES_FILE = "extra_packages.txt"  # names written by Beam's stager
 REQUIREMENTS_FILE = "requirements.txt"
 
@@ -154,4 +152,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    # no colaflow import here: this boot runs before the staged colaflow wheel is installed
+    sys.exit(main())

@@ -22,6 +22,8 @@ import json
 import numpy as np
 import zstandard
 
+from shards.format.tokens import TokenDecoder
+
 ZSTD_LEVEL = 3
 
 # Required fields per schema: each entry is a set of alternatives, one of which must be present.
@@ -147,12 +149,12 @@ def decode_member(suffix: str, data: bytes):
     callers add the shard and member name.
     """
     field = field_name(suffix)
+    plain = suffix.removesuffix(".zst")
+    if plain.rsplit(".", 1)[-1] == "npy":  # a writable copy: decoded samples belong to their reader
+        return field, np.array(TokenDecoder().tokens(suffix, data))
     if suffix.endswith(".zst"):
         data = zstd_decompress(data)
-        suffix = suffix[:-4]
-    ext = suffix.rsplit(".", 1)[-1]
-    if ext == "npy":
-        return field, np.load(io.BytesIO(data), allow_pickle=False)
+    ext = plain.rsplit(".", 1)[-1]
     if ext == "json":
         return field, json.loads(data.decode("utf-8"))
     if ext in ("txt", "text", "caption"):

@@ -1,11 +1,11 @@
-"""Fast decoding of ``tokens.npy[.zst]`` members (the loader's per-sample hot path).
+"""The one decoder of ``.npy[.zst]`` members (token arrays): the loader's hot path and
+:func:`shards.format.sample.decode_member`.
 
-Same result as ``shards.format.sample.decode_member``, cheaper: one ``zstandard.ZstdDecompressor`` is
-reused (the writer stores the content size in each frame, so ``decompress`` sizes its output
-once), and the ``.npy`` header (NEP 1 / ``numpy.lib.format``) is only checked, not evaluated:
-when it declares the manifest's dtype and a 1-D shape that matches the data length, the array
-is a zero-copy ``np.frombuffer`` view after the header. Anything else (another dtype or
-version, a malformed header) goes through ``np.load``, which accepts or rejects it.
+One ``zstandard.ZstdDecompressor`` is reused (the writer stores the content size in each frame, so
+``decompress`` sizes its output once), and the ``.npy`` header (NEP 1 / ``numpy.lib.format``) is only
+checked, not evaluated: when it declares the expected dtype and a 1-D shape that matches the data
+length, the array is a zero-copy ``np.frombuffer`` view after the header. Anything else (another
+dtype or version, a malformed header) goes through ``np.load``, which accepts or rejects it.
 """
 from __future__ import annotations
 

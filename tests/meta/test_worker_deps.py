@@ -55,3 +55,15 @@ print("ok", len({modules!r}))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("ok") and "pipelines.job" in modules and "pipelines.runners.worker_boot" in modules \
         and "pipelines.runners.dask.combine" in modules and "shards.access.token_blocks" in modules
+
+
+def test_worker_boot_imports_no_colaflow_package():
+    """The external worker pool runs the boot before it installs the staged colaflow wheel: an import of
+    colaflow's own packages there fails the boot, and the job waits for a worker that never comes."""
+    import ast
+
+    tree = ast.parse((ROOT / "pipelines" / "runners" / "worker_boot.py").read_text(encoding="utf-8"))
+    own = {"colaflow", "pipelines", "shards", "cache", "loaders", "trainer", "beam_runner"}
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level]
+    assert names and not {n.split(".")[0] for n in names} & own
