@@ -56,7 +56,7 @@ def pack_rows(rows: list[list[Chunk]], row_len: int, n_rows: int | None = None,
     """A :class:`loaders.pack.packed.PackedBatch` ``[n_rows, row_len]`` from rows of chunks (missing rows: padding).
 
     Token ids are ``uint16`` when they fit, else ``int32``; the full arrays (labels, positions,
-    document ids) are derived by :func:`loaders.pack.packed.expand`.
+    document ids) are derived by :func:`loaders.rank.batch.expand`.
     """
     n_rows = len(rows) if n_rows is None else n_rows
     rows = rows[:n_rows]
