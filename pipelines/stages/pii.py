@@ -25,6 +25,8 @@ import re
 from typing import NamedTuple
 
 from pipelines.config import PIIConfig
+from pipelines.records import Doc
+from pipelines.stages.step import DocumentStep, StepResult
 
 PLACEHOLDERS = {"email": "<EMAIL>", "ip": "<IP>", "phone": "<PHONE>"}
 KINDS = tuple(PLACEHOLDERS)
@@ -99,3 +101,18 @@ def redact(text: str, cfg: PIIConfig) -> tuple[str, dict[str, int]]:
         pos = span.end
     parts.append(text[pos:])
     return "".join(parts), counts
+
+
+class RedactStep(DocumentStep):
+    """Replaces PII by placeholders (:func:`redact`) and counts ``redacted:<kind>`` events per
+    replacement kind; never rejects."""
+
+    def __init__(self, cfg: PIIConfig):
+        self.cfg = cfg
+
+    def apply(self, doc: Doc) -> StepResult:
+        """The document with PII redacted, and ``{"redacted:<kind>": replacements}`` (kinds in text order)."""
+        text, counts = redact(doc.text, self.cfg)
+        if not counts:
+            return StepResult.keep(doc)
+        return StepResult.keep(doc._replace(text=text), {f"redacted:{kind}": n for kind, n in counts.items()})

@@ -20,6 +20,7 @@ from shards import Manifest
 
 from pipelines.stages.clean import content_hash, hash_fraction
 from pipelines.config import ShardsConfig
+from pipelines.records import TokenizedDoc
 
 VAL = "val"  # tag of the validation output and name of its split
 VAL_DIR = "val"  # folder of the validation shard set, relative to the output folder
@@ -38,17 +39,17 @@ def is_validation(text: str, val_fraction: float) -> bool:
 
 
 class SplitBatchFn(beam.DoFn):
-    """A batch (list) of ``(Doc, tokens)`` → the training part (main output) and the validation
-    part (tag ``val``); empty parts are not emitted."""
+    """A batch (list) of :class:`~pipelines.records.TokenizedDoc` → the training part (main output)
+    and the validation part (tag ``val``); empty parts are not emitted."""
 
     def __init__(self, val_fraction: float):
         self.val_fraction = val_fraction
 
-    def process(self, batch):
-        """Split one batch of ``(Doc, tokens)`` by :func:`is_validation` of each text."""
+    def process(self, batch: list[TokenizedDoc]):
+        """Split one batch by :func:`is_validation` of each document's text."""
         train, val = [], []
         for item in batch:
-            (val if is_validation(item[0].text, self.val_fraction) else train).append(item)
+            (val if is_validation(item.doc.text, self.val_fraction) else train).append(item)
         if train:
             yield train
         if val:
