@@ -40,7 +40,7 @@ import threading
 logging.getLogger().setLevel(logging.ERROR)
 from pipelines.config import PipelineConfig  # noqa: E402
 from pipelines.job import InputError, run  # noqa: E402
-from pipelines.runners.select import beam_options  # noqa: E402
+from pipelines.runners.selection import beam_options  # noqa: E402
 from pipelines.io.output import OutputExistsError, OutputNotWritableError  # noqa: E402
 from pipelines.records import input_root  # noqa: E402
 from pipelines.accounting.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402

@@ -22,7 +22,7 @@ from pipelines.io.output import (DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, ab
                                  prepare_output, refuse_inputs_in_artifacts)
 from pipelines.io.read import DEAD, ParseFn, ReadRecords
 from pipelines.records import file_format
-from pipelines.runners.select import beam_options, make_runner
+from pipelines.runners.selection import beam_options, make_runner
 from pipelines.stages.exact_dedup import ExactDedup, UniqueIds, key_by_hash
 from pipelines.stages.filters import FilterFn, build_steps
 from pipelines.stages.near_dedup import NearDedup

@@ -255,22 +255,25 @@ def _hot_losers(item: tuple[str, bytes], bands: int, threshold: float, hot: dict
             yield doc_id, keeper.id
 
 
+_AS_KEEPER, _AS_MEMBER = 0, 1  # which side of a candidate pair a signature is: (side, signature)
+
+
 def _sig_per_pair(item):
     doc_id, grouped = item
     as_keeper, as_member = list(grouped["as_keeper"]), list(grouped["as_member"])
     _held(len(as_keeper) + len(as_member) + 1)  # listed buckets only: <= bands * (LIST_MAX + 1)
     for sig in grouped["sig"]:
         for member in as_keeper:
-            yield (doc_id, member), (0, sig)
+            yield (doc_id, member), (_AS_KEEPER, sig)
         for keeper in as_member:
-            yield (keeper, doc_id), (1, sig)
+            yield (keeper, doc_id), (_AS_MEMBER, sig)
 
 
 def _compare(item, threshold: float):
     (keeper, member), sides = item
     sigs = dict(sides)
-    if len(sigs) == 2 and similarity(np.frombuffer(sigs[0], dtype=np.uint32),
-                                     np.frombuffer(sigs[1], dtype=np.uint32)) >= threshold:
+    if len(sigs) == 2 and similarity(np.frombuffer(sigs[_AS_KEEPER], dtype=np.uint32),
+                                     np.frombuffer(sigs[_AS_MEMBER], dtype=np.uint32)) >= threshold:
         yield member, keeper
 
 
@@ -327,12 +330,12 @@ class NearDedup(beam.PTransform):
                    | "Pairs" >> beam.FlatMap(_bucket_pairs).with_outputs("hot", main="pairs"))
         pairs = buckets.pairs | "OncePerPair" >> beam.Distinct()
         listed_losers = ({"sig": sigs, "as_keeper": pairs,
-                          "as_member": pairs | "ByMember" >> beam.Map(lambda kv: (kv[1], kv[0]))}
+                          "as_member": pairs | "ByMember" >> beam.KvSwap()}
                          | "JoinSig" >> beam.CoGroupByKey()
                          | "SigPerPair" >> beam.FlatMap(_sig_per_pair)
                          | "PerPair" >> beam.GroupByKey()
                          | "Compare" >> beam.FlatMap(_compare, self.cfg.threshold))
-        hot = ({"sig": sigs, "hot": buckets.hot | "ByKeeper" >> beam.Map(lambda bk: (bk[1], bk[0]))}
+        hot = ({"sig": sigs, "hot": buckets.hot | "ByKeeper" >> beam.KvSwap()}
                | "JoinKeeperSig" >> beam.CoGroupByKey()
                | "HotKeepers" >> beam.FlatMap(_hot_keepers))
         hot_losers = sigs | "HotLosers" >> beam.FlatMap(_hot_losers, self.cfg.bands, self.cfg.threshold,

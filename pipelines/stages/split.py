@@ -4,10 +4,8 @@ A document goes to the validation split when a salted hash of its content hash
 (:func:`pipelines.stages.clean.content_hash`, the exact-dedup key) falls below
 ``split.val_fraction`` of the hash space. The choice depends on the text alone, never on ids,
 arrival order, runner or worker count, so reruns and runners split identically; exact
-duplicates share a hash, so a text can never sit in both splits. The split runs after dedup
-and tokenization: validation documents are written as a second shard set in ``OUT/val/``
-(its own ``manifest.json``, a copy of ``tokenizer.model``), listed in the ``splits`` section
-of the top-level manifest, and counted per split in ``stats.json``.
+duplicates share a hash, so a text can never sit in both splits. Validation documents become a
+second shard set in ``OUT/val/``, listed in the ``splits`` section of the top-level manifest.
 """
 from __future__ import annotations
 

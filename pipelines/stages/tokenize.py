@@ -5,9 +5,9 @@ count picks the same documents: a document joins when its hash falls under
 ``sample_fraction`` of the hash space, and the sample is filled in hash order up to
 ``sample_max_bytes``. When no document falls under the fraction (a tiny corpus), the sample is
 filled from all documents in hash order instead, so it is never empty while documents exist.
-The sample is taken in two steps (:mod:`pipelines.stages.tokenizer_sample`).
-Lines longer than ``max_sentence_bytes`` are cut at spaces for training. Training runs single-threaded because sentencepiece's multi-threaded
-trainer gives different models for different thread counts.
+The sample is taken in two steps (:mod:`pipelines.stages.tokenizer_sample`). Lines longer than
+``max_sentence_bytes`` are cut at spaces for training. Training runs single-threaded because
+sentencepiece's multi-threaded trainer gives different models for different thread counts.
 """
 from __future__ import annotations
 

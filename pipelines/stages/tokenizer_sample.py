@@ -8,8 +8,7 @@ corpus holds texts.
 2. :class:`SmallestHashSample` combines only the admitted texts, which gives the sample of all
    texts (the admitted set holds the sample's prefix and the text that ended it).
 
-Before, the sample's partial accumulators held up to the budget (3 MB) of text each, one per
-bundle, so what the combine held grew with the partition count on a cluster.
+(A one-step sample held up to the budget of text in every partial accumulator, one per bundle.)
 """
 from __future__ import annotations
 
