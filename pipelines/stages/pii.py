@@ -13,8 +13,9 @@ reST ``For example::``, slices ``a[1::2]`` and version strings ``v1.2.3.4`` are 
   matrix code is not an address);
 * IPv4: dotted quads with octets 0–255, not right after ``-``, ``/`` or ``=`` (``novas-3.1.1.3``,
   ``Firefox/2.0.0.11`` are versions);
-* IPv6: validated with :mod:`ipaddress` (RFC 4291 text forms) and holding at least three
-  non-empty groups (``::``, ``::1``, ``a::b`` or ``fe80::1`` are too short to tell from code);
+* IPv6: validated with :mod:`ipaddress` (RFC 4291 text forms), holding at least three
+  non-empty groups (``::``, ``::1``, ``a::b`` or ``fe80::1`` are too short to tell from code) and
+  not ending in ``::`` (``2001:db8:85a3::`` is a network prefix, no host; ``a:b:c::`` is code);
 * phone numbers: international (``+CC ...``, country code not starting with 0, groups separated
   by spaces or hyphens) or North-American ``(NNN) NNN-NNNN`` / ``NNN-NNN-NNNN`` / ``NNN.NNN.NNNN``.
 """
@@ -52,6 +53,8 @@ class Span(NamedTuple):
 
 
 def _is_ipv6(candidate: str) -> bool:
+    if candidate.endswith("::"):  # a prefix (host bits zero) names a network, and reads like a path
+        return False
     groups = [g for g in candidate.split(":") if g]
     if len(groups) + sum("." in g for g in groups) < _MIN_IPV6_GROUPS:  # an embedded IPv4 counts as two
         return False
