@@ -39,7 +39,8 @@ import threading
 # needed unless the job runs on Dataflow, so the notice is held back for the imports alone.
 logging.getLogger().setLevel(logging.ERROR)
 from pipelines.config import PipelineConfig  # noqa: E402
-from pipelines.job import InputError, beam_options, run  # noqa: E402
+from pipelines.job import InputError, run  # noqa: E402
+from pipelines.runners.selection import beam_options  # noqa: E402
 from pipelines.io.output import OutputExistsError, OutputNotWritableError  # noqa: E402
 from pipelines.records import input_root  # noqa: E402
 from pipelines.accounting.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402

@@ -32,14 +32,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import datatrove_baseline  # noqa: E402
 
-from pipelines.stages.clean import clean_text, content_hash, length_reason, stable_bucket  # noqa: E402
+from pipelines.stages.clean import content_hash, stable_bucket  # noqa: E402
 from pipelines.config import PipelineConfig  # noqa: E402
 from examples.demo.corpus import write_corpus  # noqa: E402
 from pipelines.job import run  # noqa: E402
-from pipelines.stages.language import LanguageFilter  # noqa: E402
 from pipelines.stages.near_dedup import band_keys, minhash_batch, similarity  # noqa: E402
-from pipelines.stages.pii import redact  # noqa: E402
-from pipelines.stages.quality import quality_reason  # noqa: E402
+from pipelines.stages.filters import build_steps  # noqa: E402
+from pipelines.stages.step import run_steps  # noqa: E402
 from pipelines.io.reading import iter_units  # noqa: E402
 from pipelines.records import Doc, file_format, parse_unit  # noqa: E402
 from pipelines.stages.write_shards import encode_sample, encoded_size, num_buckets  # noqa: E402
@@ -73,20 +72,19 @@ def near_dedup(keepers: dict[str, Doc], cfg) -> dict[str, Doc]:
 def plain_loop(paths: list[str], out: str, cfg: PipelineConfig) -> Manifest:
     """The same transforms as :func:`pipelines.job.build`, as one sequential Python loop."""
     keepers: dict[str, Doc] = {}
-    lang = LanguageFilter(cfg.language)
+    steps = build_steps(cfg)
+    for step in steps:
+        step.setup()
     sampler = SmallestHashSample(cfg.tokenizer.sample_max_bytes)
     acc = sampler.create_accumulator()
     for path in paths:
         fmt = file_format(path, cfg.input)
         with open(path, "rb") as f:
-            for _, line, offset, raw, unit_fmt, size in iter_units(f, path, fmt, cfg.input):
-                doc = parse_unit(path, line, raw, unit_fmt, cfg.input, offset, size)
-                if not isinstance(doc, Doc) or len(doc.text) > cfg.clean.max_chars:
+            for unit in iter_units(f, path, fmt, cfg.input):
+                parsed = parse_unit(unit.path, unit.line, unit.raw, unit.fmt, cfg.input, unit.offset, unit.size)
+                doc = run_steps(parsed, steps).doc if isinstance(parsed, Doc) else None
+                if doc is None:
                     continue
-                text = clean_text(doc.text, cfg.clean)
-                if length_reason(text, cfg.clean) or lang.reason(text) or quality_reason(text, cfg.quality):
-                    continue
-                doc = Doc(doc.id, redact(text, cfg.pii)[0], doc.source)
                 h = content_hash(doc.text)
                 if int(h[:16], 16) < cfg.tokenizer.sample_fraction * 2**64:  # sample before dedup
                     acc = sampler.add_input(acc, (h, doc.text))

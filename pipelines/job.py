@@ -1,28 +1,7 @@
-"""The preprocessing job: JSONL/text/Parquet → cleaned, deduplicated, tokenised WebDataset shards.
-
-Graph (each arrow a Beam transform; see ``docs/cluster.md`` for runners, ``docs/preprocessing.md``
-for the stages)::
-
-    MatchFiles → plan splits (unknown formats skipped) → Reshuffle → read split → Parse ──dead──▶ dead_letter/*.jsonl
-      → Clean (Unicode repair, NFC, controls, whitespace, length, language, quality, PII)
-      → UniqueIds (one id, one text) → ExactDedup (CombinePerKey, min id) ──duplicates──▶ duplicates/*.jsonl
-      → [NearDedup (MinHash-LSH)]     Tokenizer (sample of cleaned docs → train) ─side input─┐
-      → Tokenize ◀────────────────────────────────────────────────────────────────────┘
-      → [Split by content hash ──val──▶ the same shard writing into OUT/val/]
-      → Encode → bucket = sha256(key) mod N → GroupByKey → write bucket tars
-      → Finalize (single element): rename shards, indexes, manifest.json, tokenizer.model, stats.json
-    then, on the driver: report.txt + report.png (:mod:`pipelines.accounting.report`)
-
-Every stage also emits ``((source, event), n)`` records that are summed into ``stats.json``.
-An output folder holding an earlier run is refused unless ``overwrite`` (:mod:`pipelines.io.output`),
-which keeps the earlier run aside until the new one succeeds; a run that fails or is interrupted
-removes what it wrote and puts the earlier run back as it was.
-"""
+"""The preprocessing job: :func:`build` adds the graph (``pipelines/README.md`` draws it) to a
+Beam pipeline, :func:`run` checks the input and output, runs it and returns ``stats.json``."""
 from __future__ import annotations
 
-import argparse
-import difflib
-import importlib
 import json
 import sys
 import time
@@ -31,32 +10,25 @@ import apache_beam as beam
 import fsspec
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-from apache_beam.runners.direct.direct_runner import DirectRunner
-from apache_beam.runners.runner import PipelineRunner, PipelineState
+from apache_beam.runners.runner import PipelineState
 
-from colaflow.config import ConfigError
 from colaflow.wording import count, plural
 
-from pipelines.config import PipelineConfig
-from pipelines.stages.near_dedup import NearDedup
-from pipelines.io.output import (DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, abort_output, finish_output, prepare_output,
-                     refuse_inputs_in_artifacts)
 from pipelines.accounting.read_summary import summarize
-from pipelines.records import DUPLICATES, file_format
 from pipelines.accounting.report import write_report
-from pipelines.stages.write_shards import WriteShards, finalize
-from pipelines.stages.split import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from pipelines.accounting.stats import EVENTS, NAMESPACE
+from pipelines.config import PipelineConfig
+from pipelines.io.output import (DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, abort_output, finish_output,
+                                 prepare_output, refuse_inputs_in_artifacts)
+from pipelines.io.read import DEAD, ParseFn, ReadRecords
+from pipelines.records import file_format
+from pipelines.runners.selection import beam_options, make_runner
+from pipelines.stages.exact_dedup import ExactDedup, UniqueIds, key_by_hash
+from pipelines.stages.filters import FilterFn, build_steps
+from pipelines.stages.near_dedup import NearDedup
+from pipelines.stages.split import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from pipelines.stages.tokenize import NoRecordsError, TokenizeFn, build_model
-from pipelines.stages.transforms import DEAD, CleanFn, ExactDedup, ParseFn, ReadRecords, UniqueIds, key_by_hash
-
-
-# Beam's own DaskRunner mistranslates the job (pipelines/runners/dask/runner.py); these names get ours
-DASK_RUNNER_NAMES = ("DaskRunner", "apache_beam.runners.dask.dask_runner.DaskRunner")
-# what docs/cluster.md shows the job running on; other Beam runners are refused (a dotted class path is not)
-SUPPORTED_RUNNERS = ("DirectRunner", "DaskRunner", "PortableRunner", "PrismRunner", "FlinkRunner", "SparkRunner",
-                     "DataflowRunner")
+from pipelines.stages.write_shards import WriteShards, finalize
 
 
 class InputError(ValueError):
@@ -65,144 +37,33 @@ class InputError(ValueError):
     says what to pass instead."""
 
 
-def beam_options(beam_args: list[str]) -> PipelineOptions:
-    """Beam's ``PipelineOptions`` for ``beam_args``, refusing any ``--flag`` that no registered
-    ``PipelineOptions`` subclass declares (Beam itself drops them silently, so ``--runer=DataflowRunner``
-    would quietly run locally). The ``--runner`` is checked and normalised (:func:`check_runner`:
-    ``--runner=dask`` becomes ``DaskRunner``); the Dask runner's options are registered when it is
-    chosen, and refused with a hint to choose it otherwise.
-
-    Raises:
-        colaflow.config.ConfigError: an unknown flag; the message names it and the closest known option,
-            or says that a Dask option needs ``--runner=DaskRunner``. Or a ``--runner`` colaflow does not
-            run on (:func:`check_runner`).
-    """
-    options = PipelineOptions(beam_args)
-    standard = options.view_as(StandardOptions)
-    standard.runner = check_runner(standard.runner)
-    if standard.runner == "DaskRunner":
-        from pipelines.runners.dask.runner import ColaflowDaskRunner  # noqa: F401 - declares the DaskOptions
-    given = {a[2:].split("=", 1)[0] for a in beam_args if a.startswith("--")}
-    dask_only = sorted(given & _dask_flags()) if given and standard.runner != "DaskRunner" else []
-    if dask_only:  # declared once the Dask runner was imported in this process, yet meaningless here
-        raise ConfigError(f"{' '.join('--' + f for f in dask_only)} {plural(len(dask_only), 'is a', 'are')} "
-                          f"DaskRunner {plural(len(dask_only), 'option')}; add --runner=DaskRunner to run on Dask "
-                          "(see docs/cluster.md)")
-    known = set(PipelineOptions([]).get_all_options())  # after _dask_flags, which registers the DaskOptions
-    unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - known)
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], known, n=1)
-        hint = f"did you mean --{close[0]}? " if close else ""
-        raise ConfigError(f"unknown {plural(len(unknown), 'option')} {' '.join('--' + u for u in unknown)}: "
-                          f"neither a colaflow flag nor a Beam pipeline option; {hint}see --help and Beam's "
-                          "PipelineOptions")
-    return options
-
-
-def _dask_flags() -> set[str]:
-    """Flag names (without ``--``) that Beam's ``DaskOptions`` declares; empty without dask installed."""
-    try:
-        from apache_beam.runners.dask.dask_runner import DaskOptions
-    except ImportError:
-        return set()
-    parser = argparse.ArgumentParser()
-    DaskOptions._add_argparse_args(parser)  # how every PipelineOptions subclass declares its flags
-    return {flag[2:] for action in parser._actions for flag in action.option_strings if flag.startswith("--")}
-
-
-def check_runner(name: str | None) -> str | None:
-    """The ``--runner`` value as colaflow and Beam should see it, refusing up front one that would
-    fail only once the run starts (Beam's own error comes mid-run and lists runners colaflow cannot
-    use, without colaflow's ``DaskRunner``).
-
-    Accepted: ``None`` (the DirectRunner, returned as ``None``); a name of :data:`SUPPORTED_RUNNERS`,
-    case-insensitive with the ``Runner`` suffix optional as ``apache_beam.runners.runner.create_runner``
-    reads it (``dask`` → ``"DaskRunner"``); a name of :data:`DASK_RUNNER_NAMES` (→ ``"DaskRunner"``);
-    or the dotted path of an importable ``apache_beam.runners.runner.PipelineRunner`` subclass, which,
-    when Beam defines it, must be one of :data:`SUPPORTED_RUNNERS` or derive from one (returned
-    as given, or as ``"DirectRunner"`` for Beam's DirectRunner and ``"DaskRunner"`` for its DaskRunner or a
-    subclass, so colaflow's own runner setup applies).
-
-    Raises:
-        colaflow.config.ConfigError: an unknown name (the message lists :data:`SUPPORTED_RUNNERS` and the
-            closest of them, by ``difflib``), a Beam runner colaflow does not support (by name or
-            dotted path), or a dotted path
-            that does not import or is not a ``PipelineRunner`` class.
-    """
-    if name is None:
-        return None
-    if name in DASK_RUNNER_NAMES:
-        return "DaskRunner"
-    supported = ", ".join(SUPPORTED_RUNNERS)
-    if "." in name:
-        return _runner_class(name, supported)
-    for known in SUPPORTED_RUNNERS:
-        if name.lower() in (known.lower(), known.lower()[:-len("runner")]):
-            return known
-    beam_names = {path.rsplit(".", 1)[-1].lower() for path in StandardOptions.ALL_KNOWN_RUNNERS}
-    if name.lower() in beam_names or name.lower() + "runner" in beam_names:
-        raise ConfigError(f"--runner={name}: a Beam runner colaflow does not support; use one of {supported} "
-                          "(see docs/cluster.md)")
-    close = difflib.get_close_matches(name, SUPPORTED_RUNNERS, n=1, cutoff=0.5)
-    hint = f"did you mean --runner={close[0]}? " if close else ""
-    raise ConfigError(f"unknown runner --runner={name}: {hint}colaflow runs on {supported} "
-                      "(see docs/cluster.md), or give the dotted path of a PipelineRunner class")
-
-
-def _runner_class(path: str, supported: str) -> str:
-    """Check that ``path`` (``module.Class``) imports to a ``PipelineRunner`` subclass and, for a
-    class defined in ``apache_beam``, that it is one of :data:`SUPPORTED_RUNNERS` or a subclass of
-    one (``...direct_runner.BundleBasedDirectRunner`` is refused as ``BundleBasedDirectRunner``
-    is); returns the name :func:`check_runner` documents. Raises ``ConfigError`` (one line) otherwise."""
-    module, attr = path.rsplit(".", 1)
-    fix = f"give the dotted path of a PipelineRunner class, or one of {supported}"
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except ImportError as e:
-        raise ConfigError(f"--runner={path}: cannot import {module} ({e}); {fix}") from e
-    except AttributeError as e:
-        raise ConfigError(f"--runner={path}: module {module} has no {attr}; {fix}") from e
-    if not (isinstance(cls, type) and issubclass(cls, PipelineRunner)):
-        raise ConfigError(f"--runner={path}: {type(cls).__name__} {attr} is not a PipelineRunner class; {fix}")
-    # Beam's own runners are held to the list by dotted path as by name (Beam's DirectRunner is
-    # an alias of its SwitchingDirectRunner, hence the identity test)
-    if cls.__module__.startswith("apache_beam.") and not issubclass(cls, DirectRunner) and not any(
-            c.__module__.startswith("apache_beam.") and c.__name__ in SUPPORTED_RUNNERS for c in cls.__mro__):
-        raise ConfigError(f"--runner={path}: a Beam runner colaflow does not support; use one of {supported} "
-                          "(see docs/cluster.md)")
-    if cls is DirectRunner:
-        return "DirectRunner"
-    dask = any(f"{c.__module__}.{c.__qualname__}" in DASK_RUNNER_NAMES for c in cls.__mro__)
-    return "DaskRunner" if dask else path  # ours fixes how Beam's DaskRunner translates the job
-
-
 def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0) -> None:
     """Add the whole preprocessing graph to pipeline ``p`` (outputs go to ``output_dir``;
     ``total_bytes`` of input sizes the progress bar)."""
     out = output_dir.rstrip("/")
     read = p | "Read" >> ReadRecords(input_glob, cfg.input, total_bytes)
-    parsed = read["units"] | "Parse" >> beam.ParDo(ParseFn(cfg.input, input_glob)).with_outputs(
+    parsed = read.units | "Parse" >> beam.ParDo(ParseFn(cfg.input, input_glob)).with_outputs(
         DEAD, EVENTS, main="docs")
-    cleaned = parsed.docs | "Clean" >> beam.ParDo(CleanFn(cfg)).with_outputs(EVENTS, main="docs")
-    summary = summarize([parsed[EVENTS], cleaned[EVENTS]], parsed[DEAD])  # read only to explain an empty sample
-    events, duplicates = [read[EVENTS], parsed[EVENTS], cleaned[EVENTS]], []
-    hashed = cleaned.docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
+    kept = parsed.docs | "Steps" >> beam.ParDo(FilterFn(build_steps(cfg))).with_outputs(EVENTS, main="docs")
+    summary = summarize([parsed[EVENTS], kept[EVENTS]], parsed[DEAD])  # read only to explain an empty sample
+    events, duplicates = [read.events, parsed[EVENTS], kept[EVENTS]], []
+    hashed = kept.docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
     unique = hashed | "UniqueIds" >> UniqueIds()
+    dedups = []
     if cfg.dedup.exact:
-        exact = unique | "ExactDedup" >> ExactDedup(cfg.dedup.write_duplicates, keyed_input=True)
-        docs = exact["docs"]
-        events.append(exact[EVENTS])
-        duplicates.append(exact[DUPLICATES])
+        dedups.append(unique | "ExactDedup" >> ExactDedup(cfg.dedup.write_duplicates, keyed_input=True))
+        docs = dedups[-1].docs
     else:
         docs = unique | "Docs" >> beam.Values()
     if cfg.dedup.near:
-        near = docs | "NearDedup" >> NearDedup(cfg.dedup)
-        docs = near.docs
-        events.append(near[EVENTS])
-        duplicates.append(near[DUPLICATES])
+        dedups.append(docs | "NearDedup" >> NearDedup(cfg.dedup))
+        docs = dedups[-1].docs
+    for dedup in dedups:
+        events.append(dedup.events)
+        duplicates.append(dedup.duplicates)
     if duplicates and cfg.dedup.write_duplicates:
         duplicates | "AllDuplicates" >> beam.Flatten() | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}")
-    # Trained on the cleaned documents before dedup (the sample counts a repeated text once), so
+    # Trained on the kept documents before dedup (the sample counts a repeated text once), so
     # the model is ready before dedup ends and tokenising fuses with the last dedup stage.
     model = build_model(hashed, cfg.tokenizer, summary=summary)
     tokenized = (docs
@@ -370,15 +231,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         refuse_inputs_in_artifacts(output_dir, cfg.shards.prefix, [m.path for m in matched], cfg.tokenizer.path)
     prepared = prepare_output(output_dir, cfg.shards.prefix, overwrite)
     total_bytes = sum(m.size_in_bytes for m in matched)
-    runner = None
-    if options.view_as(StandardOptions).runner in (None, "DirectRunner"):
-        # The DirectRunner first tries Prism, a binary it downloads from GitHub at run time;
-        # marking it interactive skips that, so runs are offline and the same everywhere.
-        runner = DirectRunner()
-        runner.is_interactive()
-    elif options.view_as(StandardOptions).runner == "DaskRunner":  # normalised by beam_options
-        from pipelines.runners.dask.runner import ColaflowDaskRunner  # dask is optional (colaflow[dask])
-        runner = ColaflowDaskRunner(total_bytes)
+    runner = make_runner(options, total_bytes)
     print(f"reading {count(len(matched), 'file')}, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:

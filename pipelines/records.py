@@ -1,29 +1,22 @@
-"""Input records: reading files into raw units and parsing them into documents or dead letters.
+"""The records (and stage outputs) that pass between the pipeline's stages, and parsing a raw unit into a document.
 
-Small explicit types pass between the pipeline stages:
-
-* :class:`Doc` — one document (id, text, source) after parsing;
-* :class:`DeadLetter` — an input unit that could not become a document, with file, line,
-  byte offset, reason and a short excerpt, written to ``OUT/dead_letter/``.
-
-Reading files into units lives in :mod:`pipelines.io.reading`.
-
-Parsing never raises on bad input: every unit becomes exactly one ``Doc`` or ``DeadLetter``.
-
-Document ids are unique in a run by construction (:func:`qualify_id`): a record's own id is
-qualified by its file's path relative to the input root (``sub/a.jsonl/17``); a record without
-an id gets its position (``sub/a.jsonl#00000017``). Two files that both number their records
-"0".."199" therefore never collide; the one remaining collision, one id repeated inside one file
-with different texts, is resolved after cleaning (:func:`disambiguate_id`).
+Parsing never raises on bad input: every :class:`RawUnit` becomes exactly one :class:`Doc` or
+:class:`DeadLetter` (:func:`parse_unit`). Ids are unique in a run by construction
+(:func:`qualify_id`); the one collision left, an id repeated inside one file with different
+texts, is resolved after cleaning (:func:`disambiguate_id`).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-from typing import NamedTuple, Union
+from typing import TYPE_CHECKING, NamedTuple, Union
 
 from pipelines.config import InputConfig
+
+if TYPE_CHECKING:
+    import apache_beam as beam
+    import numpy as np
 
 RAW_EXCERPT_BYTES = 200
 UNREADABLE = "unreadable"  # unit format of a read error: the unit's bytes are the error message
@@ -38,12 +31,71 @@ UTF8_BOM = b"\xef\xbb\xbf"
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".text": "text", ".parquet": PARQUET}
 
 
+class ParquetRow(NamedTuple):
+    """The payload of a Parquet unit: the row's text, id and source columns as read (``None`` for
+    a column the file lacks; any type, checked by :func:`parse_unit`)."""
+
+    text: object
+    id: object
+    source: object
+
+
+class RawUnit(NamedTuple):
+    """One input record as read (:func:`pipelines.io.reading.read_split`), before parsing.
+
+    Attributes:
+        path: input path or URL.
+        line: 1-based line number of the unit's first line (Parquet: row number); 0 when unknown
+            (a unit of a byte-range split that does not start the file).
+        offset: byte offset of the unit in the (decompressed) file; -1 for Parquet rows.
+        raw: the unit's bytes (a JSONL line without its newline, a text paragraph); a
+            :class:`ParquetRow` for format ``parquet``; the head of the record for ``too_large``;
+            the error message (UTF-8) for ``unreadable``.
+        fmt: ``jsonl``, ``text``, ``parquet``, or :data:`TOO_LARGE` / :data:`UNREADABLE`.
+        size: bytes the unit took in the file (newline included), 0 for ``unreadable``.
+    """
+
+    path: str
+    line: int
+    offset: int
+    raw: Union[bytes, ParquetRow]
+    fmt: str
+    size: int
+
+
 class Doc(NamedTuple):
     """A parsed document. ``text`` is a Python ``str``; ``source`` names the corpus it came from."""
 
     id: str
     text: str
     source: str
+
+
+class TokenizedDoc(NamedTuple):
+    """A kept document and its tokens (:class:`pipelines.stages.tokenize.TokenizeFn`).
+
+    Attributes:
+        doc: the document.
+        tokens: 1-D ``uint16`` array (``uint32`` when the vocabulary exceeds 65,536), at least one token.
+    """
+
+    doc: Doc
+    tokens: "np.ndarray"
+
+
+class DedupOutput(NamedTuple):
+    """The outputs of a dedup stage (:class:`pipelines.stages.exact_dedup.ExactDedup`,
+    :class:`pipelines.stages.near_dedup.NearDedup`), each a ``PCollection``.
+
+    Attributes:
+        docs: the documents kept (:class:`Doc`).
+        events: ``((source, name), n)`` events (``duplicate`` or ``filtered:near_duplicate``).
+        duplicates: one :func:`duplicate_record` JSON line per dropped document.
+    """
+
+    docs: "beam.PCollection"
+    events: "beam.PCollection"
+    duplicates: "beam.PCollection"
 
 
 class DeadLetter(NamedTuple):
@@ -195,14 +247,14 @@ def _doc(body, doc_id, source, stem: str, name: str, position: str, cfg: InputCo
 
 def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: int = -1, size: int = 0,
                name: str | None = None) -> Parsed:
-    """Turn one raw unit into a :class:`Doc` or a :class:`DeadLetter` (never raises).
+    """Turn the fields of one :class:`RawUnit` into a :class:`Doc` or a :class:`DeadLetter` (never raises).
 
     JSONL units must be UTF-8 JSON objects with a string ``cfg.text_field`` (a UTF-8 BOM at the
     start of a file is dropped). Ids are qualified by ``name``, the file's path relative to the
     input root (default: the file name), with :func:`qualify_id`: ``{name}/{id}``, or without an
     id ``{name}#{line:08d}`` (``{name}#@{offset:012d}`` when ``line`` is 0, i.e. unknown); a
     missing source becomes the file stem. Text units (paragraphs) get the position id. Parquet
-    units carry ``(text, id, source)`` values (``raw`` is that tuple; the row is the line).
+    units carry a :class:`ParquetRow` (``raw``; the row number is the line).
     Units of format ``unreadable`` (a read error) and ``too_large`` (``size`` bytes, longer than
     ``cfg.max_record_bytes``; ``raw`` is its head) become dead letters; see :mod:`pipelines.io.reading`.
     A lone surrogate in the text, id or source makes a ``lone_surrogate`` dead letter.
@@ -212,7 +264,8 @@ def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: in
     position = f"{line:08d}" if line > 0 else f"@{offset:012d}"
 
     def dead(reason: str, error: str) -> DeadLetter:
-        excerpt = _excerpt(raw) if isinstance(raw, bytes) else repr(raw)[:RAW_EXCERPT_BYTES]
+        # a Parquet row's excerpt is the repr of its values as a plain tuple, as dead letters always showed it
+        excerpt = _excerpt(raw) if isinstance(raw, bytes) else repr(tuple(raw))[:RAW_EXCERPT_BYTES]
         return DeadLetter(path, line, reason, error, stem, excerpt, offset)
 
     if fmt == UNREADABLE:
@@ -220,7 +273,7 @@ def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: in
     if fmt == TOO_LARGE:
         return dead("too_large", f"record of {size} bytes exceeds input.max_record_bytes={cfg.max_record_bytes}")
     if fmt == PARQUET:
-        return _doc(*raw, stem, name, position, cfg, dead)
+        return _doc(raw.text, raw.id, raw.source, stem, name, position, cfg, dead)
     if offset == 0 and raw.startswith(UTF8_BOM):
         raw = raw[len(UTF8_BOM):]
     try:

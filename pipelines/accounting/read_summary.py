@@ -1,15 +1,5 @@
-"""What became of the records read, before the tokenizer: the side input that lets an empty
-tokenizer sample say why it is empty.
-
-:class:`ReadSummary` folds the ``input``/``dead:*``/``filtered:*`` events of parsing and
-cleaning and the first few ``unreadable_file`` dead letters (a file that cannot be read in the
-stated format) into one small value (:func:`summarize`). The tokenizer's training step reads it
-only when its sample is empty (:func:`pipelines.stages.tokenize.train_sentencepiece`): no record at
-all (Parquet files without rows, blank or empty-after-decompression files) is an input error,
-otherwise the message names the dead-letter and filter reasons and the unreadable files. With a
-given tokenizer nothing is trained, and the same message is made from ``stats.json``'s counts
-when no document was kept (:meth:`ReadSummary.from_total`, :func:`pipelines.stages.write_shards.finalize`).
-"""
+"""What became of the records read before the tokenizer (:class:`ReadSummary`, :func:`summarize`):
+the side input that lets an empty tokenizer sample, or a run that kept nothing, say why."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,16 +1,14 @@
 """Many elements as one ``bytes`` object that is written and read a chunk at a time: frames of
-up to ``CHUNK_ELEMENTS`` pickled elements, concatenated.
-
-The Dask runner holds every bag partition this way (:mod:`pipelines.runners.dask.parts` says why), and
-the shard writer's sorted runs of samples are the same (:mod:`pipelines.stages.write_shards`). Frames
-concatenate: the bytes of two encoded lists joined are the encoding of the two lists joined.
-Pickle is Beam's own coder for Python objects; every element a job moves must be picklable.
+up to ``CHUNK_ELEMENTS`` pickled elements, concatenated (the bytes of two encoded lists joined
+are the encoding of the two lists joined). Holds the Dask runner's partitions and the shard
+writer's sorted runs; every element a job moves must be picklable (pickle is Beam's own coder
+for Python objects).
 
 A frame is a header (``<QI``: the pickle's length in bytes and its buffer count, then ``<Q`` per
 buffer: its length), the pickle (protocol 5) and its out-of-band buffers (PEP 574). Only a
 :class:`Blob` is stored out of band: decoding gives it a ``memoryview`` of the encoded bytes
 instead of a copy, so a task that reads a large payload out of its input partition (a shard
-writer's runs, 18 MB per shard at 16× the demo corpus) does not hold it twice.
+writer's runs) does not hold it twice.
 """
 from __future__ import annotations
 

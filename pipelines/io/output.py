@@ -1,27 +1,10 @@
 """The output folder of a run: refuse to mix two runs, keep the earlier one until a ``--overwrite``
-run succeeds, remove what a failed run wrote, and write the JSONL side outputs (dead letters,
-duplicates).
+run succeeds, remove what a failed run wrote (``pipelines/README.md``: the folder's states), and
+write the JSONL side outputs (dead letters, duplicates). Everything goes through fsspec.
 
-A finished run is marked by ``manifest.json`` (written last); an unfinished (killed) run by
-``_tmp_buckets/``; shards, ``val/``, ``stats.json``, ``dead_letter/``, ``duplicates/``, Beam's
-``beam-temp-*`` folders or ``*.partial`` files without a manifest are leftovers of an interrupted
-run. Any of these makes a new run refuse unless ``overwrite`` is set, which moves exactly these
-artifacts (nothing else in the folder) into ``OUT/.previous-run/`` (:data:`BACKUP_DIR`): the
-earlier run is deleted only once the new one succeeds (:func:`finish_output`). A run that fails or
-is interrupted removes its own artifacts and moves the earlier run back (:func:`abort_output`), so
-the folder is as it was and the corrected rerun needs no more ``--overwrite`` than the first; the
-local folders the run created for ``--output`` are removed when they are left empty.
-
-``.previous-run/`` outlives a run only when the process is killed hard (``kill -9``, power loss):
-the next run refuses without ``--overwrite`` (the message says where the earlier run is), and
-with it keeps that folder as the backup, clearing the killed run's partial artifacts. The folder
-is marked complete (:data:`BACKUP_DONE`) only once every artifact is in it, and the mark is removed
-before any is moved back: a backup without the mark is a move cut short, whose files are moved
-back into ``OUT`` before anything else. Shard readers list ``OUT`` itself only (``OUT/*.tar``, the
-manifest), never ``.previous-run/``.
-
-Everything here goes through fsspec, so ``s3://``, ``gs://`` and ``memory://`` outputs work the
-same as local folders.
+Artifacts of a run: ``manifest.json`` (written last: a finished run), ``_tmp_buckets/`` (an
+unfinished one), shards and their indexes, ``val/``, ``stats.json``, ``tokenizer.model``, the
+reports, ``dead_letter/``, ``duplicates/``, Beam's ``beam-temp-*`` and ``*.partial`` files.
 """
 from __future__ import annotations
 

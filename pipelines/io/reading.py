@@ -1,7 +1,7 @@
 """Reading input files in splits, never whole: byte ranges, Parquet row groups, streamed lines.
 
 A matched file becomes one or more :class:`Split` s (:func:`plan_splits`), which different
-workers read (:func:`read_split`) into raw units ``(path, line, offset, raw, fmt, size)``:
+workers read (:func:`read_split`) into :class:`~pipelines.records.RawUnit` s:
 
 * uncompressed JSONL: byte ranges of ``input.split_bytes``. A line belongs to the range its
   first byte lies in (the Hadoop ``LineRecordReader`` rule): a reader seeks to ``start - 1``,
@@ -37,7 +37,7 @@ from tqdm import tqdm
 from colaflow.wording import count
 
 from pipelines.config import InputConfig
-from pipelines.records import PARQUET, RAW_EXCERPT_BYTES, TOO_LARGE, UNREADABLE, file_format
+from pipelines.records import PARQUET, RAW_EXCERPT_BYTES, TOO_LARGE, UNREADABLE, ParquetRow, RawUnit, file_format
 
 CHUNK_BYTES = 1 << 20
 _COMPRESSED = (".gz", ".bz2", ".zst")
@@ -185,9 +185,9 @@ def _jsonl_units(stream, split: Split, cfg: InputConfig):
         if 0 <= split.end <= pos:
             return
         if line is None:
-            yield split.path, line_no, pos, head, TOO_LARGE, n
+            yield RawUnit(split.path, line_no, pos, head, TOO_LARGE, n)
         else:
-            yield split.path, line_no, pos, line, split.fmt, n
+            yield RawUnit(split.path, line_no, pos, line, split.fmt, n)
         pos += n
         line_no += 1 if line_no else 0
 
@@ -201,8 +201,8 @@ def _text_units(stream, split: Split, cfg: InputConfig):
 
     def flush():
         if too_large:
-            return (split.path, start, offset, too_large, TOO_LARGE, size)
-        return (split.path, start, offset, b"\n".join(lines), split.fmt, size)
+            return RawUnit(split.path, start, offset, too_large, TOO_LARGE, size)
+        return RawUnit(split.path, start, offset, b"\n".join(lines), split.fmt, size)
 
     for i, (line, head, n) in enumerate(iter_lines(stream, cfg.max_record_bytes), 1):
         boundary = (line == sep) if sep else (line is not None and _BLANK.issuperset(line))
@@ -240,13 +240,13 @@ def _parquet_units(raw: BinaryIO, split: Split, cfg: InputConfig):
             row += 1
             size = len(text) if isinstance(text, (str, bytes)) else 0
             if size > cfg.max_record_bytes:
-                yield split.path, row, -1, text[:RAW_EXCERPT_BYTES].encode("utf-8", "replace"), TOO_LARGE, size
+                yield RawUnit(split.path, row, -1, text[:RAW_EXCERPT_BYTES].encode("utf-8", "replace"), TOO_LARGE, size)
             else:
-                yield split.path, row, -1, (text, doc_id, source), PARQUET, size
+                yield RawUnit(split.path, row, -1, ParquetRow(text, doc_id, source), PARQUET, size)
 
 
-def iter_units(stream: BinaryIO, path: str, fmt: str, cfg: InputConfig):
-    """Units ``(path, line, offset, raw, fmt, size)`` of a whole (decompressed) JSONL or text stream."""
+def iter_units(stream: BinaryIO, path: str, fmt: str, cfg: InputConfig) -> Iterator[RawUnit]:
+    """The :class:`~pipelines.records.RawUnit` s of a whole (decompressed) JSONL or text stream."""
     split = Split(path, fmt, 0, -1)
     return (_jsonl_units if fmt == "jsonl" else _text_units)(stream, split, cfg)
 
@@ -272,8 +272,8 @@ class _Progress:
         cls.bar.update(n)
 
 
-def read_split(split: Split, cfg: InputConfig, total_bytes: int = 0, run_id: str = ""):
-    """FlatMap body: a :class:`Split` → units ``(path, line, offset, raw, fmt, size)``.
+def read_split(split: Split, cfg: InputConfig, total_bytes: int = 0, run_id: str = "") -> Iterator[RawUnit]:
+    """FlatMap body: a :class:`Split` → its :class:`~pipelines.records.RawUnit` s.
 
     Never raises on bad data: a file that breaks off (truncated or corrupt compression,
     I/O error) ends with one unit of format ``unreadable`` whose bytes say where reading stopped
@@ -291,7 +291,7 @@ def read_split(split: Split, cfg: InputConfig, total_bytes: int = 0, run_id: str
                 units = (_jsonl_units if split.fmt == "jsonl" else _text_units)(stream, split, cfg)
             try:
                 for i, unit in enumerate(units):
-                    last_offset, last_line = unit[2] + unit[5], unit[1]
+                    last_offset, last_line = unit.offset + unit.size, unit.line
                     yield unit
                     if i % 1024 == 1023:
                         pos = raw.tell() - max(split.start, 0) if split.fmt != PARQUET else 0
@@ -307,4 +307,5 @@ def read_split(split: Split, cfg: InputConfig, total_bytes: int = 0, run_id: str
         if split.path.endswith(_COMPRESSED) and raw_read >= 0:
             where += f" of the decompressed data, after {raw_read:,} of {count(_size(split.path), 'compressed byte')}"
         message = f"{where}: {type(e).__name__}: {e}"
-        yield split.path, last_line + 1 if last_line else 0, last_offset, message.encode("utf-8"), UNREADABLE, 0
+        yield RawUnit(split.path, last_line + 1 if last_line else 0, last_offset, message.encode("utf-8"),
+                      UNREADABLE, 0)

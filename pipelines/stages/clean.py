@@ -1,8 +1,5 @@
-"""Text cleaning and the content hash used by exact dedup and tokenizer sampling.
-
-Pure functions on ``str`` so the Beam transforms and the plain-Python baseline
-(``benchmarks/bench_preprocess.py``) share one implementation.
-"""
+"""Text cleaning, its document steps (raw length, normalisation, length), and the content hash
+used by exact dedup, the tokenizer sample and the split."""
 from __future__ import annotations
 
 import functools
@@ -14,6 +11,8 @@ import unicodedata
 import ftfy
 
 from pipelines.config import CleanConfig
+from pipelines.records import Doc
+from pipelines.stages.step import DocumentStep, StepResult
 
 # ECMA-48 escape sequences: CSI (ESC [ ... final), OSC (ESC ] ... BEL/ST) and two-byte ESC forms
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?")
@@ -106,6 +105,41 @@ def length_reason(text: str, cfg: CleanConfig) -> str | None:
     if len(text) > cfg.max_chars:
         return "too_long"
     return None
+
+
+class RawLengthStep(DocumentStep):
+    """Rejects a document whose raw text is longer than ``cfg.max_chars`` as ``too_long``, before
+    any cleaning work, so a huge document costs no more than its reading."""
+
+    def __init__(self, cfg: CleanConfig):
+        self.cfg = cfg
+
+    def apply(self, doc: Doc) -> StepResult:
+        """Reject as ``too_long`` (characters of the raw text), else keep unchanged."""
+        return StepResult.reject("too_long") if len(doc.text) > self.cfg.max_chars else StepResult.keep(doc)
+
+
+class CleanTextStep(DocumentStep):
+    """Replaces the text by :func:`clean_text` of it; never rejects."""
+
+    def __init__(self, cfg: CleanConfig):
+        self.cfg = cfg
+
+    def apply(self, doc: Doc) -> StepResult:
+        """The document with its cleaned text."""
+        return StepResult.keep(doc._replace(text=clean_text(doc.text, self.cfg)))
+
+
+class LengthStep(DocumentStep):
+    """Rejects a cleaned text by :func:`length_reason` (``empty``, ``too_short``, ``too_long``)."""
+
+    def __init__(self, cfg: CleanConfig):
+        self.cfg = cfg
+
+    def apply(self, doc: Doc) -> StepResult:
+        """Reject with the length reason, else keep unchanged."""
+        reason = length_reason(doc.text, self.cfg)
+        return StepResult.reject(reason) if reason else StepResult.keep(doc)
 
 
 def dedup_text(text: str) -> str:

@@ -9,6 +9,8 @@ inside the wheel and is loaded from there, so nothing is downloaded at run time;
 from __future__ import annotations
 
 from pipelines.config import LanguageConfig
+from pipelines.records import Doc
+from pipelines.stages.step import DocumentStep, StepResult
 
 
 class LanguageFilter:
@@ -49,3 +51,27 @@ class LanguageFilter:
         if self.allowed and lang not in self.allowed:
             return f"lang_{lang}"
         return None
+
+
+class LanguageStep(DocumentStep):
+    """Rejects a document by :meth:`LanguageFilter.reason` (``lang_<code>``, ``lang_unsure``); keeps
+    every document when ``cfg.enabled`` is false. The identifier is built in :meth:`setup`."""
+
+    def __init__(self, cfg: LanguageConfig):
+        self.cfg = cfg
+        self._filter: LanguageFilter | None = None
+
+    def setup(self) -> None:
+        """Build the :class:`LanguageFilter` (loads the model when enabled: about 1 s)."""
+        self._filter = LanguageFilter(self.cfg)
+
+    def apply(self, doc: Doc) -> StepResult:
+        """Reject with the language reason, else keep unchanged.
+
+        Raises:
+            RuntimeError: :meth:`setup` has not run.
+        """
+        if self._filter is None:
+            raise RuntimeError("LanguageStep.apply before setup(): the language model is not loaded")
+        reason = self._filter.reason(doc.text)
+        return StepResult.reject(reason) if reason else StepResult.keep(doc)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import functools
 import zlib
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
 from pipelines.config import DedupConfig
-from pipelines.records import DUPLICATES, Doc, duplicate_record
+from pipelines.records import DUPLICATES, DedupOutput, Doc, duplicate_record
 from pipelines.accounting.stats import EVENTS, NAMESPACE, event
 
 LIST_MAX = 64  # bucket members listed by the combiner before a bucket counts as hot
@@ -117,9 +118,30 @@ def partitions(num_docs: int) -> int:
     return max(1, -(-num_docs // PARTITION_DOCS))
 
 
+class Membership(NamedTuple):
+    """A document in one LSH band bucket (:func:`band_keys`)."""
+
+    bucket: bytes
+    doc_id: str
+
+
+class BucketEntry(NamedTuple):
+    """A :class:`BucketTable` entry of a bucket with more than one member.
+
+    Attributes:
+        count: members of the bucket.
+        ids: their ids while at most ``list_max`` (unsorted, repeats possible), else ``None`` (a hot bucket).
+        keeper: the smallest id.
+    """
+
+    count: int
+    ids: list[str] | None
+    keeper: str
+
+
 class BucketTable(beam.CombineFn):
-    """Combine the ``(bucket, id)`` memberships of one band partition into a table
-    ``{bucket: id}`` (one member) or ``{bucket: [count, ids or None, smallest id]}``.
+    """Combine the :class:`Membership` s of one band partition into a table ``{bucket: id}`` (one
+    member) or ``{bucket: BucketEntry}``.
 
     Ids are listed while a bucket has at most ``list_max`` members (else ``None``: a hot
     bucket), so an entry is bounded, and a partition holds about ``PARTITION_DOCS`` buckets
@@ -140,17 +162,17 @@ class BucketTable(beam.CombineFn):
         if old is None:
             table[bucket] = entry
             return
-        if isinstance(old, str):
-            old = [1, [old], old]
+        if isinstance(old, str):  # a bucket of one member is its id alone: most buckets, kept small
+            old = BucketEntry(1, [old], old)
         if isinstance(entry, str):
-            entry = [1, [entry], entry]
-        ids = None if old[1] is None or entry[1] is None or len(old[1]) + len(entry[1]) > self.list_max \
-            else old[1] + entry[1]
-        table[bucket] = [old[0] + entry[0], ids, min(old[2], entry[2])]
+            entry = BucketEntry(1, [entry], entry)
+        ids = None if old.ids is None or entry.ids is None or len(old.ids) + len(entry.ids) > self.list_max \
+            else old.ids + entry.ids
+        table[bucket] = BucketEntry(old.count + entry.count, ids, min(old.keeper, entry.keeper))
 
-    def add_input(self, acc, member):
-        """Add one membership ``(bucket, doc id)`` to the table."""
-        self._add(acc, member[0], member[1])
+    def add_input(self, acc, member: Membership):
+        """Add one membership to the table."""
+        self._add(acc, member.bucket, member.doc_id)
         return acc
 
     def merge_accumulators(self, accumulators):
@@ -163,7 +185,7 @@ class BucketTable(beam.CombineFn):
         return out
 
     def extract_output(self, acc):
-        """The partition's table: per bucket a doc id, or ``[count, ids or None, smallest id]``."""
+        """The partition's table: per bucket a doc id, or a :class:`BucketEntry`."""
         return acc
 
 
@@ -182,7 +204,7 @@ def _memberships(item: tuple[str, bytes], bands: int, num_docs: int):
     doc_id, sig = item
     parts = partitions(num_docs)
     for key in band_keys(sig, bands):
-        yield key[0] * parts + int.from_bytes(key[1:5], "little") % parts, (key, doc_id)
+        yield key[0] * parts + int.from_bytes(key[1:5], "little") % parts, Membership(key, doc_id)
 
 
 def _bucket_pairs(item):
@@ -190,13 +212,12 @@ def _bucket_pairs(item):
     for bucket, entry in table.items():  # order is irrelevant: pairs are made distinct downstream
         if isinstance(entry, str):
             continue
-        _, ids, keeper = entry
-        if ids is None:  # a hot bucket: its pairs come from the side-input pass
-            yield beam.pvalue.TaggedOutput("hot", (bucket, keeper))
+        if entry.ids is None:  # a hot bucket: its pairs come from the side-input pass
+            yield beam.pvalue.TaggedOutput("hot", (bucket, entry.keeper))
             continue
-        for doc_id in sorted(set(ids)):
-            if doc_id != keeper:
-                yield keeper, doc_id
+        for doc_id in sorted(set(entry.ids)):
+            if doc_id != entry.keeper:
+                yield entry.keeper, doc_id
 
 
 def _held(n: int) -> int:
@@ -205,14 +226,21 @@ def _held(n: int) -> int:
     return n
 
 
+class HotKeeper(NamedTuple):
+    """The keeper of a hot bucket: its id and MinHash signature (uint32 bytes)."""
+
+    id: str
+    signature: bytes
+
+
 def _hot_keepers(item):
-    """``(keeper id, {"sig": [its signature], "hot": [its hot buckets]})`` → ``(bucket, (keeper, sig))``."""
+    """``(keeper id, {"sig": [its signature], "hot": [its hot buckets]})`` → ``(bucket, HotKeeper)``."""
     keeper, grouped = item
     sigs, hot = list(grouped["sig"]), list(grouped["hot"])  # 1 signature, at most ``bands`` buckets
     _held(len(sigs) + len(hot))
     for sig in sigs:
         for bucket in hot:
-            yield bucket, (keeper, sig)
+            yield bucket, HotKeeper(keeper, sig)
 
 
 def _hot_losers(item: tuple[str, bytes], bands: int, threshold: float, hot: dict):
@@ -221,10 +249,13 @@ def _hot_losers(item: tuple[str, bytes], bands: int, threshold: float, hot: dict
         return
     doc_id, sig = item
     for key in band_keys(sig, bands):
-        entry = hot.get(key)
-        if entry is not None and entry[0] != doc_id and similarity(
-                np.frombuffer(entry[1], dtype=np.uint32), np.frombuffer(sig, dtype=np.uint32)) >= threshold:
-            yield doc_id, entry[0]
+        keeper = hot.get(key)
+        if keeper is not None and keeper.id != doc_id and similarity(
+                np.frombuffer(keeper.signature, dtype=np.uint32), np.frombuffer(sig, dtype=np.uint32)) >= threshold:
+            yield doc_id, keeper.id
+
+
+_AS_KEEPER, _AS_MEMBER = 0, 1  # which side of a candidate pair a signature is: (side, signature)
 
 
 def _sig_per_pair(item):
@@ -233,16 +264,16 @@ def _sig_per_pair(item):
     _held(len(as_keeper) + len(as_member) + 1)  # listed buckets only: <= bands * (LIST_MAX + 1)
     for sig in grouped["sig"]:
         for member in as_keeper:
-            yield (doc_id, member), (0, sig)
+            yield (doc_id, member), (_AS_KEEPER, sig)
         for keeper in as_member:
-            yield (keeper, doc_id), (1, sig)
+            yield (keeper, doc_id), (_AS_MEMBER, sig)
 
 
 def _compare(item, threshold: float):
     (keeper, member), sides = item
     sigs = dict(sides)
-    if len(sigs) == 2 and similarity(np.frombuffer(sigs[0], dtype=np.uint32),
-                                     np.frombuffer(sigs[1], dtype=np.uint32)) >= threshold:
+    if len(sigs) == 2 and similarity(np.frombuffer(sigs[_AS_KEEPER], dtype=np.uint32),
+                                     np.frombuffer(sigs[_AS_MEMBER], dtype=np.uint32)) >= threshold:
         yield member, keeper
 
 
@@ -259,7 +290,9 @@ def _drop_losers(item):
 
 
 class NearDedup(beam.PTransform):
-    """``PCollection[Doc]`` → documents that are not near-duplicates of a smaller-id document.
+    """``PCollection[Doc]`` → :class:`~pipelines.records.DedupOutput`: the documents that are not
+    near-duplicates of a smaller-id document, ``filtered:near_duplicate`` events, and one
+    :func:`~pipelines.records.duplicate_record` line (kind ``near``) per dropped document.
 
     Shuffles carry ids, plus signatures where a comparison needs them:
     (1) ``(band partition, (bucket, id))`` per band; (2) ``CombinePerKey(BucketTable)`` → per
@@ -276,9 +309,7 @@ class NearDedup(beam.PTransform):
     most ``bands * (LIST_MAX + 1) + 1`` elements for one key (a document is keeper or member of
     at most ``bands`` listed buckets of at most ``LIST_MAX`` members; a keeper of at most
     ``bands`` hot buckets; a loser of at most ``2 * bands`` keepers). The largest count held is
-    reported as the Beam distribution ``colaflow/neardup_held``. Emits
-    ``filtered:near_duplicate`` events on tag ``events`` and ``duplicate_record`` lines (kind
-    ``near``) on tag ``duplicates``.
+    reported as the Beam distribution ``colaflow/neardup_held``.
     """
 
     def __init__(self, cfg: DedupConfig):
@@ -287,9 +318,8 @@ class NearDedup(beam.PTransform):
             raise ValueError(f"dedup.num_perm={cfg.num_perm} must be a multiple of dedup.bands={cfg.bands}")
         self.cfg = cfg
 
-    def expand(self, docs):
-        """``Doc`` → ``{"docs", "events", "duplicates"}``: documents whose MinHash signature is near an
-        earlier (smaller-id) document's are dropped, counted and listed."""
+    def expand(self, docs) -> DedupOutput:
+        """Drop, count and list the documents whose MinHash signature is near a smaller-id document's."""
         sigs = (docs
                 | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=512)
                 | "Signature" >> beam.FlatMap(_signatures, self.cfg))
@@ -300,17 +330,18 @@ class NearDedup(beam.PTransform):
                    | "Pairs" >> beam.FlatMap(_bucket_pairs).with_outputs("hot", main="pairs"))
         pairs = buckets.pairs | "OncePerPair" >> beam.Distinct()
         listed_losers = ({"sig": sigs, "as_keeper": pairs,
-                          "as_member": pairs | "ByMember" >> beam.Map(lambda kv: (kv[1], kv[0]))}
+                          "as_member": pairs | "ByMember" >> beam.KvSwap()}
                          | "JoinSig" >> beam.CoGroupByKey()
                          | "SigPerPair" >> beam.FlatMap(_sig_per_pair)
                          | "PerPair" >> beam.GroupByKey()
                          | "Compare" >> beam.FlatMap(_compare, self.cfg.threshold))
-        hot = ({"sig": sigs, "hot": buckets.hot | "ByKeeper" >> beam.Map(lambda bk: (bk[1], bk[0]))}
+        hot = ({"sig": sigs, "hot": buckets.hot | "ByKeeper" >> beam.KvSwap()}
                | "JoinKeeperSig" >> beam.CoGroupByKey()
                | "HotKeepers" >> beam.FlatMap(_hot_keepers))
         hot_losers = sigs | "HotLosers" >> beam.FlatMap(_hot_losers, self.cfg.bands, self.cfg.threshold,
                                                         beam.pvalue.AsDict(hot))
         losers = (listed_losers, hot_losers) | "AllLosers" >> beam.Flatten()
-        return ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d)), "loser": losers}
-                | "JoinDoc" >> beam.CoGroupByKey()
-                | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="docs"))
+        out = ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d)), "loser": losers}
+               | "JoinDoc" >> beam.CoGroupByKey()
+               | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="docs"))
+        return DedupOutput(docs=out.docs, events=out[EVENTS], duplicates=out[DUPLICATES])

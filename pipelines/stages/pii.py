@@ -13,8 +13,9 @@ reST ``For example::``, slices ``a[1::2]`` and version strings ``v1.2.3.4`` are 
   matrix code is not an address);
 * IPv4: dotted quads with octets 0–255, not right after ``-``, ``/`` or ``=`` (``novas-3.1.1.3``,
   ``Firefox/2.0.0.11`` are versions);
-* IPv6: validated with :mod:`ipaddress` (RFC 4291 text forms) and holding at least three
-  non-empty groups (``::``, ``::1``, ``a::b`` or ``fe80::1`` are too short to tell from code);
+* IPv6: validated with :mod:`ipaddress` (RFC 4291 text forms), holding at least three
+  non-empty groups (``::``, ``::1``, ``a::b`` or ``fe80::1`` are too short to tell from code) and
+  not ending in ``::`` (``2001:db8:85a3::`` is a network prefix, no host; ``a:b:c::`` is code);
 * phone numbers: international (``+CC ...``, country code not starting with 0, groups separated
   by spaces or hyphens) or North-American ``(NNN) NNN-NNNN`` / ``NNN-NNN-NNNN`` / ``NNN.NNN.NNNN``.
 """
@@ -25,6 +26,8 @@ import re
 from typing import NamedTuple
 
 from pipelines.config import PIIConfig
+from pipelines.records import Doc
+from pipelines.stages.step import DocumentStep, StepResult
 
 PLACEHOLDERS = {"email": "<EMAIL>", "ip": "<IP>", "phone": "<PHONE>"}
 KINDS = tuple(PLACEHOLDERS)
@@ -50,6 +53,8 @@ class Span(NamedTuple):
 
 
 def _is_ipv6(candidate: str) -> bool:
+    if candidate.endswith("::"):  # a prefix (host bits zero) names a network, and reads like a path
+        return False
     groups = [g for g in candidate.split(":") if g]
     if len(groups) + sum("." in g for g in groups) < _MIN_IPV6_GROUPS:  # an embedded IPv4 counts as two
         return False
@@ -99,3 +104,18 @@ def redact(text: str, cfg: PIIConfig) -> tuple[str, dict[str, int]]:
         pos = span.end
     parts.append(text[pos:])
     return "".join(parts), counts
+
+
+class RedactStep(DocumentStep):
+    """Replaces PII by placeholders (:func:`redact`) and counts ``redacted:<kind>`` events per
+    replacement kind; never rejects."""
+
+    def __init__(self, cfg: PIIConfig):
+        self.cfg = cfg
+
+    def apply(self, doc: Doc) -> StepResult:
+        """The document with PII redacted, and ``{"redacted:<kind>": replacements}`` (kinds in text order)."""
+        text, counts = redact(doc.text, self.cfg)
+        if not counts:
+            return StepResult.keep(doc)
+        return StepResult.keep(doc._replace(text=text), {f"redacted:{kind}": n for kind, n in counts.items()})

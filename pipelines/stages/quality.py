@@ -9,6 +9,8 @@ javascript notices). Thresholds live in :class:`pipelines.config.QualityConfig`.
 from __future__ import annotations
 
 from pipelines.config import QualityConfig
+from pipelines.records import Doc
+from pipelines.stages.step import DocumentStep, StepResult
 
 STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 _BULLETS = ("•", "*", "-", "‣", "◦", "⁃", "·")
@@ -56,3 +58,16 @@ def quality_reason(text: str, cfg: QualityConfig) -> str | None:
         if "javascript" in lower and ("enable" in lower or "browser" in lower):
             return "quality_javascript"
     return None
+
+
+class QualityStep(DocumentStep):
+    """Rejects a document by :func:`quality_reason` (``quality_<rule>``); keeps every document when
+    ``cfg.enabled`` is false."""
+
+    def __init__(self, cfg: QualityConfig):
+        self.cfg = cfg
+
+    def apply(self, doc: Doc) -> StepResult:
+        """Reject with the first failed rule, else keep unchanged."""
+        reason = quality_reason(doc.text, self.cfg)
+        return StepResult.reject(reason) if reason else StepResult.keep(doc)

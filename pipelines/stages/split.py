@@ -4,10 +4,8 @@ A document goes to the validation split when a salted hash of its content hash
 (:func:`pipelines.stages.clean.content_hash`, the exact-dedup key) falls below
 ``split.val_fraction`` of the hash space. The choice depends on the text alone, never on ids,
 arrival order, runner or worker count, so reruns and runners split identically; exact
-duplicates share a hash, so a text can never sit in both splits. The split runs after dedup
-and tokenization: validation documents are written as a second shard set in ``OUT/val/``
-(its own ``manifest.json``, a copy of ``tokenizer.model``), listed in the ``splits`` section
-of the top-level manifest, and counted per split in ``stats.json``.
+duplicates share a hash, so a text can never sit in both splits. Validation documents become a
+second shard set in ``OUT/val/``, listed in the ``splits`` section of the top-level manifest.
 """
 from __future__ import annotations
 
@@ -20,6 +18,7 @@ from shards import Manifest
 
 from pipelines.stages.clean import content_hash, hash_fraction
 from pipelines.config import ShardsConfig
+from pipelines.records import TokenizedDoc
 
 VAL = "val"  # tag of the validation output and name of its split
 VAL_DIR = "val"  # folder of the validation shard set, relative to the output folder
@@ -38,17 +37,17 @@ def is_validation(text: str, val_fraction: float) -> bool:
 
 
 class SplitBatchFn(beam.DoFn):
-    """A batch (list) of ``(Doc, tokens)`` → the training part (main output) and the validation
-    part (tag ``val``); empty parts are not emitted."""
+    """A batch (list) of :class:`~pipelines.records.TokenizedDoc` → the training part (main output)
+    and the validation part (tag ``val``); empty parts are not emitted."""
 
     def __init__(self, val_fraction: float):
         self.val_fraction = val_fraction
 
-    def process(self, batch):
-        """Split one batch of ``(Doc, tokens)`` by :func:`is_validation` of each text."""
+    def process(self, batch: list[TokenizedDoc]):
+        """Split one batch by :func:`is_validation` of each document's text."""
         train, val = [], []
         for item in batch:
-            (val if is_validation(item[0].text, self.val_fraction) else train).append(item)
+            (val if is_validation(item.doc.text, self.val_fraction) else train).append(item)
         if train:
             yield train
         if val:

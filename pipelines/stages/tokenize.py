@@ -5,9 +5,9 @@ count picks the same documents: a document joins when its hash falls under
 ``sample_fraction`` of the hash space, and the sample is filled in hash order up to
 ``sample_max_bytes``. When no document falls under the fraction (a tiny corpus), the sample is
 filled from all documents in hash order instead, so it is never empty while documents exist.
-The sample is taken in two steps (:mod:`pipelines.stages.tokenizer_sample`).
-Lines longer than ``max_sentence_bytes`` are cut at spaces for training. Training runs single-threaded because sentencepiece's multi-threaded
-trainer gives different models for different thread counts.
+The sample is taken in two steps (:mod:`pipelines.stages.tokenizer_sample`). Lines longer than
+``max_sentence_bytes`` are cut at spaces for training. Training runs single-threaded because
+sentencepiece's multi-threaded trainer gives different models for different thread counts.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from colaflow.wording import count
 
 from pipelines.config import TokenizerConfig
 from pipelines.accounting.read_summary import ReadSummary
-from pipelines.records import Doc
+from pipelines.records import Doc, TokenizedDoc
 from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 from pipelines.accounting.stats import EventTally
 
@@ -160,7 +160,7 @@ def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer", summary=
 
 
 class TokenizeFn(beam.DoFn):
-    """A batch (list) of :class:`Doc` → one list of ``(doc, tokens)``, ``tokens`` a 1-D uint16/uint32 array.
+    """A batch (list) of :class:`Doc` → one list of :class:`~pipelines.records.TokenizedDoc`.
 
     A document that encodes to no token at all (only characters the normaliser removes) is not
     a sample: it is counted as ``filtered:no_tokens`` (tag ``events``).
@@ -188,8 +188,9 @@ class TokenizeFn(beam.DoFn):
     def process(self, docs: list[Doc], model_bytes: bytes):
         """Encode a batch of :class:`Doc` with the sentencepiece model (``model_bytes``, side input).
 
-        Yields one list of ``(doc, tokens)`` (``tokens``: 1-D uint16 when the vocabulary fits, else
-        uint32); documents with no token are counted ``filtered:no_tokens`` and left out. Encodes
+        Yields one list of :class:`~pipelines.records.TokenizedDoc` (tokens: 1-D uint16 when the
+        vocabulary fits, else uint32); documents with no token are counted ``filtered:no_tokens``
+        and left out. Encodes
         ``ENCODE_DOCS`` documents at a time, so their token lists never exist for the whole batch."""
         if self._model_key != len(model_bytes) or self._sp is None:
             self._sp = load_processor(model_bytes)
@@ -200,7 +201,7 @@ class TokenizeFn(beam.DoFn):
             part = docs[start:start + ENCODE_DOCS]
             for doc, t in zip(part, self._sp.encode([doc.text for doc in part])):
                 if t:
-                    out.append((doc, np.asarray(t, dtype=self._dtype)))
+                    out.append(TokenizedDoc(doc, np.asarray(t, dtype=self._dtype)))
                 else:
                     self.tally.add(doc.source, "filtered:no_tokens")
         self._bar.update(len(docs))

@@ -8,13 +8,13 @@ corpus holds texts.
 2. :class:`SmallestHashSample` combines only the admitted texts, which gives the sample of all
    texts (the admitted set holds the sample's prefix and the text that ended it).
 
-Before, the sample's partial accumulators held up to the budget (3 MB) of text each, one per
-bundle, so what the combine held grew with the partition count on a cluster.
+(A one-step sample held up to the budget of text in every partial accumulator, one per bundle.)
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -108,7 +108,7 @@ _PENDING_ROWS = 8192  # rows added as tuples before they are folded into the arr
 
 
 class SampleCutoff(beam.CombineFn):
-    """Combine ``(content hash hex, text digest, UTF-8 bytes)`` triples (:func:`sample_key`) into
+    """Combine the :class:`SampleSize` of every document (:func:`sample_key`) into
     the :class:`SampleLimit` of :class:`SmallestHashSample` over the same documents: the first
     step of the two-step sample.
 
@@ -147,13 +147,13 @@ class SampleCutoff(beam.CombineFn):
             return acc
         return self._trim(np.concatenate([acc[1], np.array(acc[0], CUTOFF_ROW)]), acc[2])
 
-    def add_input(self, acc, element):
-        """Add one ``(content hash hex, text digest int, UTF-8 size in bytes)``."""
-        h, digest, size = element
-        row = (hash_fraction(h) >= self.fraction, int(h[:16], 16), int(h[16:], 16), digest)
+    def add_input(self, acc, element: "SampleSize"):
+        """Add one document's :class:`SampleSize`."""
+        h = element.hash
+        row = (hash_fraction(h) >= self.fraction, int(h[:16], 16), int(h[16:], 16), element.digest)
         if acc[2] is not None and row >= acc[2]:
             return acc
-        acc[0].append((*row, size))
+        acc[0].append((*row, element.size))
         return self._fold(acc) if len(acc[0]) >= _PENDING_ROWS else acc
 
     def compact(self, acc):
@@ -175,13 +175,26 @@ class SampleCutoff(beam.CombineFn):
         return SampleLimit(under_only=len(rows) > 0 and rows["over"][0] == 0, last=last)
 
 
-def sample_key(pair) -> tuple[str, int, int]:
-    """``(content hash, Doc)`` → what :class:`SampleCutoff` combines: the hash (32 hex digits), a
-    64-bit BLAKE2b digest of the text as an int (it tells different texts with one content hash
-    apart) and the text's UTF-8 size in bytes."""
+class SampleSize(NamedTuple):
+    """What :class:`SampleCutoff` combines of one document.
+
+    Attributes:
+        hash: the content hash (32 hex digits).
+        digest: a 64-bit BLAKE2b digest of the text as an int (tells different texts with one
+            content hash apart).
+        size: the text's UTF-8 size in bytes.
+    """
+
+    hash: str
+    digest: int
+    size: int
+
+
+def sample_key(pair) -> SampleSize:
+    """``(content hash, Doc)`` → its :class:`SampleSize`."""
     h, doc = pair
     data = doc.text.encode("utf-8")
-    return h, int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big"), len(data)
+    return SampleSize(h, int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big"), len(data))
 
 
 def sample_text(pair, limit: SampleLimit, fraction: float):

@@ -1,20 +1,6 @@
-"""Writing shards deterministically, then the manifest, tokenizer and ``stats.json``.
-
-Assignment: a sample goes to bucket ``sha256(key) mod N`` where ``N`` derives from the
-total encoded size (a singleton side input). Each bundle sorts its samples of a bucket by key
-into one run (:class:`AssignBucketsFn`); each bucket's runs are grouped, merged in key order
-and written as one tar under a temporary name by a DoFn (``_tmp_buckets/bucket-NNNNNN``, no
-``.tar`` suffix, so a killed job leaves nothing that looks like a shard). Each attempt at a
-bucket writes its own ``bucket-NNNNNN.<random hex>.partial`` and renames it into place
-(:class:`shards.TarShardWriter`), so a retried or speculative attempt of the same bucket on a
-shared filesystem cannot corrupt another; both write the same bytes, so either rename may win. A final
-single-element step renames the non-empty buckets, in bucket order, to
-``{prefix}-000000.tar``... and then writes the manifest. Nothing depends on runner, worker count or arrival order, so every runner
-writes byte-identical shards.
-
-Output may be a local folder or any fsspec URL (``gs://``, ``s3://``, ...): tars are built
-in a local temporary folder and uploaded when the output is remote.
-"""
+"""Writing shards deterministically (:class:`WriteShards`: bucket by a stable hash of the key,
+one tar per bucket), then the commit (:func:`finalize`): shard names, manifest, tokenizer and
+``stats.json``. ``pipelines/README.md`` says why every runner writes the same bytes."""
 from __future__ import annotations
 
 import dataclasses

@@ -39,7 +39,7 @@ REACHED_THROUGH = {"shards/tools/cli.py": "shards", "cache/tools/cli.py": "cache
 GROUPS = {"shards", "cache", "loaders", "dashboard"}
 REST_ROLE = re.compile(r":(func|mod|class|meth|data|attr|exc):`")
 # files with an ArgumentParser that is no command line
-NOT_COMMAND_LINES = {"pipelines/job.py"}  # reads the flags Beam's DaskOptions declares (a --dask_* flag hint)
+NOT_COMMAND_LINES = {"pipelines/runners/selection.py"}  # reads the flags Beam's DaskOptions declares (a --dask_* flag hint)
 SCRIPTS = ["beam_runner.py"] + sorted(p.relative_to(ROOT).as_posix() for p in BENCHMARKS.glob("*.py")
                                       if "def main(" in p.read_text(encoding="utf-8"))
 

@@ -1,25 +1,8 @@
-"""Bag partitions held as pickled bytes between the Dask tasks of a Beam job, and the two ways
-of moving elements between them (a shuffle by key and an even spread).
-
-Why bytes: a partition held as Python objects (a list of tuples and strings) lives in the
-worker's heap for as long as a later stage needs it, and CPython's small-object allocator can
-return an arena to the OS only once every object in it is gone. Held partitions interleaved
-with the churn of running tasks leave the heap mostly empty but resident: a worker at 16x the
-demo corpus kept 367 MB of arenas for 76 MB of live objects. As one ``bytes`` object a
-partition is one allocation (memory-mapped when large, returned to the OS when freed), its
-size is exact for dask's memory accounting, and dask spills, reloads and sends it without
-pickling it again. Elements exist as objects only inside the task that uses them, as between
-the stages of Beam's own portable workers (which hold encoded elements).
-
-Every bag built by :class:`pipelines.runners.dask.runner._Translator` has ``bytes`` partitions
-(:mod:`pipelines.io.frames`: frames of ``CHUNK_ELEMENTS`` pickled elements), which tasks read and
-write a frame at a time, so a task's elements exist as objects a chunk at a time (its input and
-output as whole lists of objects made a ParDo's task several times its partition's size). A
-group's partitions are the lists of shuffled pieces that hold its keys (:func:`shuffle`): the
-ParDo after it groups them as it reads (:func:`group_pieces`); other consumers get them
-encoded (:func:`group`). Dask's own bag operations that look into partitions (``groupby``,
-``repartition``, ``compute`` of the elements) do not apply to them, hence :func:`shuffle` and
-:func:`spread`.
+"""Bag partitions held as pickled bytes between the Dask tasks of a Beam job
+(:mod:`pipelines.io.frames`), and the two ways of moving elements between them: a shuffle by
+key (:func:`shuffle`, read back by :func:`group_pieces` or :func:`group`) and an even spread
+(:func:`spread`). Dask's own bag operations that look into partitions (``groupby``,
+``repartition``) do not apply to bytes partitions, hence these. Why bytes: ``pipelines/README.md``.
 """
 from __future__ import annotations
 

@@ -1,56 +1,14 @@
 """Beam's DaskRunner with its graph translation fixed, so the preprocessing job runs on a Dask cluster.
 
-``beam_runner.py --runner=DaskRunner --dask_client_address=HOST:PORT`` selects
-:class:`ColaflowDaskRunner` (see :func:`pipelines.job.run`). Beam 2.77's translation
-(``apache_beam.runners.dask``) turns every Beam step into a ``dask.bag`` operation but gets four
-things wrong; each is fixed here, and ``tests/unit/pipelines/test_dask_runner.py`` reproduces each fault:
-
-1. **Tagged outputs.** A ParDo's main and tagged outputs land in one bag, stripped of their tags,
-   so a consumer of the main output also receives every tagged element (and the reverse).
-   Here a ParDo's partition holds its values per tag and each output PCollection selects its tag.
-2. **finish_bundle outputs.** The bundle's results are taken before ``finish_bundle`` runs, so
-   what it emits (``BatchElements``' last batch, our per-bundle event tallies, lifted combiners)
-   is lost. Here results are collected after ``finish_bundle``.
-3. **Only the last sink.** Only the bag of the last visited transform is computed; other sinks
-   (dead letters, duplicates) never run. Here every PCollection no step consumes is computed, in
-   one graph, so shared upstream work runs once.
-4. **Side inputs per task.** A side input is a bag computed anew (``list(bag)``) inside every task
-   that reads it, so e.g. the tokenizer is trained once per task. Here a side input is one graph
-   node (a ``dask.bag`` reduction) computed once and shipped to the tasks that need it.
-
-Two more changes make the runner usable at scale: ``CombinePerKey`` is lifted (partial combine
-per bundle in a bounded table, then group, then merge: :class:`pipelines.runners.dask.combine.LiftedCombine`),
-so a key's values are never grouped in one list; and ``Reshuffle``
-repartitions the bag (Beam's translation leaves it a no-op, so a job that starts from one file
-pattern ran in one task).
-
-Every partition is held between tasks as pickled bytes (:mod:`pipelines.runners.dask.parts`, which
-says why: held Python objects fragmented the worker's heap to several times what was live),
-read and written a frame of elements at a time (a ParDo after a group reads the group's
-shuffled pieces without their being encoded again). Groups and ``Reshuffle`` therefore use its
-own task shuffle (keys hashed with ``dask.base.tokenize``, the
-same in every worker process) and spread instead of dask's, which look into partitions. Groups
-and the partial combine tell keys apart as Beam does, by encoding
-(:func:`pipelines.runners.dask.combine.group_key`: ``True``, ``1`` and ``1.0`` are three keys), not by
-Python equality.
-
-Costs that grow with the corpus are kept to what the job itself needs: the partition count
-grows with the input (:func:`partition_count`), so a task's slice stays the same size; the
-task count grows little faster than the partition count (large groups shuffle in two stages,
-:func:`pipelines.runners.dask.parts.shuffle`; a group inside ``CombineGlobally`` has one output
-partition; a ``Flatten`` joins bags of one partition count partition by partition); a DoFn
-is set up once per worker thread and reused for later bundles, as Beam's own workers do
-(a setup per partition made CPU per MB grow with the partition count), and what a bundle
-left on the instance (a DoFn's per-bundle buffers, up to a partition's worth) is dropped after
-it, leaving what ``setup`` made; a ParDo's main output
-is selected after its tagged outputs, so no late tagged select keeps the whole output in
-memory; and tasks are named after their Beam steps, so the dashboard shows which stage holds
-memory. Held partitions are dask task results, so a worker started with ``--memory-limit`` and
-the settings of :func:`tests.support.local_engines.dask_spill_env` spills them to its local disk
-(``docs/cluster.md``).
-
-Beam metrics are not collected on Dask (``result.metrics()`` raises ``NotImplementedError``);
-colaflow's ``stats.json`` is built from event records in the graph, not from metrics.
+:class:`ColaflowDaskRunner` (``--runner=DaskRunner``, :func:`pipelines.runners.selection.make_runner`)
+fixes four faults of Beam 2.77's translation (``apache_beam.runners.dask``): tagged outputs mixed
+into the main output, ``finish_bundle`` outputs lost, only the last sink computed, side inputs
+recomputed per task; ``tests/unit/pipelines/test_dask_runner.py`` reproduces each. It also lifts
+``CombinePerKey`` (:class:`pipelines.runners.dask.combine.LiftedCombine`), makes ``Reshuffle``
+repartition, holds partitions as bytes (:mod:`pipelines.runners.dask.parts`), sets a DoFn up
+once per worker thread, and names tasks after their Beam steps. ``pipelines/README.md`` and
+``docs/cluster.md`` say why. Beam metrics are not collected on Dask (``result.metrics()`` raises
+``NotImplementedError``); ``stats.json`` is built from event records in the graph.
 """
 from __future__ import annotations
 

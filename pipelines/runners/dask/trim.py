@@ -1,30 +1,11 @@
 """Give a Dask worker's freed heap back to the operating system after every task it runs.
 
-A Beam stage's task decodes a partition into many small Python objects, works on them and
-frees them. Freed memory stays in the worker's heap (CPython's arenas or glibc's free lists)
-wherever a longer-lived object sits on the same page, so a worker's resident memory grows with
-the number of tasks it has run, not with what it holds. Measured at 16× the demo corpus on 2
-workers (``BENCHMARKS.md``, "Preprocessing at scale"): the worker's memory between tasks rose
-from about 160 MB to 300 MB while dask held under 50 MB of results.
-
-Two parts close it, and need each other:
-
-- ``PYTHONMALLOC=malloc`` in the worker's environment (part of the memory-bounded worker
-  settings, :func:`tests.support.local_engines.dask_spill_env`, ``docs/cluster.md``): Python
-  objects come from glibc's allocator instead of CPython's 1 MiB arenas, which go back to the
-  OS only once every object in them is gone.
-- :class:`TrimMemory`, a worker plugin :class:`pipelines.runners.dask.runner.ColaflowDaskRunner`
-  registers on every worker of the cluster it runs on: after each task it calls glibc's
-  ``malloc_trim(0)`` (``man 3 malloc_trim``), which returns every free page of the heap, not
-  only its top, as dask's documentation suggests doing by hand ("Memory not released back to
-  the OS").
-
-Measured with both, 1× → 16× the demo corpus (``BENCHMARKS.md``): peak RSS per worker
-1.10–1.30×, median 1.17× over eight runs (1.23× and 1.31× in two runs without), for about a
-fifth more CPU (glibc's allocator is slower for small objects than CPython's). So the plugin
-trims only on workers started with ``PYTHONMALLOC=malloc`` (trimming CPython's arenas frees
-nothing measurable) and costs nothing elsewhere; on a system without glibc (macOS, musl) it
-does nothing.
+:class:`TrimMemory`, a worker plugin :class:`pipelines.runners.dask.runner.ColaflowDaskRunner`
+registers on every worker, calls glibc's ``malloc_trim(0)`` (``man 3 malloc_trim``: returns every
+free page of the heap, not only its top) after each task, on workers whose environment has
+``PYTHONMALLOC=malloc`` (Python objects in glibc's heap rather than CPython's arenas, which
+trimming cannot free); elsewhere, and without glibc, it does nothing. Measured effect and cost:
+``BENCHMARKS.md`` ("Preprocessing at scale"); settings: ``docs/cluster.md``.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from pipelines.runners.dask.combine import CombineTable, LiftedCombine, _merge
 from pipelines.records import Doc
-from pipelines.stages.transforms import KeepSmallestId
+from pipelines.stages.exact_dedup import KeepSmallestId
 
 
 def _bundle(fn: CombineTable, elements) -> tuple[list, int]:

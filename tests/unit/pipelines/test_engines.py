@@ -99,3 +99,14 @@ def test_external_worker_pool_installs_the_staged_wheel(direct, tmp_path):
     assert installed  # the boot installed the staged wheel ...
     assert not list((tmp_path / "boot").glob("*/site/torch"))  # ... and no dependency already there
     assert "'job_name': 'colaflow-pool-test'" in logs  # the SDK worker loaded the pipeline options
+
+
+def test_no_module_beside_the_worker_boot_script_shadows_the_standard_library():
+    """``worker_boot.py`` runs as a script, so its folder comes first on ``sys.path``: a module there
+    named like a standard-library one (``select.py``) replaced it in the SDK worker, and the pool's
+    workers died at start while the job waited for them."""
+    scripts = ROOT / "pipelines" / "runners"
+    names = {p.stem for p in scripts.glob("*.py")}
+    assert "worker_boot" in names and "selection" in names
+    assert not names & set(sys.stdlib_module_names)
+    assert "select" in sys.stdlib_module_names  # what pipelines/runners/select.py shadowed

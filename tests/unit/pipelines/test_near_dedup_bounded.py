@@ -10,7 +10,7 @@ from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
 from pipelines.config import DedupConfig
 from pipelines.stages.near_dedup import HELD_METRIC, LIST_MAX, NearDedup
 from pipelines.records import Doc
-from pipelines.accounting.stats import EVENTS, NAMESPACE
+from pipelines.accounting.stats import NAMESPACE
 
 COPIES = 50_000
 BASE = " ".join(f"w{i % 37} x{i % 11}" for i in range(50))  # 100 words
@@ -37,7 +37,7 @@ def test_50k_near_copies_hold_a_bounded_number_per_key():
     kept = out.docs | beam.Map(lambda d: d.id) | beam.combiners.ToList() | beam.Map(sorted)
     # a few copies escape: 16 MinHash values estimate Jaccard 0.9 coarsely (LSH is approximate)
     assert_that(kept, matches_all_but_few, label="KeeperAndFewEscapes")
-    dropped = out[EVENTS] | beam.Map(lambda e: e[1]) | beam.CombineGlobally(sum)
+    dropped = out.events | beam.Map(lambda e: e[1]) | beam.CombineGlobally(sum)
     total = ((kept | beam.Map(len), dropped) | beam.Flatten() | "Total" >> beam.CombineGlobally(sum))
     assert_that(total, equal_to([COPIES]), label="EveryCopyAccounted")
     result = p.run()

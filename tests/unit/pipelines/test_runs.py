@@ -18,7 +18,7 @@ from pipelines.job import run
 from pipelines.io.output import OutputExistsError
 from pipelines.records import Doc
 from pipelines.stages.tokenize import train_sentencepiece
-from pipelines.stages.transforms import KeepSmallestId
+from pipelines.stages.exact_dedup import KeepSmallestId
 from tests.support.paths import REPO
 
 ROOT = str(REPO)

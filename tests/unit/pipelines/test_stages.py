@@ -17,7 +17,7 @@ from pipelines.io.reading import iter_units
 from pipelines.records import DeadLetter, Doc, file_format, file_stem, parse_unit
 from pipelines.accounting.stats import aggregate
 from pipelines.stages.tokenize import SmallestHashSample, token_dtype
-from pipelines.stages.transforms import KeepSmallestId
+from pipelines.stages.exact_dedup import KeepSmallestId
 from tests.support.paths import REPO
 
 CLEAN = CleanConfig()

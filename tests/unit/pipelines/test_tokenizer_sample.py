@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 
 import apache_beam as beam
+from apache_beam.runners.direct.direct_runner import DirectRunner
 from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.stages.clean import content_hash
 from pipelines.config import PipelineConfig, TokenizerConfig
-from pipelines.job import DirectRunner, run
+from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key
 from pipelines.stages.tokenize import build_model, train_sentencepiece

@@ -13,7 +13,7 @@ import pytest
 
 import beam_runner
 from pipelines.config import CHOICES, PipelineConfig
-from pipelines.job import beam_options
+from pipelines.runners.selection import beam_options
 from colaflow.config import ConfigError
 from tests.support.paths import REPO
 

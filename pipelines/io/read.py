@@ -1,0 +1,97 @@
+"""Beam transforms of the input: files → raw units (:class:`ReadRecords`) → documents or dead
+letters (:class:`ParseFn`)."""
+from __future__ import annotations
+
+import uuid
+from typing import NamedTuple
+
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.io.fileio import EmptyMatchTreatment
+
+from pipelines.accounting.stats import EVENTS, EventTally, event
+from pipelines.config import InputConfig
+from pipelines.io.reading import plan_splits, read_split
+from pipelines.records import DeadLetter, RawUnit, file_format, file_stem, input_root, parse_unit, relative_name
+
+DEAD = "dead"  # ParseFn's tag of dead letters
+
+
+class ReadOutput(NamedTuple):
+    """The outputs of :class:`ReadRecords`, each a ``PCollection``.
+
+    Attributes:
+        units: the :class:`~pipelines.records.RawUnit` s of every file read.
+        events: ``((file stem, name), 1)`` per file not read: ``skipped_file`` (unknown format under
+            ``input.unknown_files: skip``) or ``empty_file`` (0 bytes).
+    """
+
+    units: beam.PCollection
+    events: beam.PCollection
+
+
+class ReadRecords(beam.PTransform):
+    """``PBegin`` → :class:`ReadOutput`: the raw units of every file matching ``glob``.
+
+    Files are planned into splits (:func:`pipelines.io.reading.plan_splits`), the splits are
+    redistributed (``Reshuffle``) and each is read by one worker (:func:`pipelines.io.reading.read_split`),
+    so a large file is read by many workers and never held whole. ``total_bytes`` (of all input
+    files) sizes the progress bar. Raises (at run time) ``OSError`` naming the glob when nothing matches.
+    """
+
+    def __init__(self, glob: str, cfg: InputConfig, total_bytes: int = 0):
+        super().__init__()
+        self.glob, self.cfg, self.total_bytes = glob, cfg, total_bytes
+        self.run_id = uuid.uuid4().hex  # one progress bar per run, even when runs share a process
+
+    def expand(self, pbegin) -> ReadOutput:
+        """Match the glob, plan file splits and read them."""
+        planned = (pbegin
+                   | "Match" >> fileio.MatchFiles(self.glob, EmptyMatchTreatment.DISALLOW)
+                   | "Plan" >> beam.FlatMap(_plan, self.cfg).with_outputs(EVENTS, main="splits"))
+        units = (planned.splits
+                 | "Spread" >> beam.Reshuffle()
+                 | "ReadSplit" >> beam.FlatMap(read_split, self.cfg, self.total_bytes, self.run_id))
+        return ReadOutput(units=units, events=planned[EVENTS])
+
+
+def _plan(match, cfg: InputConfig):
+    if file_format(match.path, cfg) is None:
+        yield event(file_stem(match.path), "skipped_file")
+    elif match.size_in_bytes == 0:  # nothing to read, but the user gave it: counted, not dropped unseen
+        yield event(file_stem(match.path), "empty_file")
+    else:
+        yield from plan_splits(match.path, match.size_in_bytes, cfg)
+
+
+class ParseFn(beam.DoFn):
+    """:class:`~pipelines.records.RawUnit` → :class:`~pipelines.records.Doc` (main output) or
+    :class:`~pipelines.records.DeadLetter` (tag ``dead``); ``input`` and ``dead:<reason>`` events
+    (tag ``events``), one ``input`` per unit.
+
+    Ids are qualified by each file's path relative to the root of ``glob``
+    (:func:`pipelines.records.input_root`, :func:`pipelines.records.qualify_id`).
+    """
+
+    def __init__(self, cfg: InputConfig, glob: str = ""):
+        self.cfg, self.root = cfg, input_root(glob)
+
+    def start_bundle(self):
+        """A fresh event tally for the bundle."""
+        self.tally = EventTally()
+
+    def process(self, unit: RawUnit):
+        """Parse one unit (:func:`pipelines.records.parse_unit`): yields the document, or the dead
+        letter naming the file and position on tag ``dead``."""
+        parsed = parse_unit(unit.path, unit.line, unit.raw, unit.fmt, self.cfg, unit.offset, unit.size,
+                            relative_name(unit.path, self.root))
+        self.tally.add(parsed.source, "input")
+        if isinstance(parsed, DeadLetter):
+            self.tally.add(parsed.source, f"dead:{parsed.reason}")
+            yield beam.pvalue.TaggedOutput(DEAD, parsed)
+        else:
+            yield parsed
+
+    def finish_bundle(self):
+        """Emit the bundle's event counts on tag ``events``."""
+        yield from self.tally.flush()

@@ -1,0 +1,213 @@
+"""Exact dedup: one document per distinct normalised text (:class:`ExactDedup`), after ids made
+unique per text (:class:`UniqueIds`). Keys are :func:`pipelines.stages.clean.content_hash`."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import apache_beam as beam
+
+from pipelines.accounting.stats import EVENTS, event
+from pipelines.records import DUPLICATES, DedupOutput, Doc, disambiguate_id, duplicate_record
+from pipelines.stages.clean import content_hash
+
+LIST_MAX = 64  # members a combiner accumulator lists before a key counts as a hot key
+HOT = "hot"  # tag of the (content hash, keeper id) of each hot key
+IDS = "ids"  # tag of ExactDedup's stream of DocHash, one per document
+
+
+def key_by_hash(doc: Doc) -> tuple[str, Doc]:
+    """``(content_hash(doc.text), doc)``: the exact-dedup key, also the tokenizer sample's order."""
+    return content_hash(doc.text), doc
+
+
+class TwoTexts(beam.CombineFn):
+    """Combine the content hashes seen under one id into at most two distinct ones (bounded
+    memory however often an id repeats): two means different texts share the id."""
+
+    def create_accumulator(self):
+        """No hash seen yet: an empty tuple."""
+        return ()
+
+    def add_input(self, acc, text_hash: str):
+        """Add one content hash (hex str); keeps at most two distinct hashes, sorted."""
+        return acc if text_hash in acc or len(acc) == 2 else tuple(sorted(acc + (text_hash,)))
+
+    def merge_accumulators(self, accumulators):
+        """Union of partial results, still at most two distinct hashes."""
+        merged: tuple = ()
+        for acc in accumulators:
+            for h in acc:
+                merged = self.add_input(merged, h)
+        return merged
+
+    def extract_output(self, acc):
+        """The tuple of at most two distinct hashes seen under the id."""
+        return acc
+
+
+def _disambiguate(pair: tuple[str, Doc], shared: dict):
+    text_hash, doc = pair
+    if doc.id in shared:
+        doc = doc._replace(id=disambiguate_id(doc.id, text_hash))
+    return text_hash, doc
+
+
+class UniqueIds(beam.PTransform):
+    """``(content hash, Doc)`` pairs → the same pairs with every id naming one text.
+
+    Qualified ids (:func:`pipelines.records.qualify_id`) collide only when one file repeats an
+    id with different texts; every document under such an id gets
+    :func:`pipelines.records.disambiguate_id` (the id plus its text's hash), so no distinct text
+    is dropped for its id and ``duplicates/`` names documents unambiguously. Cost: one combine of
+    ``(id, hash)`` pairs (:class:`TwoTexts`); the side input holds only the colliding ids.
+    Copies of one text under one id stay as they are (exact dedup keeps one).
+    """
+
+    def expand(self, hashed):
+        """``(hash, Doc)`` pairs → the same pairs, colliding ids made unique."""
+        shared = (hashed
+                  | "IdHash" >> beam.MapTuple(lambda h, d: (d.id, h))
+                  | "TwoTexts" >> beam.CombinePerKey(TwoTexts())
+                  | "Shared" >> beam.Filter(lambda kv: len(kv[1]) == 2))
+        return hashed | "Disambiguate" >> beam.Map(_disambiguate, beam.pvalue.AsDict(shared))
+
+
+class ExactGroup(NamedTuple):
+    """The documents of one content hash, as :class:`KeepSmallestId` combines them (its
+    accumulator and its output).
+
+    Attributes:
+        keeper: the document with the smallest ``(id, text)``; ``None`` before the first document.
+        counts: documents per source, ``{source: n}``.
+        members: ``(id, source)`` of every document, while there are at most ``list_max`` (sorted
+            in the output); ``None`` for a hot key.
+    """
+
+    keeper: Doc | None
+    counts: dict[str, int]
+    members: list[tuple[str, str]] | None
+
+
+def _smaller(a: Doc | None, b: Doc | None) -> Doc | None:
+    """The document with the smaller ``(id, text)`` (``None`` loses)."""
+    if a is None or (b is not None and (b.id, b.text) < (a.id, a.text)):
+        return b
+    return a
+
+
+class KeepSmallestId(beam.CombineFn):
+    """Combine documents sharing a content hash into an :class:`ExactGroup`.
+
+    The keeper is the document with the smallest ``(id, text)``, so the choice does not depend
+    on arrival order or partitioning. Members are listed while there are at most ``list_max``
+    (more make a hot key; :class:`ExactDedup` lists those through a side input instead). The
+    accumulator holds one document, one count per source and at most ``list_max`` ids, so memory
+    per hash stays bounded however many copies exist.
+    """
+
+    def __init__(self, list_max: int = LIST_MAX):
+        self.list_max = list_max
+
+    def create_accumulator(self) -> ExactGroup:
+        """No document yet: ``ExactGroup(None, {}, [])``."""
+        return ExactGroup(None, {}, [])
+
+    def add_input(self, acc: ExactGroup, doc: Doc) -> ExactGroup:
+        """Add one copy: keep the smaller ``(id, text)``, count its source, list it while the list is short."""
+        counts, members = acc.counts, acc.members
+        counts[doc.source] = counts.get(doc.source, 0) + 1
+        if members is not None:
+            members.append((doc.id, doc.source))
+            if len(members) > self.list_max:
+                members = None
+        return ExactGroup(_smaller(acc.keeper, doc), counts, members)
+
+    def merge_accumulators(self, accumulators) -> ExactGroup:
+        """Merge partial results; the member list becomes ``None`` once past ``list_max``."""
+        best, counts, members = None, {}, []
+        for acc in accumulators:
+            best = _smaller(best, acc.keeper)
+            for s, n in acc.counts.items():
+                counts[s] = counts.get(s, 0) + n
+            members = None if acc.members is None or members is None \
+                or len(members) + len(acc.members) > self.list_max else members + acc.members
+        return ExactGroup(best, counts, members)
+
+    def extract_output(self, acc: ExactGroup) -> ExactGroup:
+        """The group, its members sorted (``None`` for a hot key)."""
+        return acc._replace(members=None if acc.members is None else sorted(acc.members))
+
+
+def _emit_keeper(item: tuple[str, ExactGroup], list_duplicates: bool):
+    content, group = item
+    keeper = group.keeper
+    for source, n in sorted(group.counts.items()):
+        dups = n - (source == keeper.source)
+        if dups:
+            yield event(source, "duplicate", dups)
+    if list_duplicates and sum(group.counts.values()) > 1:
+        if group.members is None:
+            yield beam.pvalue.TaggedOutput(HOT, (content, keeper.id))
+        for doc_id, source in group.members or ():
+            if doc_id != keeper.id:
+                yield beam.pvalue.TaggedOutput(DUPLICATES, duplicate_record(doc_id, source, keeper.id, "exact"))
+    yield keeper
+
+
+class DocHash(NamedTuple):
+    """One document of :class:`ExactDedup`'s id stream: its content hash (hex), id and source."""
+
+    hash: str
+    id: str
+    source: str
+
+
+def _with_ids(pair: tuple[str, Doc]):
+    text_hash, doc = pair
+    yield beam.pvalue.TaggedOutput(IDS, DocHash(text_hash, doc.id, doc.source))
+    yield pair
+
+
+def _list_hot(item: DocHash, hot: dict):
+    keeper = hot.get(item.hash)
+    if keeper is not None and item.id != keeper:
+        yield duplicate_record(item.id, item.source, keeper, "exact")
+
+
+class ExactDedup(beam.PTransform):
+    """``PCollection[Doc]`` (or ``(content hash, Doc)`` pairs with ``keyed_input``) →
+    :class:`~pipelines.records.DedupOutput`: one :class:`Doc` per distinct normalised text,
+    ``duplicate`` events, and with ``list_duplicates`` one
+    :func:`~pipelines.records.duplicate_record` line (kind ``exact``) per dropped copy.
+
+    ``CombinePerKey(KeepSmallestId())`` picks the keeper with a bounded accumulator however
+    many copies share a key. A dropped copy names the keeper's id (a copy that has the keeper's
+    own id is not listed): keys with at most ``LIST_MAX`` copies are listed from the combiner's
+    output; hot keys (more copies) from the :class:`DocHash` stream joined with a side input
+    holding only the hot keys' keepers (at most one entry per ``LIST_MAX`` documents), so no
+    key's copies are ever grouped.
+    """
+
+    def __init__(self, list_duplicates: bool = True, keyed_input: bool = False):
+        super().__init__()
+        self.list_duplicates, self.keyed_input = list_duplicates, keyed_input
+
+    def expand(self, docs) -> DedupOutput:
+        """Key by content hash (unless ``keyed_input``), keep one document per key, count and list the others."""
+        keyed = docs if self.keyed_input else docs | "KeyByHash" >> beam.Map(key_by_hash)
+        if self.list_duplicates:
+            # the ids for ListHot are a second output of the combine's own input step, so a runner
+            # that materialises steps (Dask) never keeps the documents until ListHot's side input is ready
+            split = keyed | "Ids" >> beam.FlatMap(_with_ids).with_outputs(IDS, main="docs")
+            keyed, ids = split.docs, split[IDS]
+        combiner = KeepSmallestId(LIST_MAX if self.list_duplicates else 0)
+        out = (keyed
+               | "KeepSmallestId" >> beam.CombinePerKey(combiner)
+               | "Emit" >> beam.FlatMap(_emit_keeper, self.list_duplicates).with_outputs(
+                   EVENTS, DUPLICATES, HOT, main="docs"))
+        dups = out[DUPLICATES]
+        if self.list_duplicates:
+            hot = (ids
+                   | "ListHot" >> beam.FlatMap(_list_hot, beam.pvalue.AsDict(out[HOT])))
+            dups = (dups, hot) | "AllExact" >> beam.Flatten()
+        return DedupOutput(docs=out.docs, events=out[EVENTS], duplicates=dups)

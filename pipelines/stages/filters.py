@@ -1,0 +1,60 @@
+"""The document steps of a run, in order (:func:`build_steps`), and the DoFn that applies them
+(:class:`FilterFn`)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import apache_beam as beam
+
+from pipelines.accounting.stats import EventTally
+from pipelines.config import PipelineConfig
+from pipelines.records import Doc
+from pipelines.stages.clean import CleanTextStep, LengthStep, RawLengthStep
+from pipelines.stages.language import LanguageStep
+from pipelines.stages.pii import RedactStep
+from pipelines.stages.quality import QualityStep
+from pipelines.stages.step import DocumentStep, run_steps
+
+
+def build_steps(cfg: PipelineConfig) -> list[DocumentStep]:
+    """The document steps of ``cfg``, in the order they run: raw length (a huge document costs no
+    cleaning), :func:`~pipelines.stages.clean.clean_text`, length, language, quality, PII redaction
+    (a step whose section is disabled keeps every document). The one place the list is built."""
+    return [RawLengthStep(cfg.clean), CleanTextStep(cfg.clean), LengthStep(cfg.clean),
+            LanguageStep(cfg.language), QualityStep(cfg.quality), RedactStep(cfg.pii)]
+
+
+class FilterFn(beam.DoFn):
+    """:class:`~pipelines.records.Doc` → the document every step kept (main output), or nothing.
+
+    Events (tag ``events``, per source): ``filtered:<reason>`` for a rejected document (once,
+    by the first step that rejects it), and the event counts of the steps (``redacted:<kind>``)
+    for a kept one. Each step's :meth:`~pipelines.stages.step.DocumentStep.setup` runs once per
+    DoFn instance.
+    """
+
+    def __init__(self, steps: Sequence[DocumentStep]):
+        self.steps = tuple(steps)
+
+    def setup(self):
+        """Set up every step (loads the language model when enabled)."""
+        for step in self.steps:
+            step.setup()
+
+    def start_bundle(self):
+        """A fresh event tally for the bundle."""
+        self.tally = EventTally()
+
+    def process(self, doc: Doc):
+        """Apply the steps (:func:`~pipelines.stages.step.run_steps`); yields the kept document."""
+        result = run_steps(doc, self.steps)
+        if result.doc is None:
+            self.tally.add(doc.source, f"filtered:{result.reason}")
+            return
+        for name, n in result.events.items():
+            self.tally.add(doc.source, name, n)
+        yield result.doc
+
+    def finish_bundle(self):
+        """Emit the bundle's event counts on tag ``events``."""
+        yield from self.tally.flush()
