@@ -47,8 +47,10 @@ class DataConfig:
             bytes of work memory per token (demo corpus, rows of 512, batch 16: 99.86 % real
             tokens at the default 262,144 = 512 rows of 512).
         max_tokens: token budget per micro-batch in ``token_budget`` mode (>= ``seq_len``).
-        prefetch_batches: batches prefetched ahead of the trainer per worker (or by the background
-            thread when ``num_workers`` is 0).
+        prefetch_batches: batches the background thread keeps ready ahead of the trainer, per worker
+            (or in all when ``num_workers`` is 0); at most that many, whatever a packing makes at once.
+            They are compact (about ``2 B T`` bytes each); fewer than about 8 costs a fast reader a
+            thread switch every few batches.
         pin_memory: pin batches in page-locked memory when CUDA is present.
     """
 
@@ -66,7 +68,7 @@ class DataConfig:
     batching: str = "packed"
     pack_window: int = 262144
     max_tokens: int = 2048
-    prefetch_batches: int = 2
+    prefetch_batches: int = 8
     pin_memory: bool = True
     index_dir: str = ""
 

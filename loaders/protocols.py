@@ -109,7 +109,8 @@ class ShardHandle(Protocol):
     """One open local shard, documents by index (what ``shards.format.layouts.Layout.open`` returns)."""
 
     errors: list[str]  # unreadable documents met by :meth:`locate`, for the caller to log and count as bad
-    ids: list[str] | None  # every document's raw id, or None when the shard only knows keys
+    has_ids: bool  # whether :attr:`ids` gives every document's raw id (else the shard only knows keys)
+    ids: list[str] | None  # every document's raw id (decoded when first read), or None
 
     @property
     def resident(self) -> bool:

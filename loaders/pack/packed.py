@@ -70,13 +70,13 @@ class GroupKeys:
 
     Args:
         handles: the shards' open handles (``None``: an unreadable shard, whose documents have the key
-            ``""``); each gives ``key_list()`` and ``ids`` (raw ids, or ``None``).
+            ``""``); each gives ``key_list()``, ``has_ids`` and ``ids`` (raw ids, when it has them).
         handle, local: ``int64`` ``[documents]``: each document's handle and its index in that shard.
     """
 
     def __init__(self, handles: list, handle: np.ndarray, local: np.ndarray):
         self.handles, self.handle, self.local = handles, handle, local
-        self.has_ids = all(h is None or h.ids is not None for h in handles)
+        self.has_ids = all(h is None or h.has_ids for h in handles)
 
     def take(self, docs: np.ndarray, escaped: bool = True) -> list[str]:
         """Sample keys (``escaped``) or raw ids of documents ``docs`` (``int64`` array), in bulk."""

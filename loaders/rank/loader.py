@@ -271,8 +271,8 @@ class TextLoader:
         self._unrecorded.append(batch.consumed)
         if len(self._unrecorded) >= RECORD_EVERY:
             self._apply_records()
-        if len(batch.consumed):
-            self.sources.delivered(self.epoch, batch.consumed, chunk_tokens(batch))
+        if len(batch.consumed):  # the epoch without reading the state (that would apply every record now)
+            self.sources.delivered(self._progress.epoch, batch.consumed, chunk_tokens(batch))
 
     def _sync(self) -> StepSync | None:
         """The step agreement of this epoch (``None``: none needed or none possible, warned)."""
@@ -303,36 +303,43 @@ def _expand(packed: Generator) -> Iterator[TokenBatch]:
 def _thread_prefetch(runs: Generator, depth: int, pin: bool,
                      on_get: Callable[[int], None] | None = None) -> Iterator[TokenBatch]:
     """Expand runs of packed batches into :class:`TokenBatch` es in a background thread, at most
-    ``depth`` batches ahead of the consumer (``data.prefetch_batches`` per worker: a run of one
-    packing may hold many); stops when the consumer stops, and closes ``runs`` (stopping worker
-    processes still reading ahead). ``on_get(n)`` is told the number of batches ready each time the
-    consumer asks for one."""
+    ``depth`` batches ahead of the consumer (``data.prefetch_batches`` per worker; a run, the batches
+    one packing made, is handed over as room comes); stops when the consumer stops, and closes
+    ``runs`` (stopping worker processes still reading ahead). ``on_get(n)`` is told the number of
+    batches ready each time the consumer asks for one."""
     depth = max(1, depth)
-    ready: collections.deque = collections.deque()  # expanded batches, oldest first
+    ready: collections.deque = collections.deque()  # expanded batches (then the end or an error), oldest first
     cond = threading.Condition()
     stop = threading.Event()
     end = object()
 
-    def put(item) -> bool:
-        with cond:
-            while len(ready) >= depth and isinstance(item, TokenBatch) and not stop.is_set():
-                cond.wait(0.1)
-            if stop.is_set():
-                return False
-            ready.append(item)
-            cond.notify_all()
-            return True
+    def hand_over(items: list) -> bool:
+        """Move ``items`` to ``ready`` as room comes, as many at once as fit."""
+        while items:
+            with cond:
+                while len(ready) >= depth and not stop.is_set():
+                    cond.wait(0.1)
+                if stop.is_set():
+                    return False
+                take = depth - len(ready)
+                ready.extend(items[:take])
+                del items[:take]
+                cond.notify_all()
+        return True
 
     def run():
         try:
             for packed in runs:
-                for p in packed:
-                    batch = TokenBatch.from_packed(p)
-                    if not put(batch.pin_memory() if pin else batch):
-                        return
-            put(end)
+                batches = [TokenBatch.from_packed(p) for p in packed]
+                if not hand_over([b.pin_memory() for b in batches] if pin else batches):
+                    return
+            with cond:
+                ready.append(end)
+                cond.notify_all()
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer thread
-            put(e)
+            with cond:
+                ready.append(e)
+                cond.notify_all()
         finally:
             runs.close()
 
@@ -342,11 +349,12 @@ def _thread_prefetch(runs: Generator, depth: int, pin: bool,
         while True:
             with cond:
                 if on_get is not None:
-                    on_get(sum(1 for b in ready if isinstance(b, TokenBatch)))
+                    on_get(len(ready) - (not isinstance(ready[-1], TokenBatch) if ready else 0))
                 while not ready:
                     cond.wait()
+                if len(ready) >= depth:  # the thread may be waiting for room
+                    cond.notify_all()
                 item = ready.popleft()
-                cond.notify_all()
             if item is end:
                 break
             if isinstance(item, BaseException):

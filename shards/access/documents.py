@@ -62,7 +62,7 @@ class IndexedShard:
             self._keys = [str(k) for k in self.table.keys]
         return self._keys
 
-    ids = None  # the member table holds keys, not the raw ids (an over-long id's key is hashed)
+    has_ids, ids = False, None  # the member table holds keys, not the raw ids (an over-long id's key is hashed)
 
     def _member(self, key: str, suffix: str, offset: int, size: int) -> bytes:
         """The ``size`` bytes at ``offset`` (bytes) of the shard. Raises ShardError when the shard is shorter."""

@@ -125,9 +125,11 @@ class BlockShard:
         """Every document's sample key, in file order (computed on first use)."""
         return self.docs.key_list()
 
+    has_ids = True  # the block metadata holds every document's raw id
+
     @property
     def ids(self) -> list[str]:
-        """Every document's raw id, in file order (a key is :func:`shards.escape_key` of it)."""
+        """Every document's raw id, in file order (a key is :func:`shards.escape_key` of it; decoded on first use)."""
         return self.docs.ids
 
     def _decode(self, b: int, decoder: TokenDecoder) -> np.ndarray:

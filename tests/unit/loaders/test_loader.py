@@ -395,3 +395,19 @@ def test_resume_with_forked_workers_repeats_the_batches(text_shards):
     again.load_state_dict(state)
     after = [b.input_ids for b in again]
     assert len(before + after) == len(whole) and all(a.equal(b) for a, b in zip(before + after, whole))
+
+
+def test_prefetch_thread_keeps_at_most_prefetch_batches_ready_whatever_a_packing_makes():
+    """The background thread hands a run of 30 batches (one packing) over as room comes: the trainer never
+    finds more than ``depth`` ready, and every batch comes once, in order."""
+    from loaders.pack.packed import PackedBatch
+    from loaders.rank.loader import _thread_prefetch
+
+    def batch(v):
+        return PackedBatch(np.full((1, 4), v, np.uint16), np.array([4], np.int32), np.array([1], np.int32))
+
+    runs = ([batch(100 * r + i) for i in range(30)] for r in range(3))
+    ready = []
+    out = [int(b.input_ids[0, 0]) for b in _thread_prefetch(runs, 3, False, ready.append)]
+    assert out == [100 * r + i for r in range(3) for i in range(30)]
+    assert len(ready) == 91 and max(ready) <= 3  # an ask per batch, and the last one meets the end
