@@ -38,14 +38,14 @@ import threading
 # Importing Beam logs a notice that its optional Google Cloud clients are missing; they are not
 # needed unless the job runs on Dataflow, so the notice is held back for the imports alone.
 logging.getLogger().setLevel(logging.ERROR)
-from pipelines.config import PipelineConfig  # noqa: E402
-from pipelines.job import InputError, run  # noqa: E402
-from pipelines.runners.selection import beam_options  # noqa: E402
-from pipelines.io.output import OutputExistsError, OutputNotWritableError  # noqa: E402
-from pipelines.records import input_root  # noqa: E402
-from pipelines.accounting.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
-from pipelines.stages.tokenize import EmptySampleError, load_processor  # noqa: E402
 from colaflow.wording import help_text, plural  # noqa: E402
+from pipelines.accounting.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
+from pipelines.config import PipelineConfig  # noqa: E402
+from pipelines.io.output import OutputExistsError, OutputNotWritableError  # noqa: E402
+from pipelines.job import InputError, run  # noqa: E402
+from pipelines.records import input_root  # noqa: E402
+from pipelines.runners.selection import beam_options  # noqa: E402
+from pipelines.stages.tokenize import EmptySampleError, load_processor  # noqa: E402
 
 # --help's epilog: the docstring's paragraphs on overrides, Beam options and exit codes
 EPILOG = help_text("\n\n".join(__doc__.split("\n\n")[3:5]))

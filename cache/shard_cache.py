@@ -10,9 +10,9 @@ from typing import Iterable, Iterator
 
 from cache.config import CacheConfig
 from cache.errors import CacheReadOnlyError, ShardFetchError
+from cache.metrics import CacheMetrics
 from cache.storage.fetch import Downloader, FetchSpec, hash_file, remote_size
 from cache.storage.locks import FileLock
-from cache.metrics import CacheMetrics
 from cache.storage.prefetch import Prefetcher
 from cache.storage.store import EntryMeta, Store, entry_key
 from shards.format.urls import split_query, url_name

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from loaders.pack.batching import BATCHING
+
 REMAINDER_POLICIES = ("uneven", "drop", "pad")
 STEP_POLICIES = ("pad", "drop", "uneven")
 WORKER_STARTS = ("fork", "spawn")

@@ -13,13 +13,19 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.runners.runner import PipelineState
 
 from colaflow.wording import count, plural
-
 from pipelines.accounting.read_summary import summarize
 from pipelines.accounting.report import write_report
 from pipelines.accounting.stats import EVENTS, NAMESPACE
 from pipelines.config import PipelineConfig
-from pipelines.io.output import (DEAD_LETTER_DIR, DUPLICATES_DIR, WriteJsonl, abort_output, finish_output,
-                                 prepare_output, refuse_inputs_in_artifacts)
+from pipelines.io.output import (
+    DEAD_LETTER_DIR,
+    DUPLICATES_DIR,
+    WriteJsonl,
+    abort_output,
+    finish_output,
+    prepare_output,
+    refuse_inputs_in_artifacts,
+)
 from pipelines.io.read import DEAD, ParseFn, ReadRecords
 from pipelines.records import file_format
 from pipelines.runners.selection import beam_options, make_runner

@@ -1,5 +1,5 @@
 """Entry point of ``python -m shards`` (see :mod:`shards.tools.cli`)."""
-from shards.tools.cli import main
 from colaflow.errors import run_cli
+from shards.tools.cli import main
 
 run_cli(main)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from cache.config import CacheConfig
 from colaflow.config import from_dict
-from trainer.kernels.reference import NORM_EPS
 from loaders.config import DataConfig
+from trainer.kernels.reference import NORM_EPS
 from trainer.run.hooks import parse_hooks
 
 log = logging.getLogger(__name__)

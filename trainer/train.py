@@ -12,27 +12,27 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from colaflow.config import to_dict
 from loaders.protocols import RankLoader, ShardSource
 from loaders.rank.batch import TokenBatch
 from trainer import checkpointing as ckpt
+from trainer.config import TrainConfig
+from trainer.distributed import parallel
+from trainer.evaluation import Evaluation, evaluation_summary, maybe_evaluate
+from trainer.metrics.hardware import HardwareMonitor
+from trainer.metrics.meter import IntervalMeter
+from trainer.metrics.mfu import flops_per_token, matmul_parameters, peak_flops
+from trainer.metrics.model_stats import LayerStats
+from trainer.metrics.profiling import StepProfiler
+from trainer.metrics.sinks import MetricsLogger
+from trainer.metrics.sources import source_fields
+from trainer.model import GPT, count_parameters
+from trainer.optim import clip_grad_norm, lr_at, set_lr
 from trainer.run.announce import data_summary, start_line
 from trainer.run.anomaly import AnomalyGuard
 from trainer.run.events import EventLog
-from trainer.run.hooks import NO_HOOKS, HookContext, StepHooks
-from trainer.evaluation import Evaluation, evaluation_summary, maybe_evaluate
-from trainer.distributed import parallel
-from trainer.config import TrainConfig
-from trainer.metrics.hardware import HardwareMonitor
-from trainer.metrics.meter import IntervalMeter
-from trainer.metrics.sinks import MetricsLogger
-from trainer.metrics.sources import source_fields
-from trainer.metrics.mfu import flops_per_token, matmul_parameters, peak_flops
-from trainer.metrics.model_stats import LayerStats
-from trainer.model import GPT, count_parameters
 from trainer.run.folder import checkpoint_root, prepare_run
-from trainer.optim import clip_grad_norm, lr_at, set_lr
-from trainer.metrics.profiling import StepProfiler
-from colaflow.config import to_dict
+from trainer.run.hooks import NO_HOOKS, HookContext, StepHooks
 
 
 def build_data(cfg: TrainConfig, info: parallel.DistInfo) -> tuple[ShardSource, RankLoader]:

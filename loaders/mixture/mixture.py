@@ -22,10 +22,23 @@ import numpy as np
 
 from loaders.config import DataConfig
 from loaders.mixture.plan import MixturePlan
-from loaders.mixture.sources import (LoadedSource, MixtureOrder, MixtureReader, combined_manifest, load_sources,
-                                     parse_sources, source_shares)
-from loaders.mixture.state import (STATE_KIND, STATE_VERSION, merge_source_states, read_sources, source_states,
-                                   to_progress)
+from loaders.mixture.sources import (
+    LoadedSource,
+    MixtureOrder,
+    MixtureReader,
+    combined_manifest,
+    load_sources,
+    parse_sources,
+    source_shares,
+)
+from loaders.mixture.state import (
+    STATE_KIND,
+    STATE_VERSION,
+    merge_source_states,
+    read_sources,
+    source_states,
+    to_progress,
+)
 from loaders.order.progress import Progress
 from loaders.protocols import ShardSource
 

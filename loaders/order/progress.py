@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from loaders.pack.packed import consumed_array
 from loaders.order.positions import PositionSet, decode_positions
+from loaders.pack.packed import consumed_array
 
 STATE_VERSION = 2  # 2: consumed positions saved as a compressed bitmap (1: a list; still read)
 EMPTY, BAD = -1, -2

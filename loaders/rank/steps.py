@@ -26,8 +26,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from loaders.rank.batch import TokenBatch
 from loaders.pack.packed import PackedBatch
+from loaders.rank.batch import TokenBatch
 
 log = logging.getLogger(__name__)
 

@@ -143,7 +143,6 @@ def bench_config(shards: str, seq_len: int = 512, batch_size: int = 16, workers:
             ``data.manifest`` / ``data.mixture`` (the data is ``shards``).
     """
     from colaflow.config import ConfigError, apply_overrides, from_dict
-
     from loaders.config import DataConfig
 
     base = {"manifest": shards, "seq_len": seq_len, "micro_batch_size": batch_size, "num_workers": workers,

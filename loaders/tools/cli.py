@@ -27,7 +27,6 @@ import yaml
 from colaflow.config import apply_overrides, from_dict
 from colaflow.errors import exit_status, explain
 from colaflow.wording import help_text
-
 from loaders.config import DataConfig
 from loaders.rank.loader import TextLoader, build_text_loader
 from loaders.read.shard_reader import LocalShards

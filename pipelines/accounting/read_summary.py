@@ -7,7 +7,6 @@ import dataclasses
 import apache_beam as beam
 
 from colaflow.wording import count
-
 from pipelines.records import BLANK_LINE, UNREADABLE_FILE, DeadLetter
 
 EXAMPLES = 3  # unreadable files a summary names

@@ -36,8 +36,8 @@ class OutputNotWritableError(OSError):
 
 def _artifacts(fs, root: str, prefix: str) -> list[str]:
     from pipelines.accounting.report import REPORT_HTML, REPORT_PNG, REPORT_TXT
-    from pipelines.stages.write_shards import TMP_DIR, TOKENIZER_FILE
     from pipelines.stages.split import VAL_DIR
+    from pipelines.stages.write_shards import TMP_DIR, TOKENIZER_FILE
 
     fs.invalidate_cache()  # other processes (Beam workers) wrote here since the last listing
     names = ["manifest.json", "stats.json", TOKENIZER_FILE, "shardindex.json", REPORT_TXT, REPORT_PNG,

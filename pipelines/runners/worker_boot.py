@@ -34,9 +34,14 @@ from importlib import metadata
 
 import grpc
 from apache_beam.portability import common_urns
-from apache_beam.portability.api import (beam_artifact_api_pb2, beam_artifact_api_pb2_grpc, beam_provision_api_pb2,
-                                         beam_runner_api_pb2,
-                                         beam_provision_api_pb2_grpc, endpoints_pb2)
+from apache_beam.portability.api import (
+    beam_artifact_api_pb2,
+    beam_artifact_api_pb2_grpc,
+    beam_provision_api_pb2,
+    beam_provision_api_pb2_grpc,
+    beam_runner_api_pb2,
+    endpoints_pb2,
+)
 from google.protobuf import json_format, text_format
 
 EXTRA_PACKAGES_FILE = "extra_packages.txt"  # names written by Beam's stager
@@ -70,7 +75,9 @@ def fetch_artifacts(endpoint: str, worker_id: str, dependencies, dest: str) -> l
 
 
 def _missing(requirements: list[str]) -> list[str]:
-    from pip._vendor.packaging.requirements import Requirement  # pip is always there to install with
+    from pip._vendor.packaging.requirements import (
+        Requirement,  # pip is always there to install with
+    )
 
     out = []
     for line in requirements:

@@ -24,9 +24,9 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from pipelines.accounting.stats import EVENTS, NAMESPACE, event
 from pipelines.config import DedupConfig
 from pipelines.records import DUPLICATES, DedupOutput, Doc, duplicate_record
-from pipelines.accounting.stats import EVENTS, NAMESPACE, event
 
 LIST_MAX = 64  # bucket members listed by the combiner before a bucket counts as hot
 PARTITION_DOCS = 50_000  # documents whose band buckets share one BucketTable accumulator

@@ -14,11 +14,10 @@ import hashlib
 
 import apache_beam as beam
 
-from shards import Manifest
-
-from pipelines.stages.clean import content_hash, hash_fraction
 from pipelines.config import ShardsConfig
 from pipelines.records import TokenizedDoc
+from pipelines.stages.clean import content_hash, hash_fraction
+from shards import Manifest
 
 VAL = "val"  # tag of the validation output and name of its split
 VAL_DIR = "val"  # folder of the validation shard set, relative to the output folder

@@ -16,17 +16,22 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from shards import Manifest, TarShardWriter, escape_key, shard_name
-from shards.format.layouts import EncodedDocument, check_settings, get_layout
-from shards.io.index import WIDS_FILE, build_shard_index, dali_index_path, wids_index, write_dali_index
 from colaflow.wording import count
-
-from pipelines.stages.clean import stable_bucket
+from pipelines.accounting.stats import EVENTS, aggregate, event
 from pipelines.config import ShardsConfig
 from pipelines.io.frames import Blob, decode, encode
 from pipelines.records import Doc
+from pipelines.stages.clean import stable_bucket
 from pipelines.stages.split import VAL, VAL_DIR, split_entry
-from pipelines.accounting.stats import EVENTS, aggregate, event
+from shards import Manifest, TarShardWriter, escape_key, shard_name
+from shards.format.layouts import EncodedDocument, check_settings, get_layout
+from shards.io.index import (
+    WIDS_FILE,
+    build_shard_index,
+    dali_index_path,
+    wids_index,
+    write_dali_index,
+)
 
 TMP_DIR = "_tmp_buckets"
 TOKENIZER_FILE = "tokenizer.model"

@@ -24,12 +24,11 @@ import os
 
 import numpy as np
 
-from shards.io.reader import ShardError
+from shards.access.local_file import RESIDENT_BYTES
+from shards.access.member_index import TableCache, store_file, store_path, table_key
 from shards.format.blocks import META_SUFFIX, decode_meta
 from shards.format.keys import escape_keys
-
-from shards.access.member_index import TableCache, store_file, store_path, table_key
-from shards.access.local_file import RESIDENT_BYTES
+from shards.io.reader import ShardError
 
 log = logging.getLogger(__name__)
 

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shards.io.reader import ShardError
-from shards.io.index import SampleEntry, dali_index_path, read_dali_index, read_sample
 from shards.format.keys import split_name
 from shards.format.sample import field_name
+from shards.io.index import SampleEntry, dali_index_path, read_dali_index, read_sample
+from shards.io.reader import ShardError
 
 log = logging.getLogger(__name__)
 

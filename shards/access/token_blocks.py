@@ -26,13 +26,12 @@ import threading
 
 import numpy as np
 
-from shards.io.reader import ShardError
-from shards.format.blocks import npy_data_offset
-
 from shards.access.doc_table import doc_table
-from shards.access.member_index import member_table
 from shards.access.local_file import is_resident, read_or_map
+from shards.access.member_index import member_table
+from shards.format.blocks import npy_data_offset
 from shards.format.tokens import TokenDecoder
+from shards.io.reader import ShardError
 
 # Decompressed zstd blocks kept per open shard: a shuffle block's documents span several token
 # blocks and are visited in random order, so the whole span must stay decompressed.

@@ -7,11 +7,9 @@ load it by URL (fsspec) and hand the sha256/bytes to the cache for verification.
 from __future__ import annotations
 
 # fsspec is imported where it is used: loader worker processes reading local shards skip its import
-
 import json
 import os
 from dataclasses import asdict, dataclass, field
-
 
 from shards.format.layouts import LAYOUTS, get_layout
 from shards.format.urls import shard_url  # noqa: F401  (re-exported: shard URLs beside a manifest)

@@ -15,7 +15,6 @@ Offsets come from ``tarfile.TarInfo.offset_data``; :func:`read_sample` seeks to 
 from __future__ import annotations
 
 # fsspec is imported where it is used: loader worker processes reading local shards skip its import
-
 import functools
 import hashlib
 import json
@@ -25,10 +24,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-
 from shards.format.keys import split_name
-from shards.io.reader import ShardError, decode_sample, iter_groups
 from shards.format.sample import count_tokens, field_name
+from shards.io.reader import ShardError, decode_sample, iter_groups
 
 DALI_INDEX_VERSION = "v1.2"
 WIDS_KIND = "wids-shard-index-v1"

@@ -13,13 +13,11 @@ marker follow (POSIX.1-1988 ustar: "two consecutive 512-byte blocks of zeros").
 from __future__ import annotations
 
 # fsspec is imported where it is used: loader worker processes reading local shards skip its import
-
 import collections
 import logging
 import tarfile
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
-
 
 from shards.format.keys import split_name
 from shards.format.sample import decode_member, missing_fields

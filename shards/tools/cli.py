@@ -14,14 +14,33 @@ import sys
 import tarfile
 from collections import Counter
 
-from shards.format.blocks import BLOCK_LAYOUT, META_SUFFIX, block_documents, decode_meta, is_block
 from colaflow.errors import exit_status, explain
-from shards.io.index import WIDS_FILE, build_shard_index, dali_index_path, read_sample, write_dali_index, write_wids_index
-from shards.io.reader import ReadStats, ShardError, decode_sample, iter_raw, iter_samples
-from shards.tools.reshard import reshard
-from shards.format.sample import count_tokens, zstd_decompress
-from shards.tools.validate import VerifyConfig, resolve, verify_paths
 from colaflow.wording import count, help_text, plural
+from shards.format.blocks import (
+    BLOCK_LAYOUT,
+    META_SUFFIX,
+    block_documents,
+    decode_meta,
+    is_block,
+)
+from shards.format.sample import count_tokens, zstd_decompress
+from shards.io.index import (
+    WIDS_FILE,
+    build_shard_index,
+    dali_index_path,
+    read_sample,
+    write_dali_index,
+    write_wids_index,
+)
+from shards.io.reader import (
+    ReadStats,
+    ShardError,
+    decode_sample,
+    iter_raw,
+    iter_samples,
+)
+from shards.tools.reshard import reshard
+from shards.tools.validate import VerifyConfig, resolve, verify_paths
 
 _UNITS = {"k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
 

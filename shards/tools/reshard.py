@@ -7,10 +7,10 @@ from tqdm import tqdm
 
 from shards.format.blocks import block_counts, is_block
 from shards.format.manifest import Manifest
-from shards.io.reader import ShardError, iter_raw
 from shards.format.sample import count_tokens, field_name
-from shards.tools.validate import resolve
+from shards.io.reader import ShardError, iter_raw
 from shards.io.writer import ShardSequenceWriter
+from shards.tools.validate import resolve
 
 
 def sample_tokens(fields: dict[str, bytes]) -> int:

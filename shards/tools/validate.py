@@ -14,14 +14,12 @@ are compared with the manifest only when the shard read without any fault.
 from __future__ import annotations
 
 # fsspec is imported where it is used: loader worker processes reading local shards skip its import
-
 import os
 from dataclasses import dataclass, field
 
-
 from shards.format.blocks import BLOCK_LAYOUT
-from shards.io.index import HashingReader
 from shards.format.manifest import Manifest, ShardInfo
+from shards.io.index import HashingReader
 from shards.io.reader import ReadStats, ShardError, iter_samples
 
 SAMPLE_FAULTS = ("duplicate_member", "non_adjacent", "no_suffix", "not_regular", "missing_field", "undecodable")
@@ -172,7 +170,9 @@ def verify_paths(paths: list[str], cfg: VerifyConfig | None = None, progress: bo
     """Verify shards given as folders, manifests or ``.tar`` paths (see :func:`resolve`)."""
     cfg = cfg or VerifyConfig()
     reports = []
-    from tqdm import tqdm  # imported where used, as fsspec is (loader workers import this module)
+    from tqdm import (
+        tqdm,  # imported where used, as fsspec is (loader workers import this module)
+    )
 
     for path, entry, manifest in tqdm(resolve(paths), desc="verify", unit="shard", disable=not progress):
         reports.append(verify_shard(path, entry, cfg, _schema(cfg, manifest)))

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from trainer.distributed import parallel
 from trainer.config import TrainConfig
+from trainer.distributed import parallel
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,26 @@ from __future__ import annotations
 
 import torch
 
-from trainer.kernels.dispatch import BACKENDS, ENV_VAR, resolve_backend, triton_available
-from trainer.kernels.linear_ce import (REDUCTIONS, LinearCrossEntropyFunction, reduce_loss, run_chunks,
-                        torch_ce_chunk)
-from trainer.kernels.reference import (NORM_EPS, check_norm_params, layer_norm_reference, linear_cross_entropy_reference,
-                        rms_norm_reference)
+from trainer.kernels.dispatch import (
+    BACKENDS,
+    ENV_VAR,
+    resolve_backend,
+    triton_available,
+)
+from trainer.kernels.linear_ce import (
+    REDUCTIONS,
+    LinearCrossEntropyFunction,
+    reduce_loss,
+    run_chunks,
+    torch_ce_chunk,
+)
+from trainer.kernels.reference import (
+    NORM_EPS,
+    check_norm_params,
+    layer_norm_reference,
+    linear_cross_entropy_reference,
+    rms_norm_reference,
+)
 
 __all__ = ["BACKENDS", "ENV_VAR", "NORM_EPS", "layer_norm", "linear_cross_entropy", "rms_norm",
            "resolve_backend", "triton_available"]

@@ -18,7 +18,6 @@ from triton.compiler import ASTSource
 
 from colaflow.errors import run_cli
 from colaflow.wording import help_text
-
 from trainer.kernels import ce_triton, norm_triton
 
 

@@ -22,9 +22,9 @@ import sys
 
 from colaflow.errors import run_cli
 from colaflow.wording import help_text
+from trainer.metrics.sources import source_rows
 from trainer.report.plots import PLOTS
 from trainer.report.run_metrics import Markers, RunMetrics, read_markers, read_metrics
-from trainer.metrics.sources import source_rows
 
 __all__ = ["read_metrics", "summarize", "write_report", "main"]
 

@@ -47,6 +47,7 @@ def check_runnable(cfg: TrainConfig, data: DataSummary) -> None:
         colaflow.config.ConfigError: one of them does not hold (exit 2; the message names the fix).
     """
     import fsspec
+
     from colaflow.config import ConfigError
     limit = cfg.cache.max_bytes_int
     if data.largest_shard_bytes > limit:

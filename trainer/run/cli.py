@@ -87,9 +87,9 @@ def dry_run(cfg) -> int:
     """
     import torch
 
-    from trainer.run.announce import check_runnable, data_summary, start_line
     from trainer.checkpointing import read_meta
     from trainer.checkpointing.verify import check_stored
+    from trainer.run.announce import check_runnable, data_summary, start_line
     from trainer.run.folder import plan_run
     from trainer.train import resolve_vocab_size
     resolve_vocab_size(cfg)
@@ -132,9 +132,9 @@ def main(argv: list[str], prog: str = "python -m trainer") -> int:
         return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - expected user/data errors end in one line; others re-raise
         from cache.errors import CacheError
-        from trainer.train import NoDataError, RollbackError
         from trainer.checkpointing.layout import CheckpointStorageError
         from trainer.checkpointing.verify import CheckpointVerifyError
+        from trainer.train import NoDataError, RollbackError
         if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, RollbackError,
                               CheckpointVerifyError, CheckpointStorageError)):
             raise

@@ -10,7 +10,14 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from trainer.checkpointing.layout import exists, is_url, latest_checkpoint, list_names, open_file, read_meta
+from trainer.checkpointing.layout import (
+    exists,
+    is_url,
+    latest_checkpoint,
+    list_names,
+    open_file,
+    read_meta,
+)
 from trainer.checkpointing.storage import open_store
 from trainer.config import TrainConfig
 
@@ -59,6 +66,7 @@ def check_compatible(path: str, cfg: TrainConfig) -> int:
             ``cfg.model`` (the differing keys are named).
     """
     import yaml
+
     from colaflow.config import to_dict
     try:
         meta = read_meta(path)

@@ -22,9 +22,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from loaders.images.dali import DaliImageLoader
 from colaflow.errors import run_cli
 from colaflow.wording import help_text
+from loaders.images.dali import DaliImageLoader
 from trainer.vision.model import TinyCNN
 
 

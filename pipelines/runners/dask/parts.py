@@ -13,8 +13,8 @@ from apache_beam.runners.dask.transform_evaluator import defenestrate
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from pipelines.runners.dask.combine import group_key
 from pipelines.io.frames import PartWriter, decode, decode_list, encode
+from pipelines.runners.dask.combine import group_key
 
 
 def _key_hash(key) -> int:

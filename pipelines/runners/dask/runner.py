@@ -23,17 +23,29 @@ import apache_beam as beam
 import dask.bag as db
 from apache_beam import pvalue
 from apache_beam.pipeline import PipelineVisitor, PTransformOverride
-from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, Receiver, _OutputHandler
+from apache_beam.runners.common import (
+    DoFnContext,
+    DoFnInvoker,
+    DoFnSignature,
+    Receiver,
+    _OutputHandler,
+)
 from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner
-from apache_beam.runners.dask.overrides import _Create, _Flatten, _GroupByKeyOnly, _Reshuffle, dask_overrides
+from apache_beam.runners.dask.overrides import (
+    _Create,
+    _Flatten,
+    _GroupByKeyOnly,
+    _Reshuffle,
+    dask_overrides,
+)
 from apache_beam.runners.dask.transform_evaluator import get_windowed_value
 from apache_beam.transforms.sideinputs import SideInputMap
 
+from pipelines.io.frames import PartWriter, decode, decode_list, encode
 from pipelines.runners.dask.combine import LiftedCombine
 from pipelines.runners.dask.parts import group, group_pieces, shuffle, spread
 from pipelines.runners.dask.trim import PLUGIN_NAME, TrimMemory
 from pipelines.runners.dask.watch import JobResult
-from pipelines.io.frames import PartWriter, decode, decode_list, encode
 
 MIN_PARTITIONS = 4  # a Reshuffle spreads over at least this many bag partitions
 PARTITION_BYTES = 4_000_000  # input bytes per bag partition: a task's share stays this size as the corpus grows
