@@ -8,13 +8,7 @@ Public API::
     path = cache.get(url, sha256=..., size=...)
 """
 from cache.config import CacheConfig, format_size, load_cache_config, parse_size
-from cache.errors import (
-    CacheError,
-    CacheFullError,
-    CacheReadOnlyError,
-    ShardFetchError,
-    ShardVerifyError,
-)
+from cache.errors import CacheError, CacheFullError, CacheReadOnlyError, ShardFetchError, ShardVerifyError
 from cache.shard_cache import ShardCache
 
 __all__ = [

@@ -16,21 +16,8 @@ from typing import Iterator
 import numpy as np
 import numpy.ma  # noqa: F401 - np.unique imports it on its first call: 10 ms inside the first batch otherwise
 
-from loaders.pack.batching import (
-    Batching,
-    BestFit,
-    RowPlan,
-    best_fit_bins,
-    packing_order,
-)
-from loaders.pack.packed import (
-    BatchKeys,
-    KeyList,
-    PackedBatch,
-    compact_ids,
-    consumed_array,
-    records_only,
-)
+from loaders.pack.batching import Batching, BestFit, RowPlan, best_fit_bins, packing_order
+from loaders.pack.packed import BatchKeys, KeyList, PackedBatch, compact_ids, consumed_array, records_only
 
 FIELDS = ("pos", "idx", "n", "length", "group", "key", "src", "off")
 GATHER_TOKENS = 65_536  # tokens gathered per np.take: 512 KiB of int64 indices, within a core's L2 cache

@@ -17,13 +17,7 @@ from loaders.order.sample_order import plan_split
 from loaders.pack.batching import BestFit, batching
 from loaders.protocols import ShardSource, Sources
 from loaders.rank.batch import TokenBatch
-from loaders.rank.steps import (
-    StepCounts,
-    StepSync,
-    equal_steps,
-    padding_batch,
-    torch_step_sync,
-)
+from loaders.rank.steps import StepCounts, StepSync, equal_steps, padding_batch, torch_step_sync
 from loaders.read.shard_reader import LocalShards
 from loaders.sources import build_sources
 from loaders.worker.pool import WorkerPool

@@ -12,15 +12,7 @@ from apache_beam.io.fileio import EmptyMatchTreatment
 from pipelines.accounting.stats import EVENTS, EventTally, event
 from pipelines.config import InputConfig
 from pipelines.io.reading import plan_splits, read_split
-from pipelines.records import (
-    DeadLetter,
-    RawUnit,
-    file_format,
-    file_stem,
-    input_root,
-    parse_unit,
-    relative_name,
-)
+from pipelines.records import DeadLetter, RawUnit, file_format, file_stem, input_root, parse_unit, relative_name
 
 DEAD = "dead"  # ParseFn's tag of dead letters
 

@@ -36,15 +36,7 @@ from tqdm import tqdm
 
 from colaflow.wording import count
 from pipelines.config import InputConfig
-from pipelines.records import (
-    PARQUET,
-    RAW_EXCERPT_BYTES,
-    TOO_LARGE,
-    UNREADABLE,
-    ParquetRow,
-    RawUnit,
-    file_format,
-)
+from pipelines.records import PARQUET, RAW_EXCERPT_BYTES, TOO_LARGE, UNREADABLE, ParquetRow, RawUnit, file_format
 
 CHUNK_BYTES = 1 << 20
 _COMPRESSED = (".gz", ".bz2", ".zst")

@@ -150,9 +150,7 @@ def make_runner(options: PipelineOptions, input_bytes: int = 0) -> PipelineRunne
         runner.is_interactive()
         return runner
     if name == "DaskRunner":
-        from pipelines.runners.dask.runner import (
-            ColaflowDaskRunner,  # dask is optional (colaflow[dask])
-        )
+        from pipelines.runners.dask.runner import ColaflowDaskRunner  # dask is optional (colaflow[dask])
 
         return ColaflowDaskRunner(input_bytes)
     return None

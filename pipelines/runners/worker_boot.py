@@ -75,9 +75,7 @@ def fetch_artifacts(endpoint: str, worker_id: str, dependencies, dest: str) -> l
 
 
 def _missing(requirements: list[str]) -> list[str]:
-    from pip._vendor.packaging.requirements import (
-        Requirement,  # pip is always there to install with
-    )
+    from pip._vendor.packaging.requirements import Requirement  # pip is always there to install with
 
     out = []
     for line in requirements:

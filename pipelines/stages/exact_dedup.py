@@ -7,13 +7,7 @@ from typing import NamedTuple
 import apache_beam as beam
 
 from pipelines.accounting.stats import EVENTS, event
-from pipelines.records import (
-    DUPLICATES,
-    DedupOutput,
-    Doc,
-    disambiguate_id,
-    duplicate_record,
-)
+from pipelines.records import DUPLICATES, DedupOutput, Doc, disambiguate_id, duplicate_record
 from pipelines.stages.clean import content_hash
 
 LIST_MAX = 64  # members a combiner accumulator lists before a key counts as a hot key

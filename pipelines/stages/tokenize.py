@@ -26,12 +26,7 @@ from pipelines.accounting.read_summary import ReadSummary
 from pipelines.accounting.stats import EventTally
 from pipelines.config import TokenizerConfig
 from pipelines.records import Doc, TokenizedDoc
-from pipelines.stages.tokenizer_sample import (
-    SampleCutoff,
-    SmallestHashSample,
-    sample_key,
-    sample_text,
-)
+from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 
 # Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial cutoffs
 # (each at most the rows of sample_max_bytes of documents), not one per bundle

@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import tempfile
+from typing import NamedTuple
 
 import apache_beam as beam
 import fsspec
@@ -23,15 +24,9 @@ from pipelines.io.frames import Blob, decode, encode
 from pipelines.records import Doc
 from pipelines.stages.clean import stable_bucket
 from pipelines.stages.split import VAL, VAL_DIR, split_entry
-from shards import Manifest, TarShardWriter, escape_key, shard_name
+from shards import Manifest, ShardIndex, ShardInfo, TarShardWriter, escape_key, shard_name
 from shards.format.layouts import EncodedDocument, check_settings, get_layout
-from shards.io.index import (
-    WIDS_FILE,
-    build_shard_index,
-    dali_index_path,
-    wids_index,
-    write_dali_index,
-)
+from shards.io.index import WIDS_FILE, build_shard_index, dali_index_path, wids_index, write_dali_index
 
 TMP_DIR = "_tmp_buckets"
 TOKENIZER_FILE = "tokenizer.model"
@@ -134,8 +129,18 @@ def _fs(url: str):
     return fsspec.core.url_to_fs(url)
 
 
+class WrittenShard(NamedTuple):
+    """One written bucket, before the commit names it: its ``bucket`` number, the shard's ``info``
+    (:class:`shards.ShardInfo`, named after the bucket until then) and its ``index``
+    (:class:`shards.ShardIndex` without per-sample offsets, or ``None`` without ``shards.write_index``)."""
+
+    bucket: int
+    info: ShardInfo
+    index: ShardIndex | None
+
+
 class WriteBucketFn(beam.DoFn):
-    """``(bucket, runs)`` → ``(bucket, ShardInfo, ShardIndex | None)`` of a tar under ``OUT/_tmp_buckets/``.
+    """``(bucket, runs)`` → the :class:`WrittenShard` of a tar under ``OUT/_tmp_buckets/``.
 
     ``runs`` are :class:`pipelines.io.frames.Blob` s of encoded samples, each run sorted by
     :func:`sample_order` (:class:`AssignBucketsFn`); they are merged, so samples are written sorted by key and only
@@ -189,7 +194,7 @@ class WriteBucketFn(beam.DoFn):
                 fs.put_file(local_file, f"{root}/{TMP_DIR}/{os.path.basename(local_file)}")
                 os.unlink(local_file)
             os.rmdir(tmp_local)
-        yield bucket, writer.info, index
+        yield WrittenShard(bucket, writer.info, index)
 
 
 def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, model: bytes, splits: dict | None = None) -> Manifest:
@@ -203,7 +208,7 @@ def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, model: bytes
     fs, root = _fs(output_dir)
     fs.makedirs(root, exist_ok=True)
     infos, indexes = [], []
-    for n, (bucket, info, index) in enumerate(sorted(shards, key=lambda s: s[0])):
+    for n, (bucket, info, index) in enumerate(sorted(shards, key=lambda s: s.bucket)):
         final = shard_name(cfg.prefix, n)
         src = f"{root}/{TMP_DIR}/{bucket_name(bucket)}"
         for a, b in [(src, f"{root}/{final}"), (dali_index_path(src), dali_index_path(f"{root}/{final}"))]:
@@ -275,7 +280,7 @@ def _encode_batch(batch: list, store_text: bool, layout: str) -> list:
 
 
 class WriteShards(beam.PTransform):
-    """``PCollection[list[(Doc, tokens)]]`` (batches) → ``(bucket, ShardInfo, ShardIndex | None)`` per
+    """``PCollection[list[(Doc, tokens)]]`` (batches) → a :class:`WrittenShard` per
     bucket (tag ``events``). Samples travel in batches up to the bucket assignment, which needs the
     total size as a side input, so the runner materialises a few large elements, not one per sample."""
 

@@ -164,9 +164,7 @@ def iter_documents(path: str, fileobj=None, **kw) -> Iterator[dict]:
     Raises ``ShardError`` as ``iter_samples`` does, ``ValueError`` for a block whose tokens do not
     match its metadata.
     """
-    from shards.io.reader import (
-        iter_samples,  # the reader does not depend on blocks; keep it that way
-    )
+    from shards.io.reader import iter_samples  # the reader does not depend on blocks; keep it that way
 
     for sample in iter_samples(path, fileobj, **kw):
         meta = sample.get("json")

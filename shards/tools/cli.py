@@ -14,15 +14,11 @@ import sys
 import tarfile
 from collections import Counter
 
+import numpy as np
+
 from colaflow.errors import exit_status, explain
 from colaflow.wording import count, help_text, plural
-from shards.format.blocks import (
-    BLOCK_LAYOUT,
-    META_SUFFIX,
-    block_documents,
-    decode_meta,
-    is_block,
-)
+from shards.format.blocks import BLOCK_LAYOUT, META_SUFFIX, block_documents, decode_meta, is_block
 from shards.format.sample import count_tokens, zstd_decompress
 from shards.io.index import (
     WIDS_FILE,
@@ -32,13 +28,7 @@ from shards.io.index import (
     write_dali_index,
     write_wids_index,
 )
-from shards.io.reader import (
-    ReadStats,
-    ShardError,
-    decode_sample,
-    iter_raw,
-    iter_samples,
-)
+from shards.io.reader import ReadStats, ShardError, decode_sample, iter_raw, iter_samples
 from shards.tools.reshard import reshard
 from shards.tools.validate import VerifyConfig, resolve, verify_paths
 
@@ -72,7 +62,7 @@ def _show(sample: dict, sp, out) -> None:
     for name, value in sample.items():
         if name == "__key__":
             continue
-        if hasattr(value, "dtype"):
+        if isinstance(value, np.ndarray):
             head = " ".join(str(int(x)) for x in value[:16])
             print(f"  {name}: {value.dtype}[{value.size}] {head}{' ...' if value.size > 16 else ''}", file=out)
             if sp is not None and name == "tokens":

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from shards.format.blocks import BLOCK_LAYOUT
 from shards.format.manifest import Manifest, ShardInfo
 from shards.io.index import HashingReader
@@ -101,7 +103,7 @@ def verify_shard(path: str, expected: ShardInfo | None = None, cfg: VerifyConfig
         hf = HashingReader(f)
         for sample in iter_samples(path, hf, stats=stats, schema=schema):
             tokens = sample.get("tokens")
-            n = int(tokens.size) if tokens is not None and hasattr(tokens, "size") else 0
+            n = int(tokens.size) if isinstance(tokens, np.ndarray) else 0
             meta = sample.get("json")
             if isinstance(meta, dict) and meta.get("layout") == BLOCK_LAYOUT:
                 lengths = meta.get("lengths") or []
@@ -170,9 +172,7 @@ def verify_paths(paths: list[str], cfg: VerifyConfig | None = None, progress: bo
     """Verify shards given as folders, manifests or ``.tar`` paths (see :func:`resolve`)."""
     cfg = cfg or VerifyConfig()
     reports = []
-    from tqdm import (
-        tqdm,  # imported where used, as fsspec is (loader workers import this module)
-    )
+    from tqdm import tqdm  # imported where used, as fsspec is (loader workers import this module)
 
     for path, entry, manifest in tqdm(resolve(paths), desc="verify", unit="shard", disable=not progress):
         reports.append(verify_shard(path, entry, cfg, _schema(cfg, manifest)))

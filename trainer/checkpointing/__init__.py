@@ -1,11 +1,5 @@
 """Atomic, verified, resharding DCP checkpoints of a run (``trainer/README.md`` maps the modules)."""
-from trainer.checkpointing.checkpoint import (
-                                         Checkpointer,
-                                         Restored,
-                                         load_checkpoint,
-                                         restore,
-                                         save_checkpoint,
-)
+from trainer.checkpointing.checkpoint import Checkpointer, Restored, load_checkpoint, restore, save_checkpoint
 from trainer.checkpointing.layout import (
                                          COMPLETE,
                                          CheckpointStorageError,

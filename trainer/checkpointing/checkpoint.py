@@ -25,21 +25,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 import trainer.checkpointing.verify as V
-from trainer.checkpointing.layout import (
-    COMPLETE,
-    exists,
-    git_commit,
-    list_checkpoints,
-    package_versions,
-    step_dir,
-)
-from trainer.checkpointing.state import (
-    apply_state,
-    build_state,
-    load_into,
-    process_rank,
-    set_rng_state,
-)
+from trainer.checkpointing.layout import COMPLETE, exists, git_commit, list_checkpoints, package_versions, step_dir
+from trainer.checkpointing.state import apply_state, build_state, load_into, process_rank, set_rng_state
 from trainer.checkpointing.storage import open_store
 
 

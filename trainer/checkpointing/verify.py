@@ -23,13 +23,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
-from trainer.checkpointing.layout import (
-    COMPLETE,
-    exists,
-    open_file,
-    read_meta,
-    storage_reader,
-)
+from trainer.checkpointing.layout import COMPLETE, exists, open_file, read_meta, storage_reader
 from trainer.checkpointing.state import load_full_state
 from trainer.evaluation.synthetic import synthetic_batch
 

@@ -16,14 +16,7 @@ import torch
 import trainer.export.models as models
 from trainer.export.config import ExportConfig
 from trainer.export.provenance import provenance
-from trainer.export.verify import (
-    ValidationBatch,
-    VariantResult,
-    compare,
-    latency_ms,
-    reference,
-    validation_batches,
-)
+from trainer.export.verify import ValidationBatch, VariantResult, compare, latency_ms, reference, validation_batches
 
 log = logging.getLogger(__name__)
 REPORT_JSON = "conversion_report.json"

@@ -9,19 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.kernels.dispatch import (
-    BACKENDS,
-    ENV_VAR,
-    resolve_backend,
-    triton_available,
-)
-from trainer.kernels.linear_ce import (
-    REDUCTIONS,
-    LinearCrossEntropyFunction,
-    reduce_loss,
-    run_chunks,
-    torch_ce_chunk,
-)
+from trainer.kernels.dispatch import BACKENDS, ENV_VAR, resolve_backend, triton_available
+from trainer.kernels.linear_ce import REDUCTIONS, LinearCrossEntropyFunction, reduce_loss, run_chunks, torch_ce_chunk
 from trainer.kernels.reference import (
     NORM_EPS,
     check_norm_params,

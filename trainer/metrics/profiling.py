@@ -12,12 +12,7 @@ from __future__ import annotations
 import os
 
 import torch
-from torch.profiler import (
-    ProfilerActivity,
-    profile,
-    schedule,
-    tensorboard_trace_handler,
-)
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 
 class StepProfiler:

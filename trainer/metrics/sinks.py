@@ -130,9 +130,7 @@ class MetricsLogger:
                              mininterval=0.1 if sys.stderr.isatty() else 30.0)
         if tensorboard_dir:
             try:
-                from torch.utils.tensorboard import (
-                    SummaryWriter,  # imports tensorboard: only when asked for
-                )
+                from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for
                 self._tb = SummaryWriter(log_dir=os.path.join(run_dir, tensorboard_dir))
             except ImportError as e:
                 log.warning("metrics.tensorboard_dir=%r but TensorBoard is not importable (%s); going on without "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loaders.config import DataConfig
+from loaders.pack.batching import batching
 from trainer.config import TrainConfig
 from trainer.run.folder import RunPlan
 
@@ -66,8 +67,7 @@ def planned_epochs(cfg: TrainConfig, data: DataSummary, world_size: int) -> floa
     x seq_len x world_size`` in ``packed`` mode, ``max_tokens`` per micro-batch in
     ``token_budget`` mode) over the dataset's tokens. An upper bound on data read: padding
     positions of packed rows hold no document tokens, so real epochs can be slightly more."""
-    per_micro = (cfg.data.max_tokens if cfg.data.batching == "token_budget"
-                 else cfg.data.micro_batch_size * cfg.data.seq_len)
+    per_micro = batching(cfg.data).micro_batch_tokens
     positions = cfg.steps * cfg.optim.grad_accum_steps * per_micro * world_size
     return positions / data.tokens if data.tokens else float("inf")
 

@@ -10,14 +10,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from trainer.checkpointing.layout import (
-    exists,
-    is_url,
-    latest_checkpoint,
-    list_names,
-    open_file,
-    read_meta,
-)
+from trainer.checkpointing.layout import exists, is_url, latest_checkpoint, list_names, open_file, read_meta
 from trainer.checkpointing.storage import open_store
 from trainer.config import TrainConfig
 

@@ -23,21 +23,9 @@ import apache_beam as beam
 import dask.bag as db
 from apache_beam import pvalue
 from apache_beam.pipeline import PipelineVisitor, PTransformOverride
-from apache_beam.runners.common import (
-    DoFnContext,
-    DoFnInvoker,
-    DoFnSignature,
-    Receiver,
-    _OutputHandler,
-)
+from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, Receiver, _OutputHandler
 from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner
-from apache_beam.runners.dask.overrides import (
-    _Create,
-    _Flatten,
-    _GroupByKeyOnly,
-    _Reshuffle,
-    dask_overrides,
-)
+from apache_beam.runners.dask.overrides import _Create, _Flatten, _GroupByKeyOnly, _Reshuffle, dask_overrides
 from apache_beam.runners.dask.transform_evaluator import get_windowed_value
 from apache_beam.transforms.sideinputs import SideInputMap
 
