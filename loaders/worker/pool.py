@@ -10,7 +10,7 @@
   zstandard and the shard readers (about 0.2 s), inheriting nothing of the trainer.
 
 Protocol: the worker gets ``(stream, worker, num_workers)`` pickled
-(:class:`loaders.worker.stream.TextStream`, whose cache travels as its class and config) and writes
+(:class:`loaders.worker.stream.TextStream`, whose cache pickles as its config: the worker opens its own) and writes
 pickles to its pipe: ``("batches", [PackedBatch, ...])`` per run of batches one packing made
 (:meth:`loaders.worker.stream.TextStream.consumer_runs`), then ``("end", peak RSS in MiB)``, or
 ``("error", message)``. The pipe's buffer bounds how far a worker reads ahead. The parent takes

@@ -73,8 +73,8 @@ RUN_BUFFER_BYTES = 32 << 20  # encoded bytes a bundle buffers before it emits it
 
 
 class AssignBucketsFn(beam.DoFn):
-    """Batches of :func:`encode_sample` samples → ``(bucket, run)`` per bucket, once per bundle:
-    the bundle's samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`,
+    """Batches of :func:`encode_sample` documents (frames, :func:`_encode_batch`) → ``(bucket, run)``
+    per bucket, once per bundle: the bundle's samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`,
     encoded as frames of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.io.frames.encode`) in a
     :class:`pipelines.io.frames.Blob`, which the writer reads in place on Dask. A bundle that
     buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`, plus stored text) emits its
@@ -93,9 +93,10 @@ class AssignBucketsFn(beam.DoFn):
         self._runs: dict[int, list] = {}
         self._buffered = 0
 
-    def process(self, batch: list, total_bytes: int, cfg: ShardsConfig):
-        """Add each sample of ``batch`` to its bucket's run; emits runs only past ``RUN_BUFFER_BYTES``."""
-        for doc in batch:
+    def process(self, batch: bytes, total_bytes: int, cfg: ShardsConfig):
+        """Add each document of ``batch`` (frames of :class:`shards.format.layouts.EncodedDocument`) to its
+        bucket's run; emits runs only past ``RUN_BUFFER_BYTES``."""
+        for doc in decode(batch):
             bucket, _ = assign_bucket(doc, total_bytes, cfg)
             self._runs.setdefault(bucket, []).append(doc)
             self._buffered += encoded_size(doc, cfg.layout) + len(doc.fields.get("text", ""))  # stored text is held too
@@ -275,8 +276,10 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
     return stats
 
 
-def _encode_batch(batch: list, store_text: bool, layout: str) -> list:
-    return [encode_sample(item, store_text, layout) for item in batch]
+def _encode_batch(batch: list, store_text: bool, layout: str) -> bytes:
+    """A batch's documents encoded (:func:`encode_sample`), as frames: Beam then moves one ``bytes``
+    per batch instead of pickling each record (it encodes only plain tuples natively)."""
+    return encode([encode_sample(item, store_text, layout) for item in batch], RUN_FRAME_SAMPLES)
 
 
 class WriteShards(beam.PTransform):
@@ -293,7 +296,7 @@ class WriteShards(beam.PTransform):
         """Tokenized batches → written shards (main output) and events: encode, size the dataset,
         assign buckets, group and write one tar per bucket."""
         samples = tokenized | "Encode" >> beam.Map(_encode_batch, self.cfg.store_text, self.cfg.layout)
-        total = (samples | "Size" >> beam.Map(lambda batch: sum(encoded_size(s, self.cfg.layout) for s in batch))
+        total = (samples | "Size" >> beam.Map(lambda batch: sum(encoded_size(s, self.cfg.layout) for s in decode(batch)))
                  | "TotalSize" >> beam.CombineGlobally(sum))
         return (samples
                 | "Assign" >> beam.ParDo(AssignBucketsFn(), beam.pvalue.AsSingleton(total), self.cfg)

@@ -100,7 +100,7 @@ def test_assign_buckets_emits_one_sorted_run_per_bucket_and_bundle():
     fn.start_bundle()
     total = sum(encoded_size(s) for s in samples)
     cfg = ShardsConfig(target_bytes=total // 3)
-    assert list(fn.process(samples[:100], total, cfg)) == [] and list(fn.process(samples[100:], total, cfg)) == []
+    assert list(fn.process(encode(samples[:100]), total, cfg)) == [] and list(fn.process(encode(samples[100:]), total, cfg)) == []
     out = [wv.value for wv in fn.finish_bundle()]
     assert [b for b, _ in out] == list(range(num_buckets(total, cfg)))  # each bucket once, in order
     runs = {b: decode_list(run.data) for b, run in out}
@@ -137,7 +137,7 @@ def test_a_large_bundle_emits_its_runs_early(monkeypatch):
     monkeypatch.setattr(sharding, "RUN_BUFFER_BYTES", total // 4)
     fn, cfg = AssignBucketsFn(), ShardsConfig(target_bytes=total // 2)
     fn.start_bundle()
-    early = [run for k in range(0, len(samples), 20) for run in fn.process(samples[k:k + 20], total, cfg)]
+    early = [run for k in range(0, len(samples), 20) for run in fn.process(encode(samples[k:k + 20]), total, cfg)]
     late = [wv.value for wv in fn.finish_bundle()]
     assert len(early) >= 3 * num_buckets(total, cfg)  # emitted at least three times before the bundle's end
     runs = [decode_list(run.data) for _, run in early + late]
