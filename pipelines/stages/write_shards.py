@@ -74,8 +74,8 @@ RUN_BUFFER_BYTES = 32 << 20  # encoded bytes a bundle buffers before it emits it
 
 class AssignBucketsFn(beam.DoFn):
     """Batches of :func:`encode_sample` documents (frames, :func:`_encode_batch`) → ``(bucket, run)``
-    per bucket, once per bundle: the bundle's samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`,
-    encoded as frames of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.io.frames.encode`) in a
+    per bucket, once per bundle: the bundle's samples of that bucket (:func:`assign_bucket`) sorted by
+    :func:`sample_order`, encoded as frames of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.io.frames.encode`) in a
     :class:`pipelines.io.frames.Blob`, which the writer reads in place on Dask. A bundle that
     buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`, plus stored text) emits its
     runs early and starts new ones, so a runner with large bundles (the DirectRunner's can be the whole
