@@ -45,7 +45,8 @@ from pipelines.io.output import OutputExistsError, OutputNotWritableError  # noq
 from pipelines.job import InputError, run  # noqa: E402
 from pipelines.records import input_root  # noqa: E402
 from pipelines.runners.selection import beam_options  # noqa: E402
-from pipelines.stages.tokenize import EmptySampleError, load_processor  # noqa: E402
+from pipelines.stages.tokenize import EmptySampleError, given_tokenizer  # noqa: E402
+from shards.tokenizers import TokenizerError  # noqa: E402
 
 # --help's epilog: the docstring's paragraphs on overrides, Beam options and exit codes
 EPILOG = help_text("\n\n".join(__doc__.split("\n\n")[3:5]))
@@ -65,7 +66,9 @@ def split_args(argv: list[str], prog: str | None = None) -> tuple[argparse.Names
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", required=True, help="input file glob (local, gs://, s3://, hdfs://)")
     ap.add_argument("--output", required=True, help="output folder or fsspec URL")
-    ap.add_argument("--tokenizer", default=None, help="existing sentencepiece .model (skip training)")
+    ap.add_argument("--tokenizer", default=None, help="existing tokenizer (skip training): a sentencepiece .model, a Hugging Face tokenizer.json or "
+                    "its folder, a tiktoken .tiktoken file or a bundled encoding name (cl100k_base); tokenizer.kind "
+                    "picks the kind when the name does not tell")
     ap.add_argument("--config", default=None, help="YAML config (pipelines.config.PipelineConfig)")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace an earlier run in --output (default: refuse to touch it)")
@@ -102,23 +105,6 @@ def _os_error_hint(e: OSError, input_glob: str, output: str) -> str:
     if name and name.startswith(input_root(input_glob) or input_glob):
         return " (check --input)"
     return ""
-
-
-def _tokenizer_problem(path: str) -> str | None:
-    """Why the local file ``path`` cannot serve as the tokenizer (a few words), or ``None`` when
-    sentencepiece loads it (:func:`pipelines.stages.tokenize.load_processor`, as the job does): checked
-    before the output folder is touched, since sentencepiece's own error (``INTERNAL: unk is not
-    defined.``) names neither the flag nor the file."""
-    if not os.path.isfile(path):
-        return "no such file"
-    try:
-        with open(path, "rb") as f:
-            load_processor(f.read())
-    except OSError as e:
-        return f"cannot read it ({e.strerror or e})"
-    except RuntimeError:
-        return "not a sentencepiece model (sentencepiece cannot load it)"
-    return None
 
 
 class _QuietKnownErrors(logging.Filter):
@@ -206,12 +192,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     logging.getLogger("apache_beam.runners.common").addFilter(quiet)
     if args.tokenizer:
         cfg.tokenizer.path = args.tokenizer
-    if cfg.tokenizer.path:
-        problem = _tokenizer_problem(cfg.tokenizer.path)
-        if problem:
+    if cfg.tokenizer.path:  # read before the output folder is touched: one line naming the flag and file
+        try:
+            given_tokenizer(cfg.tokenizer)
+        except TokenizerError as e:
             flag = "--tokenizer" if args.tokenizer else "tokenizer.path"
-            print(f"error: {flag} {cfg.tokenizer.path}: {problem}; pass an existing sentencepiece .model (such as "
-                  "tokenizer.model of an earlier run), or leave it out to train one on the input", file=sys.stderr)
+            print(f"error: {flag} {cfg.tokenizer.path}: {str(e).removeprefix(cfg.tokenizer.path + ': ')}",
+                  file=sys.stderr)
             return 2
     print(f"preprocessing {args.input} -> {args.output} (beam options: {' '.join(beam_args) or 'DirectRunner'})",
           file=sys.stderr)

@@ -42,7 +42,8 @@ from pipelines.stages.step import run_steps  # noqa: E402
 from pipelines.io.reading import iter_units  # noqa: E402
 from pipelines.records import Doc, file_format, parse_unit  # noqa: E402
 from pipelines.stages.write_shards import encode_sample, encoded_size, num_buckets  # noqa: E402
-from pipelines.stages.tokenize import SmallestHashSample, load_processor, token_dtype, train_sentencepiece  # noqa: E402
+from pipelines.stages.tokenize import SmallestHashSample, identity, token_dtype, trained_file  # noqa: E402
+from shards.tokenizers import build  # noqa: E402
 from shards import Manifest, ShardInfo, TarShardWriter, shard_name  # noqa: E402
 
 
@@ -93,10 +94,13 @@ def plain_loop(paths: list[str], out: str, cfg: PipelineConfig) -> Manifest:
                     keepers[h] = doc
     if cfg.dedup.near:
         keepers = near_dedup(keepers, cfg.dedup)
-    model = train_sentencepiece(sampler.extract_output(acc), cfg.tokenizer)
-    sp = load_processor(model)
-    dtype = token_dtype(sp.get_piece_size())
-    samples = [encode_sample((d, np.asarray(sp.encode(d.text), dtype=dtype))) for d in keepers.values()]
+    tok = build(trained_file(sampler.extract_output(acc), cfg.tokenizer))
+    ends = identity(tok, cfg.tokenizer)
+    head, tail = [ends.bos_id] if ends.add_bos else [], [ends.eos_id] if ends.add_eos else []
+    dtype = token_dtype(tok.vocab_size)
+    docs = list(keepers.values())
+    samples = [encode_sample((d, np.asarray(head + t + tail, dtype=dtype)))
+               for d, t in zip(docs, tok.encode_batch([d.text for d in docs])) if t]
     n = num_buckets(sum(encoded_size(s) for s in samples), cfg.shards)
     buckets = defaultdict(list)
     for s in samples:
@@ -111,7 +115,7 @@ def plain_loop(paths: list[str], out: str, cfg: PipelineConfig) -> Manifest:
                 last = key
         infos.append(w.info)
     return Manifest(shards=[ShardInfo(*[getattr(i, f) for f in ("name", "samples", "tokens", "bytes", "sha256")])
-                            for i in infos], vocab_size=sp.get_piece_size(), token_dtype=dtype.name)
+                            for i in infos], vocab_size=tok.vocab_size, token_dtype=dtype.name)
 
 
 def cpu_seconds() -> float:

@@ -54,11 +54,12 @@ def demo_corpus(work: str) -> tuple[list[str], list[str], list[np.ndarray]]:
         return z["ids"].tolist(), z["sources"].tolist(), np.split(z["tokens"], np.cumsum(lens)[:-1])
     from pipelines.config import TokenizerConfig
     from examples.demo.corpus import kjv_records, shakespeare_records
-    from pipelines.stages.tokenize import load_processor, train_sentencepiece
+    from pipelines.stages.tokenize import trained_file
+    from shards.tokenizers import build
 
     records = [r for r in list(shakespeare_records()) + list(kjv_records()) if r["text"].strip()]
-    sp = load_processor(train_sentencepiece([r["text"] for r in records[::2]], TokenizerConfig(vocab_size=4096)))
-    tokens = [np.asarray(t, np.uint16) for t in sp.encode([r["text"] for r in records])]
+    tok = build(trained_file([r["text"] for r in records[::2]], TokenizerConfig(vocab_size=4096)))
+    tokens = [np.asarray(t, np.uint16) for t in tok.encode_batch([r["text"] for r in records])]
     keep = [i for i, t in enumerate(tokens) if len(t)]
     ids, sources, tokens = [records[i]["id"] for i in keep], [records[i]["source"] for i in keep], [tokens[i] for i in keep]
     np.savez(cache, ids=np.array(ids), sources=np.array(sources), lengths=np.array([len(t) for t in tokens]),

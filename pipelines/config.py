@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from colaflow.config import ConfigError
 from shards.format.blocks import COMPRESSIONS
 from shards.format.layouts import LAYOUTS
+from shards.tokenizers import KINDS as TOKENIZER_KINDS
 
 # The values each enumerated knob accepts (``section.key`` → allowed values); checked up front by
 # :meth:`PipelineConfig.validate`, since a typo would otherwise fall through to a default branch.
@@ -18,6 +19,7 @@ CHOICES: dict[str, tuple] = {
     "input.unknown_files": ("skip", "error", "text"),
     "clean.normalization": ("NFC", "NFKC", "NFD", "NFKD"),
     "clean.whitespace": ("trim", "collapse", "keep"),
+    "tokenizer.kind": ("auto", *TOKENIZER_KINDS),
     "tokenizer.model_type": ("bpe", "unigram"),
     "tokenizer.normalization_rule": ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"),
     "shards.layout": tuple(LAYOUTS),
@@ -214,10 +216,19 @@ class DedupConfig:
 
 @dataclass
 class TokenizerConfig:
-    """Tokenizer (sentencepiece, Kudo & Richardson 2018).
+    """Tokenizer: one given (any kind of :mod:`shards.tokenizers`), or sentencepiece (Kudo & Richardson
+    2018) trained on the input.
 
     Attributes:
-        path: existing ``.model`` file to use instead of training (``--tokenizer`` sets it).
+        path: an existing tokenizer to use instead of training (``--tokenizer`` sets it): a sentencepiece
+            ``.model``, a Hugging Face ``tokenizer.json`` or its folder, a tiktoken ``.tiktoken`` rank
+            file, or a bundled tiktoken encoding name (``cl100k_base``).
+        kind: which kind reads ``path``: ``auto`` (by its name, then by trying each), ``sentencepiece``,
+            ``hf`` or ``tiktoken``. Without ``path`` only ``auto`` / ``sentencepiece`` (trained here).
+        add_eos: end every document with the tokenizer's EOS token (the model learns where documents
+            end; in batches the last text token's label is the EOS, the EOS's own label is ignored).
+        add_bos: start every document with BOS; ``None`` (the default): the tokenizer's own convention
+            (an HF tokenizer's ``add_bos_token`` or post-processor; none for sentencepiece and tiktoken).
         vocab_size: target vocabulary size; the trainer may stop lower on tiny corpora.
         model_type: ``bpe`` or ``unigram``.
         sample_fraction: a document joins the training sample when its content hash falls
@@ -237,6 +248,9 @@ class TokenizerConfig:
     """
 
     path: str | None = None
+    kind: str = "auto"
+    add_eos: bool = True
+    add_bos: bool | None = None
     vocab_size: int = 4096
     model_type: str = "bpe"
     sample_fraction: float = 0.5
@@ -322,6 +336,12 @@ class PipelineConfig:
         if self.dedup.num_perm % self.dedup.bands:
             raise ConfigError(f"dedup.num_perm={self.dedup.num_perm} is not a multiple of dedup.bands="
                               f"{self.dedup.bands}: LSH needs num_perm = bands * rows")
+        if not self.tokenizer.path and self.tokenizer.kind not in ("auto", "sentencepiece"):
+            raise ConfigError(f"tokenizer.kind={self.tokenizer.kind} needs tokenizer.path (or --tokenizer PATH): "
+                              "only sentencepiece is trained here")
+        if self.tokenizer.add_bos not in (None, True, False):
+            raise ConfigError(f"tokenizer.add_bos={self.tokenizer.add_bos!r}: use true, false or null (the "
+                              "tokenizer's own convention)")
         if self.clean.min_chars > self.clean.max_chars:
             raise ConfigError(f"clean.min_chars={self.clean.min_chars} > clean.max_chars={self.clean.max_chars}: "
                               "every document would be filtered")

@@ -74,7 +74,7 @@ def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfi
     model = build_model(hashed, cfg.tokenizer, summary=summary)
     tokenized = (docs
                  | "BatchDocs" >> beam.BatchElements(min_batch_size=64, max_batch_size=1024)
-                 | "Tokenize" >> beam.ParDo(TokenizeFn(), beam.pvalue.AsSingleton(model)).with_outputs(
+                 | "Tokenize" >> beam.ParDo(TokenizeFn(cfg.tokenizer), beam.pvalue.AsSingleton(model)).with_outputs(
                      EVENTS, main="batches"))
     events.append(tokenized[EVENTS])
     tokenized, val_shards = tokenized.batches, None
@@ -92,7 +92,7 @@ def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfi
      | "DeadWrite" >> WriteJsonl(f"{out}/{DEAD_LETTER_DIR}"))
     (p
      | "Start" >> beam.Create([None])
-     | "Finalize" >> beam.Map(finalize, out, cfg.shards, beam.pvalue.AsList(written.shards),
+     | "Finalize" >> beam.Map(finalize, out, cfg.shards, cfg.tokenizer, beam.pvalue.AsList(written.shards),
                               beam.pvalue.AsList(counts), beam.pvalue.AsSingleton(model), val_shards))
 
 

@@ -44,15 +44,20 @@ def build_data(cfg: TrainConfig, info: parallel.DistInfo) -> tuple[ShardSource, 
 
 
 def resolve_vocab_size(cfg: TrainConfig) -> None:
-    """Fill ``model.vocab_size`` from the manifest when it is 0, and check that a set one covers the
-    data's token ids.
+    """Fill ``model.vocab_size`` from the manifest when it is 0, check that a set one covers the
+    data's token ids, and that the tokenizer beside the shards is the one that wrote them.
 
     Raises:
-        ValueError: no vocabulary size anywhere, or ``model.vocab_size`` below the manifest's.
+        ValueError: no vocabulary size anywhere, ``model.vocab_size`` below the manifest's, or the
+            tokenizer file changed since the manifest was written (``shards.tokenizers.TokenizerError``).
     """
     from shards.format.manifest import Manifest
+    from shards.tokenizers import of_shards
     url = cfg.data.mixture[0].get("manifest", "") if cfg.data.mixture else cfg.data.manifest  # sources share one
-    vocab = Manifest.load(url).vocab_size
+    manifest = Manifest.load(url)
+    if manifest.tokenizer_identity is not None:  # older manifests recorded no fingerprint to check
+        of_shards(url, manifest)
+    vocab = manifest.vocab_size
     if cfg.model.vocab_size == 0:
         if vocab < 1:
             raise ValueError(f"{url}: manifest has no vocab_size; set model.vocab_size")

@@ -37,10 +37,11 @@ class OutputNotWritableError(OSError):
 def _artifacts(fs, root: str, prefix: str) -> list[str]:
     from pipelines.accounting.report import REPORT_HTML, REPORT_PNG, REPORT_TXT
     from pipelines.stages.split import VAL_DIR
-    from pipelines.stages.write_shards import TMP_DIR, TOKENIZER_FILE
+    from pipelines.stages.write_shards import TMP_DIR
+    from shards.tokenizers import FOLDER_FILE_NAMES
 
     fs.invalidate_cache()  # other processes (Beam workers) wrote here since the last listing
-    names = ["manifest.json", "stats.json", TOKENIZER_FILE, "shardindex.json", REPORT_TXT, REPORT_PNG,
+    names = ["manifest.json", "stats.json", *FOLDER_FILE_NAMES, "shardindex.json", REPORT_TXT, REPORT_PNG,
              REPORT_HTML, TMP_DIR, DEAD_LETTER_DIR, DUPLICATES_DIR, VAL_DIR]
     found = [f"{root}/{n}" for n in names if fs.exists(f"{root}/{n}")]
     patterns = [f"{prefix}-*.tar", f"{prefix}-*.idx", "beam-temp-*", "*.partial", ".*.partial"]

@@ -1,4 +1,5 @@
-"""Tokenizer stage: a deterministic training sample, sentencepiece training, tokenisation.
+"""Tokenizer stage: the tokenizer (given, of any kind in :mod:`shards.tokenizers`, or sentencepiece
+trained on a deterministic sample), and tokenisation with each document's BOS/EOS.
 
 The sample is chosen by content hash, not by arrival order, so every runner and worker
 count picks the same documents: a document joins when its hash falls under
@@ -27,12 +28,15 @@ from pipelines.accounting.stats import EventTally
 from pipelines.config import TokenizerConfig
 from pipelines.records import Doc, TokenizedDoc
 from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
+from shards.format.manifest import TokenizerIdentity
+from shards.tokenizers import Tokenizer, TokenizerError, TokenizerFile, build, read
+from shards.tokenizers import spm as spm_kind
 
 # Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial cutoffs
 # (each at most the rows of sample_max_bytes of documents), not one per bundle
 SAMPLE_FANOUT = 8
-# Documents encoded per sentencepiece call: its token lists of Python ints take about 20 times
-# the bytes of the arrays kept, so a whole batch of them was a Dask worker's largest task
+# Documents encoded per batch call: its token lists of Python ints take about 20 times the bytes of
+# the arrays kept, so a whole batch of them was a Dask worker's largest task
 ENCODE_DOCS = 64
 
 
@@ -125,28 +129,56 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def load_processor(model_bytes: bytes) -> spm.SentencePieceProcessor:
-    """A sentencepiece processor from serialized model bytes."""
-    sp = spm.SentencePieceProcessor()
-    sp.LoadFromSerializedProto(model_bytes)
-    return sp
+def identity(tok: Tokenizer, cfg: TokenizerConfig) -> TokenizerIdentity:
+    """What the manifest records of ``tok`` as ``cfg`` uses it: kind, fingerprint, special ids and
+    whether each document starts with BOS (``cfg.add_bos``; ``None``: the tokenizer's convention) and
+    ends with EOS (``cfg.add_eos``).
+
+    Raises:
+        shards.tokenizers.TokenizerError: BOS or EOS is asked for and the tokenizer has none (the
+            message names the setting to turn off).
+    """
+    add_bos = tok.adds_bos if cfg.add_bos is None else cfg.add_bos
+    for key, asked, token_id in (("add_eos", cfg.add_eos, tok.special.eos), ("add_bos", add_bos, tok.special.bos)):
+        if asked and token_id is None:
+            raise TokenizerError(f"this {tok.kind} tokenizer has no {key[4:].upper()} token, so tokenizer.{key} "
+                                 f"cannot mark documents: give a tokenizer that has one, or set tokenizer.{key}=false")
+    return TokenizerIdentity(kind=tok.kind, sha256=tok.file.sha256, bos_id=tok.special.bos, eos_id=tok.special.eos,
+                             pad_id=tok.special.pad, add_bos=bool(add_bos), add_eos=cfg.add_eos)
+
+
+def given_tokenizer(cfg: TokenizerConfig) -> TokenizerFile:
+    """The tokenizer at ``cfg.path`` (of ``cfg.kind``), checked to have the BOS/EOS ``cfg`` asks for.
+
+    Raises:
+        shards.tokenizers.TokenizerError: no kind reads it, or it lacks BOS/EOS (one line each).
+    """
+    file = read(cfg.path, cfg.kind)
+    identity(build(file), cfg)
+    return file
+
+
+def trained_file(texts: list[str], cfg: TokenizerConfig, summary: ReadSummary | None = None) -> TokenizerFile:
+    """:func:`train_sentencepiece` as a :class:`~shards.tokenizers.TokenizerFile`."""
+    return TokenizerFile(spm_kind.KIND, spm_kind.FILE_NAME, train_sentencepiece(texts, cfg, summary))
 
 
 def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer", summary=None):
-    """Singleton PCollection of model bytes: the file at ``cfg.path``, or trained on ``hashed``
-    (PCollection of ``(content hash, Doc)`` pairs). ``summary``, an optional singleton PCollection
-    of :class:`~pipelines.accounting.read_summary.ReadSummary`, explains an empty sample in the error.
+    """Singleton PCollection of the :class:`~shards.tokenizers.TokenizerFile`: the one at ``cfg.path``,
+    or sentencepiece trained on ``hashed`` (PCollection of ``(content hash, Doc)`` pairs). ``summary``,
+    an optional singleton PCollection of :class:`~pipelines.accounting.read_summary.ReadSummary`,
+    explains an empty sample in the error.
 
     The sample is taken in two steps, so no step holds more text than the sample: the
     :class:`~pipelines.stages.tokenizer_sample.SampleLimit` from hashes and sizes (:class:`SampleCutoff`, one
     side input), then :class:`SmallestHashSample` over the texts it admits. The sample, hence the model, is the
     one :class:`SmallestHashSample` gives over every text (``tests/unit/pipelines/test_tokenizer_sample.py``).
+
+    Raises:
+        shards.tokenizers.TokenizerError: the given tokenizer cannot be read or lacks BOS/EOS.
     """
     if cfg.path:
-        with open(cfg.path, "rb") as f:
-            model = f.read()
-        load_processor(model)  # fail at construction time on a bad model file
-        return hashed.pipeline | f"{label}/Load" >> beam.Create([model])
+        return hashed.pipeline | f"{label}/Load" >> beam.Create([given_tokenizer(cfg)])
     limit = (hashed
              | f"{label}/Sizes" >> beam.Map(sample_key)
              | f"{label}/Cutoff" >> beam.CombineGlobally(SampleCutoff(cfg.sample_max_bytes, cfg.sample_fraction))
@@ -154,25 +186,31 @@ def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer", summary=
     return (hashed
             | f"{label}/Select" >> beam.FlatMap(sample_text, beam.pvalue.AsSingleton(limit), cfg.sample_fraction)
             | f"{label}/Sample" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes, cfg.sample_fraction))
-            | f"{label}/Train" >> beam.Map(train_sentencepiece, cfg,
+            | f"{label}/Train" >> beam.Map(trained_file, cfg,
                                            None if summary is None else beam.pvalue.AsSingleton(summary)))
 
 
 class TokenizeFn(beam.DoFn):
-    """A batch (list) of :class:`Doc` → one list of :class:`~pipelines.records.TokenizedDoc`.
+    """A batch (list) of :class:`Doc` → one list of :class:`~pipelines.records.TokenizedDoc`, each
+    document's ids framed by BOS and EOS as ``cfg`` asks (:func:`identity`).
 
     A document that encodes to no token at all (only characters the normaliser removes) is not
     a sample: it is counted as ``filtered:no_tokens`` (tag ``events``).
 
     Batches (``beam.BatchElements`` upstream) amortise the per-element cost of the runner for
-    the big payloads that follow. The model arrives as a singleton side input; the processor is
-    built once per DoFn instance (side inputs are not readable in ``setup``) and reused.
+    the big payloads that follow. The tokenizer arrives as a singleton side input; it is built once
+    per DoFn instance (side inputs are not readable in ``setup``) and reused.
+
+    Args:
+        cfg: the tokenizer settings (``add_bos``, ``add_eos``).
     """
 
+    def __init__(self, cfg: TokenizerConfig):
+        self._cfg = cfg
+
     def setup(self):
-        """Per-instance state: no processor yet (it comes with the side input) and a progress bar."""
-        self._model_key = None
-        self._sp = None
+        """Per-instance state: no tokenizer yet (it comes with the side input) and a progress bar."""
+        self._key = None
         self._bar = tqdm(desc="tokenize", unit=" doc", mininterval=2.0, delay=2.0, leave=False,
                          disable=None)  # no bar when stderr is not a terminal
 
@@ -184,23 +222,34 @@ class TokenizeFn(beam.DoFn):
         """A fresh event tally for the bundle."""
         self.tally = EventTally()
 
-    def process(self, docs: list[Doc], model_bytes: bytes):
-        """Encode a batch of :class:`Doc` with the sentencepiece model (``model_bytes``, side input).
+    def _tokenizer(self, file: TokenizerFile) -> Tokenizer:
+        """The tokenizer of ``file``, built on the first bundle that brings it (keyed by kind and size:
+        hashing megabytes per bundle would cost more than the check is worth)."""
+        key = (file.kind, len(file.data))
+        if key != self._key:
+            self._tok = build(file)
+            ids = identity(self._tok, self._cfg)
+            self._head = [ids.bos_id] if ids.add_bos else []
+            self._tail = [ids.eos_id] if ids.add_eos else []
+            self._dtype = token_dtype(self._tok.vocab_size)
+            self._key = key
+        return self._tok
+
+    def process(self, docs: list[Doc], file: TokenizerFile):
+        """Encode a batch of :class:`Doc` with the tokenizer of ``file`` (side input).
 
         Yields one list of :class:`~pipelines.records.TokenizedDoc` (tokens: 1-D uint16 when the
-        vocabulary fits, else uint32); documents with no token are counted ``filtered:no_tokens``
-        and left out. Encodes
-        ``ENCODE_DOCS`` documents at a time, so their token lists never exist for the whole batch."""
-        if self._model_key != len(model_bytes) or self._sp is None:
-            self._sp = load_processor(model_bytes)
-            self._model_key = len(model_bytes)
-            self._dtype = token_dtype(self._sp.get_piece_size())
+        vocabulary fits, else uint32; BOS first and EOS last when asked); documents with no token
+        are counted ``filtered:no_tokens`` and left out. Encodes ``ENCODE_DOCS`` documents at a time
+        (the library's batch call), so their token lists never exist for the whole batch."""
+        tok = self._tokenizer(file)
+        head, tail = self._head, self._tail
         out = []
         for start in range(0, len(docs), ENCODE_DOCS):
             part = docs[start:start + ENCODE_DOCS]
-            for doc, t in zip(part, self._sp.encode([doc.text for doc in part])):
+            for doc, t in zip(part, tok.encode_batch([doc.text for doc in part])):
                 if t:
-                    out.append(TokenizedDoc(doc, np.asarray(t, dtype=self._dtype)))
+                    out.append(TokenizedDoc(doc, np.asarray(head + t + tail if head or tail else t, dtype=self._dtype)))
                 else:
                     self.tally.add(doc.source, "filtered:no_tokens")
         self._bar.update(len(docs))

@@ -19,7 +19,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from colaflow.wording import count
 from pipelines.accounting.stats import EVENTS, aggregate, event
-from pipelines.config import ShardsConfig
+from pipelines.config import ShardsConfig, TokenizerConfig
 from pipelines.io.frames import Blob, decode, encode
 from pipelines.records import Doc
 from pipelines.stages.clean import stable_bucket
@@ -27,9 +27,9 @@ from pipelines.stages.split import VAL, VAL_DIR, split_entry
 from shards import Manifest, ShardIndex, ShardInfo, TarShardWriter, escape_key, shard_name
 from shards.format.layouts import EncodedDocument, check_settings, get_layout
 from shards.io.index import WIDS_FILE, build_shard_index, dali_index_path, wids_index, write_dali_index
+from shards.tokenizers import TokenizerFile, build, folder_files
 
 TMP_DIR = "_tmp_buckets"
-TOKENIZER_FILE = "tokenizer.model"
 
 
 def encode_sample(item: tuple[Doc, np.ndarray], store_text: bool = False, layout: str = "token_blocks"
@@ -198,14 +198,17 @@ class WriteBucketFn(beam.DoFn):
         yield WrittenShard(bucket, writer.info, index)
 
 
-def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, model: bytes, splits: dict | None = None) -> Manifest:
+def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, tokenizer: TokenizerFile,
+                  tokenizer_cfg: TokenizerConfig, splits: dict | None = None) -> Manifest:
     """Commit one shard set: rename bucket tars (and their ``.idx``) to ``{prefix}-NNNNNN`` in bucket
-    order, remove stale shards of an earlier run, write ``tokenizer.model``, the wids
-    ``shardindex.json`` (with ``cfg.write_index``) and, last, ``manifest.json`` (with ``splits``, and
-    ``cfg.layout`` also when ``shards`` is empty); returns the manifest."""
-    from pipelines.stages.tokenize import load_processor, token_dtype
+    order, remove stale shards of an earlier run, write the tokenizer's files
+    (:func:`shards.tokenizers.folder_files`), the wids ``shardindex.json`` (with ``cfg.write_index``)
+    and, last, ``manifest.json`` (with the tokenizer's identity as ``tokenizer_cfg`` used it, ``splits``,
+    and ``cfg.layout`` also when ``shards`` is empty); returns the manifest."""
+    from pipelines.stages.tokenize import identity, token_dtype
 
-    vocab_size = load_processor(model).get_piece_size()
+    tok = build(tokenizer)
+    vocab_size = tok.vocab_size
     fs, root = _fs(output_dir)
     fs.makedirs(root, exist_ok=True)
     infos, indexes = [], []
@@ -224,18 +227,20 @@ def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, model: bytes
             fs.rm(stale)
     if fs.exists(f"{root}/{TMP_DIR}"):
         fs.rm(f"{root}/{TMP_DIR}", recursive=True)
-    fs.pipe_file(f"{root}/{TOKENIZER_FILE}", model)
+    for name, data in folder_files(tokenizer).items():
+        fs.pipe_file(f"{root}/{name}", data)
     if indexes:
         fs.pipe_file(f"{root}/{WIDS_FILE}", (json.dumps(wids_index(indexes), indent=1) + "\n").encode("utf-8"))
     # the configured layout, not one read off the shards: a job that wrote none has no shard to tell
-    manifest = Manifest(shards=infos, tokenizer=TOKENIZER_FILE, vocab_size=vocab_size,
+    manifest = Manifest(shards=infos, tokenizer=tokenizer.name, tokenizer_identity=identity(tok, tokenizer_cfg),
+                        vocab_size=vocab_size,
                         token_dtype=token_dtype(vocab_size).name, splits=splits or {}, layout=cfg.layout)
     fs.pipe_file(f"{root}/manifest.json", manifest.to_json().encode("utf-8"))
     return manifest
 
 
-def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, model: bytes,
-             val_shards: list | None = None) -> dict:
+def finalize(_, output_dir: str, cfg: ShardsConfig, tokenizer_cfg: TokenizerConfig, shards: list, events: list,
+             tokenizer: TokenizerFile, val_shards: list | None = None) -> dict:
     """Commit the run: the validation shard set first (``OUT/val/``, when ``val_shards`` is given),
     then the training shards with a manifest listing it under ``splits`` (see :func:`commit_shards`),
     then ``stats.json``; returns the stats. ``stats["splits"]`` counts shards, documents and tokens
@@ -255,9 +260,9 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, shards: list, events: list, 
                           "or the clean.* settings")
     splits = {}
     if val_shards is not None:
-        val = commit_shards(f"{output_dir}/{VAL_DIR}", cfg, val_shards, model)
+        val = commit_shards(f"{output_dir}/{VAL_DIR}", cfg, val_shards, tokenizer, tokenizer_cfg)
         splits[VAL] = split_entry(val, f"{VAL_DIR}/manifest.json", val.to_json().encode("utf-8"))
-    manifest = commit_shards(output_dir, cfg, shards, model, splits)
+    manifest = commit_shards(output_dir, cfg, shards, tokenizer, tokenizer_cfg, splits)
     fs, root = _fs(output_dir)
     index_bytes = sum(fs.size(p) for p in fs.glob(f"{root}/{cfg.prefix}-*.idx"))
     if fs.exists(f"{root}/{WIDS_FILE}"):

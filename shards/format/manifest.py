@@ -41,13 +41,36 @@ class ShardInfo:
     blocks: int = 0
 
 
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """Which tokenizer wrote the tokens, and how documents are marked in them.
+
+    Attributes:
+        kind: ``sentencepiece``, ``hf`` or ``tiktoken`` (``shards.tokenizers``).
+        sha256: hex digest of the tokenizer file (the manifest's ``tokenizer``) as it was used.
+        bos_id / eos_id / pad_id: the tokenizer's special ids, ``None`` where it has none.
+        add_bos: every document starts with ``bos_id``.
+        add_eos: every document ends with ``eos_id``.
+    """
+
+    kind: str = "sentencepiece"
+    sha256: str | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+    pad_id: int | None = None
+    add_bos: bool = False
+    add_eos: bool = False
+
+
 @dataclass
 class Manifest:
     """Dataset manifest (``manifest.json``).
 
     Attributes:
         shards: shards in dataset order.
-        tokenizer: sentencepiece model path relative to the manifest's folder, or ``None``.
+        tokenizer: the tokenizer file's path relative to the manifest's folder, or ``None``.
+        tokenizer_identity: its kind, fingerprint and special ids; ``None`` in manifests written before
+            colaflow recorded them (a sentencepiece model, documents without BOS/EOS).
         vocab_size: tokenizer vocabulary size (0 when there is no tokenizer).
         token_dtype: numpy dtype name of token arrays, ``uint16`` or ``uint32``.
         format_version: integer format version, bumped on incompatible change.
@@ -61,6 +84,7 @@ class Manifest:
 
     shards: list[ShardInfo] = field(default_factory=list)
     tokenizer: str | None = None
+    tokenizer_identity: TokenizerIdentity | None = None
     vocab_size: int = 0
     token_dtype: str = "uint16"
     format_version: int = FORMAT_VERSION
@@ -99,6 +123,8 @@ class Manifest:
             self.total_samples, self.total_tokens, self.total_bytes, self.total_documents)
         if not self.splits:  # manifests without splits keep their earlier bytes
             d.pop("splits")
+        if self.tokenizer_identity is None:
+            d.pop("tokenizer_identity")
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     def save(self, directory: str) -> str:
@@ -129,6 +155,7 @@ class Manifest:
                               documents=int(s.get("documents", 0)), blocks=int(s.get("blocks", 0)))
                     for s in d["shards"]],
             tokenizer=d.get("tokenizer"),
+            tokenizer_identity=TokenizerIdentity(**d["tokenizer_identity"]) if d.get("tokenizer_identity") else None,
             vocab_size=int(d.get("vocab_size", 0)),
             token_dtype=d.get("token_dtype", "uint16"),
             format_version=version,

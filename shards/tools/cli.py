@@ -45,16 +45,20 @@ def _size(text: str) -> int:
 
 
 def _tokenizer(arg: str | None, path: str):
-    """A sentencepiece processor from ``--tokenizer`` or the manifest beside ``path``, else None."""
-    if arg is None:
-        [(_, _, manifest)] = resolve([path])
-        if manifest is None or not manifest.tokenizer:
-            return None
-        base = path if os.path.isdir(path) else os.path.dirname(path)
-        arg = os.path.join(base, manifest.tokenizer)
-    import sentencepiece  # only needed for detokenising
+    """The tokenizer (:mod:`shards.tokenizers`) of ``--tokenizer`` or of the manifest beside ``path``, else None.
 
-    return sentencepiece.SentencePieceProcessor(model_file=arg)
+    Raises:
+        shards.tokenizers.TokenizerError: no kind reads ``--tokenizer``, or the manifest's changed.
+    """
+    from shards.tokenizers import build, of_shards, read
+
+    if arg is not None:
+        return build(read(arg))
+    [(_, _, manifest)] = resolve([path])
+    if manifest is None:
+        return None
+    file = of_shards(path if os.path.isdir(path) else os.path.dirname(path) or ".", manifest)
+    return None if file is None else build(file)
 
 
 def _show(sample: dict, sp, out) -> None:
@@ -322,7 +326,7 @@ def build_parser(prog: str = "python -m shards") -> argparse.ArgumentParser:
                    help="samples to print, 1 or more (default 5; 0 or negative is a usage error)")
     s.add_argument("--key", help="print only the sample with this key")
     s.add_argument("--at", type=int, help="random access: print sample number AT (uses the .idx beside the shard)")
-    s.add_argument("--tokenizer", help="sentencepiece model (default: the manifest's tokenizer)")
+    s.add_argument("--tokenizer", help="tokenizer file, folder or bundled encoding name (default: the manifest's)")
     s.set_defaults(fn=cmd_inspect)
     s = sub.add_parser("verify", help="check structure and sha256 against the manifest; exit 0 only if all pass",
                        description="Check shards' structure, sizes, sha256 and token counts against the spec "

@@ -22,7 +22,7 @@ from pipelines.config import PipelineConfig, TokenizerConfig
 from examples.demo.corpus import write_corpus
 from pipelines.job import run
 from pipelines.records import Doc, qualify_id
-from pipelines.stages.tokenize import SmallestHashSample, TokenizeFn, train_sentencepiece
+from pipelines.stages.tokenize import SmallestHashSample, TokenizeFn, train_sentencepiece, trained_file
 from shards import Manifest, iter_documents
 from tests.support.paths import REPO
 
@@ -118,8 +118,8 @@ def test_invisible_only_document_is_filtered_not_kept(mixed):
 
 
 def test_a_document_without_tokens_is_filtered_not_written():
-    model = train_sentencepiece(["the river ran past old stone walls"] * 50, TokenizerConfig(vocab_size=300))
-    fn = TokenizeFn()
+    model = trained_file(["the river ran past old stone walls"] * 50, TokenizerConfig(vocab_size=300))
+    fn = TokenizeFn(TokenizerConfig())
     fn.setup()
     fn.start_bundle()
     (batch,) = fn.process([Doc("a", "\u200b", "s"), Doc("b", "river", "s")], model)
@@ -131,9 +131,9 @@ def test_tokenize_holds_token_lists_for_a_slice_of_the_batch_not_all_of_it():
     """A batch's token lists as Python ints are about 20x its arrays; they are made ENCODE_DOCS documents at a time."""
     import tracemalloc
 
-    model = train_sentencepiece(["the river ran past old stone walls"] * 50, TokenizerConfig(vocab_size=300))
+    model = trained_file(["the river ran past old stone walls"] * 50, TokenizerConfig(vocab_size=300))
     docs = [Doc(f"d{i}", "the river ran past old stone walls " * 40 + str(i), "s") for i in range(1024)]
-    fn = TokenizeFn()
+    fn = TokenizeFn(TokenizerConfig())
     fn.setup()
     fn.start_bundle()
     fn.process(docs[:1], model).__next__()  # the processor is built outside the measurement

@@ -16,7 +16,7 @@ from pipelines.records import Doc
 from pipelines.io.frames import Blob, decode_list, encode
 from pipelines.stages.write_shards import (TMP_DIR, AssignBucketsFn, WriteBucketFn, assign_bucket, commit_shards, encode_sample,
                                 encoded_size, finalize, num_buckets, sample_order)
-from pipelines.stages.tokenize import train_sentencepiece
+from pipelines.stages.tokenize import train_sentencepiece, trained_file
 from shards import iter_samples
 
 
@@ -34,14 +34,14 @@ def _write(output_dir, docs):
 def test_remote_output_commits_shards_manifest_and_stats(tmp_path):
     docs = [Doc("b", "beta text", "s"), Doc("a", "alpha", "s"), Doc("c", "gamma words", "t"),
             Doc("c", "gamma other", "t")]  # same id twice: one is filtered as duplicate_id
-    model = train_sentencepiece(["alpha beta gamma delta epsilon"] * 50, TokenizerConfig(vocab_size=300))
+    model = trained_file(["alpha beta gamma delta epsilon"] * 50, TokenizerConfig(vocab_size=300))
     fs = fsspec.filesystem("memory")
     fs.pipe_file("/colaflow-test/shard-000007.tar", b"stale shard of an earlier run")
     fs.pipe_file("/colaflow-test/shard-000007.idx", b"stale index")
     shards, events = _write("memory://colaflow-test", docs)
     events.append((("s", "input"), 2))
     events.append((("t", "input"), 2))
-    stats = finalize(None, "memory://colaflow-test", ShardsConfig(), shards, events, model)
+    stats = finalize(None, "memory://colaflow-test", ShardsConfig(), TokenizerConfig(), shards, events, model)
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls("/colaflow-test", detail=False))
     assert names == ["manifest.json", "shard-000000.idx", "shard-000000.tar", "shard-000001.idx", "shard-000001.tar",
                      "shardindex.json", "stats.json", "tokenizer.model"]
@@ -167,10 +167,11 @@ def test_a_job_with_a_given_tokenizer_that_keeps_no_document_fails_and_commits_n
 
 
 def test_an_empty_shard_set_is_committed_with_the_configured_layout():
-    model = train_sentencepiece(["alpha beta gamma"] * 50, TokenizerConfig(vocab_size=300))
+    model = trained_file(["alpha beta gamma"] * 50, TokenizerConfig(vocab_size=300))
     fs = fsspec.filesystem("memory")
     for layout in ("documents", "token_blocks"):
-        manifest = commit_shards(f"memory://colaflow-empty-{layout}", ShardsConfig(layout=layout), [], model)
+        manifest = commit_shards(f"memory://colaflow-empty-{layout}", ShardsConfig(layout=layout), [], model,
+                                 TokenizerConfig())
         saved = json.loads(fs.cat_file(f"/colaflow-empty-{layout}/manifest.json"))
         assert manifest.layout == saved["layout"] == layout
         fs.rm(f"/colaflow-empty-{layout}", recursive=True)

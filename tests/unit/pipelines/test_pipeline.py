@@ -118,7 +118,8 @@ def test_webdataset_reads_same_tokens(runs, corpus):
             tokens = doc["tokens"]
             np.testing.assert_array_equal(tokens, ours[doc["__key__"]])
             assert unescape_key(doc["__key__"]) == doc["json"]["id"]
-            assert tokens.tolist() == sp.encode(clean_text(texts[doc["json"]["id"]], CleanConfig()))
+            # every document ends with the model's EOS (tokenizer.add_eos, the default), no BOS
+            assert tokens.tolist() == sp.encode(clean_text(texts[doc["json"]["id"]], CleanConfig())) + [sp.eos_id()]
             seen += 1
     assert seen == len(ours)
 

@@ -16,7 +16,7 @@ from pipelines.config import PipelineConfig, TokenizerConfig
 from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key
-from pipelines.stages.tokenize import build_model, train_sentencepiece
+from pipelines.stages.tokenize import build_model, train_sentencepiece, trained_file
 
 
 def _combine(fn, items, cuts):
@@ -82,7 +82,7 @@ def test_job_combines_only_the_admitted_texts_and_trains_the_same_model():
         select = next(t for t in p.transforms_stack[0].parts if t.full_label == "Tokenizer/Select")
         combined = select.outputs[None] | beam.combiners.Count.Globally()
         assert_that(combined, equal_to([len(expected) + 1]), label="CountAdmitted")
-        assert_that(model, equal_to([train_sentencepiece(expected, cfg)]), label="SameModel")
+        assert_that(model, equal_to([trained_file(expected, cfg)]), label="SameModel")
     assert 0 < len(expected) < 60  # the budget takes a small share of the 400 documents
 
 

@@ -136,7 +136,9 @@ def test_a_tokenizer_file_that_is_no_sentencepiece_model_is_a_usage_error_naming
                              "--tokenizer", str(tmp_path / "vocab.txt")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert err.startswith(f"error: --tokenizer {tmp_path / 'vocab.txt'}: not a sentencepiece model"), err
+    assert err.startswith(f"error: --tokenizer {tmp_path / 'vocab.txt'}: not a tokenizer colaflow reads; give a "
+                          "sentencepiece .model, a Hugging Face tokenizer.json"), err
+    assert "tiktoken rank file" in err, err
     assert not out.exists()
 
 
@@ -372,3 +374,30 @@ def test_the_local_dask_cluster_keeps_its_info_lines_to_itself(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "INFO distributed" not in p.stderr, p.stderr
     assert (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_add_eos_with_a_tokenizer_that_has_no_eos_is_one_line_naming_tokenizer_and_flag(tmp_path, capsys):
+    from tests.unit.shards.test_tokenizers import bpe
+
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "1", "text": "some words here"}) + "\n")
+    tok = bpe(tmp_path / "tok", specials=("<unk>",))
+    out = tmp_path / "out"
+    assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(out), "--tokenizer", tok]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: --tokenizer {tok}: this hf tokenizer has no EOS token, so tokenizer.add_eos cannot mark "
+                   "documents: give a tokenizer that has one, or set tokenizer.add_eos=false")
+    assert not out.exists()
+    assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(out), "--tokenizer", tok,
+                             "tokenizer.add_eos=false"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["tokenizer_identity"]["add_eos"] is False
+
+
+@pytest.mark.parametrize("override, message", [
+    ("tokenizer.kind=hf", "tokenizer.kind=hf needs tokenizer.path (or --tokenizer PATH): only sentencepiece is "
+                          "trained here"),
+    ("tokenizer.kind=bpe", "tokenizer.kind='bpe': use one of auto, sentencepiece, hf, tiktoken"),
+    ("tokenizer.add_bos=maybe", "tokenizer.add_bos='maybe': use true, false or null (the tokenizer's own convention)"),
+])
+def test_tokenizer_kind_and_bos_settings_are_checked_up_front(corpus, tmp_path, capsys, override, message):
+    assert beam_runner.main(["--input", str(corpus), "--output", str(tmp_path / "out"), override]) == 2
+    assert capsys.readouterr().err.strip() == f"error: config: {message}"

@@ -1,0 +1,120 @@
+"""The ``hf`` kind: a Hugging Face ``tokenizers`` ``tokenizer.json`` (Llama 3, Qwen, GPT-NeoX, Mistral...),
+alone or in a folder with ``tokenizer_config.json`` / ``special_tokens_map.json``."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from shards.tokenizers.contract import SpecialIds, TokenizerError, TokenizerFile
+
+KIND = "hf"
+FILE_NAME = "tokenizer.json"
+CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # the first that names a token wins
+# Names a bare tokenizer.json's special tokens go by, for a tokenizer.json without its config files
+CONVENTIONAL = {
+    "bos_token": ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"),
+    "eos_token": ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>"),
+    "pad_token": ("<pad>", "<|pad|>", "[PAD]", "<|padding|>"),
+}
+
+
+class HFTokenizer:
+    """A ``tokenizers.Tokenizer`` behind the :class:`~shards.tokenizers.contract.Tokenizer` contract.
+
+    Args:
+        file: ``tokenizer.json`` bytes; ``file.extra`` names the special tokens (``bos_token``,
+            ``eos_token``, ``pad_token``: strings or ``None``) and ``add_bos_token`` (bool).
+
+    Raises:
+        TokenizerError: ``tokenizers`` cannot read the bytes, or a named special token is not in it.
+    """
+
+    kind = KIND
+
+    def __init__(self, file: TokenizerFile):
+        self.file = file
+        self._tok = _parse(file.data)
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        ids = []
+        for key in ("bos_token", "eos_token", "pad_token"):
+            name = file.extra.get(key)
+            token_id = None if name is None else self._tok.token_to_id(name)
+            if name is not None and token_id is None:
+                raise TokenizerError(f"its {key} {name!r} is not in the vocabulary")
+            ids.append(token_id)
+        self.special = SpecialIds(*ids)
+        self.adds_bos = bool(file.extra.get("add_bos_token", False)) and self.special.bos is not None
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Ids of each text, no special token added (``encode_batch_fast``: Rust threads, no offsets)."""
+        return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def decode(self, ids: np.ndarray | list[int]) -> str:
+        """The text of ``ids``, special tokens skipped."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def _parse(data: bytes):
+    """A ``tokenizers.Tokenizer`` from ``tokenizer.json`` bytes.
+
+    Raises:
+        TokenizerError: the bytes are not a ``tokenizer.json`` that ``tokenizers`` reads.
+    """
+    from tokenizers import Tokenizer as RustTokenizer
+
+    try:
+        return RustTokenizer.from_str(data.decode("utf-8", errors="replace"))
+    except Exception as e:  # noqa: BLE001  (tokenizers raises a bare Exception for what it cannot read)
+        lines = str(e).splitlines() or [type(e).__name__]
+        raise TokenizerError(f"not a Hugging Face tokenizer.json ({lines[0]})") from None
+
+
+def _token_name(value) -> str | None:
+    """A special token's text from a config entry (a string, or ``{"content": ...}``)."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _settings(folder: str | None, tok) -> dict:
+    """Special-token names and ``add_bos_token`` from the config files in ``folder``, else by convention."""
+    found: dict = {}
+    for name in CONFIG_FILES if folder else ():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as e:
+            raise TokenizerError(f"{path}: not readable JSON ({e})") from None
+        for key in CONVENTIONAL:
+            if key not in found and _token_name(config.get(key)):
+                found[key] = _token_name(config.get(key))
+        if "add_bos_token" not in found and isinstance(config.get("add_bos_token"), bool):
+            found["add_bos_token"] = config["add_bos_token"]
+    specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    for key, names in CONVENTIONAL.items():
+        if key not in found:
+            found[key] = next((n for n in names if n in specials), None)
+    if "add_bos_token" not in found:  # the tokenizer's own post-processor says whether it starts with BOS
+        bos = None if found["bos_token"] is None else tok.token_to_id(found["bos_token"])
+        found["add_bos_token"] = bos is not None and tok.encode("a", add_special_tokens=True).ids[:1] == [bos]
+    return found
+
+
+def read(path: str, data: bytes) -> TokenizerFile:
+    """The :class:`TokenizerFile` of a ``tokenizer.json`` (``data``: its bytes) found at ``path`` (the
+    file, or its folder, whose ``tokenizer_config.json`` / ``special_tokens_map.json`` name the special tokens).
+
+    Raises:
+        TokenizerError: not a ``tokenizer.json`` ``tokenizers`` reads, or a config file is unreadable.
+    """
+    tok = _parse(data)
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    # tokenizer_class: the settings double as the tokenizer_config.json that transformers.AutoTokenizer reads
+    file = TokenizerFile(KIND, FILE_NAME, data, {"tokenizer_class": "PreTrainedTokenizerFast", **_settings(folder, tok)})
+    HFTokenizer(file)
+    return file

