@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
     try:
         cfg = load_config(PipelineConfig, args.config, overrides)
+        if args.tokenizer:  # before validation: tokenizer.kind=hf is valid with --tokenizer PATH
+            cfg.tokenizer.path = args.tokenizer
         cfg.validate()
     except (ConfigError, FileNotFoundError) as e:
         print(f"error: config: {e}", file=sys.stderr)
@@ -190,8 +192,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return 2
     quiet = _QuietKnownErrors()
     logging.getLogger("apache_beam.runners.common").addFilter(quiet)
-    if args.tokenizer:
-        cfg.tokenizer.path = args.tokenizer
     if cfg.tokenizer.path:  # read before the output folder is touched: one line naming the flag and file
         try:
             given_tokenizer(cfg.tokenizer)

@@ -36,6 +36,7 @@ class HFTokenizer:
     def __init__(self, file: TokenizerFile):
         self.file = file
         self._tok = _parse(file.data)
+        self._tok.encode_special_tokens = True  # "</s>" in a web page is text, not a document boundary
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         ids = []
         for key in ("bos_token", "eos_token", "pad_token"):

@@ -401,3 +401,14 @@ def test_add_eos_with_a_tokenizer_that_has_no_eos_is_one_line_naming_tokenizer_a
 def test_tokenizer_kind_and_bos_settings_are_checked_up_front(corpus, tmp_path, capsys, override, message):
     assert beam_runner.main(["--input", str(corpus), "--output", str(tmp_path / "out"), override]) == 2
     assert capsys.readouterr().err.strip() == f"error: config: {message}"
+
+
+def test_tokenizer_kind_applies_to_the_tokenizer_flag(tmp_path, capsys):
+    from tests.unit.shards.test_tokenizers import bpe
+
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "1", "text": "some words here"}) + "\n")
+    tok = tmp_path / "mytok.bin"
+    os.rename(bpe(tmp_path / "tok"), tok)
+    assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out"),
+                             "--tokenizer", str(tok), "tokenizer.kind=hf"]) == 0
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer_identity"]["kind"] == "hf"

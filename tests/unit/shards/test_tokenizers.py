@@ -128,3 +128,9 @@ def test_a_shard_folder_s_copy_builds_the_same_tokenizer_and_a_changed_file_is_r
                                              "tokenizer the shards were written with, or preprocess again"):
         of_shards(str(shards), Manifest.load(str(shards)))
     shutil.rmtree(shards)
+
+
+def test_special_token_text_in_a_document_is_encoded_as_text_not_as_eos(tmp_path):
+    tok = build(read(bpe(tmp_path / "tok")))
+    (ids,) = tok.encode_batch(["Hello <|endoftext|> world"])
+    assert tok.special.eos not in ids and tok.decode(ids) == "Hello <|endoftext|> world"
