@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
     try:
         cfg = load_config(PipelineConfig, args.config, overrides)
-        if args.tokenizer:  # before validation: tokenizer.kind=hf is valid with --tokenizer PATH
+        if args.tokenizer is not None:  # before validation: tokenizer.kind=hf is valid with --tokenizer PATH
             cfg.tokenizer.path = args.tokenizer
         cfg.validate()
     except (ConfigError, FileNotFoundError) as e:
@@ -192,12 +192,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return 2
     quiet = _QuietKnownErrors()
     logging.getLogger("apache_beam.runners.common").addFilter(quiet)
-    if cfg.tokenizer.path:  # read before the output folder is touched: one line naming the flag and file
+    if cfg.tokenizer.path is not None:  # read before the output folder is touched: one line naming the flag and file
         try:
             given_tokenizer(cfg.tokenizer)
         except TokenizerError as e:
-            flag = "--tokenizer" if args.tokenizer else "tokenizer.path"
-            print(f"error: {flag} {cfg.tokenizer.path}: {str(e).removeprefix(cfg.tokenizer.path + ': ')}",
+            flag = "--tokenizer" if args.tokenizer is not None else "tokenizer.path"
+            print(f"error: {flag} {cfg.tokenizer.path or repr('')}: {str(e).removeprefix(cfg.tokenizer.path + ': ')}",
                   file=sys.stderr)
             return 2
     print(f"preprocessing {args.input} -> {args.output} (beam options: {' '.join(beam_args) or 'DirectRunner'})",

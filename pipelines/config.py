@@ -12,6 +12,9 @@ from shards.format.blocks import COMPRESSIONS
 from shards.format.layouts import LAYOUTS
 from shards.tokenizers import KINDS as TOKENIZER_KINDS
 
+# tokenizer.kind values the pipeline trains when no tokenizer.path is given (auto: sentencepiece)
+TRAINED_KINDS = ("auto", "sentencepiece", "hf")
+
 # The values each enumerated knob accepts (``section.key`` → allowed values); checked up front by
 # :meth:`PipelineConfig.validate`, since a typo would otherwise fall through to a default branch.
 CHOICES: dict[str, tuple] = {
@@ -224,13 +227,16 @@ class TokenizerConfig:
             ``.model``, a Hugging Face ``tokenizer.json`` or its folder, a tiktoken ``.tiktoken`` rank
             file, or a bundled tiktoken encoding name (``cl100k_base``).
         kind: which kind reads ``path``: ``auto`` (by its name, then by trying each), ``sentencepiece``,
-            ``hf`` or ``tiktoken``. Without ``path`` only ``auto`` / ``sentencepiece`` (trained here).
+            ``hf`` or ``tiktoken``. Without ``path``, the kind trained here: sentencepiece (``auto``,
+            ``sentencepiece``) or a byte-level BPE (``hf``, its ids 0-2 ``<|endoftext|>`` (EOS),
+            ``<|startoftext|>`` (BOS), ``<|pad|>``; no BOS unless ``add_bos``).
         add_eos: end every document with the tokenizer's EOS token (the model learns where documents
             end; in batches the last text token's label is the EOS, the EOS's own label is ignored).
         add_bos: start every document with BOS; ``None`` (the default): the tokenizer's own convention
             (an HF tokenizer's ``add_bos_token`` or post-processor; none for sentencepiece and tiktoken).
         vocab_size: target vocabulary size; the trainer may stop lower on tiny corpora.
-        model_type: ``bpe`` or ``unigram``.
+        model_type: ``bpe`` or ``unigram`` (sentencepiece; the hf kind trains only ``bpe``). The
+            settings below up to ``max_sentence_bytes`` are sentencepiece's.
         sample_fraction: a document joins the training sample when its content hash falls
             below this fraction of the hash space (deterministic sampling).
         sample_max_bytes: cap on the sample (UTF-8 bytes), filled in content-hash order.
@@ -336,9 +342,13 @@ class PipelineConfig:
         if self.dedup.num_perm % self.dedup.bands:
             raise ConfigError(f"dedup.num_perm={self.dedup.num_perm} is not a multiple of dedup.bands="
                               f"{self.dedup.bands}: LSH needs num_perm = bands * rows")
-        if not self.tokenizer.path and self.tokenizer.kind not in ("auto", "sentencepiece"):
-            raise ConfigError(f"tokenizer.kind={self.tokenizer.kind} needs tokenizer.path (or --tokenizer PATH): "
-                              "only sentencepiece is trained here")
+        if not self.tokenizer.path and self.tokenizer.kind not in TRAINED_KINDS:
+            raise ConfigError(f"tokenizer.kind={self.tokenizer.kind} needs tokenizer.path (or --tokenizer PATH, "
+                              f"such as cl100k_base): only {' and '.join(TRAINED_KINDS[1:])} are trained here")
+        if not self.tokenizer.path and self.tokenizer.kind == "hf" and self.tokenizer.model_type != "bpe":
+            raise ConfigError(f"tokenizer.model_type={self.tokenizer.model_type} with tokenizer.kind=hf: the "
+                              "tokenizer trained for hf is a byte-level BPE; set tokenizer.model_type=bpe, or "
+                              "tokenizer.kind=sentencepiece for a unigram model")
         if self.tokenizer.add_bos not in (None, True, False):
             raise ConfigError(f"tokenizer.add_bos={self.tokenizer.add_bos!r}: use true, false or null (the "
                               "tokenizer's own convention)")

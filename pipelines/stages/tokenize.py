@@ -1,5 +1,6 @@
-"""Tokenizer stage: the tokenizer (given, of any kind in :mod:`shards.tokenizers`, or sentencepiece
-trained on a deterministic sample), and tokenisation with each document's BOS/EOS.
+"""Tokenizer stage: the tokenizer (given, of any kind in :mod:`shards.tokenizers`, or trained on a
+deterministic sample: sentencepiece, or a byte-level BPE with ``tokenizer.kind=hf``), and tokenisation
+with each document's BOS/EOS.
 
 The sample is chosen by content hash, not by arrival order, so every runner and worker
 count picks the same documents: a document joins when its hash falls under
@@ -30,6 +31,7 @@ from pipelines.records import Doc, TokenizedDoc
 from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 from shards.format.manifest import TokenizerIdentity
 from shards.tokenizers import Tokenizer, TokenizerError, TokenizerFile, build, read
+from shards.tokenizers import hf as hf_kind
 from shards.tokenizers import spm as spm_kind
 
 # Intermediate merges of the sample's cutoff: the final merge holds SAMPLE_FANOUT partial cutoffs
@@ -124,6 +126,37 @@ def train_sentencepiece(texts: list[str], cfg: TokenizerConfig, summary: ReadSum
     return model.getvalue()
 
 
+# The byte-level BPE's special tokens, first in its vocabulary (ids 0, 1, 2), by the names
+# shards.tokenizers.hf knows them by
+BPE_SPECIALS = {"eos_token": "<|endoftext|>", "bos_token": "<|startoftext|>", "pad_token": "<|pad|>"}
+
+
+def train_byte_level_bpe(texts: list[str], cfg: TokenizerConfig, summary: ReadSummary | None = None) -> bytes:
+    """Train a byte-level BPE (GPT-2's byte-to-unicode alphabet, Radford et al. 2019) on ``texts`` with
+    the ``tokenizers`` trainer; returns ``tokenizer.json`` bytes. Deterministic: the same sample gives the
+    same file at any thread count. Every byte is in the alphabet, so no text is unknown; the
+    sentencepiece settings (``model_type``, ``character_coverage``, ``normalization_rule``...) do not apply.
+
+    Raises:
+        NoRecordsError / EmptySampleError: the sample is empty (as :func:`train_sentencepiece`).
+    """
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if not any(t.strip() for t in texts):
+        raise empty_error(summary, "tokenizer sample is empty: no document reached the tokenizer",
+                          "or pass --tokenizer PATH")
+    print(f"training a byte-level BPE (vocab {cfg.vocab_size}) on {count(len(texts), 'document')}, "
+          f"{sum(len(t.encode('utf-8')) for t in texts) / 1e6:.1f} MB", file=sys.stderr, flush=True)
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size, special_tokens=list(BPE_SPECIALS.values()), show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tok.to_str().encode("utf-8")
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     """``uint16`` when every id fits (vocab ≤ 65536), else ``uint32``."""
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
@@ -159,13 +192,16 @@ def given_tokenizer(cfg: TokenizerConfig) -> TokenizerFile:
 
 
 def trained_file(texts: list[str], cfg: TokenizerConfig, summary: ReadSummary | None = None) -> TokenizerFile:
-    """:func:`train_sentencepiece` as a :class:`~shards.tokenizers.TokenizerFile`."""
+    """The tokenizer of ``cfg.kind`` trained on ``texts``: sentencepiece (:func:`train_sentencepiece`, for
+    ``auto`` too) or a byte-level BPE (:func:`train_byte_level_bpe`, ``hf``)."""
+    if cfg.kind == hf_kind.KIND:
+        return hf_kind.trained(train_byte_level_bpe(texts, cfg, summary))
     return TokenizerFile(spm_kind.KIND, spm_kind.FILE_NAME, train_sentencepiece(texts, cfg, summary))
 
 
 def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer", summary=None):
     """Singleton PCollection of the :class:`~shards.tokenizers.TokenizerFile`: the one at ``cfg.path``,
-    or sentencepiece trained on ``hashed`` (PCollection of ``(content hash, Doc)`` pairs). ``summary``,
+    or one trained on ``hashed`` (:func:`trained_file`) (PCollection of ``(content hash, Doc)`` pairs). ``summary``,
     an optional singleton PCollection of :class:`~pipelines.accounting.read_summary.ReadSummary`,
     explains an empty sample in the error.
 

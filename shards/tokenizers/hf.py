@@ -7,11 +7,12 @@ import os
 
 import numpy as np
 
+from shards.tokenizers import auto_form
 from shards.tokenizers.contract import SpecialIds, TokenizerError, TokenizerFile
 
 KIND = "hf"
 FILE_NAME = "tokenizer.json"
-CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # the first that names a token wins
+CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")  # the first that names a key wins
 # Names a bare tokenizer.json's special tokens go by, for a tokenizer.json without its config files
 CONVENTIONAL = {
     "bos_token": ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"),
@@ -40,7 +41,7 @@ class HFTokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         ids = []
         for key in ("bos_token", "eos_token", "pad_token"):
-            name = file.extra.get(key)
+            name = _token_name(file.extra.get(key))
             token_id = None if name is None else self._tok.token_to_id(name)
             if name is not None and token_id is None:
                 raise TokenizerError(f"its {key} {name!r} is not in the vocabulary")
@@ -79,29 +80,40 @@ def _token_name(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _settings(folder: str | None, tok) -> dict:
-    """Special-token names and ``add_bos_token`` from the config files in ``folder``, else by convention."""
-    found: dict = {}
+def _folder_config(folder: str | None) -> dict:
+    """The folder's ``tokenizer_config.json``, with what its ``special_tokens_map.json`` adds (the first
+    file that names a key wins); empty when there are none.
+
+    Raises:
+        TokenizerError: one of them is not readable JSON.
+    """
+    config: dict = {}
     for name in CONFIG_FILES if folder else ():
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
             continue
         try:
             with open(path, encoding="utf-8") as f:
-                config = json.load(f)
+                found = json.load(f)
         except (OSError, ValueError) as e:
             raise TokenizerError(f"{path}: not readable JSON ({e})") from None
-        for key in CONVENTIONAL:
-            if key not in found and _token_name(config.get(key)):
-                found[key] = _token_name(config.get(key))
-        if "add_bos_token" not in found and isinstance(config.get("add_bos_token"), bool):
-            found["add_bos_token"] = config["add_bos_token"]
+        if not isinstance(found, dict):
+            raise TokenizerError(f"{path}: not a JSON object")
+        for key, value in found.items():
+            config.setdefault(key, value)
+    return config
+
+
+def _settings(folder: str | None, tok) -> dict:
+    """The folder's config (:func:`_folder_config`), with the special tokens it does not name taken by
+    their conventional names and ``add_bos_token`` from the tokenizer's post-processor when unset."""
+    found = _folder_config(folder)
     specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
     for key, names in CONVENTIONAL.items():
-        if key not in found:
+        if not _token_name(found.get(key)):
             found[key] = next((n for n in names if n in specials), None)
-    if "add_bos_token" not in found:  # the tokenizer's own post-processor says whether it starts with BOS
-        bos = None if found["bos_token"] is None else tok.token_to_id(found["bos_token"])
+    if not isinstance(found.get("add_bos_token"), bool):  # the post-processor says whether it starts with BOS
+        bos = None if found["bos_token"] is None else tok.token_to_id(_token_name(found["bos_token"]))
         found["add_bos_token"] = bos is not None and tok.encode("a", add_special_tokens=True).ids[:1] == [bos]
     return found
 
@@ -115,7 +127,26 @@ def read(path: str, data: bytes) -> TokenizerFile:
     """
     tok = _parse(data)
     folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
-    # tokenizer_class: the settings double as the tokenizer_config.json that transformers.AutoTokenizer reads
-    file = TokenizerFile(KIND, FILE_NAME, data, {"tokenizer_class": "PreTrainedTokenizerFast", **_settings(folder, tok)})
+    # the settings double as the tokenizer_config.json transformers reads (auto_files), whose class is ours
+    file = TokenizerFile(KIND, FILE_NAME, data, {**_settings(folder, tok), "tokenizer_class": auto_form.TOKENIZER_CLASS})
     HFTokenizer(file)
     return file
+
+
+def trained(data: bytes) -> TokenizerFile:
+    """The :class:`TokenizerFile` of a ``tokenizer.json`` trained by the pipeline (no config files:
+    its special tokens go by their conventional names).
+
+    Raises:
+        TokenizerError: ``tokenizers`` cannot read it.
+    """
+    file = TokenizerFile(KIND, FILE_NAME, data, {**_settings(None, _parse(data)), "tokenizer_class": auto_form.TOKENIZER_CLASS})
+    HFTokenizer(file)
+    return file
+
+
+def auto_files(file: TokenizerFile) -> dict[str, bytes]:
+    """``tokenizer.json`` as given and its settings as ``tokenizer_config.json`` for
+    ``transformers.AutoTokenizer``, with the class that loads ``tokenizer.json`` as it is (a
+    model-specific class such as ``LlamaTokenizer`` may rebuild its normaliser and encode differently)."""
+    return {FILE_NAME: file.data, auto_form.CONFIG_NAME: auto_form.config_json(file.extra)}

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 # the modules, not the package: its __init__ imports this module
+import shards.tokenizers.auto_form as auto_form  # noqa: PLR0402
 import shards.tokenizers.hf as hf  # noqa: PLR0402
 import shards.tokenizers.spm as spm  # noqa: PLR0402
 import shards.tokenizers.tiktoken_ranks as tiktoken_ranks  # noqa: PLR0402
@@ -23,6 +24,8 @@ class Kind(NamedTuple):
         suffixes: file name endings that select it when ``tokenizer.kind`` is ``auto``.
         build: a :class:`~shards.tokenizers.contract.Tokenizer` from a :class:`TokenizerFile`.
         read: (path given, its bytes, its ``NAME.json`` settings or ``None``) -> :class:`TokenizerFile`.
+        auto_files: file name -> bytes of the form ``transformers.AutoTokenizer`` loads
+            (:mod:`shards.tokenizers.auto_form`).
     """
 
     file_name: str
@@ -30,17 +33,20 @@ class Kind(NamedTuple):
     suffixes: tuple[str, ...]
     build: Callable[[TokenizerFile], Tokenizer]
     read: Callable[[str, bytes, dict | None], TokenizerFile]
+    auto_files: Callable[[TokenizerFile], dict[str, bytes]]
 
 
 KINDS: dict[str, Kind] = {
-    spm.KIND: Kind(spm.FILE_NAME, None, (".model",), spm.SentencePieceTokenizer, lambda p, d, _: spm.read(p, d)),
-    hf.KIND: Kind(hf.FILE_NAME, hf.CONFIG_FILES[0], (".json",), hf.HFTokenizer, lambda p, d, _: hf.read(p, d)),
-    tiktoken_ranks.KIND: Kind(tiktoken_ranks.FILE_NAME, tiktoken_ranks.FILE_NAME + ".json", (".tiktoken",), tiktoken_ranks.TiktokenTokenizer,
-                              tiktoken_ranks.read),
+    spm.KIND: Kind(spm.FILE_NAME, None, (".model",), spm.SentencePieceTokenizer, lambda p, d, _: spm.read(p, d),
+                   spm.auto_files),
+    hf.KIND: Kind(hf.FILE_NAME, auto_form.CONFIG_NAME, (".json",), hf.HFTokenizer, lambda p, d, _: hf.read(p, d),
+                  hf.auto_files),
+    tiktoken_ranks.KIND: Kind(tiktoken_ranks.FILE_NAME, tiktoken_ranks.FILE_NAME + ".json", (".tiktoken",),
+                              tiktoken_ranks.TiktokenTokenizer, tiktoken_ranks.read, tiktoken_ranks.auto_files),
 }
 AUTO = "auto"
 # every file name a shard folder may carry for its tokenizer (what a rerun's --overwrite replaces)
-FOLDER_FILE_NAMES = tuple(n for k in KINDS.values() for n in (k.file_name, k.settings_name) if n)
+FOLDER_FILE_NAMES = tuple(dict.fromkeys(n for k in KINDS.values() for n in (k.file_name, k.settings_name) if n))
 WHAT_WE_READ = ("a sentencepiece .model, a Hugging Face tokenizer.json (or a folder holding one), or a tiktoken "
                 "rank file (.tiktoken) or bundled encoding name ({names})")
 
@@ -80,7 +86,8 @@ def _candidates(path: str, kind: str) -> tuple[str, list[str], bool]:
             return os.path.join(path, KINDS[kind].file_name), [kind], True
         return path, [kind], True
     if os.path.isdir(path):
-        for name, k in KINDS.items():
+        # a kind's own file before tokenizer.json, which a shard folder carries for transformers beside it
+        for name, k in sorted(KINDS.items(), key=lambda nk: nk[1].file_name == auto_form.JSON_NAME):
             if os.path.isfile(os.path.join(path, k.file_name)):
                 return os.path.join(path, k.file_name), [name], True
         return path, [], False
@@ -98,19 +105,27 @@ def read(path: str, kind: str = AUTO) -> TokenizerFile:
     """
     if kind != AUTO and kind not in KINDS:
         raise TokenizerError(f"tokenizer.kind={kind!r}: use one of {AUTO}, {', '.join(KINDS)}")
+    if not path.strip():
+        raise TokenizerError(f"an empty tokenizer name; give {_what_we_read()}, or none to train one")
     if not os.path.exists(path):
-        bundled = tiktoken_ranks.named(path) if kind in (AUTO, tiktoken_ranks.KIND) else None
-        if bundled is not None:
+        bundled = tiktoken_ranks.named(path)
+        if bundled is not None and kind in (AUTO, tiktoken_ranks.KIND):
             return bundled
-        raise TokenizerError(f"{path}: no such file, folder or bundled encoding; give {_what_we_read()}")
+        raise TokenizerError(_missing(path, kind, bundled is not None))
+    if os.path.basename(path) == "manifest.json":
+        raise TokenizerError(f"{path}: a shard folder's manifest, not a tokenizer; give its folder "
+                             f"({os.path.dirname(path) or '.'}) to use the tokenizer the shards were written with")
     file_path, kinds, chosen = _candidates(path, kind)
     if not os.path.isfile(file_path):
-        raise TokenizerError(f"{path}: holds no tokenizer file; give {_what_we_read()}")
+        raise TokenizerError(f"{path}: holds no {kind + ' ' if kind != AUTO else ''}tokenizer file "
+                             f"({', '.join(k.file_name for k in KINDS.values())}); {_folder_advice(path)}")
     try:
         with open(file_path, "rb") as f:
             data = f.read()
     except OSError as e:
         raise TokenizerError(f"{file_path}: cannot read it ({e.strerror or e})") from None
+    if not data:
+        raise TokenizerError(f"{file_path}: an empty file (0 bytes); give {_what_we_read()}")
     problems = []
     for name in kinds:
         try:
@@ -122,12 +137,43 @@ def read(path: str, kind: str = AUTO) -> TokenizerFile:
     raise TokenizerError(f"{file_path}: not a tokenizer colaflow reads; give {_what_we_read()}")
 
 
+def _missing(path: str, kind: str, bundled: bool) -> str:
+    """Why ``path``, which does not exist, names no tokenizer, and what to give instead."""
+    if bundled:
+        return (f"{path}: a bundled tiktoken encoding, but tokenizer.kind={kind}; set tokenizer.kind=tiktoken "
+                "or auto")
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        return f"{path}: no such file, and no folder {parent}; check the path"
+    if parent or path.endswith(tuple(s for k in KINDS.values() for s in k.suffixes)):
+        return f"{path}: no such file; check the path"
+    return f"{path}: no such file, folder or bundled encoding; give {_what_we_read()}"
+
+
+def _folder_advice(folder: str) -> str:
+    """What to give instead of ``folder``: the files in it that a kind's suffix matches, else the kinds."""
+    suffixes = tuple(s for k in KINDS.values() for s in k.suffixes)
+    files = sorted(n for n in os.listdir(folder) if n.endswith(suffixes) and not n.endswith(".tiktoken.json"))
+    if files:
+        return "give the file itself: " + ", ".join(os.path.join(folder, n) for n in files[:5])
+    return f"give {_what_we_read()}"
+
+
 def folder_files(file: TokenizerFile) -> dict[str, bytes]:
-    """File name -> bytes that a shard folder carries for ``file``: the tokenizer in its own format and
-    its settings (an HF ``tokenizer_config.json``, which ``transformers.AutoTokenizer`` reads too, or
-    tiktoken's ``tokenizer.tiktoken.json``)."""
-    settings = KINDS[file.kind].settings_name
-    return {file.name: file.data, **({settings: _json(file.extra)} if settings and file.extra else {})}
+    """File name -> bytes that a shard folder carries for ``file``: the tokenizer in its own format, its
+    settings (tiktoken's ``tokenizer.tiktoken.json``), and ``tokenizer.json`` + ``tokenizer_config.json``,
+    which ``transformers.AutoTokenizer.from_pretrained(folder)`` loads offline (checked to encode as
+    colaflow's tokenizer does, :func:`shards.tokenizers.auto_form.check`).
+
+    Raises:
+        TokenizerError: the transformers form cannot be made, or encodes differently.
+    """
+    kind = KINDS[file.kind]
+    auto = kind.auto_files(file)
+    auto_form.check(build(file), auto)
+    settings = kind.settings_name
+    own = {file.name: file.data, **({settings: _json(file.extra)} if settings and file.extra else {})}
+    return {**own, **auto}
 
 
 def _json(d: dict) -> bytes:

@@ -1,8 +1,12 @@
 """The ``sentencepiece`` kind: a ``.model`` file (Kudo & Richardson 2018), trained by the pipeline or given."""
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
+from shards.tokenizers import auto_form
 from shards.tokenizers.contract import SpecialIds, TokenizerError, TokenizerFile
 
 KIND = "sentencepiece"
@@ -43,6 +47,12 @@ class SentencePieceTokenizer:
         """The text of ``ids`` (control tokens such as BOS/EOS decode to nothing)."""
         return self._sp.decode([int(i) for i in ids])
 
+    def special_names(self) -> dict[str, str]:
+        """``bos_token`` / ``eos_token`` / ``pad_token`` / ``unk_token`` -> piece, for those the model has."""
+        ids = {"bos_token": self._sp.bos_id(), "eos_token": self._sp.eos_id(), "pad_token": self._sp.pad_id(),
+               "unk_token": self._sp.unk_id()}
+        return {key: self._sp.id_to_piece(i) for key, i in ids.items() if i >= 0}
+
 
 def read(path: str, data: bytes) -> TokenizerFile:
     """The :class:`TokenizerFile` of a ``.model`` file's bytes (checked by loading it).
@@ -53,3 +63,25 @@ def read(path: str, data: bytes) -> TokenizerFile:
     file = TokenizerFile(KIND, FILE_NAME, data)
     SentencePieceTokenizer(file)
     return file
+
+
+def auto_files(file: TokenizerFile) -> dict[str, bytes]:
+    """``tokenizer.json`` and ``tokenizer_config.json`` for ``transformers.AutoTokenizer``: transformers'
+    converter of ``.model`` files, which follows the model's own normaliser settings, so the result
+    encodes as sentencepiece does (:func:`shards.tokenizers.auto_form.check` verifies it).
+
+    Raises:
+        TokenizerError: the model does not load.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    names = SentencePieceTokenizer(file).special_names()
+
+    def make(scratch: str):
+        with open(os.path.join(scratch, FILE_NAME), "wb") as f:
+            f.write(file.data)
+        with open(os.path.join(scratch, auto_form.CONFIG_NAME), "w", encoding="utf-8") as f:
+            json.dump({"tokenizer_class": auto_form.TOKENIZER_CLASS, **names}, f)
+        return PreTrainedTokenizerFast.from_pretrained(scratch, local_files_only=True)
+
+    return auto_form.saved(make)

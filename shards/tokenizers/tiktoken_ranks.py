@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 
+from shards.tokenizers import auto_form
 from shards.tokenizers.contract import SpecialIds, TokenizerError, TokenizerFile
 
 KIND = "tiktoken"
@@ -110,3 +111,37 @@ def read(path: str, data: bytes, extra: dict | None) -> TokenizerFile:
     file = TokenizerFile(KIND, FILE_NAME, data, dict(extra))
     TiktokenTokenizer(file)
     return file
+
+
+def reserved_name(token_id: int) -> str:
+    """The placeholder transformers gives an id between a tiktoken encoding's special tokens that
+    names no token (cl100k_base has none at 100,256 and 100,261-100,275)."""
+    return f"<|reserved_token_{token_id}|>"
+
+
+def auto_files(file: TokenizerFile) -> dict[str, bytes]:
+    """``tokenizer.json`` and ``tokenizer_config.json`` for ``transformers.AutoTokenizer``: transformers'
+    ``TikTokenConverter`` (a byte-level BPE), with the special tokens at their tiktoken ids: the ids
+    between them that name no token become placeholders, as transformers does for tiktoken files.
+
+    Raises:
+        TokenizerError: the rank file or its settings do not load.
+    """
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    tok = TiktokenTokenizer(file)
+    n_ranks = len(_ranks(file.data))
+    by_id = {int(i): name for name, i in file.extra.get("special_tokens", {}).items()}
+    eos = None if tok.special.eos is None else by_id[tok.special.eos]
+    specials = [by_id.get(i, reserved_name(i)) for i in range(n_ranks, tok.vocab_size)]
+
+    def make(scratch: str):
+        path = os.path.join(scratch, FILE_NAME)
+        with open(path, "wb") as f:
+            f.write(file.data)
+        converted = TikTokenConverter(vocab_file=path, pattern=file.extra["pat_str"],
+                                      extra_special_tokens=specials).converted()
+        return PreTrainedTokenizerFast(tokenizer_object=converted, eos_token=eos)
+
+    return auto_form.saved(make)

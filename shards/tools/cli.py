@@ -69,7 +69,10 @@ def _show(sample: dict, sp, out) -> None:
         if isinstance(value, np.ndarray):
             head = " ".join(str(int(x)) for x in value[:16])
             print(f"  {name}: {value.dtype}[{value.size}] {head}{' ...' if value.size > 16 else ''}", file=out)
-            if sp is not None and name == "tokens":
+            if sp is not None and name == "tokens" and value.size and int(value.max()) >= sp.vocab_size:
+                print(f"  {name} (detokenised): not shown: id {int(value.max()):,} is beyond the tokenizer's "
+                      f"{sp.vocab_size:,} ids, so it is not the tokenizer these shards were written with", file=out)
+            elif sp is not None and name == "tokens":
                 print(f"  {name} (detokenised): {sp.decode(value.tolist())[:500]!r}", file=out)
         elif isinstance(value, bytes):
             print(f"  {name}: {len(value)} bytes", file=out)
@@ -119,7 +122,7 @@ def cmd_ls(args) -> int:
         print(f"{count(len(items), 'shard')}, {count(sum(e.samples for e in listed), 'sample')}, "
               f"{count(sum(e.tokens for e in listed), 'token')}, {count(sum(e.bytes for e in listed), 'byte')}"
               + (f" ({count(len(unlisted), 'shard')} not in a manifest, not counted; "
-                 f"python -m shards stats {path} reads them)" if unlisted else ""))
+                 f"colaflow shards stats {path} reads them)" if unlisted else ""))
     return 0
 
 
@@ -145,8 +148,8 @@ def _one_shard(path: str) -> str:
     items = resolve([path])
     if not items:
         raise ValueError(f"{path}: a dataset with no shards; nothing to inspect")
-    print(f"# {path} is a dataset of {len(items)} shards; inspecting the first, {items[0][0]} "
-          f"(pass a shard to pick another; list them with: python -m shards ls {path})", file=sys.stderr)
+    print(f"# {path} is a dataset of {count(len(items), 'shard')}; inspecting the first, {items[0][0]} "
+          f"(pass a shard to pick another; list them with: colaflow shards ls {path})", file=sys.stderr)
     return items[0][0]
 
 
@@ -184,7 +187,7 @@ def cmd_inspect(args) -> int:
         if shown >= args.limit:
             break
     if args.key and not shown:
-        print(f"error: {args.shard} has no document with key {args.key!r}; python -m shards inspect "
+        print(f"error: {args.shard} has no document with key {args.key!r}; colaflow shards inspect "
               f"{args.shard} lists its keys", file=sys.stderr)
         return 1
     return 0
@@ -215,16 +218,38 @@ def cmd_verify(args) -> int:
             for msg in rep.stats.messages[:20]:
                 print(f"  {msg}", file=sys.stderr)
     bad = [r for r in reports if not r.ok]
+    tokenizer_faults = _tokenizer_faults(args.paths)
+    for line in tokenizer_faults:
+        print(f"FAIL {line}", file=sys.stderr)
     print(f"verified {count(len(reports), 'shard')} ({'strict' if cfg.strict else 'lenient'}): "
           f"{len(reports) - len(bad):,} ok, {len(bad):,} failed; {count(sum(r.samples for r in reports), 'sample')}, "
           f"{count(sum(r.tokens for r in reports), 'token')}"
-          + (f"; faults: {_faults(faults)}" if faults else ""))
+          + (f"; faults: {_faults(faults)}" if faults else "")
+          + ("; the tokenizer failed its check" if tokenizer_faults else ""))
     if not reports:
         print(f"error: no shard to verify in {' '.join(args.paths)} (its manifest lists none)", file=sys.stderr)
         return 1
     if bad:
         print("next: re-download or regenerate the failed shards, or read them with lenient mode", file=sys.stderr)
-    return 1 if bad else 0
+    return 1 if bad or tokenizer_faults else 0
+
+
+def _tokenizer_faults(paths: list[str]) -> list[str]:
+    """One line per dataset among ``paths`` whose tokenizer file is missing or differs from the
+    manifest's sha256 (:func:`shards.tokenizers.of_shards`)."""
+    from shards.tokenizers import TokenizerError, of_shards
+
+    faults, seen = [], set()
+    for shard_path, _, manifest in resolve(paths):
+        folder = os.path.dirname(shard_path) or "."
+        if manifest is None or folder in seen:
+            continue
+        seen.add(folder)
+        try:
+            of_shards(folder, manifest)
+        except TokenizerError as e:
+            faults.append(str(e))
+    return faults
 
 
 def cmd_stats(args) -> int:
@@ -307,7 +332,7 @@ def cmd_cat(args) -> int:
     missing = sorted(want - found)
     if missing:
         print(f"error: {args.shard} has no sample, document or member {', '.join(map(repr, missing))}; "
-              f"python -m shards inspect {args.shard} lists its keys", file=sys.stderr)
+              f"colaflow shards inspect {args.shard} lists its keys", file=sys.stderr)
         return 1
     return 0
 

@@ -1,8 +1,10 @@
 """Bring your own tokenizer, end to end: the Beam job with a Hugging Face byte-level BPE trained here on
 the bundled corpus (70,000 ids, so ``uint32`` tokens), tiktoken's ``cl100k_base`` (offline, 100,277
 ids) and sentencepiece; the shards read back with tarfile + numpy as docs/shard-format.md describes;
-every document's ids are its cleaned text's and end with EOS; 20 training steps on each, the model's
-vocabulary taken from the manifest; a tokenizer changed after the job is refused at training time."""
+every document's ids are its cleaned text's and end with EOS; ``transformers.AutoTokenizer`` loads each
+shard folder and decodes as colaflow does; 20 training steps on each, the model's vocabulary taken from
+the manifest; a tokenizer changed after the job is refused at training time; a byte-level BPE trained by
+the pipeline itself."""
 from __future__ import annotations
 
 import io
@@ -95,6 +97,38 @@ def test_every_document_is_its_cleaned_text_ending_with_eos(job):
         assert tokens[-1] == ident["eos_id"] and tokens.tolist() == tok.encode_batch([text])[0] + [ident["eos_id"]]
         if kind != "sentencepiece":  # its nmt_nfkc normaliser folds whitespace; the others give the text back
             assert tok.decode(tokens) == text
+
+
+def test_auto_tokenizer_loads_the_shard_folder_and_decodes_as_colaflow_does(job):
+    from transformers import AutoTokenizer
+
+    _, out, texts = job
+    tok = build(read(str(out)))
+    auto = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert len(auto) == tok.vocab_size and auto.eos_token_id == tok.special.eos
+    docs = read_documents(out)
+    for doc_id, tokens in docs.items():
+        text = clean_text(texts[doc_id], CleanConfig())
+        assert auto.decode(tokens.tolist(), skip_special_tokens=True) == tok.decode(tokens)
+        assert auto(text, add_special_tokens=False)["input_ids"] == tokens[:-1].tolist()
+
+
+def test_the_pipeline_trains_a_byte_level_bpe_that_auto_tokenizer_loads(corpus, tmp_path):
+    from transformers import AutoTokenizer
+
+    corpus_dir, texts = corpus
+    out = tmp_path / "out"
+    assert beam_runner.main(["--input", str(corpus_dir / "in.jsonl"), "--output", str(out), "tokenizer.kind=hf",
+                             "tokenizer.vocab_size=1200"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    ident = manifest["tokenizer_identity"]
+    assert (ident["kind"], ident["eos_id"], ident["bos_id"], ident["pad_id"], ident["add_bos"]) == ("hf", 0, 1, 2, False)
+    assert manifest["tokenizer"] == "tokenizer.json" and manifest["vocab_size"] == 1200
+    auto = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert (auto.eos_token, auto.bos_token, auto.pad_token) == ("<|endoftext|>", "<|startoftext|>", "<|pad|>")
+    for doc_id, tokens in read_documents(out).items():
+        assert tokens[-1] == 0 and auto.decode(tokens.tolist(), skip_special_tokens=True) == clean_text(
+            texts[doc_id], CleanConfig())
 
 
 def run_trainer(out, run_dir, cache_dir) -> subprocess.CompletedProcess:

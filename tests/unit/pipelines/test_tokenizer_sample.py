@@ -3,7 +3,9 @@ the texts it admits. The sample must be the one SmallestHashSample gives over ev
 no combine over the whole corpus may hold texts."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 
 import apache_beam as beam
 from apache_beam.runners.direct.direct_runner import DirectRunner
@@ -16,7 +18,7 @@ from pipelines.config import PipelineConfig, TokenizerConfig
 from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key
-from pipelines.stages.tokenize import build_model, train_sentencepiece, trained_file
+from pipelines.stages.tokenize import build_model, train_byte_level_bpe, train_sentencepiece, trained_file
 
 
 def _combine(fn, items, cuts):
@@ -111,3 +113,21 @@ def test_a_first_text_larger_than_the_budget_is_the_sample_not_none(tmp_path):
     cfg = PipelineConfig()
     cfg.tokenizer.vocab_size, cfg.tokenizer.sample_max_bytes = 300, 50
     assert run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg)["total"]["kept"] == 6
+
+
+def test_the_byte_level_bpe_is_the_same_file_at_any_thread_count(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.support.paths import REPO
+
+    texts = [f"line {i} of the river that ran past {i % 7} old stone walls" for i in range(300)]
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    code = ("import json,sys,hashlib; from pipelines.config import TokenizerConfig; "
+            "from pipelines.stages.tokenize import train_byte_level_bpe; "
+            f"t=json.load(open({str(tmp_path / 'texts.json')!r})); "
+            "print(hashlib.sha256(train_byte_level_bpe(t, TokenizerConfig(vocab_size=400))).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "RAYON_NUM_THREADS": str(n),
+                                                                 "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, check=True).stdout.split()[-1] for n in (1, 2)}
+    assert digests == {hashlib.sha256(train_byte_level_bpe(texts, TokenizerConfig(vocab_size=400))).hexdigest()}

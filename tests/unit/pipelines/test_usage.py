@@ -393,13 +393,16 @@ def test_add_eos_with_a_tokenizer_that_has_no_eos_is_one_line_naming_tokenizer_a
 
 
 @pytest.mark.parametrize("override, message", [
-    ("tokenizer.kind=hf", "tokenizer.kind=hf needs tokenizer.path (or --tokenizer PATH): only sentencepiece is "
-                          "trained here"),
+    ("tokenizer.kind=tiktoken", "tokenizer.kind=tiktoken needs tokenizer.path (or --tokenizer PATH, such as "
+                                "cl100k_base): only sentencepiece and hf are trained here"),
+    ("tokenizer.kind=hf tokenizer.model_type=unigram", "tokenizer.model_type=unigram with tokenizer.kind=hf: the "
+     "tokenizer trained for hf is a byte-level BPE; set tokenizer.model_type=bpe, or tokenizer.kind=sentencepiece for "
+     "a unigram model"),
     ("tokenizer.kind=bpe", "tokenizer.kind='bpe': use one of auto, sentencepiece, hf, tiktoken"),
     ("tokenizer.add_bos=maybe", "tokenizer.add_bos='maybe': use true, false or null (the tokenizer's own convention)"),
 ])
 def test_tokenizer_kind_and_bos_settings_are_checked_up_front(corpus, tmp_path, capsys, override, message):
-    assert beam_runner.main(["--input", str(corpus), "--output", str(tmp_path / "out"), override]) == 2
+    assert beam_runner.main(["--input", str(corpus), "--output", str(tmp_path / "out"), *override.split()]) == 2
     assert capsys.readouterr().err.strip() == f"error: config: {message}"
 
 

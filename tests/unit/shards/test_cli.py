@@ -103,7 +103,7 @@ def test_inspect_a_dataset_inspects_its_first_shard(dataset, capsys, which):
     path = dataset if which == "folder" else dataset / "manifest.json"
     rc, out = run(capsys, "inspect", path, "-n", "1")
     assert rc == 0 and out.count("== doc%2E0") == 1 and "dataset of 2 shards" in out
-    assert "python -m shards ls" in out and "unpack" not in out
+    assert "colaflow shards ls" in out and "unpack" not in out
 
 
 def test_verify_a_path_that_does_not_exist(tmp_path, capsys):
@@ -190,3 +190,34 @@ def test_verify_help_describes_paths_schema_and_exit_codes(capsys):
     assert e.value.code == 0
     assert "Exit 0: all pass; 1: a fault, or nothing to verify; 2: usage error." in text
     assert "dataset folders (holding manifest.json" in text and "auto (default): text when" in text
+
+
+def test_verify_fails_a_dataset_whose_tokenizer_changed_and_inspect_will_not_decode_with_a_smaller_one(
+        dataset, tmp_path, capsys):
+    import shutil
+
+    import sentencepiece as spm
+
+    from pipelines.config import TokenizerConfig
+    from pipelines.stages.tokenize import identity
+    from shards.tokenizers import build, read
+
+    d = tmp_path / "ds"
+    shutil.copytree(dataset, d)
+    tok = build(read(str(d / "tok.model")))
+    manifest = Manifest.load(str(d))
+    manifest.tokenizer_identity = identity(tok, TokenizerConfig(add_eos=False))
+    manifest.save(str(d))
+    assert run(capsys, "verify", d, "--quiet")[0] == 0
+    (d / "tok.model").write_bytes((d / "tok.model").read_bytes() + b"\0")
+    rc, out = run(capsys, "verify", d, "--quiet")
+    assert rc == 1 and "2 ok, 0 failed" in out and "; the tokenizer failed its check" in out
+    assert f"FAIL {d / 'tok.model'} changed since the shards were written" in out
+    small = tmp_path / "small.model"
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(LINES[:2] * 5), model_writer=model, vocab_size=30,
+                                   model_type="bpe", minloglevel=2, hard_vocab_limit=False)
+    small.write_bytes(model.getvalue())
+    rc, out = run(capsys, "inspect", dataset / "shard-000000.tar", "-n", "1", "--tokenizer", small)
+    assert rc == 0 and "tokens (detokenised): not shown: id " in out
+    assert "ids, so it is not the tokenizer these shards were written with" in out

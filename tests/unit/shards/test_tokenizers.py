@@ -102,7 +102,7 @@ def test_a_file_of_none_of_the_kinds_names_all_three(tmp_path):
                                    ".model, a Hugging Face tokenizer.json (or a folder holding one), or a tiktoken rank")
     assert len(str(e.value).splitlines()) == 1
     with pytest.raises(TokenizerError, match="no such file, folder or bundled encoding"):
-        read(str(tmp_path / "missing.model"))
+        read("missing")
     with pytest.raises(TokenizerError, match=r"vocab.txt: not a Hugging Face tokenizer.json"):
         read(str(tmp_path / "vocab.txt"), "hf")
 
@@ -134,3 +134,41 @@ def test_special_token_text_in_a_document_is_encoded_as_text_not_as_eos(tmp_path
     tok = build(read(bpe(tmp_path / "tok")))
     (ids,) = tok.encode_batch(["Hello <|endoftext|> world"])
     assert tok.special.eos not in ids and tok.decode(ids) == "Hello <|endoftext|> world"
+
+
+def test_what_is_not_a_tokenizer_gets_a_line_that_says_what_to_give_instead(tmp_path):
+    def error(path, kind="auto") -> str:
+        with pytest.raises(TokenizerError) as e:
+            read(str(path), kind)
+        assert len(str(e.value).splitlines()) == 1
+        return str(e.value)
+
+    assert error("cl100k_base", "sentencepiece") == ("cl100k_base: a bundled tiktoken encoding, but "
+                                                     "tokenizer.kind=sentencepiece; set tokenizer.kind=tiktoken or auto")
+    (tmp_path / "manifest.json").write_text("{}")
+    assert error(tmp_path / "manifest.json") == (f"{tmp_path / 'manifest.json'}: a shard folder's manifest, not a "
+                                                 f"tokenizer; give its folder ({tmp_path}) to use the tokenizer the "
+                                                 "shards were written with")
+    (tmp_path / "empty.model").write_bytes(b"")
+    assert error(tmp_path / "empty.model").startswith(f"{tmp_path / 'empty.model'}: an empty file (0 bytes); give ")
+    assert error(tmp_path / "gone" / "tok.model") == (f"{tmp_path / 'gone' / 'tok.model'}: no such file, and no "
+                                                      f"folder {tmp_path / 'gone'}; check the path")
+    assert error(tmp_path / "tok.model") == f"{tmp_path / 'tok.model'}: no such file; check the path"
+    assert error("").startswith("an empty tokenizer name; give ") and error("").endswith(", or none to train one")
+    (tmp_path / "own").mkdir()
+    shutil.copy(bpe(tmp_path / "tok"), tmp_path / "own" / "mine.json")
+    assert error(tmp_path / "own") == (f"{tmp_path / 'own'}: holds no tokenizer file (tokenizer.model, "
+                                       f"tokenizer.json, tokenizer.tiktoken); give the file itself: "
+                                       f"{tmp_path / 'own' / 'mine.json'}")
+    assert read(str(tmp_path / "own" / "mine.json")).kind == "hf"
+
+
+def test_a_shard_folder_of_any_kind_is_read_as_its_own_kind_not_as_its_tokenizer_json(tmp_path):
+    for kind, given in (("tiktoken", read("cl100k_base")), ("hf", read(bpe(tmp_path / "tok")))):
+        folder = tmp_path / kind
+        folder.mkdir()
+        files = folder_files(given)
+        assert {"tokenizer.json", "tokenizer_config.json", given.name} <= set(files)
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+        assert read(str(folder)) == given
