@@ -9,7 +9,7 @@ from __future__ import annotations
 # fsspec is imported where it is used: loader worker processes reading local shards skip its import
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from shards.format.layouts import LAYOUTS, get_layout
 from shards.format.urls import shard_url  # noqa: F401  (re-exported: shard URLs beside a manifest)
@@ -60,6 +60,15 @@ class TokenizerIdentity:
     pad_id: int | None = None
     add_bos: bool = False
     add_eos: bool = False
+
+
+def _identity(d: dict | None) -> TokenizerIdentity | None:
+    """The :class:`TokenizerIdentity` of a manifest's entry; keys a later colaflow may add (optional
+    facts within the same ``format_version``) are left out rather than refused."""
+    if not d:
+        return None
+    known = {f.name for f in fields(TokenizerIdentity)}
+    return TokenizerIdentity(**{k: v for k, v in d.items() if k in known})
 
 
 @dataclass
@@ -155,7 +164,7 @@ class Manifest:
                               documents=int(s.get("documents", 0)), blocks=int(s.get("blocks", 0)))
                     for s in d["shards"]],
             tokenizer=d.get("tokenizer"),
-            tokenizer_identity=TokenizerIdentity(**d["tokenizer_identity"]) if d.get("tokenizer_identity") else None,
+            tokenizer_identity=_identity(d.get("tokenizer_identity")),
             vocab_size=int(d.get("vocab_size", 0)),
             token_dtype=d.get("token_dtype", "uint16"),
             format_version=version,

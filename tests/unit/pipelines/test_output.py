@@ -44,7 +44,7 @@ def test_remote_output_commits_shards_manifest_and_stats(tmp_path):
     stats = finalize(None, "memory://colaflow-test", ShardsConfig(), TokenizerConfig(), shards, events, model)
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls("/colaflow-test", detail=False))
     assert names == ["manifest.json", "shard-000000.idx", "shard-000000.tar", "shard-000001.idx", "shard-000001.tar",
-                     "shardindex.json", "stats.json", "tokenizer.model"]
+                     "shardindex.json", "stats.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json"]
     assert not fs.exists(f"/colaflow-test/{TMP_DIR}")
     manifest = json.loads(fs.cat_file("/colaflow-test/manifest.json"))
     assert [s["documents"] for s in manifest["shards"]] == [1, 2]  # bucket 0 first

@@ -126,9 +126,10 @@ def test_a_missing_tokenizer_file_is_a_usage_error_naming_the_flag(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("body", [b"", b"the river ran past old stone walls\n" * 3])
+@pytest.mark.parametrize("body, why", [(b"", "an empty file (0 bytes)"),
+                                       (b"the river ran past old stone walls\n" * 3, "not a tokenizer colaflow reads")])
 def test_a_tokenizer_file_that_is_no_sentencepiece_model_is_a_usage_error_naming_flag_and_file(tmp_path, capsys,
-                                                                                                 body):
+                                                                                                 body, why):
     (tmp_path / "c.jsonl").write_text(json.dumps({"id": "1", "text": "some words here"}) + "\n")
     (tmp_path / "vocab.txt").write_bytes(body)
     out = tmp_path / "out"
@@ -136,7 +137,7 @@ def test_a_tokenizer_file_that_is_no_sentencepiece_model_is_a_usage_error_naming
                              "--tokenizer", str(tmp_path / "vocab.txt")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert err.startswith(f"error: --tokenizer {tmp_path / 'vocab.txt'}: not a tokenizer colaflow reads; give a "
+    assert err.startswith(f"error: --tokenizer {tmp_path / 'vocab.txt'}: {why}; give a "
                           "sentencepiece .model, a Hugging Face tokenizer.json"), err
     assert "tiktoken rank file" in err, err
     assert not out.exists()

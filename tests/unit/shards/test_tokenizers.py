@@ -172,3 +172,12 @@ def test_a_shard_folder_of_any_kind_is_read_as_its_own_kind_not_as_its_tokenizer
         for name, data in files.items():
             (folder / name).write_bytes(data)
         assert read(str(folder)) == given
+
+
+def test_a_manifest_from_a_later_colaflow_with_more_tokenizer_facts_still_loads(tmp_path):
+    Manifest(tokenizer="tokenizer.json", vocab_size=10).save(str(tmp_path))
+    d = json.loads((tmp_path / "manifest.json").read_text())
+    d["tokenizer_identity"] = {"kind": "hf", "sha256": "ab" * 32, "eos_id": 3, "add_eos": True, "chat_template": "x"}
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    ident = Manifest.load(str(tmp_path)).tokenizer_identity
+    assert (ident.kind, ident.eos_id, ident.add_eos, ident.bos_id) == ("hf", 3, True, None)
