@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from shards.tokenizers import auto_form
+from shards.tokenizers.auto_form import CONFIG_NAME, TOKENIZER_CLASS, config_json
 from shards.tokenizers.contract import SpecialIds, TokenizerError, TokenizerFile
 
 KIND = "hf"
@@ -128,7 +128,7 @@ def read(path: str, data: bytes) -> TokenizerFile:
     tok = _parse(data)
     folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
     # the settings double as the tokenizer_config.json transformers reads (auto_files), whose class is ours
-    file = TokenizerFile(KIND, FILE_NAME, data, {**_settings(folder, tok), "tokenizer_class": auto_form.TOKENIZER_CLASS})
+    file = TokenizerFile(KIND, FILE_NAME, data, {**_settings(folder, tok), "tokenizer_class": TOKENIZER_CLASS})
     HFTokenizer(file)
     return file
 
@@ -140,7 +140,7 @@ def trained(data: bytes) -> TokenizerFile:
     Raises:
         TokenizerError: ``tokenizers`` cannot read it.
     """
-    file = TokenizerFile(KIND, FILE_NAME, data, {**_settings(None, _parse(data)), "tokenizer_class": auto_form.TOKENIZER_CLASS})
+    file = TokenizerFile(KIND, FILE_NAME, data, {**_settings(None, _parse(data)), "tokenizer_class": TOKENIZER_CLASS})
     HFTokenizer(file)
     return file
 
@@ -149,4 +149,4 @@ def auto_files(file: TokenizerFile) -> dict[str, bytes]:
     """``tokenizer.json`` as given and its settings as ``tokenizer_config.json`` for
     ``transformers.AutoTokenizer``, with the class that loads ``tokenizer.json`` as it is (a
     model-specific class such as ``LlamaTokenizer`` may rebuild its normaliser and encode differently)."""
-    return {FILE_NAME: file.data, auto_form.CONFIG_NAME: auto_form.config_json(file.extra)}
+    return {FILE_NAME: file.data, CONFIG_NAME: config_json(file.extra)}

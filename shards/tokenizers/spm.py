@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from shards.tokenizers import auto_form
+from shards.tokenizers.auto_form import CONFIG_NAME, TOKENIZER_CLASS, saved
 from shards.tokenizers.contract import SpecialIds, TokenizerError, TokenizerFile
 
 KIND = "sentencepiece"
@@ -80,8 +80,8 @@ def auto_files(file: TokenizerFile) -> dict[str, bytes]:
     def make(scratch: str):
         with open(os.path.join(scratch, FILE_NAME), "wb") as f:
             f.write(file.data)
-        with open(os.path.join(scratch, auto_form.CONFIG_NAME), "w", encoding="utf-8") as f:
-            json.dump({"tokenizer_class": auto_form.TOKENIZER_CLASS, **names}, f)
+        with open(os.path.join(scratch, CONFIG_NAME), "w", encoding="utf-8") as f:
+            json.dump({"tokenizer_class": TOKENIZER_CLASS, **names}, f)
         return PreTrainedTokenizerFast.from_pretrained(scratch, local_files_only=True)
 
-    return auto_form.saved(make)
+    return saved(make)

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from shards.tokenizers import auto_form
+from shards.tokenizers.auto_form import saved
 from shards.tokenizers.contract import SpecialIds, TokenizerError, TokenizerFile
 
 KIND = "tiktoken"
@@ -144,4 +144,4 @@ def auto_files(file: TokenizerFile) -> dict[str, bytes]:
                                       extra_special_tokens=specials).converted()
         return PreTrainedTokenizerFast(tokenizer_object=converted, eos_token=eos)
 
-    return auto_form.saved(make)
+    return saved(make)
