@@ -99,7 +99,7 @@ def test_the_folder_loads_with_transformers_and_computes_colaflows_logits(export
 
 
 def test_the_report_checks_logits_perplexity_bf16_and_generation(exported):
-    rc, out, report, ckpt, _ = exported
+    _, out, report, ckpt, _ = exported
     fp32, bf16 = report["variants"]
     assert fp32["name"] == "hf" and fp32["passed"] and fp32["path"] == out == bf16["path"]
     assert fp32["max_abs_diff"] <= 1e-4 and fp32["ppl_delta"] <= 1e-5 and fp32["argmax_agreement"] == 1.0

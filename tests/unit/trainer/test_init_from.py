@@ -139,6 +139,7 @@ def test_a_folder_without_config_json_is_refused(data, tmp_path, capsys):
 
 def test_a_non_llama_architecture_is_refused(data, tmp_path, capsys):
     from transformers import GPT2Config, GPT2LMHeadModel
+
     from trainer.export.hf import quiet
     with quiet():
         GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=2)).save_pretrained(

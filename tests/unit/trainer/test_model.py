@@ -154,8 +154,8 @@ def test_grouped_query_attention_equals_multi_head_with_shared_key_value_heads()
     for i in range(CFG.n_layers):
         key = f"blocks.{i}.attn.qkv.weight"
         q, k, v = state[key].split([4 * hd, 2 * hd, 2 * hd])
-        widen = lambda w: w.view(2, hd, d).repeat_interleave(2, dim=0).reshape(4 * hd, d)  # noqa: E731
-        state[key] = torch.cat([q, widen(k), widen(v)])
+        k, v = (w.view(2, hd, d).repeat_interleave(2, dim=0).reshape(4 * hd, d) for w in (k, v))
+        state[key] = torch.cat([q, k, v])
     mha.load_state_dict(state)
     b = make_batch([[10, 6], [16]], 16)
     args = (b.input_ids, b.position_ids, b.document_ids)
