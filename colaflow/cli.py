@@ -72,7 +72,7 @@ COMMANDS = {c.name: c for c in (  # each summary fits one line of an 80-column -
     Command("loaders", "sample keys per rank (keys), loader speed (bench)", "loaders.tools.cli"),
     Command("train", "train on shards (--nproc-per-node N: local ranks)", "trainer.__main__"),
     Command("verify", "verify a checkpoint offline (checksums, forward pass)", "trainer.__main__", True),
-    Command("export", "export a checkpoint as verified ONNX or .pt models", "trainer.__main__", True),
+    Command("export", "export a checkpoint as verified ONNX, .pt or HF models", "trainer.__main__", True),
     Command("report", "HTML report with plots of a training run", "trainer.__main__", True),
     Command("replay", "re-run a bad step, name the first module gone bad", "trainer.__main__", True),
     Command("dashboard", "Grafana dashboard JSON, or a preview of run metrics", "trainer.report.dashboard"),

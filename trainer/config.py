@@ -6,6 +6,7 @@ and ``key=value`` overrides on the command line fill others (``optim.lr=1e-3 zer
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 from cache.config import CacheConfig
@@ -19,31 +20,81 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ModelConfig:
-    """GPT-style decoder sizes.
+    """GPT-style decoder sizes (Llama's architecture with ``norm: rmsnorm``).
 
     Attributes:
-        vocab_size: token vocabulary; 0 = take ``vocab_size`` from the data manifest.
+        vocab_size: token vocabulary; 0 = take ``vocab_size`` from the data manifest (or from
+            ``init_from``).
         d_model: hidden width (must be divisible by ``n_heads``; head dim must be even for RoPE).
         n_layers: transformer blocks.
-        n_heads: attention heads.
+        n_heads: attention (query) heads.
+        n_kv_heads: key/value heads; fewer than ``n_heads`` is grouped-query attention (Ainslie
+            et al. 2023, "GQA"), each key/value head serving ``n_heads / n_kv_heads`` query heads;
+            must divide ``n_heads``. 0 = ``n_heads`` (multi-head attention).
         ffn_mult: SwiGLU hidden width as a multiple of ``d_model`` (rounded up to a multiple of 8).
+        ffn_hidden: SwiGLU hidden width in units; 0 = from ``ffn_mult`` (a pretrained model's
+            ``intermediate_size`` is rarely a round multiple).
         max_seq_len: longest position the model is used at (documents restart positions at 0).
         norm: ``rmsnorm`` or ``layernorm``.
         tie_embeddings: share the input embedding with the output projection.
         rope_theta: RoPE base frequency (Su et al. 2021, "RoFormer").
         norm_eps: epsilon inside the norms.
+        init_from: start a new run at step 0 from these weights, with a fresh optimizer: a Hugging
+            Face Llama folder (``config.json`` + safetensors), a ``.pt`` export or a colaflow
+            checkpoint folder (:mod:`trainer.pretrained`). Sizes still at their defaults are taken
+            from it; sizes set to other values must match it. ``""`` = random initialisation.
     """
 
     vocab_size: int = 0
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
+    n_kv_heads: int = 0
     ffn_mult: float = 2.667
+    ffn_hidden: int = 0
     max_seq_len: int = 256
     norm: str = "rmsnorm"
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
     norm_eps: float = NORM_EPS
+    init_from: str = ""
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head: ``d_model / n_heads``."""
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads in use (``n_kv_heads``, or ``n_heads`` when it is 0)."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def ffn_width(self) -> int:
+        """SwiGLU hidden width in use (``ffn_hidden``, or ``ffn_mult * d_model`` rounded up to a multiple of 8)."""
+        return self.ffn_hidden or 8 * math.ceil(self.ffn_mult * self.d_model / 8)
+
+    def architecture(self) -> dict:
+        """The values that decide the model's tensors and function, resolved (``n_kv_heads`` and the
+        SwiGLU width as used; not ``ffn_mult`` or ``init_from``): two configs with equal
+        architectures hold the same weights (a checkpoint of one loads into the other)."""
+        return {"vocab_size": self.vocab_size, "d_model": self.d_model, "n_layers": self.n_layers,
+                "n_heads": self.n_heads, "n_kv_heads": self.kv_heads, "ffn_hidden": self.ffn_width,
+                "max_seq_len": self.max_seq_len, "norm": self.norm, "tie_embeddings": self.tie_embeddings,
+                "rope_theta": self.rope_theta, "norm_eps": self.norm_eps}
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad ``model.*`` field and what to set."""
+        if self.norm not in ("rmsnorm", "layernorm"):
+            raise ValueError(f"model.norm={self.norm!r}: use rmsnorm or layernorm")
+        if min(self.d_model, self.n_layers, self.n_heads) < 1 or min(self.n_kv_heads, self.ffn_hidden) < 0:
+            raise ValueError("model.d_model, model.n_layers and model.n_heads must be >= 1; model.n_kv_heads and "
+                             "model.ffn_hidden >= 0 (0 = n_heads, from ffn_mult)")
+        if self.d_model % self.n_heads or self.head_dim % 2:
+            raise ValueError(f"model.d_model={self.d_model} must split into n_heads={self.n_heads} heads of even size")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads} (each "
+                             "key/value head serves the same number of query heads)")
 
 
 @dataclass
@@ -276,11 +327,10 @@ class TrainConfig:
             raise ValueError(f"zero.stage={self.zero.stage!r}: use 0, 1, 2 or 3")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision={self.precision!r}: use fp32 or bf16")
-        if self.model.norm not in ("rmsnorm", "layernorm"):
-            raise ValueError(f"model.norm={self.model.norm!r}: use rmsnorm or layernorm")
-        if self.model.d_model % self.model.n_heads or (self.model.d_model // self.model.n_heads) % 2:
-            raise ValueError(f"model.d_model={self.model.d_model} must split into n_heads={self.model.n_heads} "
-                             "heads of even size")
+        self.model.validate()
+        if self.model.init_from and self.checkpoint.resume not in ("", "latest"):
+            raise ValueError(f"model.init_from={self.model.init_from} starts a new run from weights, "
+                             f"checkpoint.resume={self.checkpoint.resume} continues an earlier one: set only one")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device={self.device!r}: use auto, cpu or cuda")
         if self.steps < 1 or self.log_every < 1 or self.optim.grad_accum_steps < 1:

@@ -68,30 +68,40 @@ def document_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with RoPE through ``F.scaled_dot_product_attention``."""
+    """Self-attention with RoPE through ``F.scaled_dot_product_attention``: ``n_heads`` query heads
+    over ``n_kv_heads`` key/value heads (grouped-query attention when fewer; query head ``i`` reads
+    key/value head ``i // (n_heads / n_kv_heads)``, as in Llama). ``qkv`` stacks the query, key and
+    value projections in that order: ``[(n_heads + 2 n_kv_heads) * head_dim, d_model]``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.d_model // cfg.n_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.kv_heads) * cfg.head_dim, bias=False)
+        self.proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
     def forward(self, x, cos, sin, mask):
         """``x`` [B, T, D] with RoPE tables ``cos``/``sin`` and a boolean document-causal ``mask``
         [B, 1, T, T] → [B, T, D]."""
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        b, t, _ = x.shape
+        hd, kv = self.head_dim, self.n_kv_heads
+        q, k, v = self.qkv(x).split([self.n_heads * hd, kv * hd, kv * hd], dim=-1)
+        q = q.view(b, t, self.n_heads, hd).transpose(1, 2)
+        k, v = (z.view(b, t, kv, hd).transpose(1, 2) for z in (k, v))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv < self.n_heads:  # each key/value head serves a group of adjacent query heads
+            group = self.n_heads // kv
+            k, v = (z[:, :, None].expand(b, kv, group, t, hd).reshape(b, self.n_heads, t, hd) for z in (k, v))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return self.proj(y.transpose(1, 2).reshape(b, t, self.n_heads * hd))
 
 
 class SwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one matrix."""
+    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one matrix (``gate_up``: the gate's
+    ``ffn_width`` rows, then the up projection's)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        hidden = 8 * math.ceil(cfg.ffn_mult * cfg.d_model / 8)
+        hidden = cfg.ffn_width
         self.gate_up = nn.Linear(cfg.d_model, 2 * hidden, bias=False)
         self.down = nn.Linear(hidden, cfg.d_model, bias=False)
 
@@ -161,7 +171,7 @@ class GPT(nn.Module):
 
     def hidden_states(self, input_ids, position_ids, document_ids) -> torch.Tensor:
         """Final-norm hidden states [B, T, d_model] (compute dtype)."""
-        cos, sin = rope_cos_sin(position_ids, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta)
+        cos, sin = rope_cos_sin(position_ids, self.cfg.head_dim, self.cfg.rope_theta)
         mask = document_causal_mask(document_ids)
         x = self.tok_emb(input_ids)
         for block in self.blocks:
@@ -191,3 +201,29 @@ class GPT(nn.Module):
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct parameters (tied weights counted once)."""
     return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def greedy_decode(model: GPT, prompt: list[int], new_tokens: int, eos_id: int | None = None) -> list[int]:
+    """Greedy (argmax) continuation of one document, recomputing the whole prefix each step (no cache:
+    for checks, not serving).
+
+    Args:
+        model: the decoder (its device and dtype are used as they are).
+        prompt: token ids, at least one.
+        new_tokens: most tokens to generate.
+        eos_id: stop after generating this id (``None``: never stop early).
+
+    Returns:
+        The generated ids (without the prompt), at most ``new_tokens``, ending at ``eos_id`` if it came.
+    """
+    device = model.output_weight.device
+    ids = list(prompt)
+    for _ in range(new_tokens):
+        x = torch.tensor([ids], dtype=torch.long, device=device)
+        pos = torch.arange(len(ids), device=device)[None]
+        nxt = int(model.logits(x, pos, torch.zeros_like(x))[0, -1].argmax())
+        ids.append(nxt)
+        if nxt == eos_id:
+            break
+    return ids[len(prompt):]

@@ -16,6 +16,7 @@ from colaflow.config import to_dict
 from loaders.protocols import RankLoader, ShardSource
 from loaders.rank.batch import TokenBatch
 from trainer import checkpointing as ckpt
+from trainer import pretrained
 from trainer.config import TrainConfig
 from trainer.distributed import parallel
 from trainer.evaluation import Evaluation, evaluation_summary, maybe_evaluate
@@ -62,9 +63,30 @@ def resolve_vocab_size(cfg: TrainConfig) -> None:
         if vocab < 1:
             raise ValueError(f"{url}: manifest has no vocab_size; set model.vocab_size")
         cfg.model.vocab_size = vocab
+    elif vocab > cfg.model.vocab_size and cfg.model.init_from:
+        raise ValueError(f"the data's vocabulary ({vocab} in {url}) is larger than the embedding of "
+                         f"model.init_from={cfg.model.init_from} ({cfg.model.vocab_size} rows): its token ids would not "
+                         "fit; tokenize the data with that model's tokenizer")
     elif vocab > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is below the data's vocabulary ({vocab} in {url}): "
                          f"its token ids would not fit the embedding; set model.vocab_size={vocab} (or 0: the manifest's)")
+
+
+def resolve_model(cfg: TrainConfig) -> pretrained.Pretrained | None:
+    """Complete ``cfg.model`` before the model is built: sizes from ``model.init_from`` (its small
+    files only), then ``vocab_size`` from the manifest (:func:`resolve_vocab_size`). Returns the
+    pretrained source, or ``None`` without ``init_from``.
+
+    Raises:
+        ValueError: see :func:`trainer.pretrained.open_source`, :func:`trainer.pretrained.fill_sizes`
+            and :func:`resolve_vocab_size`.
+    """
+    source = None
+    if cfg.model.init_from:
+        source = pretrained.open_source(cfg.model.init_from)
+        pretrained.fill_sizes(cfg.model, source)
+    resolve_vocab_size(cfg)
+    return source
 
 
 def loader_state(loader: RankLoader, epoch: int) -> dict:
@@ -162,9 +184,10 @@ def train_step(model, optimizer, batches: list[TokenBatch], info: parallel.DistI
     return loss_sum, local_tokens, grad_norm
 
 
-def build_model(cfg: TrainConfig, info: parallel.DistInfo):
+def build_model(cfg: TrainConfig, info: parallel.DistInfo, init: pretrained.Pretrained | None = None):
     """Model on the device (same seed on every rank, so FSDP shards one identical init), wrapped for
-    ``zero.stage``, plus its optimizer."""
+    ``zero.stage``, given the weights of ``init`` when set (rank 0 reads them, every rank receives
+    its part), plus a fresh optimizer."""
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(info.device)
     model.set_activation_checkpointing(cfg.activation_checkpointing)
@@ -172,16 +195,20 @@ def build_model(cfg: TrainConfig, info: parallel.DistInfo):
         for block in model.blocks:
             block.compile()
     wrapped = parallel.wrap_model(model, cfg.zero, info, cfg.precision)
+    if init is not None:
+        pretrained.load_into(wrapped, init, cfg.model)
     optimizer = parallel.build_optimizer(wrapped, cfg.zero.stage, cfg.optim.lr, cfg.optim.betas,
                                          cfg.optim.weight_decay)
     return model, wrapped, optimizer
 
 
-def build_checkpointer(cfg: TrainConfig, info: parallel.DistInfo, root: str) -> ckpt.Checkpointer:
-    """Checkpoints of this run (verified from the stored bytes before they become visible)."""
+def build_checkpointer(cfg: TrainConfig, info: parallel.DistInfo, root: str,
+                       init_from: dict | None = None) -> ckpt.Checkpointer:
+    """Checkpoints of this run (verified from the stored bytes before they become visible);
+    ``init_from``: the pretrained weights' fingerprint, recorded in every ``meta.json``."""
     return ckpt.Checkpointer(root, info.device, cfg.precision, cfg.zero.stage,
                              cfg.model.vocab_size, min(cfg.data.seq_len, cfg.model.max_seq_len), to_dict(cfg),
-                             cfg.checkpoint.keep_last, cfg.checkpoint.async_save)
+                             cfg.checkpoint.keep_last, cfg.checkpoint.async_save, init_from)
 
 
 def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, step: int,
@@ -227,6 +254,7 @@ class Run:
     loss_first: float | None = None
     loss_last: float | None = None
     saved: str | None = None  # newest checkpoint folder this run wrote
+    init_from: dict | None = None  # {path, kind, sha256} of the pretrained weights (rank 0; None: random init)
     evaluation: Evaluation | None = None  # built by the first maybe_evaluate
 
     def is_log_step(self, step: int) -> bool:
@@ -261,15 +289,20 @@ def start_run(cfg: TrainConfig) -> Run:
     """
     cfg.validate()
     info = parallel.init_distributed(cfg.device)
-    resolve_vocab_size(cfg)
+    source = resolve_model(cfg)
     plan = prepare_run(cfg, info.is_main)
+    init = source if plan.checkpoint is None else None  # a resumed run's weights are in its checkpoint
+    origin = None
+    if source is not None and info.is_main:
+        origin = source.fingerprint() if init is not None else ckpt.read_meta(plan.checkpoint).get("init_from")
     if info.is_main:
-        print(start_line(cfg, data_summary(cfg.data), info.world_size, plan), flush=True)
+        print(start_line(cfg, data_summary(cfg.data), info.world_size, plan, init=init), flush=True)
     cache, loader = build_data(cfg, info)
-    model, wrapped, optimizer = build_model(cfg, info)
-    run = Run(cfg, info, cache, loader, model, wrapped, optimizer, build_checkpointer(cfg, info, checkpoint_root(cfg)),
+    model, wrapped, optimizer = build_model(cfg, info, init)
+    run = Run(cfg, info, cache, loader, model, wrapped, optimizer,
+              build_checkpointer(cfg, info, checkpoint_root(cfg), origin),
               AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device),
-              StepHooks.build(cfg.hooks, HookContext(cfg.run_dir, EventLog.of_run(cfg.run_dir))))
+              StepHooks.build(cfg.hooks, HookContext(cfg.run_dir, EventLog.of_run(cfg.run_dir))), init_from=origin)
     if plan.checkpoint:
         resume(run, plan.checkpoint)
     if info.is_main:
@@ -325,7 +358,7 @@ def finish_run(run: Run, elapsed: float) -> dict:
                "loss_first": run.loss_first, "loss_last": run.loss_last, "tokens_seen": run.tokens_seen,
                "tokens_per_second": run.tokens_seen / elapsed if elapsed > 0 else 0.0,
                "checkpoint": run.saved, "parameters": count_parameters(run.model), "anomalies": run.guard.summary(),
-               "cache": run.cache.metrics(), "loader": run.loader.metrics(),
+               "cache": run.cache.metrics(), "loader": run.loader.metrics(), "init_from": run.init_from,
                **evaluation_summary(run)}
     if info.is_main:
         with open(os.path.join(cfg.run_dir, "train_summary.json"), "w", encoding="utf-8") as f:
@@ -348,7 +381,8 @@ def train(cfg: TrainConfig) -> dict:
     Summary keys: ``train_steps``, ``world_size``, ``loss_first``/``loss_last`` (nats per real token,
     first and last logged interval), ``tokens_per_second`` (real tokens, all ranks, per wall second
     of the loop), ``tokens_seen`` (real tokens, all ranks), ``checkpoint`` (folder or ``None``),
-    ``parameters``, ``cache`` and ``loader`` (their ``metrics()`` on this rank),
+    ``parameters``, ``cache`` and ``loader`` (their ``metrics()`` on this rank), ``init_from``
+    (``{path, kind, sha256}`` of ``model.init_from``'s weights, ``None`` without),
     ``val_loss_first``/``val_loss_last``/``val_perplexity_last``/``val_tokens``/``evaluations``
     (:mod:`trainer.evaluation`; ``None`` without validation data).
     """

@@ -11,7 +11,9 @@
    never restarts it.
 5. Render the HTML run report (``colaflow report``).
 6. Export the final checkpoint as ONNX fp32 + INT8 (``colaflow export``), each verified on
-   the validation split (``runs/demo/export/conversion_report.json``).
+   the validation split (``runs/demo/export/conversion_report.json``), and as a Hugging Face Llama
+   folder with the tokenizer (``runs/demo/export/hf``, loaded back and checked with ``transformers``:
+   ``runs/demo/export/hf.conversion_report.json``).
 7. Write ``runs/demo/summary.json`` and print a short summary.
 
 With ``--mixture`` (default config ``configs/mixture.yaml``), step 2 preprocesses each source of the
@@ -90,6 +92,8 @@ def run_demo(argv: list[str] | None = None, prog: str = "python -m examples.demo
     ap.add_argument("--limit-per-source", type=int, default=0, help="records per source (0 = all)")
     ap.add_argument("--val-fraction", type=float, default=0.02, help="documents held out for validation")
     ap.add_argument("--export", default="fp32,int8", help="ONNX precisions to export and verify ('' = no export)")
+    ap.add_argument("--export-hf", action=argparse.BooleanOptionalAction, default=True,
+                    help="also export a Hugging Face folder and verify it with transformers (--no-export-hf: skip)")
     ap.add_argument("overrides", nargs="*", help="training config overrides, key=value")
     args = ap.parse_args(argv)
     args.config = args.config or os.path.join(CONFIGS, "mixture.yaml" if args.mixture else "demo.yaml")
@@ -132,6 +136,18 @@ def run_demo(argv: list[str] | None = None, prog: str = "python -m examples.demo
               "--precision", args.export, "--batch-sizes", "1,8", "--data", outputs[0]])
         with open(os.path.join(export, "conversion_report.json"), encoding="utf-8") as f:
             conversion = json.load(f)
+    hf = None
+    if args.export_hf:
+        hf_dir = os.path.join(export, "hf")
+        _run("export a Hugging Face folder and verify it with transformers",
+             [*COLAFLOW, "export", trained["checkpoint"], hf_dir, "--format", "hf", "--batch-sizes", "1,8",
+              "--data", outputs[0]])
+        with open(os.path.join(export, "hf.conversion_report.json"), encoding="utf-8") as f:
+            checked = json.load(f)["variants"][0]
+        hf = {"folder": hf_dir, "report": os.path.join(export, "hf.conversion_report.json"), "passed": checked["passed"],
+              "max_abs_diff": checked["max_abs_diff"], "ppl_delta": checked["ppl_delta"],
+              "greedy_generation_matches": checked["details"]["generation"]["match"],
+              "tokenizer": "tokenizer.json" in checked["details"]["files"]}
 
     stats, manifests = [], []
     for out in outputs:  # one folder, or one per mixture source
@@ -161,6 +177,7 @@ def run_demo(argv: list[str] | None = None, prog: str = "python -m examples.demo
             "models": {v["name"]: {"perplexity": v["perplexity"], "ppl_delta": v["ppl_delta"],
                                    "max_abs_diff": v["max_abs_diff"], "latency_ms": v["latency_ms"]}
                        for v in conversion["variants"] if v["passed"]}},
+        "export_hf": hf,
         "wall_seconds": round(time.time() - t_start, 1),
     }
     path = os.path.join(run_dir, "summary.json")
@@ -179,6 +196,10 @@ def run_demo(argv: list[str] | None = None, prog: str = "python -m examples.demo
     if conversion:
         print(f"  export      {', '.join(summary['export']['models']) or 'nothing'} verified -> "
               f"{summary['export']['report']}")
+    if hf:
+        print(f"  hugging face {hf['folder']} (transformers logits within {hf['max_abs_diff']:.1e}, greedy generation "
+              f"{'matches' if hf['greedy_generation_matches'] else 'DIFFERS'}"
+              f"{'' if hf['tokenizer'] else ', no tokenizer'}) -> {hf['report']}")
     print(f"  report      {summary['report']} (open it in a browser)")
     print(f"  written     {path} ({summary['wall_seconds']:.0f} s in all)")
     return summary

@@ -44,6 +44,10 @@ def test_demo_on_real_slice(tmp_path, monkeypatch):
     # the exported ONNX models were verified on that split
     assert summary["export"]["passed"] and set(summary["export"]["models"]) == {"model.fp32.onnx", "model.int8.onnx"}
     assert os.path.exists(run_dir / "export" / "model.int8.onnx") and os.path.exists(summary["export"]["report"])
+    # and as a Hugging Face folder that transformers loads and that generates what colaflow generates
+    hf = summary["export_hf"]
+    assert hf["passed"] and hf["greedy_generation_matches"] and hf["max_abs_diff"] <= 1e-4
+    assert os.path.exists(os.path.join(hf["folder"], "config.json")) and os.path.exists(hf["report"])
     # the cache fetched the shards from the HTTP remote
     assert any(name.endswith(".tar") for _, _, files in os.walk(run_dir / "cache") for name in files)
 

@@ -23,3 +23,32 @@ def write_counting_shards(directory: str, docs: int, max_samples: int, vocab: in
     shards = w.close()
     Manifest(shards=shards, vocab_size=vocab).save(directory)
     return shards
+
+
+def write_dataset_with_val_split(root: str, vocab: int, tokenizer: bool = False) -> str:
+    """Counting-task shards (60 documents) with a ``val`` split (10) listed in the manifest, as
+    preprocessing writes it; returns ``root``. With ``tokenizer`` the folder also carries what
+    preprocessing writes for ``transformers``: a word-level ``tokenizer.json`` (``t0`` ... and
+    ``<s>``, ``</s>`` as the last two ids) and ``tokenizer_config.json``, and the manifest's
+    ``tokenizer_identity`` names those bos/eos ids."""
+    import json
+    import os
+
+    from shards.format.manifest import TokenizerIdentity
+    from trainer.export.provenance import file_sha256
+    write_counting_shards(root, 60, max_samples=30, vocab=vocab, max_len=40, seed=0)
+    write_counting_shards(os.path.join(root, "val"), 10, max_samples=10, vocab=vocab, max_len=40, seed=1)
+    top, val = Manifest.load(root), Manifest.load(os.path.join(root, "val"))
+    top.splits = {"val": {"manifest": "val/manifest.json", "shards": len(val.shards), "samples": val.total_samples,
+                          "tokens": val.total_tokens, "sha256": file_sha256(os.path.join(root, "val", "manifest.json"))}}
+    if tokenizer:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        words = {f"t{i}": i for i in range(vocab - 2)} | {"<s>": vocab - 2, "</s>": vocab - 1}
+        tok = Tokenizer(models.WordLevel(words, unk_token="t0"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok.save(os.path.join(root, "tokenizer.json"))
+        with open(os.path.join(root, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}, f)
+        top.tokenizer_identity = TokenizerIdentity(kind="hf", bos_id=vocab - 2, eos_id=vocab - 1)
+    top.save(root)
+    return root

@@ -2,9 +2,10 @@
 and the tolerance each variant must meet before it is written under its final name."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-FORMATS = ("onnx", "pt")
+FORMATS = ("onnx", "pt", "hf")  # the writers: trainer.export.pipeline.WRITERS
 PRECISIONS = ("fp32", "fp16", "int8")
 
 
@@ -32,13 +33,17 @@ class ToleranceConfig:
     significant digits: the demo model's logits, up to ~30 in magnitude, differ by up to 0.4 at
     0.002 % perplexity change) and 0.5 % in perplexity; dynamic INT8 (per-tensor weight
     quantization) is judged by perplexity (2 %) and top-1 agreement, not logits; the consolidated
-    ``.pt`` must reproduce the checkpoint exactly.
+    ``.pt`` must reproduce the checkpoint exactly; the ``hf`` folder loaded by ``transformers`` in
+    fp32 meets the fp32 limits, and loaded in bf16 is reported without limits (set
+    ``tolerance.hf_bf16.*`` to enforce some).
     """
 
     fp32: Tolerance = field(default_factory=Tolerance)
     fp16: Tolerance = field(default_factory=lambda: Tolerance(1.0, 0.005, 0.99))
     int8: Tolerance = field(default_factory=lambda: Tolerance(float("inf"), 0.02, 0.9))
     pt: Tolerance = field(default_factory=lambda: Tolerance(1e-6, 1e-6, 1.0))
+    hf: Tolerance = field(default_factory=Tolerance)
+    hf_bf16: Tolerance = field(default_factory=lambda: Tolerance(float("inf"), float("inf"), 0.0))
 
 
 @dataclass
@@ -46,7 +51,8 @@ class ExportConfig:
     """What ``python -m trainer export`` writes and how it checks it.
 
     Attributes:
-        format: ``onnx`` (one file per precision) or ``pt`` (the consolidated ``torch.save`` file).
+        format: ``onnx`` (one file per precision), ``pt`` (the consolidated ``torch.save`` file) or
+            ``hf`` (a Hugging Face Llama folder: :mod:`trainer.export.hf`).
         precisions: ONNX precisions among ``fp32``, ``fp16`` (weights and activations in half,
             inputs/outputs kept) and ``int8`` (onnxruntime dynamic quantization of MatMul weights).
         batch_sizes: batch sizes whose latency is measured on onnxruntime (or PyTorch for ``pt``).
@@ -60,6 +66,10 @@ class ExportConfig:
         opset: ONNX opset version (0 = the exporter's default).
         threads: onnxruntime intra-op threads and PyTorch threads of the reference (0 = their
             defaults, all cores; 1 gives steadier latencies on a shared machine).
+        max_shard_size: ``hf``: the largest ``model-*.safetensors`` shard (``save_pretrained``'s
+            ``max_shard_size``: ``"5GB"``, ``"200MB"``); one ``model.safetensors`` below it.
+        generate_tokens: ``hf``: greedy tokens that ``transformers`` must generate exactly as
+            colaflow's :func:`trainer.model.greedy_decode` does.
         tolerance: per-variant limits (:class:`ToleranceConfig`).
     """
 
@@ -73,6 +83,8 @@ class ExportConfig:
     latency_runs: int = 5
     opset: int = 0
     threads: int = 0
+    max_shard_size: str = "5GB"
+    generate_tokens: int = 20
     tolerance: ToleranceConfig = field(default_factory=ToleranceConfig)
 
     def validate(self) -> None:
@@ -86,3 +98,7 @@ class ExportConfig:
             raise ValueError(f"--batch-sizes {self.batch_sizes}: use positive integers, e.g. 1,8")
         if self.rows < 1 or self.batches < 1 or self.latency_runs < 1 or self.seq_len < 0 or self.threads < 0:
             raise ValueError("rows, batches and latency_runs must be >= 1; seq_len and threads >= 0")
+        if self.generate_tokens < 1:
+            raise ValueError(f"generate_tokens={self.generate_tokens}: use >= 1")
+        if not re.fullmatch(r"\d+\s*[KMG]i?B", str(self.max_shard_size).strip(), re.IGNORECASE):
+            raise ValueError(f"max_shard_size={self.max_shard_size!r}: use a size such as 5GB or 200MB")

@@ -8,7 +8,7 @@ import fsspec
 
 from trainer.checkpointing.layout import git_commit, package_versions, read_meta
 
-EXPORT_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
+EXPORT_PACKAGES = ("onnx", "onnxscript", "onnxruntime", "transformers", "safetensors")
 
 
 def file_sha256(url: str) -> str:
@@ -41,12 +41,14 @@ def provenance(checkpoint: str, config: dict, data_manifest: str | None, val_man
     Keys: ``checkpoint`` (folder), ``step``, ``trained_git_commit`` (from the checkpoint's
     ``meta.json``), ``export_git_commit``, ``config`` (the training config), ``data_manifest`` and
     ``data_manifest_sha256`` (the training dataset's manifest file), ``validation_manifest`` and its
-    ``validation_manifest_sha256``, ``versions`` (:func:`versions`). Manifests that are ``None``
-    (no validation data was reachable) get a ``None`` digest.
+    ``validation_manifest_sha256``, ``init_from`` (the pretrained weights the run started from,
+    ``{path, kind, sha256}``, from ``meta.json``; ``None`` for a random start), ``versions``
+    (:func:`versions`). Manifests that are ``None`` (no validation data was reachable) get a ``None`` digest.
     """
     meta = read_meta(checkpoint)
     return {"checkpoint": checkpoint, "step": meta.get("step"), "trained_git_commit": meta.get("git_commit"),
-            "export_git_commit": git_commit(), "config": config, "data_manifest": data_manifest,
+            "export_git_commit": git_commit(), "init_from": meta.get("init_from"), "config": config,
+            "data_manifest": data_manifest,
             "data_manifest_sha256": data_manifest and file_sha256(manifest_file(data_manifest)),
             "validation_manifest": val_manifest,
             "validation_manifest_sha256": val_manifest and file_sha256(manifest_file(val_manifest)),

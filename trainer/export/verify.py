@@ -109,6 +109,8 @@ class VariantResult:
         latency_ms: batch size → median milliseconds per forward of ``[batch, seq_len]``.
         passed: all limits met; ``failures`` says which were not; ``error`` a conversion error.
         path: where the file is now (the final name, or ``*.rejected``; ``None`` if none was made).
+        notes: lines the command prints beside the table (e.g. why no tokenizer was exported).
+        details: further format-specific findings (``hf``: the greedy generations compared, the files).
     """
 
     name: str
@@ -125,6 +127,8 @@ class VariantResult:
     failures: list = field(default_factory=list)
     error: str | None = None
     path: str | None = None
+    notes: list = field(default_factory=list)
+    details: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """JSON-able dict (infinite/NaN numbers as strings)."""

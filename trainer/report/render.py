@@ -96,8 +96,12 @@ def summarize(m: RunMetrics, config: dict, summary: dict, markers: Markers | Non
             rows.append((key, f"{summary[key]:,}" if isinstance(summary[key], int) else str(summary[key])))
     model = config.get("model", {})
     if model:
-        rows.append(("model", ", ".join(f"{k}={model[k]}" for k in ("d_model", "n_layers", "n_heads", "vocab_size")
-                                        if k in model)))
+        rows.append(("model", ", ".join(f"{k}={model[k]}" for k in ("d_model", "n_layers", "n_heads", "n_kv_heads",
+                                                                     "vocab_size") if model.get(k))))
+        if model.get("init_from"):
+            origin = summary.get("init_from") or {}
+            rows.append(("init_from", f"{model['init_from']}" + (f" (sha256 {origin['sha256'][:12]}...)"
+                                                                 if origin.get("sha256") else "")))
     for key in ("precision", "zero"):
         if key in config:
             value = config[key]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from loaders.config import DataConfig
 from loaders.pack.batching import batching
 from trainer.config import TrainConfig
+from trainer.pretrained import Pretrained
 from trainer.run.folder import RunPlan
 
 
@@ -72,13 +73,15 @@ def planned_epochs(cfg: TrainConfig, data: DataSummary, world_size: int) -> floa
     return positions / data.tokens if data.tokens else float("inf")
 
 
-def start_line(cfg: TrainConfig, data: DataSummary, world_size: int, plan: RunPlan, dry_run: bool = False) -> str:
+def start_line(cfg: TrainConfig, data: DataSummary, world_size: int, plan: RunPlan, dry_run: bool = False,
+               init: Pretrained | None = None) -> str:
     """``data: 4 shards, 1,000 documents, 250,000 tokens; 200 steps ≈ 3.3 epochs; world size 2,
-    ZeRO stage 3; resumed from step 50 (PATH)`` (the last part says ``new run`` when not resuming;
-    ``would resume`` when ``dry_run``)."""
+    ZeRO stage 3; resumed from step 50 (PATH)`` (the last part says ``new run`` when not resuming,
+    ``new run from hf weights PATH`` with ``init``; ``would resume`` when ``dry_run``)."""
+    new = f"new run from {init.kind} weights {init.path}" if init is not None else "new run"
     where = {"resume": f"{'would resume' if dry_run else 'resumed'} from step {plan.step} ({plan.checkpoint})",
-             "overwrite": "new run (earlier run in run_dir removed: checkpoint.overwrite=true)",
-             "fresh": "new run"}[plan.action]
+             "overwrite": f"{new} (earlier run in run_dir removed: checkpoint.overwrite=true)",
+             "fresh": new}[plan.action]
     return (f"data: {data.shards:,} shards, {data.documents:,} documents, {data.tokens:,} tokens; "
             f"{cfg.steps:,} steps ≈ {planned_epochs(cfg, data, world_size):.2f} epochs; world size {world_size}, "
             f"ZeRO stage {cfg.zero.stage}; {where}")

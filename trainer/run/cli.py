@@ -4,7 +4,8 @@
   it into the same ``run_dir`` resumes (or refuses; ``checkpoint.overwrite=true`` starts over).
   ``--dry-run`` checks config, data and run folder and prints the start line without training;
   ``--nproc-per-node N`` validates once, then starts N local ranks like ``torchrun --standalone``.
-  Exit status: 0 done, 2 usage/config error, 1 runtime/data error (e.g. a 404), 130 Ctrl-C.
+  ``model.init_from=PATH`` starts from a Hugging Face Llama folder, a ``.pt`` export or a checkpoint's
+  weights (model sizes left at their defaults come from it). Exit status: 0 done, 2 usage/config error, 1 runtime/data error (e.g. a 404), 130 Ctrl-C.
 - ``python -m trainer verify CKPT [--config FILE]``: verify a checkpoint offline in one process
   (checksums of every tensor, a forward pass of the fixed batch); exit status 0 only if it passes.
 - ``python -m trainer export CKPT OUT_DIR --format onnx [--precision fp32,fp16,int8] [--batch-sizes 1,8]``:
@@ -13,6 +14,8 @@
 - ``python -m trainer export CKPT OUT.pt``: one consolidated, verified ``torch.save`` file
   (``torch.load(OUT.pt)["model"]`` holds the unsharded weights, ``["provenance"]`` where it came from;
   the report is ``OUT.pt.conversion_report.json`` beside it).
+- ``python -m trainer export CKPT OUT --format hf``: a Hugging Face Llama folder OUT that
+  ``transformers`` loads, checked with it (report ``OUT.conversion_report.json`` beside it).
 - ``python -m trainer report RUN_DIR``: HTML report with PNG plots of a run (``RUN_DIR/report/``).
 - ``python -m trainer replay RUN_DIR --step N``: re-run bad step N from the checkpoint before it
   and name the first module whose output went non-finite or spiked (forward, then backward).
@@ -91,15 +94,16 @@ def dry_run(cfg) -> int:
     from trainer.checkpointing.verify import check_stored
     from trainer.run.announce import check_runnable, data_summary, start_line
     from trainer.run.folder import plan_run
-    from trainer.train import resolve_vocab_size
-    resolve_vocab_size(cfg)
+    from trainer.train import resolve_model
+    source = resolve_model(cfg)
     plan = plan_run(cfg)
     if plan.checkpoint:
         meta = read_meta(plan.checkpoint)
         check_stored(plan.checkpoint, plan.checkpoint, meta["checksums"], meta.get("digests", {}), torch.device("cpu"))
     data = data_summary(cfg.data)
     check_runnable(cfg, data)
-    print(start_line(cfg, data, int(os.environ.get("WORLD_SIZE", "1")), plan, dry_run=True))
+    print(start_line(cfg, data, int(os.environ.get("WORLD_SIZE", "1")), plan, dry_run=True,
+                     init=source if plan.checkpoint is None else None))
     print("dry run: config, data and run folder are fine; nothing was trained")
     return 0
 

@@ -1,6 +1,7 @@
 """What a training command does with a run folder that already holds output: resume, refuse or
 overwrite (the table is in ``trainer/README.md``). A checkpoint is compatible when its
-``config.yaml`` has the same ``model`` section: DCP reshards every other difference (world size,
+``config.yaml`` has the same model architecture (:meth:`ModelConfig.architecture`: ``init_from`` and
+how the SwiGLU width was given do not count): DCP reshards every other difference (world size,
 ZeRO stage), not tensor shapes or names.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from trainer.checkpointing.layout import exists, is_url, latest_checkpoint, list_names, open_file, read_meta
 from trainer.checkpointing.storage import open_store
-from trainer.config import TrainConfig
+from trainer.config import ModelConfig, TrainConfig
 
 # files and folders (relative to run_dir) that one training run writes, besides checkpoint.dir
 RUN_ARTIFACTS = ("train_summary.json", "config.json", "events.jsonl", "report", "profile")
@@ -60,7 +61,7 @@ def check_compatible(path: str, cfg: TrainConfig) -> int:
     """
     import yaml
 
-    from colaflow.config import to_dict
+    from colaflow.config import ConfigError, from_dict
     try:
         meta = read_meta(path)
         with open_file(os.path.join(path, "config.yaml"), "r") as f:
@@ -71,11 +72,15 @@ def check_compatible(path: str, cfg: TrainConfig) -> int:
     if meta.get("kind") != "full":
         raise RunFolderError(f"{path}: a weights-only checkpoint cannot resume training (no optimizer/loader "
                              "state); use a step_XXXXXX folder")
-    want = to_dict(cfg.model)
-    differ = sorted(k for k in set(want) | set(saved) if want.get(k) != saved.get(k)
-                    and not (k == "vocab_size" and want.get(k) == 0))
+    try:
+        have = from_dict(ModelConfig, saved).architecture()  # keys an older trainer did not write: defaults
+    except ConfigError as e:
+        raise RunFolderError(f"{path}: its config.yaml model section does not load ({e}); pick another with "
+                             "checkpoint.resume=PATH or start over with checkpoint.overwrite=true") from e
+    want = cfg.model.architecture()
+    differ = sorted(k for k in want if want[k] != have[k] and not (k == "vocab_size" and want[k] == 0))
     if differ:
-        what = ", ".join(f"model.{k}={saved.get(k)!r} (now {want.get(k)!r})" for k in differ)
+        what = ", ".join(f"model.{k}={have[k]!r} (now {want[k]!r})" for k in differ)
         raise RunFolderError(f"{path} was trained with {what}: it cannot be resumed by this config. Use another "
                              "run_dir, or checkpoint.overwrite=true to replace that run")
     return int(meta["step"])

@@ -16,7 +16,6 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from shards import Manifest
 from trainer.__main__ import main
 from trainer.export.config import Tolerance
 from trainer.export.models import ort_runner, read_provenance
@@ -24,28 +23,17 @@ from trainer.export.pipeline import commit_variant, load_model, resolve_validati
 from trainer.export.provenance import file_sha256
 from trainer.export.verify import VariantResult, compare, reference, validation_batches
 from trainer.export.models import torch_runner
-from tests.support.data import write_counting_shards
+from tests.support.data import write_counting_shards, write_dataset_with_val_split
 from tests.support.paths import REPO
 
 ROOT = str(REPO)
 VOCAB = 64
 
 
-def _dataset_with_val_split(root: str) -> str:
-    """Counting-task shards with a ``val`` split listed in the manifest, as preprocessing writes it."""
-    write_counting_shards(root, 60, max_samples=30, vocab=VOCAB, max_len=40, seed=0)
-    write_counting_shards(os.path.join(root, "val"), 10, max_samples=10, vocab=VOCAB, max_len=40, seed=1)
-    top, val = Manifest.load(root), Manifest.load(os.path.join(root, "val"))
-    top.splits = {"val": {"manifest": "val/manifest.json", "shards": len(val.shards), "samples": val.total_samples,
-                          "tokens": val.total_tokens, "sha256": file_sha256(os.path.join(root, "val", "manifest.json"))}}
-    top.save(root)
-    return root
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
-    data = _dataset_with_val_split(str(tmp / "data"))
+    data = write_dataset_with_val_split(str(tmp / "data"), VOCAB)
     run = str(tmp / "run")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))

@@ -75,14 +75,15 @@ def _inductor_importable() -> str:
     return ""
 
 
-@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
-def test_compiled_blocks_match_eager(monkeypatch, norm):
+@pytest.mark.parametrize("norm,kv_heads", [("layernorm", 0), ("rmsnorm", 0), ("rmsnorm", 1)])
+def test_compiled_blocks_match_eager(monkeypatch, norm, kv_heads):
+    """Also with grouped-query attention (one key/value head for both query heads)."""
     broken = _inductor_importable()
     if broken:
         pytest.skip(broken)
     monkeypatch.setenv("COLAFLOW_KERNELS", "torch")
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**{**CFG.__dict__, "norm": norm}))
+    model = GPT(ModelConfig(**{**CFG.__dict__, "norm": norm, "n_kv_heads": kv_heads}))
     batch = synthetic_batch([[10, 6], [16]], 16, vocab=64, seed=1)
     ref_loss, ref_grads = _loss_and_grads(model, batch)
     torch._dynamo.reset()
@@ -96,12 +97,13 @@ def test_compiled_blocks_match_eager(monkeypatch, norm):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
-def test_gpu_inductor_compiled_blocks_with_triton_functions_match_eager(monkeypatch, norm):
-    """configs/train_gpu.yaml: compile=true with the fused kernels, bf16."""
+@pytest.mark.parametrize("norm,kv_heads", [("layernorm", 0), ("rmsnorm", 0), ("rmsnorm", 2)])
+def test_gpu_inductor_compiled_blocks_with_triton_functions_match_eager(monkeypatch, norm, kv_heads):
+    """configs/train_gpu.yaml: compile=true with the fused kernels, bf16; also with grouped-query attention."""
     monkeypatch.setenv("COLAFLOW_KERNELS", "triton")
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=4, max_seq_len=128, norm=norm)).cuda()
+    model = GPT(ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=4, n_kv_heads=kv_heads, max_seq_len=128,
+                            norm=norm)).cuda()
     batch = synthetic_batch([[100, 28], [128]], 128, vocab=512, seed=1).to(torch.device("cuda"))
     ref_loss, ref_grads = _loss_and_grads(model, batch)
     torch._dynamo.reset()

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from trainer import kernels
 from trainer.kernels.reference import linear_cross_entropy_reference, rms_norm_reference
 from trainer.config import ModelConfig
-from trainer.model import GPT, count_parameters, document_causal_mask
+from trainer.model import GPT, count_parameters, document_causal_mask, greedy_decode
 from trainer.evaluation.synthetic import synthetic_batch as make_batch
 from trainer.vision.model import TinyCNN
 
@@ -139,3 +139,52 @@ def test_vision_classifier_shapes_and_loss():
     loss = model(images, labels)
     loss.backward()
     assert abs(loss.item() / 4 - math.log(10)) < 0.5
+
+
+def test_grouped_query_attention_equals_multi_head_with_shared_key_value_heads():
+    """n_kv_heads=2 of 4: the model computes what a 4-head model computes when heads 2i and 2i+1 use
+    the same key and value projections (query head h reads key/value head h // 2); documents stay
+    apart; greedy decoding reads the same logits."""
+    torch.manual_seed(0)
+    gqa = GPT(ModelConfig(**{**CFG.__dict__, "n_kv_heads": 2}))
+    mha = GPT(CFG)
+    hd, d = CFG.head_dim, CFG.d_model
+    assert gqa.blocks[0].attn.qkv.weight.shape == ((4 + 2 * 2) * hd, d)
+    state = dict(gqa.state_dict())
+    for i in range(CFG.n_layers):
+        key = f"blocks.{i}.attn.qkv.weight"
+        q, k, v = state[key].split([4 * hd, 2 * hd, 2 * hd])
+        k, v = (w.view(2, hd, d).repeat_interleave(2, dim=0).reshape(4 * hd, d) for w in (k, v))
+        state[key] = torch.cat([q, k, v])
+    mha.load_state_dict(state)
+    b = make_batch([[10, 6], [16]], 16)
+    args = (b.input_ids, b.position_ids, b.document_ids)
+    torch.testing.assert_close(gqa.logits(*args), mha.logits(*args), rtol=0, atol=1e-5)
+    torch.testing.assert_close(run(gqa, b), run(mha, b), rtol=1e-6, atol=1e-4)
+    assert greedy_decode(gqa, [1, 2, 3], 5) == greedy_decode(mha, [1, 2, 3], 5)
+    per_block_attn = 32 * (4 + 2 * 2) * 8 + 32 * 32
+    assert count_parameters(mha) - count_parameters(gqa) == CFG.n_layers * (4 * 32 * 32 - per_block_attn)
+
+
+def test_greedy_decode_stops_at_eos_and_continues_the_argmax():
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    out = greedy_decode(model, [5, 6], 6)
+    assert len(out) == 6
+    ids = torch.tensor([[5, 6, *out[:3]]])
+    logits = model.logits(ids, torch.arange(5)[None], torch.zeros_like(ids))
+    assert int(logits[0, -1].argmax()) == out[3]
+    assert greedy_decode(model, [5, 6], 6, eos_id=out[0]) == out[:1]
+
+
+@pytest.mark.parametrize("override,field", [({"n_kv_heads": 3}, "model.n_kv_heads"),
+                                            ({"n_kv_heads": -1}, "model.n_kv_heads"),
+                                            ({"ffn_hidden": -8}, "model.ffn_hidden")])
+def test_bad_head_and_width_settings_are_named(override, field):
+    with pytest.raises(ValueError, match=field):
+        ModelConfig(**{**CFG.__dict__, **override}).validate()
+
+
+def test_ffn_hidden_sets_the_swiglu_width():
+    model = GPT(ModelConfig(**{**CFG.__dict__, "ffn_hidden": 50}))
+    assert model.blocks[0].mlp.gate_up.weight.shape == (100, 32) and model.blocks[0].mlp.down.weight.shape == (32, 50)

@@ -1,0 +1,161 @@
+"""The ``hf`` export's parts: a Hugging Face Llama folder written with ``transformers`` and
+``safetensors``, the tokenizer files that go with it, and the runners that check it.
+
+The folder: ``config.json`` (:func:`trainer.llama.llama_config`), ``generation_config.json``,
+``model.safetensors`` (or shards plus ``model.safetensors.index.json`` above
+``ExportConfig.max_shard_size``, by ``save_pretrained``), the shard folder's ``tokenizer.json`` and
+``tokenizer_config.json`` when it has them, and ``colaflow_provenance.json``. It loads offline with
+``AutoModelForCausalLM.from_pretrained(folder)`` and ``AutoTokenizer.from_pretrained(folder)``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from trainer.llama import SpecialIds, llama_config, to_hf
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+PROVENANCE_FILE = "colaflow_provenance.json"
+
+
+@dataclass
+class TokenizerFiles:
+    """What the export copies from the shard folder: ``files`` (name → bytes) and the special ids of
+    the manifest's ``tokenizer_identity``; ``note`` says why nothing was copied (``None`` when copied)."""
+
+    files: dict = field(default_factory=dict)
+    ids: SpecialIds = field(default_factory=SpecialIds)
+    note: str | None = None
+
+
+def tokenizer_files(data: str | None) -> TokenizerFiles:
+    """The tokenizer files and special ids of the dataset at ``data`` (manifest URL or folder; ``None``
+    when no data was reachable). The pad id falls back to the eos id."""
+    if data is None:
+        return TokenizerFiles(note="no dataset reachable: exported without a tokenizer (pass --data DATASET)")
+    import fsspec
+
+    from shards.format.manifest import Manifest
+    from shards.format.urls import shard_url
+    ident = Manifest.load(data).tokenizer_identity
+    ids = SpecialIds() if ident is None else SpecialIds(
+        ident.bos_id, ident.eos_id, ident.pad_id if ident.pad_id is not None else ident.eos_id)
+    base = data if "://" in data or not os.path.isdir(data) else os.path.join(data, "manifest.json")
+    files = {}
+    for name in TOKENIZER_FILES:
+        try:
+            with fsspec.open(shard_url(base, name), "rb") as f:
+                files[name] = f.read()
+        except FileNotFoundError:
+            continue
+    note = None if "tokenizer.json" in files else (
+        f"{data} has no tokenizer.json (shards written before colaflow saved the transformers tokenizer "
+        "files): exported without a tokenizer")
+    return TokenizerFiles(files if note is None else {}, ids, note)
+
+
+def write_folder(model, folder: str, tokenizer: TokenizerFiles, record: dict, max_shard_size: str) -> None:
+    """Write ``model`` (a fp32 :class:`trainer.model.GPT`) as a Hugging Face Llama folder at ``folder``.
+
+    Args:
+        model: the colaflow model; its weights are saved in float32.
+        folder: created; must not exist yet.
+        tokenizer: files to copy and the special ids the configs carry.
+        record: provenance, written as ``colaflow_provenance.json``.
+        max_shard_size: ``save_pretrained``'s shard limit (``"5GB"``, ``"200MB"``).
+
+    Raises:
+        trainer.llama.NotExpressible: the model's config has no Llama equivalent.
+    """
+    from transformers import GenerationConfig, LlamaForCausalLM
+    cfg = model.cfg
+    config = llama_config(cfg, tokenizer.ids, "float32")
+    hf = LlamaForCausalLM(config)
+    result = hf.load_state_dict(to_hf(model.state_dict(), cfg), strict=False)
+    tied = {"lm_head.weight"} if cfg.tie_embeddings else set()
+    if result.unexpected_keys or set(result.missing_keys) - tied:
+        raise RuntimeError(f"weights do not map onto LlamaForCausalLM: missing {result.missing_keys}, "
+                           f"unexpected {result.unexpected_keys}")
+    ids = tokenizer.ids
+    hf.generation_config = GenerationConfig(bos_token_id=ids.bos_id, eos_token_id=ids.eos_id, pad_token_id=ids.pad_id)
+    with quiet():
+        hf.save_pretrained(folder, max_shard_size=max_shard_size)
+    # transformers 5 writes the weights' dtype as "dtype"; readers on transformers 4 look for "torch_dtype"
+    path = os.path.join(folder, "config.json")
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    saved["torch_dtype"] = "float32"
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(saved, f, indent=2, sort_keys=True)
+        f.write("\n")
+    for name, data in tokenizer.files.items():
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data)
+    with open(os.path.join(folder, PROVENANCE_FILE), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2, sort_keys=True, default=str)
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in os.listdir(folder):  # safetensors files come out owner-only; a server may run as another user
+        os.chmod(os.path.join(folder, name), 0o666 & ~umask)
+
+
+@contextlib.contextmanager
+def quiet():
+    """Hold back transformers' progress bars while it writes and loads (the export prints its own table)."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def load_folder(folder: str, dtype: torch.dtype):
+    """``AutoModelForCausalLM.from_pretrained(folder)`` in ``dtype``, offline, in eval mode."""
+    from transformers import AutoModelForCausalLM
+    with quiet():
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True).eval()
+
+
+def document_runner(hf_model):
+    """A ``logits`` callable (numpy int64 ``[B, T]`` ids, positions, document ids → float32
+    ``[B, T, vocab]``) running a transformers causal LM on each document of each row by itself,
+    so it sees what colaflow's block-diagonal attention lets a token see."""
+    def run(input_ids, position_ids, document_ids):
+        b, t = input_ids.shape
+        out = None
+        with torch.no_grad():
+            for r in range(b):
+                starts = np.flatnonzero(np.r_[True, document_ids[r, 1:] != document_ids[r, :-1]])
+                for s, e in zip(starts, np.r_[starts[1:], t]):
+                    logits = hf_model(input_ids=torch.from_numpy(input_ids[r:r + 1, s:e]),
+                                      position_ids=torch.from_numpy(position_ids[r:r + 1, s:e])).logits[0]
+                    if out is None:
+                        out = np.zeros((b, t, logits.shape[-1]), dtype=np.float32)
+                    out[r, s:e] = logits.float().numpy()
+        return out
+    return run
+
+
+def row_runner(hf_model):
+    """A ``logits`` callable running whole rows through a transformers causal LM (as a server would;
+    for latency, not parity: documents of a row see each other)."""
+    def run(input_ids, position_ids, document_ids):
+        with torch.no_grad():
+            return hf_model(input_ids=torch.from_numpy(input_ids),
+                            position_ids=torch.from_numpy(position_ids)).logits.float().numpy()
+    return run
+
+
+def greedy_hf(hf_model, prompt: list[int], new_tokens: int) -> list[int]:
+    """``generate(do_sample=False)`` continuation of ``prompt`` (the folder's generation config: it
+    stops at its eos id); returns the new ids."""
+    with torch.no_grad():
+        out = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                max_new_tokens=new_tokens, do_sample=False)
+    return out[0, len(prompt):].tolist()
