@@ -165,7 +165,9 @@ def test_read_aheads_not_asked_for_stay_within_the_kept_bytes(tmp_path, monkeypa
     for b in range(0, 60, 2):
         for i in np.flatnonzero(shard.docs.block == b).tolist():
             np.testing.assert_array_equal(shard.tokens(i)[1], docs[i])
-        assert len(shard._ahead) <= 1 and len(shard._blocks) <= 6
+        # the next block's read-ahead, and on a busy machine one still running (it cannot be cancelled;
+        # the pool's one thread runs one at a time, so no more than one piles up)
+        assert len(shard._ahead) <= 2 and len(shard._blocks) <= 6
         assert shard._kept == sum(a.nbytes for a in shard._blocks.values()) <= 6 * 200
     shard.close()
 
