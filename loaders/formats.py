@@ -4,10 +4,11 @@ hands a batch to a training loop that is not colaflow's.
 * ``colaflow``: :class:`loaders.rank.batch.TokenBatch` as it is (colaflow's trainer, a plain loop, Lightning).
 * ``hf``: :class:`HFBatch`, the keyword arguments of a Hugging Face causal LM (``model(**batch)``):
   ``input_ids``, ``labels`` *unshifted* (the model shifts them itself; ``-100`` where no loss is
-  taken) and ``position_ids`` restarting at 0 at each document, from which transformers builds its
-  packed-sequence (block-diagonal causal) attention when no ``attention_mask`` is given. Rows are
-  padded on the right only, so no mask is needed and none is sent: a mask would turn the
-  packed-sequence detection off and let documents attend to each other.
+  taken), ``position_ids`` restarting at 0 at each document, from which transformers builds its
+  packed-sequence (block-diagonal causal) attention, and ``use_cache=False``. transformers detects
+  packed rows only when there is neither an ``attention_mask`` nor a KV cache; a causal LM makes a
+  cache by default (``config.use_cache``, also in training), and then documents attend to each other.
+  Rows are padded on the right only, so no mask is needed and none is sent.
 * ``torchtitan``: :class:`TitanBatch`, torchtitan's ``(input_dict, labels)`` pair:
   ``{"input": input_ids, "positions": position_ids}`` (torchtitan's ``block_causal`` mask reads
   per-document positions) and labels already shifted (``labels[t]`` is the target of ``input[t]``), as
@@ -33,8 +34,9 @@ if TYPE_CHECKING:
 
 class HFBatch(dict):
     """The ``hf`` format: a ``dict`` of ``input_ids``, ``labels`` (unshifted, ``-100`` where no loss is
-    taken) and ``position_ids``, each ``int64 [B, T]``; a type of its own so that collating several of
-    them (a ``DataLoader`` with ``batch_size=N``) is refused (:mod:`loaders.rank.dataset`)."""
+    taken) and ``position_ids``, each ``int64 [B, T]``, and ``use_cache=False`` (so transformers keeps
+    the packed documents apart); a type of its own so that collating several of them (a ``DataLoader``
+    with ``batch_size=N``) is refused (:mod:`loaders.rank.dataset`)."""
 
 
 class TitanBatch(NamedTuple):
@@ -61,7 +63,8 @@ def _colaflow(batch: "TokenBatch") -> "TokenBatch":
 
 
 def _hf(batch: "TokenBatch") -> HFBatch:
-    return HFBatch(input_ids=batch.input_ids, labels=unshifted_labels(batch), position_ids=batch.position_ids)
+    return HFBatch(input_ids=batch.input_ids, labels=unshifted_labels(batch), position_ids=batch.position_ids,
+                   use_cache=False)
 
 
 def _torchtitan(batch: "TokenBatch") -> TitanBatch:
@@ -81,7 +84,7 @@ class BatchFormat:
 FORMATS: dict[str, BatchFormat] = {f.name: f for f in (
     BatchFormat("colaflow", "loaders.rank.batch.TokenBatch (input_ids, shifted labels, position_ids, document_ids, "
                 "keys)", _colaflow),
-    BatchFormat("hf", "model(**batch): input_ids, unshifted labels, position_ids restarting per document",
-                _hf),
+    BatchFormat("hf", "model(**batch): input_ids, unshifted labels, position_ids restarting per document, "
+                "use_cache=False", _hf),
     BatchFormat("torchtitan", "(input_dict, labels): {'input', 'positions'} and shifted labels", _torchtitan),
 )}
