@@ -19,6 +19,7 @@ class PackedTrainer(Trainer):
     colaflow's batches are whole already, so they pass through as they are (``batch_size=None``)."""
 
     def get_train_dataloader(self) -> DataLoader:
+        """The dataset's batches as they come (a whole batch per item)."""
         return DataLoader(self.train_dataset, batch_size=None, num_workers=self.args.dataloader_num_workers)
 
 
@@ -29,11 +30,11 @@ def dataset(shards: str) -> TokenDataset:
 
 def main(argv=None) -> dict:
     """Train for ``--steps`` steps (checkpoints every ``--save-steps``); returns (and prints) the losses."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shards", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--save-steps", type=int, default=15)
+    p = argparse.ArgumentParser(prog="python -m examples.hf_trainer", description="The Hugging Face Trainer on colaflow's packed rows (a small LlamaForCausalLM, nothing downloaded).")
+    p.add_argument("--shards", required=True, help="local shard folder (e.g. runs/demo/shards)")
+    p.add_argument("--out", required=True, help="folder for checkpoints")
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps in all")
+    p.add_argument("--save-steps", type=int, default=15, help="checkpoint every N steps")
     p.add_argument("--resume", action="store_true", help="go on from the newest checkpoint in --out")
     a = p.parse_args(argv)
     data = dataset(a.shards)

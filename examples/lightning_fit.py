@@ -25,10 +25,12 @@ class Bigram(L.LightningModule):
         self.net = torch.nn.Sequential(torch.nn.Embedding(vocab, 32), torch.nn.Linear(32, vocab))
         self.seen = {"losses": [], "keys": []}
 
-    def on_train_epoch_start(self):  # a resumed state's epoch goes on where it was
+    def on_train_epoch_start(self):
+        """Tell the loader the epoch (a resumed state's epoch goes on where it was)."""
         self.epochs.set_epoch(self.current_epoch)
 
     def training_step(self, dataloader_iter):
+        """One step on the next batch; the loss (scalar)."""
         # fetched here, not by Lightning: it would fetch one batch ahead for a loader without len(), and
         # the loader state in the checkpoint would then count that batch as trained on
         batch, _, _ = next(dataloader_iter)
@@ -39,16 +41,17 @@ class Bigram(L.LightningModule):
         return loss
 
     def configure_optimizers(self):
+        """AdamW."""
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
 def main(argv=None) -> dict:
     """Fit for ``--steps`` steps, a checkpoint every ``--save-every``; returns (and prints) what was seen."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shards", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--save-every", type=int, default=10)
+    p = argparse.ArgumentParser(prog="python -m examples.lightning_fit", description="Lightning on colaflow's loader, resumed from Lightning's checkpoint.")
+    p.add_argument("--shards", required=True, help="local shard folder (e.g. runs/demo/shards)")
+    p.add_argument("--out", required=True, help="folder for checkpoints")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps in all")
+    p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps")
     p.add_argument("--resume", default=None, help="a checkpoint in --out")
     p.add_argument("--text-loader", action="store_true", help="colaflow's own TextLoader, which Lightning takes as is")
     a = p.parse_args(argv)

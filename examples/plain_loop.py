@@ -16,13 +16,13 @@ from loaders import DataConfig, TokenDataset
 
 def main(argv=None) -> dict:
     """Train a bigram model for ``--steps`` steps; returns (and prints) the losses and each step's sample keys."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shards", required=True)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--save-at", type=int, default=0)
-    p.add_argument("--ckpt", default="")
-    p.add_argument("--resume", default="")
+    p = argparse.ArgumentParser(prog="python -m examples.plain_loop", description="A plain PyTorch loop on colaflow's loader (TokenDataset in a StatefulDataLoader), resumable.")
+    p.add_argument("--shards", required=True, help="local shard folder (e.g. runs/demo/shards)")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps in all")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
+    p.add_argument("--save-at", type=int, default=0, help="checkpoint after this step")
+    p.add_argument("--ckpt", default="", help="checkpoint file to write")
+    p.add_argument("--resume", default="", help="checkpoint file to go on from")
     a = p.parse_args(argv)
     dataset = TokenDataset(DataConfig(manifest=a.shards, seq_len=64, micro_batch_size=4, pack_window=1))
     vocab = dataset.sources.manifest.vocab_size

@@ -19,11 +19,11 @@ from loaders import DataConfig, TokenDataset
 
 def main(argv=None) -> None:
     """Train ``--steps`` steps on every rank; each writes ``OUT/rank{r}.json`` (losses, inputs, positions)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shards", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--save-at", type=int, default=0)
+    p = argparse.ArgumentParser(prog="python -m examples.titan_loop", description="A torchtitan-style stateful loop on colaflow's loader; start it with torchrun.")
+    p.add_argument("--shards", required=True, help="local shard folder (e.g. runs/demo/shards)")
+    p.add_argument("--out", required=True, help="folder for checkpoints")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps in all")
+    p.add_argument("--save-at", type=int, default=0, help="checkpoint after this step")
     p.add_argument("--resume", action="store_true", help="go on from this rank's checkpoint in --out")
     a = p.parse_args(argv)
     dist.init_process_group("gloo")
