@@ -11,6 +11,7 @@ import json
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
+from examples import run
 from loaders import DataConfig, TokenDataset
 
 
@@ -30,7 +31,8 @@ def dataset(shards: str) -> TokenDataset:
 
 def main(argv=None) -> dict:
     """Train for ``--steps`` steps (checkpoints every ``--save-steps``); returns (and prints) the losses."""
-    p = argparse.ArgumentParser(prog="python -m examples.hf_trainer", description="The Hugging Face Trainer on colaflow's packed rows (a small LlamaForCausalLM, nothing downloaded).")
+    p = argparse.ArgumentParser(prog="python -m examples.hf_trainer",
+                                description="The HF Trainer on colaflow's packed rows (a small LlamaForCausalLM).")
     p.add_argument("--shards", required=True, help="local shard folder (e.g. runs/demo/shards)")
     p.add_argument("--out", required=True, help="folder for checkpoints")
     p.add_argument("--steps", type=int, default=30, help="optimizer steps in all")
@@ -51,4 +53,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

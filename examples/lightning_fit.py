@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from examples import run
 from loaders import DataConfig, TokenDataset, build_text_loader
 
 
@@ -47,7 +48,8 @@ class Bigram(L.LightningModule):
 
 def main(argv=None) -> dict:
     """Fit for ``--steps`` steps, a checkpoint every ``--save-every``; returns (and prints) what was seen."""
-    p = argparse.ArgumentParser(prog="python -m examples.lightning_fit", description="Lightning on colaflow's loader, resumed from Lightning's checkpoint.")
+    p = argparse.ArgumentParser(prog="python -m examples.lightning_fit",
+                                description="Lightning on colaflow's loader, resumed from Lightning's checkpoint.")
     p.add_argument("--shards", required=True, help="local shard folder (e.g. runs/demo/shards)")
     p.add_argument("--out", required=True, help="folder for checkpoints")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps in all")
@@ -68,4 +70,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

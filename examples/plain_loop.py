@@ -11,12 +11,14 @@ import torch
 import torch.nn.functional as F
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from examples import run
 from loaders import DataConfig, TokenDataset
 
 
 def main(argv=None) -> dict:
     """Train a bigram model for ``--steps`` steps; returns (and prints) the losses and each step's sample keys."""
-    p = argparse.ArgumentParser(prog="python -m examples.plain_loop", description="A plain PyTorch loop on colaflow's loader (TokenDataset in a StatefulDataLoader), resumable.")
+    p = argparse.ArgumentParser(prog="python -m examples.plain_loop",
+                                description="A plain PyTorch loop on colaflow's loader, resumable.")
     p.add_argument("--shards", required=True, help="local shard folder (e.g. runs/demo/shards)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps in all")
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
@@ -58,4 +60,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

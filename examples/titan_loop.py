@@ -14,12 +14,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from examples import run
 from loaders import DataConfig, TokenDataset
 
 
 def main(argv=None) -> None:
     """Train ``--steps`` steps on every rank; each writes ``OUT/rank{r}.json`` (losses, inputs, positions)."""
-    p = argparse.ArgumentParser(prog="python -m examples.titan_loop", description="A torchtitan-style stateful loop on colaflow's loader; start it with torchrun.")
+    p = argparse.ArgumentParser(prog="python -m examples.titan_loop",
+                                description="A torchtitan-style loop on colaflow's loader (under torchrun).")
     p.add_argument("--shards", required=True, help="local shard folder (e.g. runs/demo/shards)")
     p.add_argument("--out", required=True, help="folder for checkpoints")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps in all")
@@ -65,4 +67,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

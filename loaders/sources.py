@@ -104,8 +104,8 @@ def require_shard_source(cfg: DataConfig, cache: ShardSource | None) -> ShardSou
     remote = [u for u in urls if is_remote(str(u))]
     if remote:
         key = "data.mixture" if cfg.mixture else "data.manifest"
-        raise ValueError(f"{key}={remote[0]} is remote and no cache was given: pass "
-                         "cache=cache.ShardCache(cache.CacheConfig(dir=...)) (remote shards are read through the node cache)")
+        raise ValueError(f"{key}={remote[0]} is remote and no cache was given: pass cache=cache.ShardCache("
+                         "cache.CacheConfig(dir=...)) (remote shards are read through the node cache)")
     return LocalShards()
 
 

@@ -142,7 +142,8 @@ def test_world_size_in_the_environment_without_a_group_is_refused(shards, monkey
     for build in (TokenDataset, build_text_loader):
         with pytest.raises(ValueError) as e:
             build(_cfg(d))
-        assert str(e.value).startswith("WORLD_SIZE=2 but torch.distributed is not initialised") and "\n" not in str(e.value)
+        message = str(e.value)
+        assert message.startswith("WORLD_SIZE=2 but torch.distributed is not initialised") and "\n" not in message
     assert TokenDataset(_cfg(d), rank=1, world_size=2).rank == 1  # explicit arguments win
     with pytest.raises(ValueError, match="give both"):
         TokenDataset(_cfg(d), rank=1)
@@ -155,7 +156,8 @@ def test_remote_data_without_a_cache_is_refused_up_front(http_server):
     for build in (TokenDataset, build_text_loader):
         with pytest.raises(ValueError) as e:
             build(_cfg(url))
-        assert str(e.value).startswith(f"data.manifest={url} is remote and no cache was given") and "\n" not in str(e.value)
+        message = str(e.value)
+        assert message.startswith(f"data.manifest={url} is remote and no cache was given") and "\n" not in message
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
