@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterator
 
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
@@ -130,11 +129,6 @@ class TokenDataset(IterableDataset):
         self._epoch = epoch
         if self._loader is not None:
             self._loader.set_epoch(epoch)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch this process's consumer is in."""
-        return self.text_loader().epoch
 
     def state_dict(self) -> dict:
         """This consumer's resume state: ``{"colaflow_loader": TextLoader state}`` (JSON-able; the
