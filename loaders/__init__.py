@@ -11,13 +11,20 @@ Text::
         ...
     state = loader.global_state_dict()   # every rank calls it; save it with the checkpoint
     loader.load_state_dict(state)        # any world size / worker count
+
+In another framework's loop (torch ``DataLoader``, torchdata ``StatefulDataLoader``, HF ``Trainer``,
+Lightning, torchtitan; ``docs/frameworks.md``)::
+
+    from loaders import DataConfig, TokenDataset
+    dataset = TokenDataset(DataConfig(manifest="runs/demo/shards", format="hf"))  # rank from torch.distributed
+    dataloader = StatefulDataLoader(dataset, batch_size=None, num_workers=2)
 """
 import importlib
 
 # Imported on first use: loader worker processes import ``loaders.worker.pool`` and must not pay for
 # torch, which ``loaders.rank.loader`` and ``loaders.rank.batch`` import.
 _EXPORTS = {"DataConfig": ".config", "TextLoader": ".rank.loader", "TokenBatch": ".rank.batch",
-            "build_text_loader": ".rank.loader", "merge_states": ".order.progress"}
+            "TokenDataset": ".rank.dataset", "build_text_loader": ".rank.loader", "merge_states": ".order.progress"}
 
 __all__ = sorted(_EXPORTS)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from loaders.formats import FORMATS
 from loaders.pack.batching import BATCHING
 
 REMAINDER_POLICIES = ("uneven", "drop", "pad")
@@ -53,6 +54,10 @@ class DataConfig:
             They are compact (about ``2 B T`` bytes each); fewer than about 8 costs a fast reader a
             thread switch every few batches.
         pin_memory: pin batches in page-locked memory when CUDA is present.
+        format: the batch form :class:`loaders.rank.dataset.TokenDataset` yields to another framework's
+            loop (:mod:`loaders.formats`): ``colaflow`` (``TokenBatch``), ``hf`` (a dict for
+            ``model(**batch)``: unshifted labels, per-document ``position_ids``) or ``torchtitan``
+            (``(input_dict, labels)``). colaflow's own trainer and ``TextLoader`` always take ``TokenBatch``.
     """
 
     manifest: str = "runs/demo/shards"
@@ -72,6 +77,7 @@ class DataConfig:
     prefetch_batches: int = 8
     pin_memory: bool = True
     index_dir: str = ""
+    format: str = "colaflow"
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad field and its valid range."""
@@ -91,3 +97,5 @@ class DataConfig:
         if self.batching not in BATCHING:
             raise ValueError(f"data.batching={self.batching!r}: use one of {tuple(BATCHING)}")
         BATCHING[self.batching].check(self)
+        if self.format not in FORMATS:
+            raise ValueError(f"data.format={self.format!r}: use one of {tuple(FORMATS)}")

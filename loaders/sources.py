@@ -11,7 +11,7 @@ from loaders.mixture.mixture import Mixture
 from loaders.order.progress import Progress, merge_states
 from loaders.order.sample_order import SampleOrder
 from loaders.protocols import ShardSource, Sources
-from loaders.read.shard_reader import ShardReader
+from loaders.read.shard_reader import LocalShards, ShardReader
 from shards import Manifest
 
 
@@ -84,6 +84,29 @@ class OneDataset:
     def origin(self, epoch: int, position: int) -> None:
         """``None``: every position is the one dataset's."""
         return None
+
+
+def is_remote(url: str) -> bool:
+    """Whether ``url`` names remote storage (``http(s)://``, ``s3://``, any fsspec scheme but ``file://``)."""
+    return "://" in url and not url.startswith("file://")
+
+
+def require_shard_source(cfg: DataConfig, cache: ShardSource | None) -> ShardSource:
+    """The shard source to read ``cfg``'s data through: ``cache``, or :class:`LocalShards` when the data is local.
+
+    Raises:
+        ValueError: ``data.manifest`` (or a ``data.mixture`` source) is remote and no cache was given;
+            without one every shard would fail to open and the epoch would be empty.
+    """
+    if cache is not None:
+        return cache
+    urls = [e.get("manifest", "") for e in cfg.mixture if isinstance(e, dict)] if cfg.mixture else [cfg.manifest]
+    remote = [u for u in urls if is_remote(str(u))]
+    if remote:
+        key = "data.mixture" if cfg.mixture else "data.manifest"
+        raise ValueError(f"{key}={remote[0]} is remote and no cache was given: pass cache=cache.ShardCache("
+                         "cache.CacheConfig(dir=...)) (remote shards are read through the node cache)")
+    return LocalShards()
 
 
 def build_sources(cfg: DataConfig) -> Sources:

@@ -18,8 +18,8 @@ from loaders.pack.batching import BestFit, batching
 from loaders.protocols import ShardSource, Sources
 from loaders.rank.batch import TokenBatch
 from loaders.rank.steps import StepCounts, StepSync, equal_steps, padding_batch, torch_step_sync
-from loaders.read.shard_reader import LocalShards
-from loaders.sources import build_sources
+from loaders.rank.world import resolve_world
+from loaders.sources import build_sources, require_shard_source
 from loaders.worker.pool import WorkerPool
 from loaders.worker.stream import TextStream
 from shards import Manifest
@@ -64,7 +64,8 @@ class TextLoader:
     Args:
         cfg: ``data:`` settings.
         sources: what is read (:func:`loaders.sources.build_sources`).
-        cache: where local shard files come from (``cache.ShardCache``, or :class:`LocalShards`).
+        cache: where local shard files come from (``cache.ShardCache``, or
+            :class:`loaders.read.shard_reader.LocalShards`).
         rank, world_size: this process's place in the job.
         in_process: run the worker streams in this process (same batches, no worker processes).
         step_sync: step agreement across ranks (default: ``torch.distributed`` all-reduce when
@@ -367,18 +368,23 @@ def _thread_prefetch(runs: Generator, depth: int, pin: bool,
         thread.join(timeout=5)
 
 
-def build_text_loader(cfg: DataConfig, cache: ShardSource | None = None, rank: int = 0, world_size: int = 1,
-                      in_process: bool = False, step_sync: StepSync | None = None) -> TextLoader:
+def build_text_loader(cfg: DataConfig, cache: ShardSource | None = None, rank: int | None = None,
+                      world_size: int | None = None, in_process: bool = False,
+                      step_sync: StepSync | None = None) -> TextLoader:
     """The resumable text loader of ``rank`` of ``world_size`` over ``data.manifest`` or ``data.mixture``.
 
     Args:
         cfg: ``data:`` settings.
         cache: ``cache.ShardCache`` for remote shards; ``None`` reads local shards in place.
-        rank, world_size, in_process, step_sync: as :class:`TextLoader`.
+        rank, world_size: this process's place in the job; ``None`` (both): ``torch.distributed``'s when
+            it is initialised, else rank 0 of 1 (:func:`loaders.rank.world.resolve_world`).
+        in_process, step_sync: as :class:`TextLoader`.
     Raises:
-        FileNotFoundError / ValueError: no manifest, or an invalid config (the message names the field or
-            source); ``colaflow.config.ConfigError`` for a bad ``data.mixture`` entry.
+        FileNotFoundError / ValueError: no manifest, an invalid config (the message names the field or
+            source), remote data without a cache, or ``WORLD_SIZE`` > 1 with no process group and no rank;
+            ``colaflow.config.ConfigError`` for a bad ``data.mixture`` entry.
     """
     cfg.validate()
-    return TextLoader(cfg, build_sources(cfg), cache if cache is not None else LocalShards(), rank, world_size,
-                      in_process, step_sync)
+    rank, world_size = resolve_world(rank, world_size)
+    source = require_shard_source(cfg, cache)
+    return TextLoader(cfg, build_sources(cfg), source, rank, world_size, in_process, step_sync)

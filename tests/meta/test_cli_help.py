@@ -27,7 +27,8 @@ BENCHMARKS = ROOT / "benchmarks"
 # ``python -m MODULE`` command lines; a package runs its __main__.py
 MODULES = ["shards", "cache", "loaders", "trainer", "examples.demo.corpus", "pipelines.runners.worker_boot", "examples.demo.imageset",
            "examples.demo", "trainer.vision.train", "trainer.kernels.compile_check",
-           "trainer.report.dashboard", "trainer.report.render"]
+           "trainer.report.dashboard", "trainer.report.render",
+           "examples.plain_loop", "examples.hf_trainer", "examples.lightning_fit", "examples.titan_loop"]
 # subcommands the trainer dispatches by hand (its own parser has no subparsers to list them)
 TRAINER_COMMANDS = ["verify", "export", "report", "replay"]
 # files whose parsers are reached through another command line above

@@ -46,7 +46,7 @@ def validation_batches(manifest_url: str, seq_len: int, rows: int, count: int) -
     from loaders import build_text_loader
     from loaders.config import DataConfig
     loader = build_text_loader(DataConfig(manifest=manifest_url, seq_len=seq_len, micro_batch_size=rows,
-                                          num_workers=0, shuffle=False), in_process=True)
+                                          num_workers=0, shuffle=False), rank=0, world_size=1, in_process=True)
     out = []
     for _, b in zip(range(count), loader):
         out.append(ValidationBatch(*(t.numpy().astype(np.int64) for t in
