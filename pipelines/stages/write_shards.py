@@ -227,7 +227,7 @@ def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, tokenizer: T
             fs.rm(stale)
     if fs.exists(f"{root}/{TMP_DIR}"):
         fs.rm(f"{root}/{TMP_DIR}", recursive=True)
-    for name, data in folder_files(tokenizer).items():
+    for name, data in folder_files(tokenizer, tok).items():
         fs.pipe_file(f"{root}/{name}", data)
     if indexes:
         fs.pipe_file(f"{root}/{WIDS_FILE}", (json.dumps(wids_index(indexes), indent=1) + "\n").encode("utf-8"))

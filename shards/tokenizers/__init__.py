@@ -5,6 +5,7 @@ from shards.tokenizers.registry import (
            AUTO,
            FOLDER_FILE_NAMES,
            KINDS,
+           auto_files_of_shards,
            build,
            folder_files,
            from_folder_files,
@@ -12,5 +13,5 @@ from shards.tokenizers.registry import (
            read,
 )
 
-__all__ = ["AUTO", "FOLDER_FILE_NAMES", "KINDS", "SpecialIds", "Tokenizer", "TokenizerError", "TokenizerFile", "build", "folder_files",
+__all__ = ["AUTO", "FOLDER_FILE_NAMES", "KINDS", "SpecialIds", "auto_files_of_shards", "Tokenizer", "TokenizerError", "TokenizerFile", "build", "folder_files",
            "from_folder_files", "of_shards", "read"]

@@ -159,18 +159,19 @@ def _folder_advice(folder: str) -> str:
     return f"give {_what_we_read()}"
 
 
-def folder_files(file: TokenizerFile) -> dict[str, bytes]:
+def folder_files(file: TokenizerFile, tok: Tokenizer | None = None) -> dict[str, bytes]:
     """File name -> bytes that a shard folder carries for ``file``: the tokenizer in its own format, its
     settings (tiktoken's ``tokenizer.tiktoken.json``), and ``tokenizer.json`` + ``tokenizer_config.json``,
     which ``transformers.AutoTokenizer.from_pretrained(folder)`` loads offline (checked to encode as
-    colaflow's tokenizer does, :func:`shards.tokenizers.auto_form.check`).
+    colaflow's tokenizer does, :func:`shards.tokenizers.auto_form.check`); ``tok``: ``file`` built
+    already (:func:`build`), else built here.
 
     Raises:
         TokenizerError: the transformers form cannot be made, or encodes differently.
     """
     kind = KINDS[file.kind]
     auto = kind.auto_files(file)
-    auto_form.check(build(file), auto)
+    auto_form.check(tok if tok is not None else build(file), auto)
     settings = kind.settings_name
     own = {file.name: file.data, **({settings: _json(file.extra)} if settings and file.extra else {})}
     return {**own, **auto}
@@ -201,21 +202,13 @@ def from_folder_files(kind: str, name: str, read_file: Callable[[str], bytes | N
     return TokenizerFile(kind, name, data, extra)
 
 
-def of_shards(manifest_url: str, manifest) -> TokenizerFile | None:
-    """The tokenizer a shard folder carries (local path or fsspec URL of its manifest or folder), checked
-    against the fingerprint its manifest (a :class:`shards.format.manifest.Manifest`) recorded; ``None``
-    when the manifest names no tokenizer.
-
-    Raises:
-        TokenizerError: the file is missing, or it changed since the manifest was written.
-    """
+def _beside(manifest_url: str) -> tuple[str, Callable[[str], bytes | None]]:
+    """The manifest's URL for a shard folder's manifest or folder (local or fsspec), and a reader of the
+    files beside it (file name -> bytes, ``None`` when absent)."""
     import fsspec
 
     from shards.format.urls import shard_url
 
-    if not manifest.tokenizer:
-        return None
-    ident = manifest.tokenizer_identity
     base = manifest_url if "://" in manifest_url or not os.path.isdir(manifest_url) else os.path.join(
         manifest_url, "manifest.json")
 
@@ -226,6 +219,31 @@ def of_shards(manifest_url: str, manifest) -> TokenizerFile | None:
         except FileNotFoundError:
             return None
 
+    return base, read_file
+
+
+def auto_files_of_shards(manifest_url: str) -> dict[str, bytes]:
+    """The files of the form ``transformers.AutoTokenizer`` loads (:mod:`shards.tokenizers.auto_form`)
+    that a shard folder carries, by name; empty for shards written before colaflow wrote them."""
+    _, read_file = _beside(manifest_url)
+    found = {name: read_file(name) for name in auto_form.FILE_NAMES}
+    return {name: data for name, data in found.items() if data is not None}
+
+
+def of_shards(manifest_url: str, manifest) -> TokenizerFile | None:
+    """The tokenizer a shard folder carries (local path or fsspec URL of its manifest or folder), checked
+    against the fingerprint its manifest (a :class:`shards.format.manifest.Manifest`) recorded; ``None``
+    when the manifest names no tokenizer.
+
+    Raises:
+        TokenizerError: the file is missing, or it changed since the manifest was written.
+    """
+    from shards.format.urls import shard_url
+
+    if not manifest.tokenizer:
+        return None
+    ident = manifest.tokenizer_identity
+    base, read_file = _beside(manifest_url)
     file = from_folder_files(ident.kind if ident else spm.KIND, manifest.tokenizer, read_file)
     if ident is not None and ident.sha256 and file.sha256 != ident.sha256:
         raise TokenizerError(f"{shard_url(base, manifest.tokenizer)} changed since the shards were written (sha256 "

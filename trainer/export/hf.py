@@ -19,7 +19,6 @@ import torch
 
 from trainer.llama import SpecialIds, llama_config, to_hf
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 PROVENANCE_FILE = "colaflow_provenance.json"
 
 
@@ -38,21 +37,12 @@ def tokenizer_files(data: str | None) -> TokenizerFiles:
     when no data was reachable). The pad id falls back to the eos id."""
     if data is None:
         return TokenizerFiles(note="no dataset reachable: exported without a tokenizer (pass --data DATASET)")
-    import fsspec
-
     from shards.format.manifest import Manifest
-    from shards.format.urls import shard_url
+    from shards.tokenizers import auto_files_of_shards
     ident = Manifest.load(data).tokenizer_identity
     ids = SpecialIds() if ident is None else SpecialIds(
         ident.bos_id, ident.eos_id, ident.pad_id if ident.pad_id is not None else ident.eos_id)
-    base = data if "://" in data or not os.path.isdir(data) else os.path.join(data, "manifest.json")
-    files = {}
-    for name in TOKENIZER_FILES:
-        try:
-            with fsspec.open(shard_url(base, name), "rb") as f:
-                files[name] = f.read()
-        except FileNotFoundError:
-            continue
+    files = auto_files_of_shards(data)
     note = None if "tokenizer.json" in files else (
         f"{data} has no tokenizer.json (shards written before colaflow saved the transformers tokenizer "
         "files): exported without a tokenizer")
