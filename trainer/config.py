@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from cache.config import CacheConfig
 from colaflow.config import from_dict
 from loaders.config import DataConfig
+from trainer.attention import NAMES as ATTENTION_NAMES
 from trainer.kernels.reference import NORM_EPS
+from trainer.memory import OFFLOAD_MODES, checkpoint_mode
 from trainer.run.hooks import parse_hooks
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,10 @@ class ModelConfig:
         tie_embeddings: share the input embedding with the output projection.
         rope_theta: RoPE base frequency (Su et al. 2021, "RoFormer").
         norm_eps: epsilon inside the norms.
+        attention: how attention keeps tokens inside their document (:mod:`trainer.attention`):
+            ``auto`` (FlexAttention's block mask on CUDA, the dense ``T x T`` mask on CPU), ``flex``
+            or ``dense``; rows of one document take SDPA's causal kernel under each. Not part of
+            the architecture (the same weights run under every backend).
         init_from: start a new run at step 0 from these weights, with a fresh optimizer: a Hugging
             Face Llama folder (``config.json`` + safetensors), a ``.pt`` export or a colaflow
             checkpoint folder (:mod:`trainer.pretrained`). Sizes still at their defaults are taken
@@ -57,6 +63,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
     norm_eps: float = NORM_EPS
+    attention: str = "auto"
     init_from: str = ""
 
     @property
@@ -87,6 +94,8 @@ class ModelConfig:
         """Raise ``ValueError`` naming the bad ``model.*`` field and what to set."""
         if self.norm not in ("rmsnorm", "layernorm"):
             raise ValueError(f"model.norm={self.norm!r}: use rmsnorm or layernorm")
+        if self.attention not in ATTENTION_NAMES:
+            raise ValueError(f"model.attention={self.attention!r}: use {', '.join(ATTENTION_NAMES)}")
         if min(self.d_model, self.n_layers, self.n_heads) < 1 or min(self.n_kv_heads, self.ffn_hidden) < 0:
             raise ValueError("model.d_model, model.n_layers and model.n_heads must be >= 1; model.n_kv_heads and "
                              "model.ffn_hidden >= 0 (0 = n_heads, from ffn_mult)")
@@ -110,12 +119,33 @@ class ZeroConfig:
             one implicit prefetch).
         backward_prefetch: FSDP blocks all-gathered ahead during backward (0 = default).
         bucket_cap_mb: DDP gradient bucket size in MiB (stages 0/1).
+        cpu_offload: stage 3 only: keep the sharded parameters, gradients and optimizer state in
+            host memory (FSDP2 ``CPUOffloadPolicy``, pinned on CUDA); each block is copied to the
+            device for its forward and backward, and the optimizer steps on the CPU.
     """
 
     stage: int = 0
     forward_prefetch: int = 0
     backward_prefetch: int = 0
     bucket_cap_mb: int = 25
+    cpu_offload: bool = False
+
+
+@dataclass
+class MemoryConfig:
+    """Where activations live and how the CUDA allocator grows (:mod:`trainer.memory`).
+
+    Attributes:
+        offload_activations: keep the tensors saved for backward in host memory until backward
+            needs them (``torch.autograd.graph.save_on_cpu``, pinned on CUDA): ``none``,
+            ``blocks`` (inside each transformer block) or ``model`` (the whole forward).
+        expandable_segments: on CUDA, set the caching allocator's ``expandable_segments`` before
+            the first allocation (less fragmentation; ``$PYTORCH_CUDA_ALLOC_CONF`` wins when it
+            says otherwise).
+    """
+
+    offload_activations: str = "none"
+    expandable_segments: bool = True
 
 
 @dataclass
@@ -294,7 +324,9 @@ class TrainConfig:
         seed: model-init and dropout seed (the data order seed is ``data.seed``).
         device: ``auto`` (cuda if available), ``cpu`` or ``cuda``.
         precision: ``fp32`` or ``bf16`` (bf16 compute, fp32 master weights and reductions).
-        activation_checkpointing: recompute each block's activations in backward.
+        activation_checkpointing: ``none``, ``full`` (keep each block's input, recompute the block in
+            backward) or ``selective`` (keep matrix-multiply and attention outputs, recompute the
+            rest); ``true``/``false`` mean ``full``/``none`` (:mod:`trainer.memory`).
         compile: ``torch.compile`` each block.
         hooks: step hooks, each ``{target: "package.module:Class", args: {...}}``
             (:class:`trainer.run.hooks.HookSpec`; called in this order on every rank).
@@ -309,6 +341,7 @@ class TrainConfig:
     anomaly: AnomalyConfig = field(default_factory=AnomalyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run_dir: str = "runs/train"
     steps: int = 100
@@ -316,7 +349,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     precision: str = "fp32"
-    activation_checkpointing: bool = False
+    activation_checkpointing: str | bool = "none"
     compile: bool = False
     hooks: list = field(default_factory=list)
 
@@ -328,6 +361,12 @@ class TrainConfig:
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision={self.precision!r}: use fp32 or bf16")
         self.model.validate()
+        checkpoint_mode(self.activation_checkpointing)
+        if self.memory.offload_activations not in OFFLOAD_MODES:
+            raise ValueError(f"memory.offload_activations={self.memory.offload_activations!r}: use "
+                             f"{', '.join(OFFLOAD_MODES)}")
+        if self.zero.cpu_offload and self.zero.stage != 3:
+            raise ValueError(f"zero.cpu_offload=true needs zero.stage=3 (parameters sharded), not {self.zero.stage}")
         if self.model.init_from and self.checkpoint.resume not in ("", "latest"):
             raise ValueError(f"model.init_from={self.model.init_from} starts a new run from weights, "
                              f"checkpoint.resume={self.checkpoint.resume} continues an earlier one: set only one")

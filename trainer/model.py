@@ -2,7 +2,7 @@
 
 Architecture (pre-norm, as in GPT-2/LLaMA): token embedding → N × [norm → causal self-attention →
 residual, norm → SwiGLU MLP → residual] → final norm → (tied) output projection. Several documents
-share a row; ``document_ids`` makes attention block-diagonal causal so no token sees another
+share a row; ``document_ids`` makes attention block-diagonal causal (:mod:`trainer.attention`) so no token sees another
 document, and ``position_ids`` restarts RoPE at 0 per document. The loss is the SUM of token cross
 entropies over real tokens (labels != -100); the trainer divides by the global token count.
 
@@ -16,9 +16,8 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
-from trainer import kernels
+from trainer import attention, kernels, memory
 from trainer.config import ModelConfig
 
 
@@ -54,24 +53,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
-def document_causal_mask(document_ids: torch.Tensor) -> torch.Tensor:
-    """Boolean attention mask [B, 1, T, T]: True where query i may attend key j.
-
-    Allowed iff ``j <= i`` and both tokens belong to the same document. Padding (id -1) forms its
-    own "document", so every row attends at least to itself and SDPA never sees an all-False row
-    (which would give NaN).
-    """
-    t = document_ids.shape[1]
-    same = document_ids[:, :, None] == document_ids[:, None, :]
-    causal = torch.ones(t, t, dtype=torch.bool, device=document_ids.device).tril()
-    return (same & causal)[:, None]
-
-
 class Attention(nn.Module):
-    """Self-attention with RoPE through ``F.scaled_dot_product_attention``: ``n_heads`` query heads
-    over ``n_kv_heads`` key/value heads (grouped-query attention when fewer; query head ``i`` reads
-    key/value head ``i // (n_heads / n_kv_heads)``, as in Llama). ``qkv`` stacks the query, key and
-    value projections in that order: ``[(n_heads + 2 n_kv_heads) * head_dim, d_model]``."""
+    """Self-attention with RoPE inside one document (:mod:`trainer.attention`): ``n_heads`` query
+    heads over ``n_kv_heads`` key/value heads (grouped-query attention when fewer; query head ``i``
+    reads key/value head ``i // (n_heads / n_kv_heads)``, as in Llama). ``qkv`` stacks the query,
+    key and value projections in that order: ``[(n_heads + 2 n_kv_heads) * head_dim, d_model]``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -79,19 +65,16 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, (cfg.n_heads + 2 * cfg.kv_heads) * cfg.head_dim, bias=False)
         self.proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x, cos, sin, mask):
-        """``x`` [B, T, D] with RoPE tables ``cos``/``sin`` and a boolean document-causal ``mask``
-        [B, 1, T, T] → [B, T, D]."""
+    def forward(self, x, cos, sin, mask: attention.AttentionMask):
+        """``x`` [B, T, D] with RoPE tables ``cos``/``sin`` and the row's document ``mask`` (built
+        once per forward by :func:`trainer.attention.document_mask`) → [B, T, D]."""
         b, t, _ = x.shape
         hd, kv = self.head_dim, self.n_kv_heads
         q, k, v = self.qkv(x).split([self.n_heads * hd, kv * hd, kv * hd], dim=-1)
         q = q.view(b, t, self.n_heads, hd).transpose(1, 2)
         k, v = (z.view(b, t, kv, hd).transpose(1, 2) for z in (k, v))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if kv < self.n_heads:  # each key/value head serves a group of adjacent query heads
-            group = self.n_heads // kv
-            k, v = (z[:, :, None].expand(b, kv, group, t, hd).reshape(b, self.n_heads, t, hd) for z in (k, v))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = mask.attend(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, t, self.n_heads * hd))
 
 
@@ -112,7 +95,9 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block; ``checkpoint_activations`` recomputes it in backward."""
+    """Pre-norm transformer block. ``checkpointing`` (``none``/``full``/``selective``) recomputes
+    activations in backward and ``offload`` keeps its saved tensors in host memory
+    (:mod:`trainer.memory`)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -120,18 +105,18 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.norm2 = Norm(cfg.d_model, cfg.norm, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
-        self.checkpoint_activations = False
+        self.checkpointing = "none"
+        self.offload = False
 
     def _forward(self, x, cos, sin, mask):
         x = x + self.attn(self.norm1(x), cos, sin, mask)
         return x + self.mlp(self.norm2(x))
 
     def forward(self, x, cos, sin, mask):
-        """Residual attention + MLP on ``x`` [B, T, D]; recomputed in backward when checkpointing."""
+        """Residual attention + MLP on ``x`` [B, T, D] → [B, T, D]."""
         # checkpoint inside the module so FSDP's hooks on this block wrap the recomputation too
-        if self.checkpoint_activations and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, cos, sin, mask, use_reentrant=False)
-        return self._forward(x, cos, sin, mask)
+        with memory.offload(self.offload, x.device):
+            return memory.run_block(self._forward, x, cos, sin, mask, mode=self.checkpointing)
 
 
 class GPT(nn.Module):
@@ -150,6 +135,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = Norm(cfg.d_model, cfg.norm, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.attention = cfg.attention
+        self.offload_model = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -159,10 +146,25 @@ class GPT(nn.Module):
                 std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("proj.weight", "down.weight")) else 0.02
                 nn.init.normal_(p, std=std)
 
-    def set_activation_checkpointing(self, enabled: bool) -> None:
-        """Recompute every block's activations in backward (``True``) or keep them (``False``)."""
+    def set_activation_checkpointing(self, mode: bool | str) -> None:
+        """Checkpointing of every block: ``none`` (or ``False``), ``full`` (or ``True``) or
+        ``selective`` (:func:`trainer.memory.checkpoint_mode`)."""
         for block in self.blocks:
-            block.checkpoint_activations = enabled
+            block.checkpointing = memory.checkpoint_mode(mode)
+
+    def set_activation_offload(self, mode: str) -> None:
+        """Keep the tensors saved for backward in host memory: ``none``, ``blocks`` (each block's)
+        or ``model`` (the whole forward's; :data:`trainer.memory.OFFLOAD_MODES`)."""
+        if mode not in memory.OFFLOAD_MODES:
+            raise ValueError(f"memory.offload_activations={mode!r}: use {', '.join(memory.OFFLOAD_MODES)}")
+        self.offload_model = mode == "model"
+        for block in self.blocks:
+            block.offload = mode == "blocks"
+
+    def set_attention(self, backend: str) -> None:
+        """Attention backend of the forward: ``auto``, ``flex`` or ``dense`` (:mod:`trainer.attention`)."""
+        attention.resolve(backend, torch.device("cpu"))  # raises on an unknown name
+        self.attention = backend
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -172,7 +174,7 @@ class GPT(nn.Module):
     def hidden_states(self, input_ids, position_ids, document_ids) -> torch.Tensor:
         """Final-norm hidden states [B, T, d_model] (compute dtype)."""
         cos, sin = rope_cos_sin(position_ids, self.cfg.head_dim, self.cfg.rope_theta)
-        mask = document_causal_mask(document_ids)
+        mask = attention.document_mask(document_ids, self.attention)
         x = self.tok_emb(input_ids)
         for block in self.blocks:
             x = block(x, cos, sin, mask)
@@ -188,14 +190,16 @@ class GPT(nn.Module):
 
         Args: ``input_ids``, ``position_ids``, ``document_ids``, ``labels``: int64 ``[B, T]``;
         labels of -100 are ignored. Attention stays within one document; positions restart per
-        document. The loss is fused with the output projection (:mod:`trainer.kernels`)."""
-        h = self.hidden_states(input_ids, position_ids, document_ids)
-        kind = h.device.type
-        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
-        # the loss op gets inputs of one dtype and runs outside autocast (it keeps its own fp32 math)
-        with torch.autocast(kind, enabled=False):
-            return kernels.linear_cross_entropy(h.to(dtype).flatten(0, 1), self.output_weight.to(dtype),
-                                            labels.flatten(), ignore_index=-100, reduction="sum")
+        document. The loss is fused with the output projection (:mod:`trainer.kernels`). With
+        ``set_activation_offload("model")`` every tensor saved for backward waits in host memory."""
+        with memory.offload(self.offload_model, input_ids.device):
+            h = self.hidden_states(input_ids, position_ids, document_ids)
+            kind = h.device.type
+            dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
+            # the loss op gets inputs of one dtype and runs outside autocast (it keeps its own fp32 math)
+            with torch.autocast(kind, enabled=False):
+                return kernels.linear_cross_entropy(h.to(dtype).flatten(0, 1), self.output_weight.to(dtype),
+                                                    labels.flatten(), ignore_index=-100, reduction="sum")
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -30,10 +30,15 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
 
     Under FSDP2 the gradients are DTensor shards, so the norm of the local shards is a partial
     value; ``full_tensor()`` all-reduces it to the true global norm before clipping. No host sync.
+    With FSDP2's CPU offload the shards live in host memory while the mesh's collectives run on
+    the device, so the partial norm moves to the mesh's device first (the norm comes back there).
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if isinstance(norm, DTensor):
+        mesh = norm.device_mesh
+        if norm.to_local().device.type != mesh.device_type:
+            norm = DTensor.from_local(norm.to_local().to(mesh.device_type), mesh, norm.placements)
         norm = norm.full_tensor()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_([p for p in parameters if p.grad is not None], max_norm, norm,

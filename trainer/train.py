@@ -16,7 +16,7 @@ from colaflow.config import to_dict
 from loaders.protocols import RankLoader, ShardSource
 from loaders.rank.batch import TokenBatch
 from trainer import checkpointing as ckpt
-from trainer import pretrained
+from trainer import memory, pretrained
 from trainer.config import TrainConfig
 from trainer.distributed import parallel
 from trainer.evaluation import Evaluation, evaluation_summary, maybe_evaluate
@@ -191,6 +191,7 @@ def build_model(cfg: TrainConfig, info: parallel.DistInfo, init: pretrained.Pret
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model).to(info.device)
     model.set_activation_checkpointing(cfg.activation_checkpointing)
+    model.set_activation_offload(cfg.memory.offload_activations)
     if cfg.compile:
         for block in model.blocks:
             block.compile()
@@ -288,6 +289,7 @@ def start_run(cfg: TrainConfig) -> Run:
         trainer.run.folder.RunFolderError: ``run_dir`` holds a run this config must not continue.
     """
     cfg.validate()
+    memory.configure_cuda_allocator(cfg.memory.expandable_segments)  # before the first CUDA allocation
     info = parallel.init_distributed(cfg.device)
     source = resolve_model(cfg)
     plan = prepare_run(cfg, info.is_main)

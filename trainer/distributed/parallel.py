@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -89,7 +89,8 @@ def wrap_model(model: nn.Module, zero: ZeroConfig, info: DistInfo, precision: st
     """Apply the data-parallel wrapper of ``zero.stage`` to ``model`` (already on ``info.device``).
 
     Stages 2/3 shard every module in ``model.blocks`` and then the root (embedding, final norm,
-    head). With ``precision="bf16"`` FSDP2 gathers parameters in bf16 and reduces gradients in fp32,
+    head); ``zero.cpu_offload`` (stage 3) keeps the shards, their gradients and so the optimizer
+    state in host memory (FSDP2 ``CPUOffloadPolicy``, pinned on CUDA). With ``precision="bf16"`` FSDP2 gathers parameters in bf16 and reduces gradients in fp32,
     keeping fp32 sharded master weights; stages 0/1 use autocast instead (see :func:`autocast`).
     Returns the wrapped module; its ``forward`` has the same signature as ``model``'s.
     """
@@ -100,10 +101,11 @@ def wrap_model(model: nn.Module, zero: ZeroConfig, info: DistInfo, precision: st
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
                               reduce_dtype=torch.float32)
     reshard = zero.stage == 3
+    offload = CPUOffloadPolicy(pin_memory=info.device.type == "cuda") if zero.cpu_offload else OffloadPolicy()
     blocks = list(model.blocks)
     for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
     if zero.forward_prefetch > 0:
         for i, block in enumerate(blocks):
             block.set_modules_to_forward_prefetch(blocks[i + 1: i + 1 + zero.forward_prefetch])

@@ -2,7 +2,7 @@
 
 On an NVIDIA GPU through NVML (``nvidia-ml-py``, the ``pynvml`` module): utilisation (%), memory
 used/total (bytes), power (W), temperature (°C) and SM clock (MHz) of the GPU this rank runs on,
-plus the CUDA caching allocator's allocated and reserved bytes. Without a GPU (or without NVML):
+plus the CUDA caching allocator's allocated, reserved and unused-but-reserved (fragmentation) bytes. Without a GPU (or without NVML):
 the process's resident set size (bytes) from ``/proc/self/statm``.
 """
 from __future__ import annotations
@@ -13,6 +13,8 @@ import resource
 import sys
 
 import torch
+
+from trainer.memory import fragmentation_bytes
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,8 @@ class HardwareMonitor:
 
     def sample(self) -> dict[str, float]:
         """Current values, keys prefixed ``hw_``: ``hw_rss_bytes`` always; on CUDA
-        ``hw_cuda_allocated_bytes``, ``hw_cuda_reserved_bytes``; with NVML ``hw_gpu_util_pct``,
+        ``hw_cuda_allocated_bytes``, ``hw_cuda_reserved_bytes``, ``hw_cuda_fragmentation_bytes``
+        (reserved - allocated: cached but unused, :func:`trainer.memory.fragmentation_bytes`); with NVML ``hw_gpu_util_pct``,
         ``hw_gpu_memory_used_bytes``, ``hw_gpu_memory_total_bytes``, ``hw_gpu_power_w``,
         ``hw_gpu_temperature_c``, ``hw_gpu_sm_clock_mhz``. A failing NVML query leaves its key out."""
         if not self.enabled:
@@ -66,6 +69,7 @@ class HardwareMonitor:
         if self.device.type == "cuda":
             out["hw_cuda_allocated_bytes"] = float(torch.cuda.memory_allocated(self.device))
             out["hw_cuda_reserved_bytes"] = float(torch.cuda.memory_reserved(self.device))
+            out["hw_cuda_fragmentation_bytes"] = float(fragmentation_bytes(self.device))
         if self._nvml is not None:
             import pynvml
             h = self._nvml

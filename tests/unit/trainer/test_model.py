@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 from trainer import kernels
 from trainer.kernels.reference import linear_cross_entropy_reference, rms_norm_reference
 from trainer.config import ModelConfig
-from trainer.model import GPT, count_parameters, document_causal_mask, greedy_decode
+from trainer.attention import dense_document_mask
+from trainer.model import GPT, count_parameters, greedy_decode
 from trainer.evaluation.synthetic import synthetic_batch as make_batch
 from trainer.vision.model import TinyCNN
 
@@ -43,7 +44,7 @@ def test_loss_is_sum_over_real_tokens():
 
 def test_mask_is_block_diagonal_causal_and_padding_attends_itself():
     doc = torch.tensor([[0, 0, 1, 1, 1, -1, -1]])
-    m = document_causal_mask(doc)[0, 0]
+    m = dense_document_mask(doc)[0, 0]
     assert m[1, 0] and not m[0, 1]  # causal inside doc 0
     assert not m[2, 1] and m[4, 2]  # doc 1 never sees doc 0
     assert m.diagonal().all()  # every query (padding too) has a key, so SDPA gives no NaN
