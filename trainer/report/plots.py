@@ -228,6 +228,7 @@ def plot_hardware(m: RunMetrics, markers: Markers, out_dir: str) -> str | None:
     series = [(key, label) for key, label in (("hw_rss_bytes", "process RSS"),
                                               ("hw_cuda_allocated_bytes", "CUDA allocated"),
                                               ("hw_cuda_reserved_bytes", "CUDA reserved"),
+                                              ("hw_cuda_fragmentation_bytes", "CUDA reserved, unused"),
                                               ("hw_gpu_memory_used_bytes", "GPU memory used")) if m.series(key)[0]]
     util = m.series("hw_gpu_util_pct")
     if not series and not util[0]:
