@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import io
 import itertools
+import json
 import math
 import os
 import statistics
@@ -102,6 +103,7 @@ def main() -> None:
     p.add_argument("--crop", type=int, default=224)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--json", default="", help="write images/s per contender to this file")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(a.threads) as pool:
         info = build_image_shards(tmp, samples_per_shard=64, size=a.size, copies=4)
@@ -123,10 +125,16 @@ def main() -> None:
             for name, step in contenders.items():
                 rates[name].append(images_per_s(step, a.images, a.batch))
         base = [statistics.median(x[i] for x in rates["PIL + numpy"]) for i in (0, 1)]
+        record = {}
         for name, r in rates.items():
             wall, cpu = (statistics.median(x[i] for x in r) for i in (0, 1))
+            record[name] = {"images_per_s": wall, "images_per_cpu_s": cpu, "vs_pil": wall / base[0]}
             print(f"{name:27s} {wall:7.1f} images/s (ratio / PIL {wall / base[0]:.2f}x; rounds "
                   f"{', '.join(f'{x[0]:.0f}' for x in r)})   {cpu:7.1f} images/CPU-s (ratio {cpu / base[1]:.2f}x)")
+        if a.json:
+            with open(a.json, "w", encoding="utf-8") as f:
+                json.dump({"images": a.images, "crop": a.crop, "batch": a.batch, "threads": a.threads,
+                           "contenders": record}, f, indent=1)
 
 
 if __name__ == "__main__":

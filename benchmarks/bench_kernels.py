@@ -109,21 +109,38 @@ def cuda_measure(step, iters: int) -> tuple[float, float]:
     return (torch.cuda.max_memory_allocated() - base) / MIB, statistics.median(times)
 
 
-def _report(name: str, fused: tuple[float, float], eager: tuple[float, float]) -> None:
+def _report(name: str, fused: tuple[float, float], eager: tuple[float, float], parity: float) -> dict:
+    """Print one kernel's line; returns its record (ms, MiB, speed-up, parity max |diff|)."""
     print(f"  {name:22s} fused {fused[1]:8.2f} ms {fused[0]:9.1f} MiB | eager {eager[1]:8.2f} ms "
           f"{eager[0]:9.1f} MiB | speed-up {eager[1] / fused[1]:.2f}x, "
-          f"memory {eager[0] / max(fused[0], 1e-9):.2f}x less")
+          f"memory {eager[0] / max(fused[0], 1e-9):.2f}x less, parity max |diff| {parity:.2e}")
+    return {"kernel": name, "triton_ms": fused[1], "triton_mib": fused[0], "torch_ms": eager[1], "torch_mib": eager[0],
+            "speedup": eager[1] / fused[1], "max_abs_diff": parity}
 
 
-def run_cuda(args) -> None:
-    """Time fused vs eager kernels on CUDA and print speed and memory ratios."""
+def parity(fn, tensors) -> float:
+    """Max |diff| between the Triton and reference backends over ``fn(backend)``'s output and the
+    gradients of ``tensors`` (sum of the output as the loss)."""
+    results = []
+    for backend in ("triton", "reference"):
+        out = fn(backend)
+        grads = torch.autograd.grad(out.float().sum(), tensors)
+        results.append([out.detach().float(), *(g.float() for g in grads)])
+    return max(float((a - b).abs().max()) for a, b in zip(*results))
+
+
+def run_cuda(args) -> list[dict]:
+    """Time fused vs eager kernels on CUDA, print speed and memory ratios and parity; returns the records."""
     n, d, v, dtype = args.gpu_n, args.gpu_d, args.gpu_v, torch.bfloat16
     print(f"CUDA {torch.cuda.get_device_name()}: fwd+bwd, N={n} D={d} V={v} bf16, "
           f"median of {args.iters}")
     hidden, weight, labels = ce_inputs(n, d, v, dtype, "cuda")
     res = {b: cuda_measure(lambda b=b: ce_step(b, hidden, weight, labels, args.gpu_chunk),
                            args.iters) for b in ("triton", "reference")}
-    _report(f"linear_ce chunk={args.gpu_chunk}", res["triton"], res["reference"])
+    ce = lambda be: linear_cross_entropy(hidden, weight, labels, reduction="mean", chunk_size=args.gpu_chunk,  # noqa: E731
+                                         backend=be)
+    records = [_report(f"linear_ce chunk={args.gpu_chunk}", res["triton"], res["reference"],
+                       parity(ce, (hidden, weight)))]
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(n, d, generator=gen).to("cuda", dtype).requires_grad_()
     w = torch.ones(d, device="cuda", dtype=dtype, requires_grad=True)
@@ -138,7 +155,8 @@ def run_cuda(args) -> None:
                      ("layer_norm", lambda be: layer_norm(x, w, b, backend=be))):
         res = {be: cuda_measure(lambda be=be: norm_step(fn, be), args.iters)
                for be in ("triton", "reference")}
-        _report(name, res["triton"], res["reference"])
+        records.append(_report(name, res["triton"], res["reference"], parity(fn, (x, w))))
+    return records
 
 
 def main() -> None:
@@ -157,6 +175,7 @@ def main() -> None:
     p.add_argument("--gpu-chunk", type=int, default=1024)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--skip-cpu", action="store_true")
+    p.add_argument("--json", default="", help="write the CUDA records (speed, memory, parity) to this file")
     p.add_argument("--worker", choices=["reference", "torch"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -165,7 +184,9 @@ def main() -> None:
     if not args.skip_cpu:
         run_cpu(args)
     if torch.cuda.is_available():
-        run_cuda(args)
+        records = run_cuda(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "kernels": records}, indent=1))
     else:
         print("no CUDA device: Triton benchmark skipped")
 
