@@ -4,11 +4,12 @@ Each row packs ``D`` equal documents into ``T`` tokens (T = 1k..8k, D = 2..16); 
 is mask construction from ``document_ids`` plus attention (:mod:`trainer.attention`), with
 ``--batch`` rows, ``--heads`` heads of ``--head-dim``.
 
-CPU (always): the forward only, since torch's FlexAttention has no CPU backward; ``flex`` is
-compiled (``torch.compile``, CPU template; compilation before the timed calls is not counted),
-``dense`` is SDPA with the boolean mask. Each (variant, T) runs in a fresh process; peak memory is
-the resident-set high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``) above the
-RSS before the call.
+CPU (always): the forward only, since torch's FlexAttention has no CPU backward; ``flex`` compiles
+the block-mask builder and the attention (``torch.compile``, CPU templates; as on CUDA;
+compilation before the timed calls is not counted), ``dense`` is SDPA with the boolean mask. Each
+(variant, T) runs in a fresh process whose C allocator returns every block of 1 MiB or more to
+the system on free (``mallopt(M_MMAP_THRESHOLD)``), so peak memory is the resident-set high-water
+mark (``VmHWM``, reset through ``/proc/self/clear_refs``) above the RSS before the call.
 
 CUDA (when available): forward + backward in bf16, compiled flex vs dense SDPA, peak from
 ``torch.cuda.max_memory_allocated`` above the memory held before, time from CUDA events.
@@ -35,6 +36,14 @@ from trainer import attention  # noqa: E402
 
 MIB = 2 ** 20
 BUILDERS = {"flex": attention.FlexMask.build, "dense": attention.DenseMask.build}
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def return_freed_memory() -> None:
+    """Make glibc serve (and on free, unmap) every allocation of 1 MiB or more by ``mmap``, so the
+    resident set follows the live tensors and a high-water mark measures one call's peak."""
+    import ctypes
+    ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 1 << 20)
 
 
 def document_ids(batch: int, t: int, docs: int, device: str) -> torch.Tensor:
@@ -59,24 +68,25 @@ def _rss_mib(field: str) -> float:
 def cpu_worker(args) -> None:
     """One variant at one T, every document count, in this fresh process: a JSON line each."""
     torch.set_num_threads(args.threads)
+    return_freed_memory()
     t, variant = args.t, args.worker
     q, k, v = inputs(args, t, "cpu", torch.float32, grad=False)
     if variant == "flex":
         from torch.nn.attention.flex_attention import flex_attention
         flex = torch.compile(flex_attention, dynamic=False)
-        call = lambda mask: flex(q, k, v, block_mask=mask.block_mask)  # noqa: E731
+        call = lambda ids: flex(q, k, v, block_mask=attention.FlexMask.build(ids, compiled=True).block_mask)  # noqa: E731
     else:
-        call = lambda mask: mask.attend(q, k, v)  # noqa: E731
+        call = lambda ids: attention.DenseMask.build(ids).attend(q, k, v)  # noqa: E731
     for docs in args.docs:
         ids = document_ids(args.batch, t, docs, "cpu")
         with torch.no_grad():
-            call(BUILDERS[variant](ids))  # compile / warm-up, not counted
+            call(ids)  # compile / warm-up, not counted
             times, peak = [], 0.0
             for _ in range(args.repeats):
                 Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark
                 before = _rss_mib("VmRSS")
                 start = time.perf_counter()
-                out = call(BUILDERS[variant](ids))
+                out = call(ids)
                 times.append(time.perf_counter() - start)
                 peak = max(peak, _rss_mib("VmHWM") - before)
                 del out

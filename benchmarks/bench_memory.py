@@ -15,8 +15,9 @@ trained as the trainer trains it (:func:`trainer.train.train_step`, synthetic pa
   mark ``VmHWM``, reset through ``/proc/self/clear_refs``; every allocation counts).
 
 Run it as one process (world size 1) or under ``torchrun --nproc-per-node N`` (the formula's N).
-On the CPU at world size 1 each mode runs in a fresh process (freed memory that the C allocator
-keeps would hide the next mode's peak), and the default size is ``small``. ``--json PATH``
+On the CPU at world size 1 each mode runs in a fresh process whose C allocator unmaps every
+freed block of 1 MiB or more (memory it kept would hide the next peak), and the default size is
+``small``. ``--json PATH``
 writes the records.
 
 Usage: ``python benchmarks/bench_memory.py [--size small|125m|1b] [--seq-len 2048] [--micro-batch 4]``
@@ -113,7 +114,7 @@ def measure(args, mode: str, info: parallel.DistInfo) -> dict:
 def _fresh_process(args, mode: str) -> dict:
     """:func:`measure` of ``mode`` in a new Python process (CPU, world size 1)."""
     import subprocess
-    cmd = [sys.executable, __file__, "--worker", f"--modes={mode}", f"--size={args.size}", f"--seq-len={args.seq_len}",
+    cmd = [sys.executable, __file__, "--worker", "--return-freed-memory", f"--modes={mode}", f"--size={args.size}", f"--seq-len={args.seq_len}",
            f"--micro-batch={args.micro_batch}", f"--docs={args.docs}"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])[0]
@@ -129,7 +130,11 @@ def main() -> int:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--json", default="")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--return-freed-memory", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.return_freed_memory:  # every block of 1 MiB or more mmapped, unmapped on free: RSS follows the tensors
+        import ctypes
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
     cuda = torch.cuda.is_available()
     args.size = args.size or ("125m" if cuda else "small")
     args.seq_len = args.seq_len or (2048 if cuda else 256)

@@ -12,7 +12,8 @@ record          how                                                             
                 kernel on CUDA)
 ``FlexMask``    ``torch.nn.attention.flex_attention`` with a ``BlockMask`` of   ``B x T/128 x
                 128 x 128 tiles (fully masked tiles are skipped), compiled on   T/128`` indices
-                CUDA; eager on CPU, where torch has no FlexAttention backward
+                CUDA; eager on CPU (forward only: torch has no FlexAttention    (eager build on
+                backward there)                                                 CPU: ``B x T x T``)
 ``DenseMask``   boolean ``[B, 1, T, T]`` mask into SDPA (the reference; the     ``B x T x T`` bool
                 path ``torch.export``/ONNX can trace)                           + SDPA's own
 ==============  ==============================================================  =================
@@ -72,12 +73,14 @@ class DenseMask:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
 
 
-@lru_cache(maxsize=1)
-def _compiled_flex():
-    """``flex_attention`` compiled once per process (the fused kernel; eager it materialises the
-    scores). Calls from inside an already compiled block are inlined into that block's graph."""
-    from torch.nn.attention.flex_attention import flex_attention
-    return torch.compile(flex_attention, dynamic=False)
+@lru_cache(maxsize=None)
+def _compiled(name: str):
+    """``torch.nn.attention.flex_attention.<name>`` compiled once per process: ``flex_attention``
+    (the fused kernel; eager it materialises the scores) or ``create_block_mask`` (tile by tile;
+    eager it evaluates the mask at every ``B x T x T`` position, ~10 bytes each). Calls from inside
+    an already compiled block are inlined into that block's graph."""
+    from torch.nn.attention import flex_attention as flex
+    return torch.compile(getattr(flex, name), dynamic=False)
 
 
 @dataclass(frozen=True)
@@ -87,9 +90,10 @@ class FlexMask:
     block_mask: object  # torch.nn.attention.flex_attention.BlockMask
 
     @classmethod
-    def build(cls, document_ids: torch.Tensor) -> FlexMask:
-        """From ``document_ids`` int64 [B, T]; on CUDA the block mask is built by a compiled kernel
-        (no ``B x T x T`` intermediate)."""
+    def build(cls, document_ids: torch.Tensor, compiled: bool | None = None) -> FlexMask:
+        """From ``document_ids`` int64 [B, T]. ``compiled`` (default: on CUDA) builds the block mask
+        with a compiled kernel, without a ``B x T x T`` intermediate; compiling takes seconds (CPU:
+        tens of seconds) once per process, so the CPU default is eager."""
         from torch.nn.attention.flex_attention import create_block_mask
         docs = document_ids
 
@@ -97,8 +101,9 @@ class FlexMask:
             return (docs[b, q_idx] == docs[b, kv_idx]) & (q_idx >= kv_idx)
 
         b, t = docs.shape
-        return cls(create_block_mask(same_document_causal, b, None, t, t, device=docs.device,
-                                     _compile=docs.device.type == "cuda"))
+        compiled = docs.device.type == "cuda" if compiled is None else compiled
+        build = _compiled("create_block_mask") if compiled else create_block_mask
+        return cls(build(same_document_causal, b, None, t, t, device=docs.device))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q`` [B, H, T, hd], ``k``/``v`` [B, Hkv, T, hd] → [B, H, T, hd].
@@ -117,7 +122,7 @@ class FlexMask:
             with warnings.catch_warnings():  # "called without torch.compile": chosen on CPU (compiling takes ~20 s)
                 warnings.simplefilter("ignore", UserWarning)
                 return flex_attention(q, k, v, block_mask=self.block_mask, enable_gqa=q.shape[1] != k.shape[1])
-        return _compiled_flex()(q, k, v, block_mask=self.block_mask, enable_gqa=q.shape[1] != k.shape[1])
+        return _compiled("flex_attention")(q, k, v, block_mask=self.block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 AttentionMask = CausalMask | DenseMask | FlexMask
