@@ -1,4 +1,4 @@
-"""Document-causal attention: FlexAttention's block mask vs the dense ``T x T`` mask, time and peak memory.
+"""Document-causal attention: FlexAttention's block mask vs the dense T x T mask, time and peak memory.
 
 Each row packs ``D`` equal documents into ``T`` tokens (T = 1k..8k, D = 2..16); one measurement
 is mask construction from ``document_ids`` plus attention (:mod:`trainer.attention`), with

@@ -1,4 +1,4 @@
-"""Merge the results of ``benchmarks/gpu_check.sh`` into one JSON file.
+"""Merge the results of benchmarks/gpu_check.sh into one JSON file.
 
 Reads the results folder the script fills: ``steps.jsonl`` (one ``{"name", "rc", "seconds",
 "command"}`` line per step), ``pytest_gpu.xml`` (JUnit XML of ``pytest -m gpu``) and one JSON file

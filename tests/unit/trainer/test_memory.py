@@ -1,51 +1,14 @@
-"""Memory options (selective and full checkpointing, activation offload, ZeRO-3 CPU offload) train
-exactly as the plain run does: real gloo process groups, 2 ranks."""
+"""Memory options: what selective checkpointing recomputes, how settings are validated. That each
+option trains to plain DDP's losses (gloo, 2 ranks) is checked with the ZeRO stages, in one set of
+processes: tests/unit/trainer/test_zero.py."""
 import pytest
 import torch
 
-from tests.support.launch import run_local_workers
 from trainer import memory
-from trainer.config import ModelConfig, OptimConfig, TrainConfig, ZeroConfig
-from trainer.distributed import parallel
+from trainer.config import ModelConfig, TrainConfig
 from trainer.evaluation.synthetic import synthetic_batch
-from trainer.train import build_model, train_step
 
-MODEL = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
-# (zero.stage, zero.cpu_offload, activation_checkpointing, memory.offload_activations)
-# (full checkpointing against DDP, at every ZeRO stage: test_zero.py)
-MODES = {"plain": (0, False, "none", "none"), "selective": (0, False, "selective", "none"),
-         "offload blocks": (0, False, "none", "blocks"), "offload model": (0, False, "full", "model"),
-         "zero3 cpu offload": (3, True, "selective", "blocks")}
-
-
-def _losses_worker():
-    info = parallel.init_distributed("cpu")
-    batches = [synthetic_batch([[20, 9], [32]], 32, vocab=128, seed=10 * info.rank + i) for i in range(2)]
-    out = {}
-    for name, (stage, cpu_offload, ckpt, offload) in MODES.items():
-        cfg = TrainConfig(model=MODEL, zero=ZeroConfig(stage=stage, cpu_offload=cpu_offload),
-                          optim=OptimConfig(lr=1e-2), activation_checkpointing=ckpt)
-        cfg.memory.offload_activations = offload
-        cfg.validate()
-        _, wrapped, opt = build_model(cfg, info)
-        losses = []
-        for _ in range(2):
-            loss_sum, tokens, grad_norm = train_step(wrapped, opt, batches, info, cfg)
-            totals = torch.stack([loss_sum, tokens.float()])
-            torch.distributed.all_reduce(totals)
-            losses.append([(totals[0] / totals[1]).item(), grad_norm.item()])
-        out[name] = losses
-    return out
-
-
-def test_memory_options_train_like_the_plain_run():
-    """Every mode's per-step mean loss and gradient norm equal the plain DDP run's (2 steps: the
-    second step's loss compares each mode's first update too)."""
-    for res in run_local_workers(_losses_worker, 2):
-        ref = res["plain"]
-        assert ref[-1][0] < ref[0][0]
-        for name in MODES:
-            torch.testing.assert_close(res[name], ref, rtol=1e-5, atol=1e-6, msg=name)
+MODEL = ModelConfig(vocab_size=128, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2)
 
 
 def test_selective_checkpointing_keeps_matmul_outputs_and_recomputes_the_rest():

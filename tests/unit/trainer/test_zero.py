@@ -1,5 +1,6 @@
-"""ZeRO stages 0-3 with real torch.distributed gloo processes: memory per rank, training agreement,
-gradient accumulation normalised by the global token count, DCP checkpoint round trip."""
+"""ZeRO stages 0-3 with real torch.distributed gloo processes: memory per rank, training agreement
+(also of the memory options: selective checkpointing, activation and ZeRO-3 CPU offload), gradient
+accumulation normalised by the global token count, DCP checkpoint round trip."""
 import os
 import tempfile
 
@@ -16,6 +17,13 @@ from trainer.train import build_model, forward_backward, train_step
 # many similar-sized tensors so ZeroRedundancyOptimizer's whole-tensor partition balances
 MEM_MODEL = ModelConfig(vocab_size=256, d_model=64, n_layers=8, n_heads=4, ffn_mult=2.0)
 SMALL = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4)
+
+
+# memory options (trainer/memory.py) that must train as plain DDP does:
+# name -> (zero.stage, zero.cpu_offload, activation_checkpointing, memory.offload_activations)
+MEMORY_MODES = {"selective": (0, False, "selective", "none"), "offload blocks": (0, False, "none", "blocks"),
+                "full + offload model": (0, False, "full", "model"),
+                "zero3 cpu offload + selective + offload blocks": (3, True, "selective", "blocks")}
 
 
 def _cfg(stage: int, model: ModelConfig = SMALL) -> TrainConfig:
@@ -59,21 +67,25 @@ def test_model_state_bytes_match_zero_formulas():
                     assert abs(got - value) <= 0.1 * value, (world, rank, stage, kind, got, value)
 
 
+def _mean_loss_and_norm(wrapped, opt, batches, info, cfg) -> list[float]:
+    loss_sum, tokens, grad_norm = train_step(wrapped, opt, batches, info, cfg)
+    totals = torch.stack([loss_sum, tokens.float()])
+    torch.distributed.all_reduce(totals)
+    return [(totals[0] / totals[1]).item(), grad_norm.item()]
+
+
 def _stages_worker(tmp: str):
     info = parallel.init_distributed("cpu")
     rank = info.rank
-    out = {"losses": {}, "resume": {}, "accum": {}}
+    out = {"losses": {}, "resume": {}, "accum": {}, "memory": {}}
     batches = [make_batch([[20, 9], [32]], 32, vocab=128, seed=10 * rank + i) for i in range(2)]
     for stage in (0, 1, 2, 3):
         cfg = _cfg(stage)
         model, wrapped, opt = _build(cfg, info)
-        losses = []
-        for _ in range(3):
-            loss_sum, tokens, _ = train_step(wrapped, opt, batches, info, cfg)
-            totals = torch.stack([loss_sum, tokens.float()])
-            torch.distributed.all_reduce(totals)
-            losses.append((totals[0] / totals[1]).item())
-        out["losses"][stage] = losses
+        steps = [_mean_loss_and_norm(wrapped, opt, batches, info, cfg) for _ in range(3)]
+        out["losses"][stage] = [loss for loss, _ in steps]
+        if stage == 0:
+            out["plain"] = steps
         path = ckpt.save_checkpoint(os.path.join(tmp, f"stage{stage}"), wrapped, opt, 3, {"epoch": 1, "rank": 0})
         _, wrapped2, opt2 = _build(cfg, info, seed=123)
         step, loader_state = ckpt.load_checkpoint(path, wrapped2, opt2)
@@ -84,6 +96,13 @@ def _stages_worker(tmp: str):
         mine = make_batch([[12]] if rank == 0 else [[102]], 128, vocab=128, seed=rank)
         forward_backward(wrapped, [mine], info, cfg)
         out["accum"][stage] = _full_grads(model)
+    for name, (stage, cpu_offload, checkpointing, offload) in MEMORY_MODES.items():
+        cfg = _cfg(stage)
+        cfg.zero.cpu_offload, cfg.activation_checkpointing = cpu_offload, checkpointing
+        cfg.memory.offload_activations = offload
+        cfg.validate()
+        _, wrapped, opt = _build(cfg, info)
+        out["memory"][name] = [_mean_loss_and_norm(wrapped, opt, batches, info, cfg) for _ in range(3)]
     for stage in (1, 3):  # bf16 through autocast (stage 1) and through FSDP's MixedPrecisionPolicy (stage 3)
         cfg = _cfg(stage)
         cfg.precision = "bf16"
@@ -127,7 +146,9 @@ def test_gradients_stay_sharded_across_accumulation_steps():
                 assert abs(got - expected) <= 0.05 * expected, (stage, i, got, expected)
 
 
-def test_zero_stages_train_agree_resume_and_normalise_by_global_tokens():
+def test_zero_stages_and_memory_options_train_agree_resume_and_normalise_by_global_tokens():
+    """Stages 1-3 and every memory option give plain DDP's per-step losses (and the memory options
+    its gradient norms: 3 steps, so each option's updates are compared too)."""
     with tempfile.TemporaryDirectory() as tmp:
         results = run_local_workers(_stages_worker, 2, tmp)
     ref = results[0]["losses"][0]
@@ -138,6 +159,8 @@ def test_zero_stages_train_agree_resume_and_normalise_by_global_tokens():
             step, loader_state, (orig, restored) = res["resume"][stage]
             assert step == 3 and loader_state["epoch"] == 1 and loader_state["rank"] == 0
             assert abs(orig - restored) < 1e-4 * abs(orig)
+        for name in MEMORY_MODES:
+            torch.testing.assert_close(res["memory"][name], res["plain"], rtol=1e-5, atol=1e-6, msg=name)
         for stage in (1, 3):
             losses = torch.tensor(res["bf16", stage]) / 116  # this rank's real tokens per step
             assert losses[-1] < losses[0] and abs(losses[0] - res["losses"][0][0]) < 0.05 * res["losses"][0][0]
