@@ -135,7 +135,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = Norm(cfg.d_model, cfg.norm, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.attention = cfg.attention
+        self.attention_backend = cfg.attention
         self.offload_model = False
         self.reset_parameters()
 
@@ -164,7 +164,7 @@ class GPT(nn.Module):
     def set_attention(self, backend: str) -> None:
         """Attention backend of the forward: ``auto``, ``flex`` or ``dense`` (:mod:`trainer.attention`)."""
         attention.resolve(backend, torch.device("cpu"))  # raises on an unknown name
-        self.attention = backend
+        self.attention_backend = backend
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -174,7 +174,7 @@ class GPT(nn.Module):
     def hidden_states(self, input_ids, position_ids, document_ids) -> torch.Tensor:
         """Final-norm hidden states [B, T, d_model] (compute dtype)."""
         cos, sin = rope_cos_sin(position_ids, self.cfg.head_dim, self.cfg.rope_theta)
-        mask = attention.document_mask(document_ids, self.attention)
+        mask = attention.document_mask(document_ids, self.attention_backend)
         x = self.tok_emb(input_ids)
         for block in self.blocks:
             x = block(x, cos, sin, mask)

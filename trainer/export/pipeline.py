@@ -106,6 +106,7 @@ def load_model(checkpoint: str):
     cfg = checkpoint_config(checkpoint)
     model = GPT(cfg.model)
     model.load_state_dict(load_full_state(checkpoint)["model"])
+    model.set_attention("dense")  # the CPU path, and the one torch.export (ONNX) traces
     return model.float().eval(), cfg, to_dict(cfg)
 
 

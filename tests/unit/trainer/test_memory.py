@@ -53,3 +53,51 @@ def test_bad_memory_settings_are_named(key, value, field):
 def test_checkpointing_true_and_false_of_older_configs_still_read():
     assert memory.checkpoint_mode(True) == "full" and memory.checkpoint_mode(False) == "none"
     assert memory.fragmentation_bytes(torch.device("cpu")) == 0
+
+
+CUDA = torch.cuda.is_available()
+# name -> (zero.stage, zero.cpu_offload, activation_checkpointing, memory.offload_activations)
+CUDA_MODES = {"plain": (3, False, "none", "none"), "selective": (3, False, "selective", "none"),
+              "offload blocks (pinned)": (3, False, "none", "blocks"), "cpu offload (nccl)": (3, True, "none", "none")}
+
+
+def _cuda_worker():
+    """One nccl rank on the GPU: each mode's first three (loss, gradient norm), the fragmentation
+    bytes, and how many bytes stay on the device between steps."""
+    from trainer.config import OptimConfig, ZeroConfig
+    from trainer.distributed import parallel
+    from trainer.train import build_model, train_step
+    applied = memory.configure_cuda_allocator(True)
+    info = parallel.init_distributed("cuda")
+    batch = synthetic_batch([[300, 212], [512]], 512, vocab=128).to(info.device)
+    out = {"allocator": applied}
+    for name, (stage, cpu_offload, checkpointing, offload) in CUDA_MODES.items():
+        cfg = TrainConfig(model=ModelConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, max_seq_len=512),
+                          zero=ZeroConfig(stage=stage, cpu_offload=cpu_offload), optim=OptimConfig(lr=1e-2),
+                          device="cuda", activation_checkpointing=checkpointing)
+        cfg.memory.offload_activations = offload
+        _, wrapped, opt = build_model(cfg, info)
+        steps = []
+        for _ in range(3):
+            loss, tokens, norm = train_step(wrapped, opt, [batch], info, cfg)
+            steps.append([(loss / tokens).item(), norm.item()])
+        out[name] = steps
+        out[name, "norm_device"] = norm.device.type
+    out["fragmentation"] = memory.fragmentation_bytes(info.device)
+    torch.distributed.destroy_process_group()
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA (nccl, pinned host memory, the CUDA allocator)")
+def test_cuda_memory_options_train_like_the_plain_run():
+    """On the GPU: pinned activation offload, selective checkpointing and FSDP2's CPU offload over
+    nccl (the gradient norm all-reduced on the device) train to the plain run's losses;
+    expandable_segments is applied unless the environment sets it."""
+    from tests.support.launch import run_local_workers
+    res = run_local_workers(_cuda_worker, 1)[0]
+    for name in CUDA_MODES:
+        torch.testing.assert_close(res[name], res["plain"], rtol=1e-4, atol=1e-5, msg=name)
+    assert res["cpu offload (nccl)", "norm_device"] == "cuda"
+    assert res["fragmentation"] >= 0
+    assert res["allocator"] in ("expandable_segments:True", None)
