@@ -11,9 +11,13 @@ from trainer.model import GPT
 
 CUDA = torch.cuda.is_available()
 TOL = 1e-5  # fp32 max |diff|, outputs and gradients
+# every FlexAttention call of this file has one shape: eager flex_attention runs through Dynamo
+# (backend "eager"), which traces again for each new shape
+B, T, HEADS, KV_HEADS, HD = 5, 200, 4, 2, 8
 
 
-def _qkv(b: int, t: int, heads: int = 4, kv_heads: int = 2, hd: int = 16, seed: int = 0, device="cpu"):
+def _qkv(b: int = B, t: int = T, heads: int = HEADS, kv_heads: int = KV_HEADS, hd: int = HD, seed: int = 0,
+         device="cpu"):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, heads, t, hd, generator=g)
     k, v = (torch.randn(b, kv_heads, t, hd, generator=g) for _ in range(2))
@@ -52,10 +56,9 @@ ROWS = [[150, 50], [], [200], [128, 1, 40], [3, 7, 90, 60, *[1] * 12]]
 def test_flex_outputs_and_gradients_equal_the_dense_mask():
     """FlexAttention's outputs equal SDPA's with the dense mask, and so do its gradients (its math
     backward), within 1e-5 in fp32, padding positions included."""
-    t = 200
-    docs = _docs(ROWS, t)
-    q, k, v = _qkv(len(ROWS), t, heads=4, kv_heads=2, hd=8, seed=1)
-    upstream = torch.randn(len(ROWS), 4, t, 8, generator=torch.Generator().manual_seed(2))
+    docs = _docs(ROWS, T)
+    q, k, v = _qkv(seed=1)
+    upstream = torch.randn(B, HEADS, T, HD, generator=torch.Generator().manual_seed(2))
     dense = _outputs_and_grads(attention.DenseMask.build(docs), q, k, v, upstream)
     flex = attention.FlexMask.build(docs)
     with torch.no_grad():
@@ -68,13 +71,13 @@ def test_flex_outputs_and_gradients_equal_the_dense_mask():
 
 
 @settings(max_examples=2, deadline=None)  # about half a second each (eager FlexAttention)
-@given(rows=st.lists(st.lists(st.integers(1, 90), min_size=0, max_size=6), min_size=1, max_size=3),
+@given(rows=st.lists(st.lists(st.integers(1, 90), min_size=0, max_size=6), min_size=B, max_size=B),
        seed=st.integers(0, 100))
 def test_flex_block_mask_equals_the_dense_mask_on_random_packings(rows, seed):
-    """Any packing (documents cut at the row's end, padding tails): flex and dense outputs agree."""
-    t = 160
-    docs = _docs(rows, t) if all(sum(r) <= t for r in rows) else _docs([r[:1] for r in rows], t)
-    q, k, v = (z.detach() for z in _qkv(len(rows), t, heads=2, kv_heads=1, hd=8, seed=seed))
+    """Any packing (padding tails, empty rows): flex and dense outputs agree."""
+    rows = [r if sum(r) <= T else r[:2] for r in rows]
+    docs = _docs(rows, T)
+    q, k, v = (z.detach() for z in _qkv(seed=seed))
     want = attention.DenseMask.build(docs).attend(q, k, v)
     assert (attention.FlexMask.build(docs).attend(q, k, v) - want).abs().max() <= TOL
 
@@ -88,7 +91,7 @@ def test_one_document_rows_take_the_causal_path_with_equal_outputs_and_gradients
     assert isinstance(attention.document_mask(_docs([[64], [40]], 64), "dense"), attention.DenseMask)
     assert isinstance(attention.document_mask(_docs([[30, 34]], 64), "flex"), attention.FlexMask)
     q, k, v = _qkv(2, 64, seed=3)
-    upstream = torch.randn(2, 4, 64, 16)
+    upstream = torch.randn(2, HEADS, 64, HD)
     causal = _outputs_and_grads(attention.CausalMask(), q, k, v, upstream)
     dense = _outputs_and_grads(attention.DenseMask.build(docs), q, k, v, upstream)
     for got, want in zip(causal, dense):
@@ -99,9 +102,9 @@ def test_model_logits_agree_across_backends_and_auto_resolves_per_device():
     """The whole GPT (grouped-query heads) gives the same logits under flex and dense, padding
     rows included; ``auto`` is flex on CUDA and dense on CPU; unknown names are refused."""
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=97, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, max_seq_len=160)
+    cfg = ModelConfig(vocab_size=97, d_model=HEADS * HD, n_layers=1, n_heads=HEADS, n_kv_heads=KV_HEADS, max_seq_len=T)
     model = GPT(cfg).eval()
-    b = synthetic_batch([[50, 70, 30], [160], [], [10, 100]], 160, vocab=97)
+    b = synthetic_batch([[50, 70, 30], [T], [], [10, 100], [150, 50]], T, vocab=97)
     args = (b.input_ids, b.position_ids, b.document_ids)
     with torch.no_grad():
         model.set_attention("dense")
@@ -131,7 +134,7 @@ def test_export_traces_the_mask_for_every_input():
         def forward(self, q, k, v, document_ids):
             return attention.document_mask(document_ids, "dense").attend(q, k, v)
 
-    q, k, v = (z.detach() for z in _qkv(1, 16, kv_heads=4))
+    q, k, v = (z.detach() for z in _qkv(1, 16, kv_heads=HEADS))
     program = torch.export.export(Masked(), (q, k, v, torch.zeros(1, 16, dtype=torch.long)))
     packed = _docs([[6, 10]], 16)
     want = attention.DenseMask.build(packed).attend(q, k, v)

@@ -21,9 +21,8 @@ SMALL = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4)
 
 # memory options (trainer/memory.py) that must train as plain DDP does:
 # name -> (zero.stage, zero.cpu_offload, activation_checkpointing, memory.offload_activations)
-MEMORY_MODES = {"selective": (0, False, "selective", "none"), "offload blocks": (0, False, "none", "blocks"),
-                "full + offload model": (0, False, "full", "model"),
-                "zero3 cpu offload + selective + offload blocks": (3, True, "selective", "blocks")}
+MEMORY_MODES = {"selective + offload blocks": (0, False, "selective", "blocks"),
+                "full + offload model": (0, False, "full", "model"), "zero3 cpu offload": (3, True, "none", "none")}
 
 
 def _cfg(stage: int, model: ModelConfig = SMALL) -> TrainConfig:
@@ -102,7 +101,7 @@ def _stages_worker(tmp: str):
         cfg.memory.offload_activations = offload
         cfg.validate()
         _, wrapped, opt = _build(cfg, info)
-        out["memory"][name] = [_mean_loss_and_norm(wrapped, opt, batches, info, cfg) for _ in range(3)]
+        out["memory"][name] = [_mean_loss_and_norm(wrapped, opt, batches, info, cfg) for _ in range(2)]
     for stage in (1, 3):  # bf16 through autocast (stage 1) and through FSDP's MixedPrecisionPolicy (stage 3)
         cfg = _cfg(stage)
         cfg.precision = "bf16"
@@ -148,7 +147,7 @@ def test_gradients_stay_sharded_across_accumulation_steps():
 
 def test_zero_stages_and_memory_options_train_agree_resume_and_normalise_by_global_tokens():
     """Stages 1-3 and every memory option give plain DDP's per-step losses (and the memory options
-    its gradient norms: 3 steps, so each option's updates are compared too)."""
+    its gradient norms; their second step's loss compares their first update too)."""
     with tempfile.TemporaryDirectory() as tmp:
         results = run_local_workers(_stages_worker, 2, tmp)
     ref = results[0]["losses"][0]
@@ -160,7 +159,7 @@ def test_zero_stages_and_memory_options_train_agree_resume_and_normalise_by_glob
             assert step == 3 and loader_state["epoch"] == 1 and loader_state["rank"] == 0
             assert abs(orig - restored) < 1e-4 * abs(orig)
         for name in MEMORY_MODES:
-            torch.testing.assert_close(res["memory"][name], res["plain"], rtol=1e-5, atol=1e-6, msg=name)
+            torch.testing.assert_close(res["memory"][name], res["plain"][:2], rtol=1e-5, atol=1e-6, msg=name)
         for stage in (1, 3):
             losses = torch.tensor(res["bf16", stage]) / 116  # this rank's real tokens per step
             assert losses[-1] < losses[0] and abs(losses[0] - res["losses"][0][0]) < 0.05 * res["losses"][0][0]
