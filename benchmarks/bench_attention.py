@@ -74,9 +74,11 @@ def cpu_worker(args) -> None:
     if variant == "flex":
         from torch.nn.attention.flex_attention import flex_attention
         flex = torch.compile(flex_attention, dynamic=False)
-        call = lambda ids: flex(q, k, v, block_mask=attention.FlexMask.build(ids, compiled=True).block_mask)  # noqa: E731
+        def call(ids):
+            return flex(q, k, v, block_mask=attention.FlexMask.build(ids, compiled=True).block_mask)
     else:
-        call = lambda ids: attention.DenseMask.build(ids).attend(q, k, v)  # noqa: E731
+        def call(ids):
+            return attention.DenseMask.build(ids).attend(q, k, v)
     for docs in args.docs:
         ids = document_ids(args.batch, t, docs, "cpu")
         with torch.no_grad():
@@ -103,7 +105,8 @@ def run_cpu(args) -> list[dict]:
     for t in args.lengths:
         for variant in ("dense", "flex"):
             cmd = [sys.executable, __file__, "--worker", variant, f"--t={t}", f"--docs={','.join(map(str, args.docs))}"]
-            cmd += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("batch", "heads", "head_dim", "repeats", "threads")]
+            cmd += [f"--{k.replace('_', '-')}={getattr(args, k)}"
+                    for k in ("batch", "heads", "head_dim", "repeats", "threads")]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     _table(rows)

@@ -137,8 +137,9 @@ def run_cuda(args) -> list[dict]:
     hidden, weight, labels = ce_inputs(n, d, v, dtype, "cuda")
     res = {b: cuda_measure(lambda b=b: ce_step(b, hidden, weight, labels, args.gpu_chunk),
                            args.iters) for b in ("triton", "reference")}
-    ce = lambda be: linear_cross_entropy(hidden, weight, labels, reduction="mean", chunk_size=args.gpu_chunk,  # noqa: E731
-                                         backend=be)
+    def ce(backend):
+        return linear_cross_entropy(hidden, weight, labels, reduction="mean", chunk_size=args.gpu_chunk,
+                                    backend=backend)
     records = [_report(f"linear_ce chunk={args.gpu_chunk}", res["triton"], res["reference"],
                        parity(ce, (hidden, weight)))]
     gen = torch.Generator().manual_seed(1)
@@ -186,7 +187,8 @@ def main() -> None:
     if torch.cuda.is_available():
         records = run_cuda(args)
         if args.json:
-            Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "kernels": records}, indent=1))
+            record = {"device": torch.cuda.get_device_name(), "kernels": records}
+            Path(args.json).write_text(json.dumps(record, indent=1))
     else:
         print("no CUDA device: Triton benchmark skipped")
 

@@ -114,8 +114,8 @@ def measure(args, mode: str, info: parallel.DistInfo) -> dict:
 def _fresh_process(args, mode: str) -> dict:
     """:func:`measure` of ``mode`` in a new Python process (CPU, world size 1)."""
     import subprocess
-    cmd = [sys.executable, __file__, "--worker", "--return-freed-memory", f"--modes={mode}", f"--size={args.size}", f"--seq-len={args.seq_len}",
-           f"--micro-batch={args.micro_batch}", f"--docs={args.docs}"]
+    cmd = [sys.executable, __file__, "--worker", "--return-freed-memory", f"--modes={mode}", f"--size={args.size}",
+           f"--seq-len={args.seq_len}", f"--micro-batch={args.micro_batch}", f"--docs={args.docs}"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])[0]
 
@@ -159,7 +159,8 @@ def main() -> int:
         for r in records:
             states, formula = sum(r["model_states"].values()), sum(r["formula"].values())
             held = "-" if r["held_bytes"] is None else f"{r['held_bytes'] / MIB:.0f}"
-            print(f"  {r['mode']:24s} {states / MIB:12.1f} {formula / MIB:9.1f} {held:>8s} {r['step_peak_bytes'] / MIB:10.1f}")
+            peak = r["step_peak_bytes"] / MIB
+            print(f"  {r['mode']:24s} {states / MIB:12.1f} {formula / MIB:9.1f} {held:>8s} {peak:10.1f}")
         if args.json:
             Path(args.json).write_text(json.dumps({"device": where, "size": args.size, "seq_len": args.seq_len,
                                                    "micro_batch": args.micro_batch, "world_size": info.world_size,

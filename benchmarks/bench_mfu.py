@@ -124,8 +124,9 @@ def main() -> int:
             args.attention = ",".join(dict.fromkeys(x.replace("flex", "dense") for x in args.attention.split(",")))
     info = parallel.init_distributed("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if info.device.type == "cuda" else "CPU (smoke)"
-    print(f"{name}: GPT d_model={args.d_model} layers={args.n_layers} heads={args.n_heads}/{args.n_kv_heads or args.n_heads} "
-          f"seq={args.seq_len} ({args.docs} documents per row) vocab={args.vocab}, micro-batch {args.micro_batch}, zero.stage={args.stage}, compile={args.compile}, "
+    print(f"{name}: GPT d_model={args.d_model} layers={args.n_layers} heads={args.n_heads}/"
+          f"{args.n_kv_heads or args.n_heads} seq={args.seq_len} ({args.docs} documents per row) vocab={args.vocab}, "
+          f"micro-batch {args.micro_batch}, zero.stage={args.stage}, compile={args.compile}, "
           f"triton={'yes' if triton_available() else 'no'}; {args.steps} timed steps after {args.warmup} warm-up")
     try:
         results = [run_variant(args, k, a, info)

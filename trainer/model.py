@@ -2,8 +2,8 @@
 
 Architecture (pre-norm, as in GPT-2/LLaMA): token embedding → N × [norm → causal self-attention →
 residual, norm → SwiGLU MLP → residual] → final norm → (tied) output projection. Several documents
-share a row; ``document_ids`` makes attention block-diagonal causal (:mod:`trainer.attention`) so no token sees another
-document, and ``position_ids`` restarts RoPE at 0 per document. The loss is the SUM of token cross
+share a row; ``document_ids`` makes attention block-diagonal causal (:mod:`trainer.attention`) so
+no token sees another document, and ``position_ids`` restarts RoPE at 0 per document. The loss is the SUM of token cross
 entropies over real tokens (labels != -100); the trainer divides by the global token count.
 
 References: Vaswani et al. 2017 (attention); Su et al. 2021 (RoPE, arXiv:2104.09864);

@@ -90,8 +90,9 @@ def wrap_model(model: nn.Module, zero: ZeroConfig, info: DistInfo, precision: st
 
     Stages 2/3 shard every module in ``model.blocks`` and then the root (embedding, final norm,
     head); ``zero.cpu_offload`` (stage 3) keeps the shards, their gradients and so the optimizer
-    state in host memory (FSDP2 ``CPUOffloadPolicy``, pinned on CUDA). With ``precision="bf16"`` FSDP2 gathers parameters in bf16 and reduces gradients in fp32,
-    keeping fp32 sharded master weights; stages 0/1 use autocast instead (see :func:`autocast`).
+    state in host memory (FSDP2 ``CPUOffloadPolicy``, pinned on CUDA). With ``precision="bf16"``
+    FSDP2 gathers parameters in bf16 and reduces gradients in fp32, keeping fp32 sharded master
+    weights; stages 0/1 use autocast instead (see :func:`autocast`).
     Returns the wrapped module; its ``forward`` has the same signature as ``model``'s.
     """
     if zero.stage in (0, 1):

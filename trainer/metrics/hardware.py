@@ -2,8 +2,9 @@
 
 On an NVIDIA GPU through NVML (``nvidia-ml-py``, the ``pynvml`` module): utilisation (%), memory
 used/total (bytes), power (W), temperature (°C) and SM clock (MHz) of the GPU this rank runs on,
-plus the CUDA caching allocator's allocated, reserved and unused-but-reserved (fragmentation) bytes. Without a GPU (or without NVML):
-the process's resident set size (bytes) from ``/proc/self/statm``.
+plus the CUDA caching allocator's allocated, reserved and reserved-but-unused (fragmentation)
+bytes. Without a GPU (or without NVML): the process's resident set size (bytes) from
+``/proc/self/statm``.
 """
 from __future__ import annotations
 
@@ -60,9 +61,10 @@ class HardwareMonitor:
     def sample(self) -> dict[str, float]:
         """Current values, keys prefixed ``hw_``: ``hw_rss_bytes`` always; on CUDA
         ``hw_cuda_allocated_bytes``, ``hw_cuda_reserved_bytes``, ``hw_cuda_fragmentation_bytes``
-        (reserved - allocated: cached but unused, :func:`trainer.memory.fragmentation_bytes`); with NVML ``hw_gpu_util_pct``,
-        ``hw_gpu_memory_used_bytes``, ``hw_gpu_memory_total_bytes``, ``hw_gpu_power_w``,
-        ``hw_gpu_temperature_c``, ``hw_gpu_sm_clock_mhz``. A failing NVML query leaves its key out."""
+        (reserved - allocated: cached but unused, :func:`trainer.memory.fragmentation_bytes`); with
+        NVML ``hw_gpu_util_pct``, ``hw_gpu_memory_used_bytes``, ``hw_gpu_memory_total_bytes``,
+        ``hw_gpu_power_w``, ``hw_gpu_temperature_c``, ``hw_gpu_sm_clock_mhz``. A failing NVML query
+        leaves its key out."""
         if not self.enabled:
             return {}
         out: dict[str, float] = {"hw_rss_bytes": float(rss_bytes()[0])}

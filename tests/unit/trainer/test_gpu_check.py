@@ -32,11 +32,14 @@ def test_script_parses_and_its_dry_run_writes_the_json(tmp_path):
 
 
 def test_merge_reads_results_and_judges_the_mfu_goal(tmp_path):
-    (tmp_path / "steps.jsonl").write_text('{"name": "bench_mfu 1b", "rc": 0}\n{"name": "bench_images", "rc": 124}\n{"na')
+    steps = '{"name": "bench_mfu 1b", "rc": 0}\n{"name": "bench_images", "rc": 124}\n{"na'  # a torn last line
+    (tmp_path / "steps.jsonl").write_text(steps)
     (tmp_path / "pytest_gpu.xml").write_text(
         '<testsuites><testsuite><testcase classname="t" name="a"/><testcase classname="t" name="b">'
-        '<failure message="x"/></testcase><testcase classname="t" name="c"><skipped/></testcase></testsuite></testsuites>')
-    variants = [{"kernels": "auto", "attention": "flex", "mfu": 0.47}, {"kernels": "auto", "attention": "dense", "mfu": 0.31}]
+        '<failure message="x"/></testcase><testcase classname="t" name="c"><skipped/></testcase>'
+        '</testsuite></testsuites>')
+    variants = [{"kernels": "auto", "attention": "flex", "mfu": 0.47},
+                {"kernels": "auto", "attention": "dense", "mfu": 0.31}]
     (tmp_path / "mfu_1b.json").write_text(json.dumps({"variants": variants}))
     (tmp_path / "memory.json").write_text(json.dumps({"records": [{"mode": "stage3", "step_peak_bytes": 2 ** 31}]}))
     (tmp_path / "kernels.json").write_text("{torn")
