@@ -8,8 +8,8 @@ a key and no softmax row is empty). The mask is built once per forward
 ==============  ==============================================================  =================
 record          how                                                             extra memory
 ==============  ==============================================================  =================
-``CausalMask``  every row holds one document: SDPA ``is_causal=True`` (flash    none
-                kernel on CUDA)
+``CausalMask``  every row holds one document (CPU tensors): SDPA                 none
+                ``is_causal=True``
 ``FlexMask``    ``torch.nn.attention.flex_attention`` with a ``BlockMask`` of   ``B x T/128 x
                 128 x 128 tiles (fully masked tiles are skipped), compiled on   T/128`` indices
                 CUDA; eager on CPU (forward only: torch has no FlexAttention    (eager build on
@@ -19,9 +19,10 @@ record          how                                                             
 ==============  ==============================================================  =================
 
 ``model.attention`` chooses through :data:`BACKENDS`: ``auto`` (FlexAttention on CUDA, the dense
-mask on CPU, where training needs a backward), ``flex`` or ``dense``. The one-document check
-reads one boolean on the host per forward; it is skipped while ``torch.export`` traces (a graph
-must serve every input).
+mask on CPU, where training needs a backward), ``flex`` or ``dense``. The one-document check reads
+a boolean on the host, so it runs on CPU tensors only (free there; on CUDA it would wait for the
+device once per forward, and FlexAttention runs a one-document row's tiles below the diagonal
+unmasked anyway), and not while ``torch.export`` traces (a graph must serve every input).
 """
 from __future__ import annotations
 
@@ -152,14 +153,15 @@ def one_document_per_row(document_ids: torch.Tensor) -> bool:
 def document_mask(document_ids: torch.Tensor, backend: str = "auto") -> AttentionMask:
     """The attention mask record of ``document_ids`` int64 [B, T] for ``backend`` (see :data:`NAMES`).
 
-    Returns :class:`CausalMask` when every row holds one document (not while ``torch.export``
-    traces), else the backend's record.
+    Returns :class:`CausalMask` when every row holds one document (checked for CPU tensors only,
+    and not while ``torch.export`` traces), else the backend's record.
 
     Raises:
         ValueError: unknown ``backend``.
     """
     name = resolve(backend, document_ids.device)
-    if not torch.compiler.is_exporting() and one_document_per_row(document_ids):
+    host = document_ids.device.type == "cpu"  # on a device the check would be a host sync per forward
+    if host and not torch.compiler.is_exporting() and one_document_per_row(document_ids):
         return CausalMask()
     return BACKENDS[name](document_ids)
 

@@ -83,8 +83,9 @@ def test_flex_block_mask_equals_the_dense_mask_on_random_packings(rows, seed):
 
 
 def test_one_document_rows_take_the_causal_path_with_equal_outputs_and_gradients():
-    """Rows of one document (or all padding) build no mask: SDPA's is_causal gives the dense
-    mask's outputs and gradients; a row with a second document or a padding tail needs the mask."""
+    """Rows of one document (or all padding) build no mask (CPU tensors: the check is free there):
+    SDPA's is_causal gives the dense mask's outputs and gradients; a row with a second document
+    or a padding tail needs the mask."""
     docs = torch.stack([torch.zeros(64, dtype=torch.long), torch.full((64,), -1)])
     for backend in ("auto", "flex", "dense"):
         assert isinstance(attention.document_mask(docs, backend), attention.CausalMask)
