@@ -30,11 +30,13 @@ CHECKPOINT_MODES = ("none", "full", "selective")
 OFFLOAD_MODES = ("none", "blocks", "model")
 
 _aten = torch.ops.aten
-# ops whose outputs selective checkpointing keeps: the FLOP-heavy ones, slow to recompute
+# ops whose outputs selective checkpointing keeps: the FLOP-heavy ones, slow to recompute (as the
+# dispatcher sees them: nn.Linear arrives as mm/addmm, attention as SDPA's kernels or FlexAttention)
 SAVED_OPS = frozenset({
-    _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.linear.default,
+    _aten.mm.default, _aten.addmm.default, _aten.bmm.default,
     _aten._scaled_dot_product_flash_attention.default, _aten._scaled_dot_product_efficient_attention.default,
     _aten._scaled_dot_product_cudnn_attention.default, _aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.higher_order.flex_attention,
 })
 
 
