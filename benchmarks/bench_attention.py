@@ -130,8 +130,9 @@ def cuda_measure(step, iters: int) -> tuple[float, float]:
     return (torch.cuda.max_memory_allocated() - base) / MIB, statistics.median(times)
 
 
-def run_cuda(args) -> list[dict]:
-    """Forward + backward in bf16 on CUDA for every (T, docs, variant)."""
+def run_cuda(args, done: list[dict]) -> list[dict]:
+    """Forward + backward in bf16 on CUDA for every (T, docs, variant); after each T the records so
+    far (``done`` first) go to ``--json``, so a run stopped by a time limit keeps what it measured."""
     print(f"CUDA {torch.cuda.get_device_name()}: forward + backward, batch {args.batch}, {args.heads} heads x "
           f"{args.head_dim}, bf16, median of {args.iters}")
     rows = []
@@ -150,6 +151,8 @@ def run_cuda(args) -> list[dict]:
                              "peak_mib": peak})
         del q, k, v, dy
         torch.cuda.empty_cache()
+        if args.json:
+            Path(args.json).write_text(json.dumps(done + rows, indent=1))
     _table(rows)
     return rows
 
@@ -191,7 +194,7 @@ def main() -> int:
         return 0
     rows = [] if args.skip_cpu else run_cpu(args)
     if torch.cuda.is_available():
-        rows += run_cuda(args)
+        rows += run_cuda(args, rows)
     else:
         print("no CUDA device: the GPU half (forward + backward, bf16) skipped")
     if args.json:

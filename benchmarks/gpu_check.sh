@@ -72,16 +72,16 @@ step() {  # step NAME SECONDS CMD...   (one line per step into steps.jsonl)
 }
 
 step environment 20 $PY benchmarks/gpu_report.py --environment "$RESULTS/environment.json"
-step "pytest -m gpu" 100 $PY -m pytest -m gpu -q -ra -p no:cacheprovider --continue-on-collection-errors \
+step "pytest -m gpu" 90 $PY -m pytest -m gpu -q -ra -p no:cacheprovider --continue-on-collection-errors \
   --junitxml="$RESULTS/pytest_gpu.xml" tests/unit/trainer/test_kernels.py tests/unit/trainer/test_attention.py \
   tests/unit/trainer/test_kernel_wiring.py tests/unit/trainer/test_memory.py tests/unit/loaders/test_images.py
 MFU="--seq-len 2048 --docs 4 --attention flex,dense --kernels auto --compile --warmup 3 --steps 10"
 step "bench_mfu 125m" 80 $PY benchmarks/bench_mfu.py --size 125m --micro-batch 8 $MFU --json "$RESULTS/mfu_125m.json"
-step "bench_mfu 1b" 110 $PY benchmarks/bench_mfu.py --size 1b --micro-batch 4 $MFU --json "$RESULTS/mfu_1b.json"
+step "bench_mfu 1b" 130 $PY benchmarks/bench_mfu.py --size 1b --micro-batch 8 $MFU --json "$RESULTS/mfu_1b.json"
 step "bench_kernels (CUDA)" 40 $PY benchmarks/bench_kernels.py --skip-cpu --iters 10 --json "$RESULTS/kernels.json"
 step "bench_memory" 40 $PY benchmarks/bench_memory.py --size 125m --seq-len 2048 --micro-batch 4 \
   --json "$RESULTS/memory.json"
-step "bench_images (DALI mixed)" 40 $PY benchmarks/bench_images.py --images 512 --rounds 2 --threads 4 \
+step "bench_images (DALI mixed)" 30 $PY benchmarks/bench_images.py --images 512 --rounds 2 --threads 4 \
   --json "$RESULTS/images.json"
 step "bench_attention (CUDA)" 40 $PY benchmarks/bench_attention.py --skip-cpu --batch 4 --heads 16 \
   --json "$RESULTS/attention.json"
