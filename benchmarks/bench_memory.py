@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from trainer import memory  # noqa: E402
 from trainer.config import ModelConfig, OptimConfig, TrainConfig, ZeroConfig  # noqa: E402
 from trainer.distributed import parallel  # noqa: E402
 from trainer.evaluation.synthetic import synthetic_batch  # noqa: E402
@@ -143,6 +144,7 @@ def main() -> int:
         records = [_fresh_process(args, mode) for mode in modes]
         info = parallel.DistInfo(0, 1, 0, torch.device("cpu"))
     else:
+        memory.configure_cuda_allocator(True)  # as training does (memory.expandable_segments)
         info = parallel.init_distributed("cuda" if cuda else "cpu")
         try:
             records = [measure(args, mode, info) for mode in modes]

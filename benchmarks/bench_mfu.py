@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from trainer import memory  # noqa: E402
 from trainer.distributed import parallel  # noqa: E402
 from trainer.config import ModelConfig, OptimConfig, TrainConfig, ZeroConfig  # noqa: E402
 from trainer.kernels import ENV_VAR, triton_available  # noqa: E402
@@ -122,6 +123,7 @@ def main() -> int:
         if "flex" in args.attention.split(","):  # torch's FlexAttention trains on CUDA only
             print("smoke: attention=flex has no CPU backward, run as dense")
             args.attention = ",".join(dict.fromkeys(x.replace("flex", "dense") for x in args.attention.split(",")))
+    memory.configure_cuda_allocator(True)  # as training does (memory.expandable_segments)
     info = parallel.init_distributed("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if info.device.type == "cuda" else "CPU (smoke)"
     print(f"{name}: GPT d_model={args.d_model} layers={args.n_layers} heads={args.n_heads}/"

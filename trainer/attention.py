@@ -8,7 +8,7 @@ a key and no softmax row is empty). The mask is built once per forward
 ==============  ==============================================================  =================
 record          how                                                             extra memory
 ==============  ==============================================================  =================
-``CausalMask``  every row holds one document (CPU tensors): SDPA                 none
+``CausalMask``  every row holds one document (CPU tensors): SDPA                none
                 ``is_causal=True``
 ``FlexMask``    ``torch.nn.attention.flex_attention`` with a ``BlockMask`` of   ``B x T/128 x
                 128 x 128 tiles (fully masked tiles are skipped), compiled on   T/128`` indices
