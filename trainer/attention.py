@@ -78,8 +78,7 @@ class DenseMask:
 def _compiled(name: str):
     """``torch.nn.attention.flex_attention.<name>`` compiled once per process: ``flex_attention``
     (the fused kernel; eager it materialises the scores) or ``create_block_mask`` (tile by tile;
-    eager it evaluates the mask at every ``B x T x T`` position, ~10 bytes each). Calls from inside
-    an already compiled block are inlined into that block's graph."""
+    eager it evaluates the mask at every ``B x T x T`` position, ~10 bytes each)."""
     from torch.nn.attention import flex_attention as flex
     return torch.compile(getattr(flex, name), dynamic=False)
 
@@ -123,7 +122,9 @@ class FlexMask:
             with warnings.catch_warnings():  # "called without torch.compile": chosen on CPU (compiling takes ~20 s)
                 warnings.simplefilter("ignore", UserWarning)
                 return flex_attention(q, k, v, block_mask=self.block_mask, enable_gqa=q.shape[1] != k.shape[1])
-        return _compiled("flex_attention")(q, k, v, block_mask=self.block_mask, enable_gqa=q.shape[1] != k.shape[1])
+        # inside a compiled block (compile: true) the block's graph takes flex_attention in as it is
+        flex = flex_attention if torch.compiler.is_compiling() else _compiled("flex_attention")
+        return flex(q, k, v, block_mask=self.block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 AttentionMask = CausalMask | DenseMask | FlexMask
