@@ -8,8 +8,8 @@ a key and no softmax row is empty). The mask is built once per forward
 ==============  ==============================================================  =================
 record          how                                                             extra memory
 ==============  ==============================================================  =================
-``CausalMask``  every row holds one document (CPU tensors): SDPA                none
-                ``is_causal=True``
+``CausalMask``  every row holds one document: SDPA ``is_causal=True`` (flash     none
+                kernel on CUDA)
 ``FlexMask``    ``torch.nn.attention.flex_attention`` with a ``BlockMask`` of   ``B x T/128 x
                 128 x 128 tiles (fully masked tiles are skipped), compiled on   T/128`` indices
                 CUDA; eager on CPU (forward only: torch has no FlexAttention    (eager build on
@@ -19,10 +19,11 @@ record          how                                                             
 ==============  ==============================================================  =================
 
 ``model.attention`` chooses through :data:`BACKENDS`: ``auto`` (FlexAttention on CUDA, the dense
-mask on CPU, where training needs a backward), ``flex`` or ``dense``. The one-document check reads
-a boolean on the host, so it runs on CPU tensors only (free there; on CUDA it would wait for the
-device once per forward, and FlexAttention runs a one-document row's tiles below the diagonal
-unmasked anyway), and not while ``torch.export`` traces (a graph must serve every input).
+mask on CPU, where training needs a backward), ``flex`` or ``dense``. Whether every row holds one
+document is known on the host: the trainer passes it from the packing
+(``TokenBatch.one_document_rows``); without it the check reads CPU tensors only (on a device it
+would wait for the device once per forward). Never while ``torch.export`` traces (a graph must
+serve every input).
 """
 from __future__ import annotations
 
@@ -151,18 +152,22 @@ def one_document_per_row(document_ids: torch.Tensor) -> bool:
     return bool((document_ids == document_ids[:, :1]).all())
 
 
-def document_mask(document_ids: torch.Tensor, backend: str = "auto") -> AttentionMask:
+def document_mask(document_ids: torch.Tensor, backend: str = "auto", one_document: bool | None = None) -> AttentionMask:
     """The attention mask record of ``document_ids`` int64 [B, T] for ``backend`` (see :data:`NAMES`).
 
-    Returns :class:`CausalMask` when every row holds one document (checked for CPU tensors only,
-    and not while ``torch.export`` traces), else the backend's record.
+    Returns :class:`CausalMask` when every row holds one document, else the backend's record.
+    ``one_document`` says so from the host (:attr:`loaders.rank.batch.TokenBatch.one_document_rows`);
+    ``None``: checked for CPU tensors only. While ``torch.export`` traces, never.
 
     Raises:
         ValueError: unknown ``backend``.
     """
     name = resolve(backend, document_ids.device)
-    host = document_ids.device.type == "cpu"  # on a device the check would be a host sync per forward
-    if host and not torch.compiler.is_exporting() and one_document_per_row(document_ids):
+    if torch.compiler.is_exporting():
+        one_document = False
+    elif one_document is None:  # on a device the check would be a host sync per forward
+        one_document = document_ids.device.type == "cpu" and one_document_per_row(document_ids)
+    if one_document:
         return CausalMask()
     return BACKENDS[name](document_ids)
 

@@ -171,10 +171,10 @@ class GPT(nn.Module):
         """The ``[vocab, d_model]`` output projection (the token embedding when tied)."""
         return self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
 
-    def hidden_states(self, input_ids, position_ids, document_ids) -> torch.Tensor:
-        """Final-norm hidden states [B, T, d_model] (compute dtype)."""
+    def hidden_states(self, input_ids, position_ids, document_ids, one_document: bool | None = None) -> torch.Tensor:
+        """Final-norm hidden states [B, T, d_model] (compute dtype); ``one_document``: see :meth:`forward`."""
         cos, sin = rope_cos_sin(position_ids, self.cfg.head_dim, self.cfg.rope_theta)
-        mask = attention.document_mask(document_ids, self.attention_backend)
+        mask = attention.document_mask(document_ids, self.attention_backend, one_document)
         x = self.tok_emb(input_ids)
         for block in self.blocks:
             x = block(x, cos, sin, mask)
@@ -185,15 +185,17 @@ class GPT(nn.Module):
         h = self.hidden_states(input_ids, position_ids, document_ids)
         return h @ self.output_weight.to(h.dtype).t()
 
-    def forward(self, input_ids, position_ids, document_ids, labels) -> torch.Tensor:
+    def forward(self, input_ids, position_ids, document_ids, labels, one_document: bool | None = None) -> torch.Tensor:
         """Summed next-token cross entropy (fp32 scalar, nats) over real tokens.
 
         Args: ``input_ids``, ``position_ids``, ``document_ids``, ``labels``: int64 ``[B, T]``;
         labels of -100 are ignored. Attention stays within one document; positions restart per
-        document. The loss is fused with the output projection (:mod:`trainer.kernels`). With
+        document. ``one_document``: every row holds one document (or only padding), as known on the
+        host (``TokenBatch.one_document_rows``; ``None``: checked on CPU tensors only), so attention
+        is plain causal. The loss is fused with the output projection (:mod:`trainer.kernels`). With
         ``set_activation_offload("model")`` every tensor saved for backward waits in host memory."""
         with memory.offload(self.offload_model, input_ids.device):
-            h = self.hidden_states(input_ids, position_ids, document_ids)
+            h = self.hidden_states(input_ids, position_ids, document_ids, one_document)
             kind = h.device.type
             dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
             # the loss op gets inputs of one dtype and runs outside autocast (it keeps its own fp32 math)

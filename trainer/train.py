@@ -146,7 +146,7 @@ def forward_backward(model, batches: list[TokenBatch], info: parallel.DistInfo, 
         with parallel.set_grad_sync(model, i == len(batches) - 1):
             with hooks.forward(model, step, i, info.rank), \
                     parallel.autocast(info.device, cfg.precision, cfg.zero.stage):
-                loss = model(b.input_ids, b.position_ids, b.document_ids, b.labels)
+                loss = model(b.input_ids, b.position_ids, b.document_ids, b.labels, b.one_document_rows)
             (loss * scale).backward()
         loss_sum += loss.detach().float()
     return loss_sum, local_tokens

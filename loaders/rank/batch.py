@@ -51,6 +51,16 @@ def expand(ids: torch.Tensor, lens: torch.Tensor, row_chunks: torch.Tensor) -> t
     return ids, labels, position_ids, document_ids
 
 
+def one_document_rows(lens: np.ndarray, row_chunks: np.ndarray, width: int) -> bool:
+    """Whether every row of a packed batch is one document filling it, or only padding (chunk
+    lengths ``lens`` in row order, ``row_chunks`` chunks per row, ``width`` tokens per row)."""
+    row_chunks = np.asarray(row_chunks)
+    if np.any(row_chunks > 1):
+        return False
+    first = np.cumsum(row_chunks) - 1  # the chunk of each one-chunk row
+    return bool(np.all(np.asarray(lens)[first[row_chunks == 1]] == width))
+
+
 class TokenBatch:
     """A micro-batch of packed token rows.
 
@@ -70,6 +80,9 @@ class TokenBatch:
             the loader turns these into its exact resume state (see :mod:`loaders.order.progress`).
         packed: the compact form it was built from (:class:`loaders.pack.packed.PackedBatch`), or ``None``;
             a CPU batch with one pickles as that.
+        one_document_rows: whether every row is one document or only padding (attention can then
+            be plain causal), read on the host: known from the packing, or from CPU tensors;
+            ``None`` for device tensors of a batch not packed on the host.
     """
 
     def __init__(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor,
@@ -77,6 +90,7 @@ class TokenBatch:
         self._full: tuple[torch.Tensor, ...] | None = (input_ids, labels, position_ids, document_ids)
         self._compact: tuple[torch.Tensor, ...] | None = None
         self._doc_tokens: int | None = None
+        self._one_document: bool | None = None
         self.keys, self.consumed = keys, consumed_array(consumed)
         self.worker = 0  # the loader worker that packed it (see loaders.pack.packed.PackedBatch)
         self.packed: PackedBatch | None = None
@@ -88,12 +102,14 @@ class TokenBatch:
         b._full, b.packed = None, p
         b._compact = (torch.from_numpy(p.ids), torch.from_numpy(p.lens), torch.from_numpy(p.row_chunks))
         b._doc_tokens = p.num_doc_tokens
+        b._one_document = one_document_rows(p.lens, p.row_chunks, p.ids.shape[1])
         b.keys, b.consumed, b.worker = p.keys, p.consumed, p.worker
         return b
 
     def _lazy(self, compact: tuple[torch.Tensor, ...], doc_tokens: int | None) -> "TokenBatch":
         b = TokenBatch.__new__(TokenBatch)
         b._full, b._compact, b._doc_tokens, b.packed = None, compact, doc_tokens, None
+        b._one_document = self._one_document
         b.keys, b.consumed, b.worker = self.keys, self.consumed, self.worker
         return b
 
@@ -150,6 +166,15 @@ class TokenBatch:
             return int(np.count_nonzero(self.document_ids.numpy() >= 0))
         return int((self.document_ids >= 0).sum())
 
+    @property
+    def one_document_rows(self) -> bool | None:
+        """Whether every row holds one document or only padding (see the class attributes); never
+        reads a device tensor."""
+        if self._one_document is None and self._full is not None and self._full[3].device.type == "cpu":
+            ids = self._full[3].numpy()
+            self._one_document = bool(np.all(ids == ids[:, :1]))
+        return self._one_document
+
     def __reduce__(self):
         # CPU batches travel (worker process -> trainer) as plain arrays in the pickle: one
         # pipe write instead of one shared-memory file and descriptor hand-over per tensor.
@@ -166,7 +191,9 @@ class TokenBatch:
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         if self._full is None:
             return self._lazy(tuple(move(t) for t in self._compact), self._doc_tokens)
-        return TokenBatch(*(move(t) for t in self._full), self.keys, self.consumed)
+        b = TokenBatch(*(move(t) for t in self._full), self.keys, self.consumed)
+        b._one_document = self.one_document_rows
+        return b
 
     def pin_memory(self) -> "TokenBatch":
         """The batch in pinned host memory (faster, asynchronous host-to-GPU copies)."""

@@ -82,7 +82,7 @@ def loss_sums(model, batches, device: torch.device, precision: str = "fp32", sta
         for b in batches:
             b = b.to(device, non_blocking=True) if device.type == "cuda" else b
             with parallel.autocast(device, precision, stage):
-                loss_sum += model(b.input_ids, b.position_ids, b.document_ids, b.labels).double()
+                loss_sum += model(b.input_ids, b.position_ids, b.document_ids, b.labels, b.one_document_rows).double()
             tokens += (b.labels != -100).sum()
     return loss_sum, tokens
 

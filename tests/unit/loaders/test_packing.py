@@ -292,6 +292,20 @@ def test_expand_derives_labels_positions_and_documents_per_chunk(rows, width):
     lazy = TokenBatch.from_packed(PackedBatch(ids, lens, counts)).to("cpu")
     assert lazy.labels.equal(got[1]) and lazy.document_ids.equal(got[3])
     assert lazy.num_doc_tokens == int(lens.sum()) and lazy.num_slots == ids.size
+    # one document (or only padding) per row, from the packing and from the tensors alike
+    one = bool(np.all(want["docs"] == want["docs"][:, :1]))
+    assert lazy.one_document_rows is one and TokenBatch(*got, keys=[]).one_document_rows is one
+
+
+def test_one_document_rows_from_the_packing_survive_the_move():
+    """Rows each filled by one document, or empty, are one-document rows (attention can be plain
+    causal); a short document with padding after it, or two documents, are not."""
+    from loaders.pack.packed import PackedBatch
+    ids = np.ones((3, 8), np.uint16)
+    cases = {((8, 8), (1, 1, 0)): True, ((8, 5), (1, 1, 0)): False, ((3, 5, 8), (2, 1, 0)): False}
+    for (lens, counts), want in cases.items():
+        batch = TokenBatch.from_packed(PackedBatch(ids, np.array(lens, np.int32), np.array(counts, np.int32)))
+        assert batch.one_document_rows is want and batch.to("cpu").one_document_rows is want
 
 
 def test_bins_that_cannot_fill_are_emitted_not_repacked_with_every_document():

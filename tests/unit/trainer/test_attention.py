@@ -83,13 +83,14 @@ def test_flex_block_mask_equals_the_dense_mask_on_random_packings(rows, seed):
 
 
 def test_one_document_rows_take_the_causal_path_with_equal_outputs_and_gradients():
-    """Rows of one document (or all padding) build no mask (CPU tensors: the check is free there):
-    SDPA's is_causal gives the dense mask's outputs and gradients; a row with a second document
-    or a padding tail needs the mask."""
+    """Rows of one document (or all padding) build no mask: SDPA's is_causal gives the dense
+    mask's outputs and gradients; a row with a second document or a padding tail needs the mask."""
     docs = torch.stack([torch.zeros(64, dtype=torch.long), torch.full((64,), -1)])
     for backend in ("auto", "flex", "dense"):
         assert isinstance(attention.document_mask(docs, backend), attention.CausalMask)
     assert isinstance(attention.document_mask(_docs([[64], [40]], 64), "dense"), attention.DenseMask)
+    # the host's word (TokenBatch.one_document_rows) replaces the check: no read of the tensor
+    assert isinstance(attention.document_mask(docs, "dense", one_document=False), attention.DenseMask)
     assert isinstance(attention.document_mask(_docs([[30, 34]], 64), "flex"), attention.FlexMask)
     q, k, v = _qkv(2, 64, seed=3)
     upstream = torch.randn(2, HEADS, 64, HD)

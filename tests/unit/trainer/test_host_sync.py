@@ -35,10 +35,8 @@ READS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
 VOCAB = 64
 STEPS, ACCUM, LOG_EVERY, WORLD = 12, 2, 4, 2
 # the label range check reads on the host only for CPU tensors (free there); on CUDA it is
-# torch._assert_async, which never waits for the device. The attention's one-document check
-# (SDPA's causal path) runs for CPU tensors only, too.
-KNOWN_KERNEL_SYNCS = {("trainer/kernels/__init__.py::_check_ce", "__bool__"),
-                      ("trainer/attention.py::one_document_per_row", "__bool__")}
+# torch._assert_async, which never waits for the device
+KNOWN_KERNEL_SYNCS = {("trainer/kernels/__init__.py::_check_ce", "__bool__")}
 
 
 def _shards(directory: str) -> None:
