@@ -16,8 +16,16 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tests.support.hf import relink_logs
 from tests.support.http_server import serve_directory
 from trainer.distributed.parallel import free_port
+
+
+@pytest.fixture(autouse=True)
+def _transformers_logs_to_a_live_stream():
+    """Each test's transformers warnings go to the live ``sys.stderr`` (see :func:`tests.support.hf.relink_logs`)."""
+    relink_logs()
+    yield
 
 
 @pytest.fixture

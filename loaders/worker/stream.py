@@ -141,7 +141,7 @@ class TextStream:
         shards (no copy), split into chunks and packed (:class:`loaders.pack.packer.ArrayPacker`)."""
         order = self.order()
         reader = self.open_reader()
-        packer = ArrayPacker(batching(self.cfg), self.cfg.pack_window)
+        packer = ArrayPacker(batching(self.cfg), self.cfg.pack_window, self.sources.manifest.padding_id)
         try:
             reader.prefetch(order.shards_from(self.prefix))
             for pos, shard, local in self._dealt(order, worker, num_workers):
