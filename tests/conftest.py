@@ -9,7 +9,12 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
-import torch
+
+# `make test` runs one pytest-xdist worker per core: a worker (and every process it starts) that
+# also spawns a torch/OpenMP thread per core oversubscribes the machine, which measured twice the
+# CPU time for the same tests. Set before torch is imported; a value set outside still wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402
 
 # Triton fixes interpreter-or-compiled when a kernel module is first imported; any test may import
 # trainer.kernels first, so a CPU-only session runs every Triton kernel through the interpreter.
