@@ -190,3 +190,17 @@ def test_overwrite_refuses_a_tokenizer_or_input_inside_the_earlier_run(inputs, t
     assert len(errors) == 1 and errors[0].startswith(f"error: {flag} "), err
     assert "--overwrite sets aside" in errors[0] and "copy the file" in errors[0], err
     assert _local(out) == before
+
+
+def test_overwrite_with_another_prefix_removes_the_earlier_shards(inputs, tmp_path):
+    """Issue 37: the earlier run's shards and indexes named with another shards.prefix went unseen."""
+    out = tmp_path / "out"
+    cfg = _tiny_config()
+    cfg.shards.prefix = "old"
+    run(str(inputs / "good.jsonl"), str(out), cfg)
+    old = sorted(p.name for p in out.iterdir() if p.name.startswith("old-"))
+    assert old and any(n.endswith(".idx") for n in old)
+    prepared = prepare_output(str(out), "shard", overwrite=True)
+    assert not [p for p in out.iterdir() if p.name.startswith("old-")]
+    finish_output(prepared)
+    assert not (out / BACKUP_DIR).exists() and not [p for p in out.iterdir() if p.name != "notes.txt"]
