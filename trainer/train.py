@@ -15,6 +15,7 @@ import torch.distributed as dist
 from colaflow.config import to_dict
 from loaders.protocols import RankLoader, ShardSource
 from loaders.rank.batch import TokenBatch
+from shards.format.tokens import check_token_ids
 from trainer import checkpointing as ckpt
 from trainer import pretrained
 from trainer.config import TrainConfig
@@ -102,12 +103,15 @@ class RollbackError(RuntimeError):
     """Too many bad steps in a row and no finished checkpoint to roll back to (a run error: exit 1)."""
 
 
-def micro_batches(loader: RankLoader, epoch: int):
+def micro_batches(loader: RankLoader, epoch: int, vocab_size: int = 0):
     """Endless stream of ``(epoch, TokenBatch)``, calling ``loader.set_epoch`` at each new epoch
-    (a loader restored mid-epoch continues where its state points).
+    (a loader restored mid-epoch continues where its state points). Each batch's token ids are
+    checked against ``vocab_size`` (the model's embedding rows; 0 = unchecked) on the host, before
+    the batch reaches the device, where an id past the embedding fails in an ``IndexError``.
 
     Raises:
         NoDataError: an epoch read from its start yields no batch.
+        shards.format.tokens.TokenRangeError: a batch holds an id at or above ``vocab_size``.
     """
     while True:
         loader.set_epoch(epoch)
@@ -116,6 +120,7 @@ def micro_batches(loader: RankLoader, epoch: int):
         empty = True
         for batch in loader:
             empty = False
+            check_token_ids(batch.input_ids, vocab_size, f"training batch of {', '.join(batch.keys[:3])}")
             yield epoch, batch
         if empty and not resumed:
             raise NoDataError(
@@ -388,7 +393,7 @@ def train(cfg: TrainConfig) -> dict:
     """
     run = start_run(cfg)
     info, guard, timer = run.info, run.guard, run.meter.timer
-    stream = micro_batches(run.loader, run.epoch)
+    stream = micro_batches(run.loader, run.epoch, cfg.model.vocab_size)
     acc_loss = torch.zeros((), device=info.device)
     acc_tokens = torch.zeros((), dtype=torch.long, device=info.device)
     start = time.perf_counter()

@@ -149,3 +149,20 @@ def test_missing_shard_and_count_mismatch(dataset, capsys):
     m.save(str(dataset))
     rc, out = verify(capsys, dataset / "shard-000000.tar")
     assert rc == 1 and "4 samples read, manifest says 5" in out
+
+
+def test_token_ids_beyond_the_vocabulary_and_unlisted_tars_fail(dataset, capsys):
+    """Issue 37: ids at or above the manifest's vocab_size, and a tar the manifest does not list, passed."""
+    m = Manifest.load(str(dataset))
+    m.vocab_size = 8  # the shards hold ids 0..7: all inside
+    m.save(str(dataset))
+    assert verify(capsys, dataset)[0] == 0
+    m.vocab_size = 6
+    m.save(str(dataset))
+    rc, out = verify(capsys, dataset)
+    assert rc == 1 and "token_out_of_range 2" in out and "'k7': token id 7 is outside the vocabulary of 6" in out
+    m.vocab_size = 8
+    m.save(str(dataset))
+    shutil.copy(dataset / "shard-000000.tar", dataset / "stray-000000.tar")
+    rc, out = verify(capsys, dataset)
+    assert rc == 1 and "stray-000000.tar: not listed in" in out and "unlisted_shard 1" in out
