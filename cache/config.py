@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from colaflow.config import ConfigError, apply_overrides, check_fields, from_dict, setting
+from colaflow.network import DEFAULT_TIMEOUT_S
 
 VERIFY_POLICIES = ("always", "first", "never")
 ENV_PREFIX = "COLAFLOW_CACHE_"
@@ -78,7 +79,8 @@ class CacheConfig:
             truncated body, sha256 mismatch).
         backoff_s: first retry delay in seconds; doubles per attempt (exponential backoff).
         backoff_max_s: cap on one retry delay, seconds.
-        timeout_s: connect and per-read socket timeout, seconds.
+        timeout_s: connect and per-read socket timeout, seconds, of every network read of a
+            command (downloads, and manifests or indexes read without the cache: :mod:`colaflow.network`).
         decompress: store ``*.tar.zst`` sources decompressed (as ``*.tar``); the manifest's sha256
             and size then describe the decompressed file.
         chunk_bytes: read/write block size while streaming a download, bytes (int or human size).
@@ -96,7 +98,7 @@ class CacheConfig:
     retries: int = setting(4, ge=0)
     backoff_s: float = setting(0.5, ge=0)
     backoff_max_s: float = setting(30.0, ge=0)
-    timeout_s: float = setting(60.0, gt=0)
+    timeout_s: float = setting(DEFAULT_TIMEOUT_S, gt=0)
     decompress: bool = True
     chunk_bytes: int | str = "4MiB"
     partial_ttl_s: float = setting(86400.0, ge=0)

@@ -22,6 +22,7 @@ import fsspec
 import zstandard
 
 from cache.errors import CacheFullError, ShardFetchError, ShardVerifyError
+from colaflow.network import storage_options
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +63,6 @@ class _Retryable(Exception):
 
 class _Mismatch(_Retryable):
     """The downloaded bytes have the wrong size or sha256."""
-
-
-def storage_options(url: str, timeout_s: float) -> dict:
-    """fsspec storage options for ``url``: connect and per-read socket timeouts for HTTP(S)."""
-    if url.startswith(("http://", "https://")):
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
-        return {"client_kwargs": {"timeout": timeout}}
-    return {}
 
 
 def remote_size(url: str, timeout_s: float) -> int | None:

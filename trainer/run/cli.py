@@ -56,8 +56,10 @@ def _load(args):
     """The validated config; raises ``ValueError`` (``ConfigError`` is one) or ``FileNotFoundError``."""
     from colaflow.config import load_config
     from trainer.config import TrainConfig
+    from colaflow.network import set_network_timeout
     cfg = load_config(TrainConfig, args.config, args.overrides)
     cfg.validate()
+    set_network_timeout(cfg.cache.resolved().timeout_s)  # the manifest is read before the cache opens
     return cfg
 
 
