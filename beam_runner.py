@@ -52,7 +52,7 @@ from shards.tokenizers import TokenizerError  # noqa: E402
 # --help's epilog: the docstring's paragraphs on overrides, Beam options and exit codes
 EPILOG = help_text("\n\n".join(__doc__.split("\n\n")[3:5]))
 from colaflow.config import ConfigError, load_config  # noqa: E402
-from colaflow.errors import run_cli  # noqa: E402
+from colaflow.errors import io_cause, io_failure, run_cli  # noqa: E402
 
 
 def split_args(argv: list[str], prog: str | None = None) -> tuple[argparse.Namespace, list[str], list[str]]:
@@ -163,6 +163,10 @@ def _failure(e: BaseException, args: argparse.Namespace) -> int:
         return 2
     if isinstance(e, OutputNotWritableError):
         print(f"error: {one_line(e)}", file=sys.stderr)
+        return 1
+    io = io_cause(e)  # no space, read-only, no permission: also when Beam wrapped it in its own error
+    if io is not None:
+        print(f"error: {io_failure(io, args.output)}{_os_error_hint(io, args.input, args.output)}", file=sys.stderr)
         return 1
     if isinstance(e, OSError):
         print(f"error: {one_line(e)}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)

@@ -8,7 +8,8 @@ from typing import Callable
 
 
 # what to do after an expected I/O failure, by errno
-_NEXT = {errno.ENOSPC: "free space there or choose another folder", errno.EDQUOT: "free space there (disk quota) or "
+_NEXT = {errno.ENOSPC: "free space there or choose another folder", errno.EFBIG: "the file system (or this "
+         "process's file size limit, ulimit -f) cannot hold so large a file: choose another folder", errno.EDQUOT: "free space there (disk quota) or "
          "choose another folder", errno.EROFS: "it is on a read-only file system: choose a writable folder",
          errno.EACCES: "check its permissions or choose another folder", errno.EPERM: "check its permissions or "
          "choose another folder"}
@@ -32,13 +33,20 @@ def explain(e: BaseException) -> str:
                 "server answers, or raise cache.timeout_s (COLAFLOW_CACHE_TIMEOUT_S)")
     io = io_cause(e)
     if io is not None:
-        path = io.filename or "?"
-        return f"{path}: {os.strerror(io.errno)}; {_NEXT.get(io.errno, 'check that path')}"
+        return io_failure(io, io.filename or "")
     return str(e) or type(e).__name__
 
 
+def io_failure(io: OSError, path: str) -> str:
+    """``PATH: No space left on device; free space there or choose another folder``: the path (``io``'s
+    own file name when it has one, else ``path``), the cause and what to do, for an ``OSError`` of
+    :func:`io_cause`."""
+    where = io.filename or path or "?"
+    return f"{where}: {os.strerror(io.errno)}; {_NEXT.get(io.errno, 'check that path')}"
+
+
 def io_cause(e: BaseException) -> OSError | None:
-    """The ``OSError`` with an errno of :data:`_NEXT` (no space, quota, read-only, no permission) that
+    """The ``OSError`` with an errno of :data:`_NEXT` (no space, quota, file too large, read-only, no permission) that
     ``e`` is or was caused by (libraries such as ``torch.distributed.checkpoint`` wrap it), else ``None``."""
     seen: set[int] = set()
     stack = [e]

@@ -256,3 +256,19 @@ def test_a_run_folder_of_an_older_trainer_resumes(tmp_path, common):
     assert _steps(tmp_path) == [1, 2, 3]
     rewritten = json.loads((run / "config.json").read_text())
     assert rewritten["hooks"] == [] and not any(k.startswith("inject_") for k in rewritten["anomaly"])
+
+
+def _file_size_limit(limit: int):
+    """``preexec_fn`` capping the files the child writes at ``limit`` bytes (writes past it fail with
+    EFBIG, as a full disk fails with ENOSPC; Python ignores the SIGXFSZ that would kill it)."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_checkpoint_that_cannot_be_written_ends_in_one_line_naming_the_folder(tmp_path, common):
+    """Issue 37: a save that ran out of space ended in tracebacks whose only message was ``unexpected pos``."""
+    p = _train(common + ["steps=2"], tmp_path, preexec_fn=_file_size_limit(150_000))  # shards 72 kB, checkpoint 280 kB
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-3000:]
+    assert f"checkpoint.dir={tmp_path / 'run' / 'checkpoints'}: saving step 2 failed:" in lines[0]
+    assert ".step_000002.partial: File too large;" in lines[0] and "choose another folder" in lines[0]
