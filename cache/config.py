@@ -86,6 +86,10 @@ class CacheConfig:
         chunk_bytes: read/write block size while streaming a download, bytes (int or human size).
         partial_ttl_s: partial downloads nobody holds older than this are deleted when a cache
             opens; younger ones are resumed with HTTP Range requests.
+        fetch_wait_s: how long a process waits for a shard another process is downloading while
+            that download makes no progress (its partial file does not grow), seconds; then it fails
+            naming the holder's pid (a stuck process would otherwise keep every other one waiting).
+            Also the limit on a wait for the cache's accounting lock.
         nodes: per-node overrides, ``{host-name fnmatch pattern: {field: value}}``; every matching
             pattern applies, in file order.
     """
@@ -102,6 +106,7 @@ class CacheConfig:
     decompress: bool = True
     chunk_bytes: int | str = "4MiB"
     partial_ttl_s: float = setting(86400.0, ge=0)
+    fetch_wait_s: float = setting(600.0, gt=0)
     nodes: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
