@@ -260,6 +260,7 @@ class Run:
     loss_last: float | None = None
     saved: str | None = None  # newest checkpoint folder this run wrote
     init_from: dict | None = None  # {path, kind, sha256} of the pretrained weights (rank 0; None: random init)
+    folder_lock: object = None  # rank 0's lock on run_dir (trainer.run.folder.lock_run_folder), released at the end
     evaluation: Evaluation | None = None  # built by the first maybe_evaluate
 
     def is_log_step(self, step: int) -> bool:
@@ -308,6 +309,7 @@ def start_run(cfg: TrainConfig) -> Run:
               build_checkpointer(cfg, info, checkpoint_root(cfg), origin),
               AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device),
               StepHooks.build(cfg.hooks, HookContext(cfg.run_dir, EventLog.of_run(cfg.run_dir))), init_from=origin)
+    run.folder_lock = plan.lock
     if plan.checkpoint:
         resume(run, plan.checkpoint)
     if info.is_main:
@@ -359,12 +361,16 @@ def finish_run(run: Run, elapsed: float) -> dict:
                                    run.trainer_state())
     run.ckpts.close()
     run.log.close()
+    bad = torch.tensor([run.loader.metrics().get("bad", 0)], dtype=torch.long)
+    if dist.is_available() and dist.is_initialized() and info.world_size > 1:
+        dist.all_reduce(bad)  # gloo and nccl alike: the count lives on the host, and is small
+    skipped = int(bad.item())
     summary = {"train_steps": run.step - run.first_step, "final_step": run.step, "world_size": info.world_size,
                "loss_first": run.loss_first, "loss_last": run.loss_last, "tokens_seen": run.tokens_seen,
                "tokens_per_second": run.tokens_seen / elapsed if elapsed > 0 else 0.0,
                "checkpoint": run.saved, "parameters": count_parameters(run.model), "anomalies": run.guard.summary(),
                "cache": run.cache.metrics(), "loader": run.loader.metrics(), "init_from": run.init_from,
-               **evaluation_summary(run)}
+               "skipped_documents": skipped, **evaluation_summary(run)}
     if info.is_main:
         with open(os.path.join(cfg.run_dir, "train_summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2, default=str)
@@ -374,9 +380,13 @@ def finish_run(run: Run, elapsed: float) -> dict:
             lost = run.guard.summary()
             rolled = (f"; {lost['rollbacks']} rollback(s) undid {lost['good_steps_lost']} good steps "
                       f"({lost['good_micro_batches_lost']} micro-batches not revisited)" if lost["rollbacks"] else "")
+            unread = (f"; skipped {skipped:,} unreadable document(s) of corrupt or missing shards (named in the "
+                      "errors above; colaflow shards verify checks them)" if skipped else "")
             print(f"trained {summary['train_steps']} steps on {info.world_size} rank(s): loss "
                   f"{run.loss_first:.3f} -> {run.loss_last:.3f}, {summary['tokens_per_second']:.0f} tokens/s, "
-                  f"checkpoint {run.saved}{rolled}")
+                  f"checkpoint {run.saved}{rolled}{unread}")
+    if run.folder_lock is not None:
+        run.folder_lock.release()
     return summary
 
 
@@ -422,6 +432,7 @@ def train(cfg: TrainConfig) -> dict:
         if guard.needs_rollback:
             run.step = roll_back(run.ckpts, run.wrapped, run.optimizer, guard, run.step,
                                  cfg.optim.grad_accum_steps * info.world_size)
+            run.log.rewind(run.step)  # the undone steps' records go: each step is logged once
             continue
         save_checkpoints(run)
         maybe_evaluate(run)
