@@ -20,7 +20,10 @@ def storage_options(url: str, timeout_s: float) -> dict:
     seconds (HTTP(S): aiohttp's ``sock_connect``/``sock_read``, no cap on a whole long download;
     ``s3://``: botocore's ``connect_timeout``/``read_timeout``); ``{}`` for other schemes."""
     if url.startswith(("http://", "https://")):
-        import aiohttp
+        try:
+            import aiohttp
+        except ImportError:  # the preprocessing-only install: fsspec has no HTTP filesystem there either
+            return {}
         return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=timeout_s,
                                                                    sock_read=timeout_s)}}
     if url.startswith(("s3://", "s3a://")):
@@ -33,7 +36,9 @@ def set_network_timeout(timeout_s: float) -> None:
     options still win); replaces an earlier call's value."""
     import fsspec.config
     for protocol, url in (("http", "http://"), ("https", "https://"), ("s3", "s3://")):
-        fsspec.config.conf.setdefault(protocol, {}).update(storage_options(url, timeout_s))
+        options = storage_options(url, timeout_s)
+        if options:
+            fsspec.config.conf.setdefault(protocol, {}).update(options)
 
 
 def timeout_from_environment() -> float:
