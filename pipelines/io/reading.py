@@ -155,7 +155,7 @@ _EOL = re.compile(rb"[\r\n]")
 def iter_lines(stream: BinaryIO, limit: int) -> Iterator[tuple[bytes | None, bytes, int]]:
     """Lines of ``stream`` as ``(line or None when longer than limit, head, bytes consumed)``.
 
-    A line ends at ``\n``, ``\r\n`` or a lone ``\r`` (old Mac text), which ``line`` does not
+    A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (old Mac text), which ``line`` does not
     include; ``head`` is the first 200 bytes of an over-long line, whose remainder is skipped in
     1 MiB reads without being held, so memory stays within ``limit`` plus one read. Reads return
     what one underlying read gives (``read1``), so the lines before a read error are all yielded.
