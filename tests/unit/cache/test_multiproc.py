@@ -135,14 +135,14 @@ def test_a_frozen_fetch_lock_holder_is_named_not_waited_on_forever(tmp_path, htt
 
     server, base, root = http_server
     sha = _put(root, "s.tar", 64 * KIB)
-    cache = ShardCache(CacheConfig(**_cfg(tmp_path, fetch_wait_s=1.0)), resolve=False)
+    cache = ShardCache(CacheConfig(**_cfg(tmp_path, fetch_wait_s=0.3)), resolve=False)
     lock = cache.store.fetch_lock(cache.key(f"{base}/s.tar")).path
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from cache.storage.locks import FileLock; "
                                "lock = FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(120)", lock],
                               stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
     try:
         assert holder.stdout.readline() == "held\n"
-        with pytest.raises(CacheLockError, match=f"held by pid {holder.pid} .*no progress for 1.0 s"):
+        with pytest.raises(CacheLockError, match=f"held by pid {holder.pid} .*no progress for 0.3 s"):
             cache.get(f"{base}/s.tar", sha, 64 * KIB)
     finally:
         holder.kill()

@@ -121,7 +121,7 @@ def test_parquet_in_row_group_splits_with_columns_and_language(tmp_path, model_p
     assert kept == ["part.parquet/p0", "part.parquet/p3", "part.parquet/p5"]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(st.lists(st.binary(max_size=20).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b"")), min_size=1,
                 max_size=30),
        st.lists(st.sampled_from([b"\n", b"\r\n", b"\r"]), min_size=30, max_size=30), st.integers(1, 80))
