@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from colaflow.config import check_fields, setting
 from loaders.formats import FORMATS
 from loaders.pack.batching import BATCHING
 
@@ -62,40 +63,25 @@ class DataConfig:
 
     manifest: str = "runs/demo/shards"
     mixture: list = field(default_factory=list)
-    seq_len: int = 256
-    micro_batch_size: int = 8
-    num_workers: int = 1
-    worker_start: str = "fork"
-    seed: int = 0
+    seq_len: int = setting(256, ge=2)
+    micro_batch_size: int = setting(8, ge=1)
+    num_workers: int = setting(1, ge=0)
+    worker_start: str = setting("fork", choices=WORKER_STARTS)
+    seed: int = setting(0, ge=0)
     shuffle: bool = True
-    shuffle_block: int = 4096
-    remainder: str = "uneven"
-    step_policy: str = "pad"
-    batching: str = "packed"
-    pack_window: int = 262144
-    max_tokens: int = 2048
-    prefetch_batches: int = 8
+    shuffle_block: int = setting(4096, ge=1)
+    remainder: str = setting("uneven", choices=REMAINDER_POLICIES)
+    step_policy: str = setting("pad", choices=STEP_POLICIES)
+    batching: str = setting("packed", choices=tuple(BATCHING))
+    pack_window: int = setting(262144, ge=1)
+    max_tokens: int = setting(2048, ge=1)
+    prefetch_batches: int = setting(8, ge=1)
     pin_memory: bool = True
     index_dir: str = ""
-    format: str = "colaflow"
+    format: str = setting("colaflow", choices=tuple(FORMATS))
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field and its valid range."""
-        if self.seq_len < 2:
-            raise ValueError(f"data.seq_len={self.seq_len}: must be >= 2")
-        for name in ("micro_batch_size", "shuffle_block", "pack_window", "prefetch_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"data.{name}={getattr(self, name)}: must be >= 1")
-        if self.num_workers < 0:
-            raise ValueError(f"data.num_workers={self.num_workers}: must be >= 0")
-        if self.remainder not in REMAINDER_POLICIES:
-            raise ValueError(f"data.remainder={self.remainder!r}: use one of {REMAINDER_POLICIES}")
-        if self.step_policy not in STEP_POLICIES:
-            raise ValueError(f"data.step_policy={self.step_policy!r}: use one of {STEP_POLICIES}")
-        if self.worker_start not in WORKER_STARTS:
-            raise ValueError(f"data.worker_start={self.worker_start!r}: use one of {WORKER_STARTS}")
-        if self.batching not in BATCHING:
-            raise ValueError(f"data.batching={self.batching!r}: use one of {tuple(BATCHING)}")
+        """Check the declared ranges and choices of ``data.*`` (:func:`colaflow.config.check_fields`),
+        then what the batching mode needs; raises ``ValueError`` naming the bad field and its valid range."""
+        check_fields(self, "data.")
         BATCHING[self.batching].check(self)
-        if self.format not in FORMATS:
-            raise ValueError(f"data.format={self.format!r}: use one of {tuple(FORMATS)}")

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from colaflow.config import to_dict
 from loaders.protocols import RankLoader, ShardSource
 from loaders.rank.batch import TokenBatch
+from shards.format.tokens import check_token_ids
 from trainer import checkpointing as ckpt
 from trainer import pretrained
 from trainer.config import TrainConfig
@@ -138,12 +139,15 @@ class RollbackError(RuntimeError):
     """Too many bad steps in a row and no finished checkpoint to roll back to (a run error: exit 1)."""
 
 
-def micro_batches(loader: RankLoader, epoch: int):
+def micro_batches(loader: RankLoader, epoch: int, vocab_size: int = 0):
     """Endless stream of ``(epoch, TokenBatch)``, calling ``loader.set_epoch`` at each new epoch
-    (a loader restored mid-epoch continues where its state points).
+    (a loader restored mid-epoch continues where its state points). Each batch's token ids are
+    checked against ``vocab_size`` (the model's embedding rows; 0 = unchecked) on the host, before
+    the batch reaches the device, where an id past the embedding fails in an ``IndexError``.
 
     Raises:
         NoDataError: an epoch read from its start yields no batch.
+        shards.format.tokens.TokenRangeError: a batch holds an id at or above ``vocab_size``.
     """
     while True:
         loader.set_epoch(epoch)
@@ -152,6 +156,7 @@ def micro_batches(loader: RankLoader, epoch: int):
         empty = True
         for batch in loader:
             empty = False
+            check_token_ids(batch.input_ids, vocab_size, f"training batch of {', '.join(batch.keys[:3])}")
             yield epoch, batch
         if empty and not resumed:
             raise NoDataError(
@@ -292,6 +297,7 @@ class Run:
     loss_last: float | None = None
     saved: str | None = None  # newest checkpoint folder this run wrote
     init_from: dict | None = None  # {path, kind, sha256} of the pretrained weights (rank 0; None: random init)
+    folder_lock: object = None  # rank 0's lock on run_dir (trainer.run.folder.lock_run_folder), released at the end
     evaluation: Evaluation | None = None  # built by the first maybe_evaluate
 
     def is_log_step(self, step: int) -> bool:
@@ -344,6 +350,7 @@ def start_run(cfg: TrainConfig) -> Run:
               build_checkpointer(cfg, info, checkpoint_root(cfg), origin, origins.tokenizer),
               AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device),
               StepHooks.build(cfg.hooks, HookContext(cfg.run_dir, EventLog.of_run(cfg.run_dir))), init_from=origin)
+    run.folder_lock = plan.lock
     if plan.checkpoint:
         resume(run, plan.checkpoint)
     if info.is_main:
@@ -395,12 +402,16 @@ def finish_run(run: Run, elapsed: float) -> dict:
                                    run.trainer_state())
     run.ckpts.close()
     run.log.close()
+    bad = torch.tensor([run.loader.metrics().get("bad", 0)], dtype=torch.long)
+    if dist.is_available() and dist.is_initialized() and info.world_size > 1:
+        dist.all_reduce(bad)  # gloo and nccl alike: the count lives on the host, and is small
+    skipped = int(bad.item())
     summary = {"train_steps": run.step - run.first_step, "final_step": run.step, "world_size": info.world_size,
                "loss_first": run.loss_first, "loss_last": run.loss_last, "tokens_seen": run.tokens_seen,
                "tokens_per_second": run.tokens_seen / elapsed if elapsed > 0 else 0.0,
                "checkpoint": run.saved, "parameters": count_parameters(run.model), "anomalies": run.guard.summary(),
                "cache": run.cache.metrics(), "loader": run.loader.metrics(), "init_from": run.init_from,
-               **evaluation_summary(run)}
+               "skipped_documents": skipped, **evaluation_summary(run)}
     if info.is_main:
         with open(os.path.join(cfg.run_dir, "train_summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2, default=str)
@@ -410,9 +421,13 @@ def finish_run(run: Run, elapsed: float) -> dict:
             lost = run.guard.summary()
             rolled = (f"; {lost['rollbacks']} rollback(s) undid {lost['good_steps_lost']} good steps "
                       f"({lost['good_micro_batches_lost']} micro-batches not revisited)" if lost["rollbacks"] else "")
+            unread = (f"; skipped {skipped:,} unreadable document(s) of corrupt or missing shards (named in the "
+                      "errors above; colaflow shards verify checks them)" if skipped else "")
             print(f"trained {summary['train_steps']} steps on {info.world_size} rank(s): loss "
                   f"{run.loss_first:.3f} -> {run.loss_last:.3f}, {summary['tokens_per_second']:.0f} tokens/s, "
-                  f"checkpoint {run.saved}{rolled}")
+                  f"checkpoint {run.saved}{rolled}{unread}")
+    if run.folder_lock is not None:
+        run.folder_lock.release()
     return summary
 
 
@@ -429,7 +444,7 @@ def train(cfg: TrainConfig) -> dict:
     """
     run = start_run(cfg)
     info, guard, timer = run.info, run.guard, run.meter.timer
-    stream = micro_batches(run.loader, run.epoch)
+    stream = micro_batches(run.loader, run.epoch, cfg.model.vocab_size)
     acc_loss = torch.zeros((), device=info.device)
     acc_tokens = torch.zeros((), dtype=torch.long, device=info.device)
     start = time.perf_counter()
@@ -458,6 +473,7 @@ def train(cfg: TrainConfig) -> dict:
         if guard.needs_rollback:
             run.step = roll_back(run.ckpts, run.wrapped, run.optimizer, guard, run.step,
                                  cfg.optim.grad_accum_steps * info.world_size)
+            run.log.rewind(run.step)  # the undone steps' records go: each step is logged once
             continue
         save_checkpoints(run)
         maybe_evaluate(run)

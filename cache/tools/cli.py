@@ -25,14 +25,18 @@ from cache.storage.locks import is_locked
 from cache.storage.store import Entry, Store
 from colaflow.config import ConfigError
 from colaflow.errors import USAGE, exit_status, explain
+from colaflow.network import set_network_timeout
 from colaflow.wording import count, help_text
 
 
 def _config(args) -> CacheConfig:
+    """The command's cache config; its ``timeout_s`` becomes every network read's (:mod:`colaflow.network`)."""
     overrides = list(args.set or [])
     if args.dir:
         overrides.append(f"dir={args.dir}")
-    return load_cache_config(args.config, overrides)
+    cfg = load_cache_config(args.config, overrides)
+    set_network_timeout(cfg.timeout_s)
+    return cfg
 
 
 def _open(args, writes: bool = True) -> ShardCache:

@@ -20,7 +20,7 @@ import psutil
 import yaml
 
 from cache.config import format_size
-from cache.storage.fetch import storage_options
+from colaflow.network import storage_options
 from shards.format.urls import url_name
 
 MB = 1e6

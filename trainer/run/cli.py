@@ -56,8 +56,10 @@ def _load(args):
     """The validated config; raises ``ValueError`` (``ConfigError`` is one) or ``FileNotFoundError``."""
     from colaflow.config import load_config
     from trainer.config import TrainConfig
+    from colaflow.network import set_network_timeout
     cfg = load_config(TrainConfig, args.config, args.overrides)
     cfg.validate()
+    set_network_timeout(cfg.cache.resolved().timeout_s)  # the manifest is read before the cache opens
     return cfg
 
 
@@ -139,9 +141,12 @@ def main(argv: list[str], prog: str = "python -m trainer") -> int:
         from cache.errors import CacheError
         from trainer.checkpointing.layout import CheckpointStorageError
         from trainer.checkpointing.verify import CheckpointVerifyError
+        from colaflow.errors import io_cause
+        from shards.format.tokens import TokenRangeError
         from trainer.train import NoDataError, RollbackError
-        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, RollbackError,
-                              CheckpointVerifyError, CheckpointStorageError)):
+        # OSError: no space, read-only, no permission, a time-out (also wrapped: io_cause)
+        if not (isinstance(e, (ValueError, OSError, CacheError, NoDataError, RollbackError, TokenRangeError,
+                               CheckpointVerifyError, CheckpointStorageError)) or io_cause(e) is not None):
             raise
         where = "config" if cfg is None else "run" if isinstance(e, (ValueError, RollbackError)) else "data"
         _say(f"error: {where}: {explain(e)}")

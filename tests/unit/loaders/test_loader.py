@@ -351,9 +351,9 @@ def test_state_after_the_last_batch_counts_the_empty_documents_after_it(tmp_path
 def test_pack_window_settings_are_named_in_errors_and_warnings(tmp_path, caplog):
     """A bad value is one error naming the field and the value; a window below one batch (rows mostly
     padding) is warned about, with the size to use."""
-    with pytest.raises(ValueError, match=r"data.pack_window=0: must be >= 1"):
+    with pytest.raises(ValueError, match=r"data.pack_window=0: use a number >= 1"):
         DataConfig(manifest="x", pack_window=0).validate()
-    with pytest.raises(ValueError, match=r"data.prefetch_batches=-1: must be >= 1"):
+    with pytest.raises(ValueError, match=r"data.prefetch_batches=-1: use a number >= 1"):
         DataConfig(manifest="x", prefetch_batches=-1).validate()
     d = str(tmp_path / "s")
     write_text_shards(d)

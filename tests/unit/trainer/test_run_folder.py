@@ -187,6 +187,11 @@ def test_ctrl_c_ends_in_one_line_with_exit_130(tmp_path, common):
     deadline = time.time() + 120
     while not os.path.exists(tmp_path / "run" / "metrics.jsonl") and time.time() < deadline:
         time.sleep(0.2)
+    # issue 37: a second launch into the live run folder trained into it at once; now it is refused
+    second = _train(common + ["steps=100000"], tmp_path)
+    lines = [line for line in second.stderr.splitlines() if line.strip()]
+    assert second.returncode == 2 and len(lines) == 1, second.stderr[-3000:]
+    assert f"is in use by a live run (pid {proc.pid})" in lines[0], lines
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
@@ -273,3 +278,29 @@ def test_a_run_folder_of_an_older_trainer_resumes(tmp_path, common):
     rewritten = json.loads((run / "config.json").read_text())
     assert rewritten["hooks"] == [] and not any(k.startswith("inject_") for k in rewritten["anomaly"])
 
+
+def _file_size_limit(limit: int):
+    """``preexec_fn`` capping the files the child writes at ``limit`` bytes (writes past it fail with
+    EFBIG, as a full disk fails with ENOSPC; Python ignores the SIGXFSZ that would kill it)."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_checkpoint_that_cannot_be_written_ends_in_one_line_naming_the_folder(tmp_path, common):
+    """Issue 37: a save that ran out of space ended in tracebacks whose only message was ``unexpected pos``."""
+    p = _train(common + ["steps=2"], tmp_path, preexec_fn=_file_size_limit(150_000))  # shards 72 kB, checkpoint 280 kB
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-3000:]
+    assert f"checkpoint.dir={tmp_path / 'run' / 'checkpoints'}: saving step 2 failed:" in lines[0]
+    assert ".step_000002.partial: File too large;" in lines[0] and "choose another folder" in lines[0]
+
+
+def test_the_summary_line_counts_the_documents_of_skipped_shards(tmp_path, common):
+    """Issue 37: a run that skipped a corrupt shard ended with a summary line that did not say so."""
+    shard = tmp_path / "shards" / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:5000])  # truncated: fails its size check in the cache
+    p = _train(common + ["steps=2", "checkpoint.every=0", "cache.retries=0"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    last = p.stdout.strip().splitlines()[-1]
+    assert last.startswith("trained 2 steps") and "skipped 30 unreadable document(s) of corrupt or missing shards" in last
+    assert json.loads((tmp_path / "run" / "train_summary.json").read_text())["skipped_documents"] == 30
