@@ -54,6 +54,11 @@ class DataConfig:
             They are compact (about ``2 B T`` bytes each); fewer than about 8 costs a fast reader a
             thread switch every few batches.
         pin_memory: pin batches in page-locked memory when CUDA is present.
+        ranks_per_node: ranks that share one node's cache folder, numbered node by node (rank
+            ``r`` is on node ``r // ranks_per_node``); each node then downloads only its own shards,
+            about ``1/nodes`` of the dataset per epoch (:mod:`loaders.order.split`). 0 (default):
+            torchrun's ``LOCAL_WORLD_SIZE`` when it launched the job, else every rank on one node.
+            Must divide the world size.
         format: the batch form :class:`loaders.rank.dataset.TokenDataset` yields to another framework's
             loop (:mod:`loaders.formats`): ``colaflow`` (``TokenBatch``), ``hf`` (a dict for
             ``model(**batch)``: unshifted labels, per-document ``position_ids``) or ``torchtitan``
@@ -77,6 +82,7 @@ class DataConfig:
     prefetch_batches: int = 8
     pin_memory: bool = True
     index_dir: str = ""
+    ranks_per_node: int = 0
     format: str = "colaflow"
 
     def validate(self) -> None:
@@ -86,6 +92,8 @@ class DataConfig:
         for name in ("micro_batch_size", "shuffle_block", "pack_window", "prefetch_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"data.{name}={getattr(self, name)}: must be >= 1")
+        if self.ranks_per_node < 0:
+            raise ValueError(f"data.ranks_per_node={self.ranks_per_node}: must be >= 0 (0: torchrun's LOCAL_WORLD_SIZE)")
         if self.num_workers < 0:
             raise ValueError(f"data.num_workers={self.num_workers}: must be >= 0")
         if self.remainder not in REMAINDER_POLICIES:
