@@ -6,8 +6,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loaders.config import DataConfig
 from loaders.order.sample_order import SampleOrder
 from loaders.order.split import consumer_items, plan_nodes, shard_owners
+from shards import Manifest
+from tests.support.data import write_counting_shards
+from tests.support.nodes import read_epoch, serve_nodes
 
 
 def _node_reads(order, nodes, per_node, **kw):
@@ -81,3 +85,31 @@ def test_resume_at_another_node_count_reads_the_rest_once(counts, old, new, per_
     after = _node_reads(order, new, per_node, start=prefix, skip=skip)
     rest = sorted(p for node in after for cons in node for p, _, _ in cons)
     assert rest == sorted(set(range(order.num_samples)) - set(done))
+
+
+def test_two_nodes_download_their_share_over_http(tmp_path):
+    """2 nodes x 2 ranks, a cache folder each, one HTTP origin: the nodes read disjoint documents,
+    together all of them once, and each downloads about half the shard bytes (with one node's deal,
+    each downloads nearly all of them)."""
+    data = str(tmp_path / "data")
+    write_counting_shards(data, 96, max_samples=8, vocab=50, max_len=30)
+    total = sum(s.bytes for s in Manifest.load(data).shards)
+    largest = max(s.bytes for s in Manifest.load(data).shards)
+    cfg = DataConfig(manifest=data, seq_len=32, micro_batch_size=2, num_workers=0, pack_window=64, shuffle_block=16)
+    origin = serve_nodes(data, str(tmp_path / "served"), 2)
+    try:
+        for apart in (True, False):
+            dirs = [str(tmp_path / f"cache-{apart}-{k}") for k in range(2)]
+            before = [origin.shard_bytes(k) for k in range(2)]
+            reads = read_epoch(cfg, origin.urls, dirs, 1 << 30, ranks_per_node=2, workers=1, epoch=0,
+                               nodes_apart=apart)
+            fetched = [origin.shard_bytes(k) - before[k] for k in range(2)]
+            records = [r for node in reads for r in node.records]
+            assert len(records) == len(set(records)) and {p for p, _ in records} == set(range(96))
+            if apart:
+                assert not reads[0].positions & reads[1].positions
+                assert all(f <= 1.15 * total / 2 + largest for f in fetched), (fetched, total)
+            else:
+                assert all(f >= 0.9 * total for f in fetched), (fetched, total)
+    finally:
+        origin.stop()
