@@ -31,6 +31,10 @@ class DataConfig:
         shuffle: shuffle shard order and samples; ``False`` reads the manifest order.
         shuffle_block: samples per block of the block shuffle (the bound on how far a sample
             moves; larger = more random, more shards open per consumer at once).
+        shard_lanes: shard lanes of the order (:mod:`loaders.order.sample_order`): 1 (default) permutes all
+            shards each epoch; a multiple of every node count the job runs on (e.g. 64) keeps each node's
+            shards the same every epoch, so a node cache that holds its share downloads nothing after the
+            first epoch. Part of the order: a resume needs the same value.
         remainder: what to do when the samples left in an epoch do not divide by the number of
             consumers (ranks x workers): ``uneven`` (default: every sample exactly once, consumers
             differ by at most one sample), ``drop`` (drop the last ones, reported) or ``pad``
@@ -74,6 +78,7 @@ class DataConfig:
     seed: int = 0
     shuffle: bool = True
     shuffle_block: int = 4096
+    shard_lanes: int = 1
     remainder: str = "uneven"
     step_policy: str = "pad"
     batching: str = "packed"
@@ -89,7 +94,7 @@ class DataConfig:
         """Raise ``ValueError`` naming the bad field and its valid range."""
         if self.seq_len < 2:
             raise ValueError(f"data.seq_len={self.seq_len}: must be >= 2")
-        for name in ("micro_batch_size", "shuffle_block", "pack_window", "prefetch_batches"):
+        for name in ("micro_batch_size", "shuffle_block", "shard_lanes", "pack_window", "prefetch_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"data.{name}={getattr(self, name)}: must be >= 1")
         if self.ranks_per_node < 0:

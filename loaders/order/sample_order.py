@@ -4,7 +4,12 @@ Order: a function of ``(seed, epoch)`` and the manifest only, never of the world
 the worker count.
 
 1. The shards are permuted; their samples are concatenated in that order
-   (concatenated index ``q`` in ``[0, S)``, S = samples in the manifest).
+   (concatenated index ``q`` in ``[0, S)``, S = samples in the manifest). With ``lanes = K > 1``
+   (``data.shard_lanes``) the shards holding samples are first dealt to ``K`` lanes once for all
+   epochs (by a seeded permutation), each lane's shards are permuted per epoch, and the epoch takes
+   one shard of each lane in turn: the ``i``-th shard of every epoch is in lane ``i mod K``. The deal
+   over ``N`` nodes gives shard ``i`` to node ``i mod N`` (:mod:`loaders.order.split`), so with ``N``
+   dividing ``K`` a node reads the same shards every epoch and its cache can serve them again.
 2. The concatenation is cut into blocks of ``shuffle_block`` samples and each block is
    permuted on its own (a block shuffle: a sample moves at most one block away, so at any
    time a reader touches only the few shards overlapping the current block).
@@ -23,7 +28,7 @@ import numpy as np
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
-_TAG_SHARDS, _TAG_BLOCK = 1, 2
+_TAG_SHARDS, _TAG_BLOCK, _TAG_LANES = 1, 2, 3
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -49,6 +54,18 @@ def permutation(n: int, *seed_parts: int) -> np.ndarray:
     return np.argsort(keys, kind="stable").astype(np.int64)
 
 
+def laned_permutation(counts: np.ndarray, seed: int, epoch: int, lanes: int) -> np.ndarray:
+    """Shard order of an epoch over ``lanes`` lanes (``int64``; module docstring, step 1): the shards
+    holding samples, one lane after the other in turn, then the empty ones."""
+    full = np.flatnonzero(counts > 0)
+    fixed = full[permutation(len(full), seed, _TAG_LANES)]  # lane of fixed[i]: i mod lanes, every epoch
+    keys = np.empty(len(full), np.int64)
+    for lane in range(min(lanes, len(full))):
+        members = np.arange(lane, len(full), lanes)
+        keys[members[permutation(len(members), seed, epoch, _TAG_SHARDS, lane)]] = members
+    return np.concatenate([fixed[np.argsort(keys, kind="stable")], np.flatnonzero(counts == 0)]).astype(np.int64)
+
+
 class SampleOrder:
     """Global sample order of one epoch.
 
@@ -57,14 +74,21 @@ class SampleOrder:
         seed, epoch: the order is a function of these (and ``shard_samples``) only.
         shuffle: ``False`` keeps manifest order (position = concatenated index).
         block: samples per shuffle block.
+        lanes: shard lanes (see the module docstring; 1: one permutation of all shards per epoch).
     """
 
-    def __init__(self, shard_samples: list[int], seed: int, epoch: int, shuffle: bool = True, block: int = 4096):
+    def __init__(self, shard_samples: list[int], seed: int, epoch: int, shuffle: bool = True, block: int = 4096,
+                 lanes: int = 1):
         counts = np.asarray(shard_samples, dtype=np.int64)
         if (counts < 0).any():
             raise ValueError("negative sample count in the manifest")
         self.seed, self.epoch, self.shuffle, self.block = seed, epoch, shuffle, max(1, int(block))
-        self.shard_order = permutation(len(counts), seed, epoch, _TAG_SHARDS) if shuffle else np.arange(len(counts))
+        if not shuffle:
+            self.shard_order = np.arange(len(counts))
+        elif lanes > 1:
+            self.shard_order = laned_permutation(counts, seed, epoch, lanes)
+        else:
+            self.shard_order = permutation(len(counts), seed, epoch, _TAG_SHARDS)
         self.cum = np.concatenate([[0], np.cumsum(counts[self.shard_order])]).astype(np.int64)
         self.num_samples = int(self.cum[-1])
         self.num_blocks = -(-self.num_samples // self.block)

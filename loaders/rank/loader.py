@@ -96,6 +96,8 @@ class TextLoader:
         self.mode = batching(cfg)
         self.order_key = {"seed": cfg.seed, "shuffle": cfg.shuffle, "shuffle_block": cfg.shuffle_block,
                           "seq_len": cfg.seq_len, "dataset": dataset_fingerprint(sources.manifest)}
+        if cfg.shard_lanes > 1:  # one lane is the order states saved before lanes were written in
+            self.order_key["shard_lanes"] = cfg.shard_lanes
         batch_tokens = self.mode.micro_batch_tokens
         if rank == 0 and isinstance(self.mode, BestFit) and 1 < cfg.pack_window < batch_tokens:
             log.warning("data.pack_window=%d tokens is less than one batch (seq_len x micro_batch_size = %d): most "

@@ -107,7 +107,7 @@ class TextStream:
     def order(self) -> Order:
         """The current epoch's document order."""
         cfg = self.cfg
-        return self.sources.order(self.epoch, cfg.seed, cfg.shuffle, cfg.shuffle_block)
+        return self.sources.order(self.epoch, cfg.seed, cfg.shuffle, cfg.shuffle_block, cfg.shard_lanes)
 
     def open_reader(self) -> Reader:
         """A reader of the sources' shards, indexed like :meth:`order`'s, through :attr:`cache`."""

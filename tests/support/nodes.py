@@ -104,7 +104,7 @@ def read_epoch(cfg: DataConfig, urls: list[str], cache_dirs: list[str], max_byte
 def touched_shards(cfg: DataConfig, url: str, reads: NodeReads, epoch: int) -> set[int]:
     """Shards (manifest indices) holding the documents of ``reads`` in epoch ``epoch``'s order."""
     sources = OneDataset(Manifest.load(url), url)
-    order = sources.order(epoch, cfg.seed, cfg.shuffle, cfg.shuffle_block)
+    order = sources.order(epoch, cfg.seed, cfg.shuffle, cfg.shuffle_block, cfg.shard_lanes)
     wanted = np.array(sorted(reads.positions), np.int64)
     out: set[int] = set()
     for b in range(order.num_blocks):

@@ -113,3 +113,22 @@ def test_two_nodes_download_their_share_over_http(tmp_path):
                 assert all(f >= 0.9 * total for f in fetched), (fetched, total)
     finally:
         origin.stop()
+
+
+@settings(max_examples=30, deadline=None)
+@given(counts=st.lists(st.integers(0, 9), min_size=1, max_size=40), lanes=st.sampled_from([2, 4, 8]),
+       seed=st.integers(0, 100))
+def test_lanes_keep_each_node_on_its_shards_every_epoch(counts, lanes, seed):
+    """With ``data.shard_lanes`` a multiple of the node count, the nodes own the same shards in every
+    epoch (but the pool's last few); each epoch's order is still a permutation of every shard."""
+    for nodes in [n for n in (1, 2, 4, 8) if lanes % n == 0]:
+        owned = []
+        for epoch in range(3):
+            order = SampleOrder(counts, seed, epoch, block=5, lanes=lanes)
+            assert sorted(order.shard_order.tolist()) == list(range(len(counts)))
+            owner = shard_owners(order, nodes)
+            full = [s for s in range(len(counts)) if counts[s]]
+            owned.append({s: int(owner[s]) for s in full if owner[s] < nodes})
+        common = set(owned[0]) & set(owned[1]) & set(owned[2])
+        assert all(owned[0][s] == owned[1][s] == owned[2][s] for s in common)
+        assert len(common) >= len(owned[0]) - 2 * nodes  # only the pool's shards change hands
