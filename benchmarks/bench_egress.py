@@ -12,7 +12,7 @@ began, over all nodes), and the
 same for the deal of colaflow before the deal over nodes (``nodes_apart=False``: every node's ranks
 read by random access into every shard). The goal: at most 1.15 x (dataset / N) + one shard.
 
-Run: ``.venv/bin/python benchmarks/bench_egress.py [--docs 6000 --shard-kib 16 --ranks 2 --workers 2]``.
+Run: ``.venv/bin/python benchmarks/bench_egress.py [--docs 6000 --shard-kib 24 --ranks 2 --workers 2]``.
 """
 from __future__ import annotations
 
@@ -77,8 +77,8 @@ def run(data: str, work: str, nodes: int, apart: bool, cfg: DataConfig, ranks: i
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--docs", type=int, default=6000)
-    ap.add_argument("--shard-kib", type=int, default=16, help="shard size (the dataset has about 4.3 MB)")
+    ap.add_argument("--docs", type=int, default=6000, help="documents (about 450 bytes each)")
+    ap.add_argument("--shard-kib", type=int, default=24, help="shard size")
     ap.add_argument("--ranks", type=int, default=2, help="ranks per node")
     ap.add_argument("--workers", type=int, default=2, help="loader workers per rank")
     ap.add_argument("--nodes", default="1,2,4,8")
@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                 res.append(run(data, work, n, apart, cfg, args.ranks, args.workers, total))
                 shutil.rmtree(work)
             goal = 1.15 + largest / (total / n)
-            ok = max(r[e] for r in res[:2] for e in ("epoch1", "epoch2")) <= goal
+            met = ["met" if max(r[e] for r in res[:2]) <= goal else "MISSED" for e in ("epoch1", "epoch2")]
             cells = " | ".join(f"{r['epoch1']:.3f} | {r['epoch2']:.3f} | {r['hit_rate']:.0%}" for r in res)
-            print(f"| {n} | {cells} | <= {goal:.3f}: {'met' if ok else 'MISSED'} |")
+            print(f"| {n} | {cells} | <= {goal:.3f}: epoch 1 {met[0]}, epoch 2 {met[1]} |")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -211,7 +211,8 @@ def _node_items(order: Order, plan: NodePlan, node: int, start: int, skip: np.nd
     lo, hi = int(plan.take[node]), int(plan.take[node + 1])
     for pos, shard, local in remaining_blocks(order, start, skip):
         if plan.num_nodes == 1:  # the plain deal: every position kept, but those dropped
-            mine = _group_ranks(np.zeros(len(pos), np.int64), seen) < plan.quota[0]
+            mine = seen[0] + np.arange(len(pos)) < plan.quota[0]
+            seen[0] += len(pos)
         else:
             rank = _group_ranks(shard, seen) - plan.keep[shard]  # >= 0: surplus number within the shard
             give = rank >= 0
