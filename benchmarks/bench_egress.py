@@ -76,6 +76,8 @@ def run(data: str, work: str, nodes: int, apart: bool, cfg: DataConfig, ranks: i
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write the dataset, run every node count with lanes, without lanes and the one-node deal, and
+    print the table (markdown). Returns 0."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=6000, help="documents (about 450 bytes each)")
     ap.add_argument("--shard-kib", type=int, default=24, help="shard size")

@@ -282,11 +282,11 @@ def consumer_arrays(order: Order, consumer: int, num_consumers: int, start: int 
 
 
 def consumer_items(order: Order, consumer: int, num_consumers: int, start: int = 0,
-                   skip: np.ndarray | None = None, remainder: str = "uneven", num_nodes: int = 1
-                   ) -> Iterator[tuple[int, int, int]]:
+                   skip: np.ndarray | None = None, remainder: str = "uneven", num_nodes: int = 1,
+                   plan: NodePlan | None = None) -> Iterator[tuple[int, int, int]]:
     """Yield ``(position, shard, local)`` for one consumer, in global-position order (then repeated items).
 
     Arguments and errors as :func:`consumer_arrays`.
     """
-    for pos, shard, local in consumer_arrays(order, consumer, num_consumers, start, skip, remainder, num_nodes):
+    for pos, shard, local in consumer_arrays(order, consumer, num_consumers, start, skip, remainder, num_nodes, plan):
         yield from zip(pos.tolist(), shard.tolist(), local.tolist())

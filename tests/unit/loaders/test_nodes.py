@@ -17,8 +17,9 @@ from tests.support.nodes import read_epoch, serve_nodes
 def _node_reads(order, nodes, per_node, **kw):
     """``[node][consumer] -> [(position, shard, local), ...]``."""
     n = nodes * per_node
-    return [[list(consumer_items(order, k * per_node + c, n, num_nodes=nodes, **kw)) for c in range(per_node)]
-            for k in range(nodes)]
+    plan = plan_nodes(order, nodes, n, kw.get("start", 0), kw.get("skip"), kw.get("remainder", "uneven"))
+    return [[list(consumer_items(order, k * per_node + c, n, num_nodes=nodes, plan=plan, **kw))
+             for c in range(per_node)] for k in range(nodes)]
 
 
 def _shards_of(reads) -> set[int]:

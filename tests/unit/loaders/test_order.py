@@ -6,15 +6,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loaders.order.sample_order import SampleOrder, permutation
-from loaders.order.split import consumer_items, plan_split
+from loaders.order.split import consumer_items, plan_nodes, plan_split
 from loaders.order.progress import Progress, merge_states
 
 shard_counts = st.lists(st.integers(0, 40), min_size=1, max_size=12)
 KEY = {"seed": 0}
 
 
-def _all_items(order, n_consumers, **kw):
-    return [list(consumer_items(order, c, n_consumers, **kw)) for c in range(n_consumers)]
+def _all_items(order, n_consumers, num_nodes=1, **kw):
+    """Every consumer's items (the node plan made once, as each consumer would make it)."""
+    plan = plan_nodes(order, num_nodes, n_consumers, kw.get("start", 0), kw.get("skip"), kw.get("remainder", "uneven"))
+    return [list(consumer_items(order, c, n_consumers, num_nodes=num_nodes, plan=plan, **kw)) for c in range(n_consumers)]
 
 
 def test_permutation_is_fixed_and_valid():
