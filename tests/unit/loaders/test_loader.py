@@ -237,7 +237,8 @@ def test_keys_cli_lists_every_sample_once(text_shards):
     d, docs = text_shards
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        loaders_cli(["keys", "--shards", d, "--world-size", "3", "--workers", "2", "--epoch", "1"])
+        loaders_cli(["keys", "--shards", d, "--world-size", "3", "--workers", "2", "--epoch", "1",
+                     "data.ranks_per_node=1"])  # 3 nodes
     rows = [line.split() for line in out.getvalue().splitlines() if not line.startswith("#")]
     assert sorted(r[-1].split("/")[-1] for r in rows) == sorted(docs)
     assert {r[0] for r in rows} == {"rank=0", "rank=1", "rank=2"}

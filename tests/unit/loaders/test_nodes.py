@@ -133,3 +133,22 @@ def test_lanes_keep_each_node_on_its_shards_every_epoch(counts, lanes, seed):
         common = set(owned[0]) & set(owned[1]) & set(owned[2])
         assert all(owned[0][s] == owned[1][s] == owned[2][s] for s in common)
         assert len(common) >= len(owned[0]) - 2 * nodes  # only the pool's shards change hands
+
+
+def test_ranks_per_node_come_from_torchrun_or_the_config(monkeypatch):
+    """torchrun's LOCAL_WORLD_SIZE when the environment's WORLD_SIZE is the job's; data.ranks_per_node
+    wins; a count that does not divide the world size, or ranks not numbered node by node, is refused."""
+    import pytest
+
+    from loaders.rank.world import resolve_ranks_per_node
+    assert resolve_ranks_per_node(0, 3, 4) == 4  # no torchrun: one node
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    assert resolve_ranks_per_node(0, 3, 4) == 2
+    assert resolve_ranks_per_node(0, 3, 8) == 8  # a simulated world of another size: the env is not its
+    assert resolve_ranks_per_node(4, 3, 4) == 4
+    with pytest.raises(ValueError, match="data.ranks_per_node=3 does not divide the world size 4"):
+        resolve_ranks_per_node(3, 0, 4)
+    with pytest.raises(ValueError, match="rank 1 is on node GROUP_RANK=1, not 0"):
+        resolve_ranks_per_node(0, 1, 4)
