@@ -129,8 +129,8 @@ def measure_remote(urls: list[str], timeout_s: float = 60.0, probes: int = 5,
 
 def node_share(dataset_bytes: int, shard_bytes: float, num_shards: int | None, nodes: int) -> tuple[int, int | None]:
     """``(bytes, shards)`` one of ``nodes`` nodes reads per epoch: ``1/nodes`` of the dataset plus the
-    two shards at most it may receive of others' (the loader's deal over nodes, :mod:`loaders.order.split`),
-    never more than the dataset."""
+    shard or two it receives documents of, counted as 2 (the loader's deal over nodes,
+    :mod:`loaders.order.split`), never more than the dataset."""
     if nodes <= 1:
         return dataset_bytes, num_shards
     share = min(dataset_bytes, int(dataset_bytes / nodes + 2 * shard_bytes))
@@ -161,7 +161,7 @@ def recommend(m: Measurements, consume_mbps: float, shard_bytes: float, dataset_
     whole = dataset_bytes
     dataset_bytes, num_shards = node_share(dataset_bytes, shard_bytes, num_shards, nodes)
     if nodes > 1:
-        notes.append(f"this node reads 1/{nodes} of the dataset ({format_size(whole)}) plus at most 2 shards: "
+        notes.append(f"this node reads 1/{nodes} of the dataset ({format_size(whole)}) plus about 2 shards: "
                      f"{format_size(dataset_bytes)} per epoch (the same shards every epoch with data.shard_lanes "
                      f"a multiple of {nodes})")
     fetch_s = m.latency_s + shard_bytes / MB / max(m.fetch_mbps, 1e-9)

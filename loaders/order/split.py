@@ -20,16 +20,18 @@ from position 0, in that order) and ``m = k // N``:
 3. **Surplus.** The pool's positions and, for a node owning more than its quota, the last of its
    own (those of its last shards, the last in global order within a shard) are the *surplus*,
    numbered ``u = 0, 1, ...`` shard by shard in the order above, then in global order. Nodes short
-   of their quota take consecutive runs of ``u`` in node order, so each reads at most about two
-   shards it does not own. A node short of more than the surplus holds gets the remainder policy's
+   of their quota take consecutive runs of ``u`` in node order, so each reads usually one or two
+   shards it does not own (more when several nodes own more than their quota and give up a little
+   each: shards of very unequal document counts). A node short of more than the surplus holds gets the remainder policy's
    repeats (``pad``); surplus nobody is owed is not read (``drop``).
 4. **Consumers.** A node's positions (kept and received, in global order, then its repeats) are
    numbered ``j = 0, 1, ...`` and ``j`` goes to the node's consumer ``j mod (C/N)``.
 
 With one node this is the plain deal: remaining position ``j`` goes to consumer ``j mod C``. Each
 position is dealt to exactly one consumer whatever ``N``, and consumers differ by at most one
-position, as in the plain deal. A node downloads at most ``m + 2`` shards, within 1.15 x its share
-plus one shard once it owns 7 or more. What ``N > 1`` changes is *when* a document is read: a node
+position, as in the plain deal. With shards of about equal document counts (preprocessing rolls
+them by bytes) a node downloads its ``m`` shards and one or two more: within 1.15 x its share plus
+one shard once it owns 7 or more (``tests/unit/loaders/test_nodes.py``, BENCHMARKS.md). What ``N > 1`` changes is *when* a document is read: a node
 reads its own shards' documents in global order, so a document is read about ``N`` shards away from
 its place in the order at most (one shuffle block with one node; the pool's at the end of the
 epoch), and a rank's batch draws from its node's shards of the current block, about ``1/N`` of them.
