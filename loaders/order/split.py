@@ -22,8 +22,8 @@ from position 0, in that order) and ``m = k // N``:
    numbered ``u = 0, 1, ...`` shard by shard in the order above, then in global order. Nodes short
    of their quota take consecutive runs of ``u`` in node order, so each reads usually one or two
    shards it does not own (more when several nodes own more than their quota and give up a little
-   each: shards of very unequal document counts). A node short of more than the surplus holds gets the remainder policy's
-   repeats (``pad``); surplus nobody is owed is not read (``drop``).
+   each: shards of very unequal document counts). A node short of more than the surplus holds
+   gets the remainder policy's repeats (``pad``); surplus nobody is owed is not read (``drop``).
 4. **Consumers.** A node's positions (kept and received, in global order, then its repeats) are
    numbered ``j = 0, 1, ...`` and ``j`` goes to the node's consumer ``j mod (C/N)``.
 
