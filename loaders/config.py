@@ -34,7 +34,8 @@ class DataConfig:
         shard_lanes: shard lanes of the order (:mod:`loaders.order.sample_order`): 1 (default) permutes all
             shards each epoch; a multiple of every node count the job runs on (e.g. 64) keeps each node's
             shards the same every epoch, so a node cache that holds its share downloads nothing after the
-            first epoch. Part of the order: a resume needs the same value.
+            first epoch (``shuffle=false`` keeps the manifest order, and so each node's shards, anyway).
+            Part of the order: a resume needs the same value.
         remainder: what to do when the samples left in an epoch do not divide by the number of
             consumers (ranks x workers): ``uneven`` (default: every sample exactly once, consumers
             differ by at most one sample), ``drop`` (drop the last ones, reported) or ``pad``
