@@ -1,7 +1,8 @@
 """docs/cluster.md's multi-node launch line, run as 2 "nodes" of 1 rank on this machine: two torchrun
 agents meet through the c10d rendezvous on 127.0.0.1, each with its own cache folder, and train a
 few steps from shards served over HTTP. Each node downloads only shards of its own: the two caches
-hold disjoint shards, so the nodes read disjoint documents."""
+hold disjoint shards, each of its node's deal (loaders.order.split), so the nodes read disjoint
+documents."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,9 @@ import shlex
 import subprocess
 import sys
 
+from loaders.order.sample_order import SampleOrder
+from loaders.order.split import plan_nodes
+from shards import Manifest
 from tests.support.data import write_counting_shards
 from tests.support.http_server import serve_directory
 from tests.support.paths import REPO
@@ -61,3 +65,9 @@ def test_two_nodes_from_the_recipe_read_disjoint_shards(tmp_path):
     cached = [{name.split("-", 1)[1] for name in os.listdir(tmp_path / f"cache{k}" / "data")
                if not name.endswith(".meta")} for k in range(2)]
     assert cached[0] and cached[1] and not cached[0] & cached[1], cached
+    # and each holds shards of its own node's deal (configs/demo.yaml: data.seed 0; the line: 64 lanes)
+    manifest = Manifest.load(str(data))
+    order = SampleOrder(manifest.document_counts(), 0, 0, block=16, lanes=64)
+    plan = plan_nodes(order, 2, 2)
+    for k in range(2):
+        assert cached[k] <= {manifest.shards[s].name for s in plan.shards(order, k)}, (k, cached[k])
