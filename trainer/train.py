@@ -44,9 +44,13 @@ def build_data(cfg: TrainConfig, info: parallel.DistInfo) -> tuple[ShardSource, 
     return cache, build_text_loader(cfg.data, cache, info.rank, info.world_size)
 
 
-def resolve_vocab_size(cfg: TrainConfig) -> None:
+def resolve_vocab_size(cfg: TrainConfig) -> dict | None:
     """Fill ``model.vocab_size`` from the manifest when it is 0, check that a set one covers the
     data's token ids, and that the tokenizer beside the shards is the one that wrote them.
+
+    Returns:
+        ``{kind, sha256}`` of the tokenizer that wrote the data (kept in checkpoints' ``meta.json``),
+        ``None`` for an older manifest that recorded none.
 
     Raises:
         ValueError: no vocabulary size anywhere, ``model.vocab_size`` below the manifest's, or the
@@ -70,12 +74,45 @@ def resolve_vocab_size(cfg: TrainConfig) -> None:
     elif vocab > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is below the data's vocabulary ({vocab} in {url}): "
                          f"its token ids would not fit the embedding; set model.vocab_size={vocab} (or 0: the manifest's)")
+    ident = manifest.tokenizer_identity
+    return None if ident is None else {"kind": ident.kind, "sha256": ident.sha256}
 
 
-def resolve_model(cfg: TrainConfig) -> pretrained.Pretrained | None:
+def check_resume_tokenizer(meta: dict, tokenizer: dict | None, checkpoint: str) -> None:
+    """Refuse to resume a run on data written by another tokenizer than its checkpoint's run read
+    (the same ids would mean other text). Checkpoints of older runs, and older manifests, record
+    none: nothing to compare.
+
+    Args:
+        meta: the checkpoint's ``meta.json``; ``tokenizer``: :func:`resolve_vocab_size`'s result.
+    Raises:
+        ValueError: both record a tokenizer file and their sha256 differ (one line).
+    """
+    before = meta.get("tokenizer") or {}
+    if tokenizer is None or not before.get("sha256") or before["sha256"] == tokenizer.get("sha256"):
+        return
+    raise ValueError(f"{checkpoint} was trained on data tokenized by a {before.get('kind')} tokenizer "
+                     f"(sha256 {before['sha256'][:12]}), but data.manifest's shards were tokenized by a "
+                     f"{tokenizer.get('kind')} tokenizer (sha256 {str(tokenizer.get('sha256'))[:12]}): the same ids "
+                     "would mean other text. Resume on the run's own data, or start a new run from these weights "
+                     f"(model.init_from={checkpoint} in a fresh run_dir)")
+
+
+@dataclass(frozen=True)
+class Origins:
+    """Where a run's weights and tokens come from, found before the model is built.
+
+    Attributes:
+        pretrained: the ``model.init_from`` weights, ``None`` without it.
+        tokenizer: ``{kind, sha256}`` of the data's tokenizer (:func:`resolve_vocab_size`).
+    """
+    pretrained: pretrained.Pretrained | None
+    tokenizer: dict | None
+
+
+def resolve_model(cfg: TrainConfig) -> Origins:
     """Complete ``cfg.model`` before the model is built: sizes from ``model.init_from`` (its small
-    files only), then ``vocab_size`` from the manifest (:func:`resolve_vocab_size`). Returns the
-    pretrained source, or ``None`` without ``init_from``.
+    files only), then ``vocab_size`` from the manifest (:func:`resolve_vocab_size`).
 
     Raises:
         ValueError: see :func:`trainer.pretrained.open_source`, :func:`trainer.pretrained.fill_sizes`
@@ -85,8 +122,7 @@ def resolve_model(cfg: TrainConfig) -> pretrained.Pretrained | None:
     if cfg.model.init_from:
         source = pretrained.open_source(cfg.model.init_from)
         pretrained.fill_sizes(cfg.model, source)
-    resolve_vocab_size(cfg)
-    return source
+    return Origins(source, resolve_vocab_size(cfg))
 
 
 def loader_state(loader: RankLoader, epoch: int) -> dict:
@@ -203,12 +239,13 @@ def build_model(cfg: TrainConfig, info: parallel.DistInfo, init: pretrained.Pret
 
 
 def build_checkpointer(cfg: TrainConfig, info: parallel.DistInfo, root: str,
-                       init_from: dict | None = None) -> ckpt.Checkpointer:
+                       init_from: dict | None = None, tokenizer: dict | None = None) -> ckpt.Checkpointer:
     """Checkpoints of this run (verified from the stored bytes before they become visible);
-    ``init_from``: the pretrained weights' fingerprint, recorded in every ``meta.json``."""
+    ``init_from``: the pretrained weights' fingerprint and ``tokenizer`` the data's
+    (:func:`resolve_vocab_size`), both recorded in every ``meta.json``."""
     return ckpt.Checkpointer(root, info.device, cfg.precision, cfg.zero.stage,
                              cfg.model.vocab_size, min(cfg.data.seq_len, cfg.model.max_seq_len), to_dict(cfg),
-                             cfg.checkpoint.keep_last, cfg.checkpoint.async_save, init_from)
+                             cfg.checkpoint.keep_last, cfg.checkpoint.async_save, init_from, tokenizer)
 
 
 def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, step: int,
@@ -289,18 +326,22 @@ def start_run(cfg: TrainConfig) -> Run:
     """
     cfg.validate()
     info = parallel.init_distributed(cfg.device)
-    source = resolve_model(cfg)
+    origins = resolve_model(cfg)
+    source = origins.pretrained
     plan = prepare_run(cfg, info.is_main)
     init = source if plan.checkpoint is None else None  # a resumed run's weights are in its checkpoint
+    meta = ckpt.read_meta(plan.checkpoint) if plan.checkpoint else {}
+    if plan.checkpoint:
+        check_resume_tokenizer(meta, origins.tokenizer, plan.checkpoint)
     origin = None
     if source is not None and info.is_main:
-        origin = source.fingerprint() if init is not None else ckpt.read_meta(plan.checkpoint).get("init_from")
+        origin = source.fingerprint() if init is not None else meta.get("init_from")
     if info.is_main:
         print(start_line(cfg, data_summary(cfg.data), info.world_size, plan, init=init), flush=True)
     cache, loader = build_data(cfg, info)
     model, wrapped, optimizer = build_model(cfg, info, init)
     run = Run(cfg, info, cache, loader, model, wrapped, optimizer,
-              build_checkpointer(cfg, info, checkpoint_root(cfg), origin),
+              build_checkpointer(cfg, info, checkpoint_root(cfg), origin, origins.tokenizer),
               AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device),
               StepHooks.build(cfg.hooks, HookContext(cfg.run_dir, EventLog.of_run(cfg.run_dir))), init_from=origin)
     if plan.checkpoint:

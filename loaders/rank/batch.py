@@ -19,7 +19,7 @@ def expand(ids: torch.Tensor, lens: torch.Tensor, row_chunks: torch.Tensor) -> t
     all ``int64`` ``[B, T]``, on ``ids``' device.
 
     Args:
-        ids: ``uint16``/``int32``/``int64`` ``[B, T]`` token ids, 0 on padding.
+        ids: ``uint16``/``int32``/``int64`` ``[B, T]`` token ids, the manifest's padding id on padding.
         lens: ``[chunks]`` chunk lengths (> 0) in row order; ``row_chunks``: ``[B]`` chunks per row
             (rows filled from the left).
 
@@ -60,7 +60,7 @@ class TokenBatch:
     by :meth:`from_packed` derives them (:func:`expand`) on first access, on its current device.
 
     Attributes:
-        input_ids: token ids; padding positions hold 0.
+        input_ids: token ids; padding positions hold the manifest's padding id (``Manifest.padding_id``).
         labels: next-token targets; ``-100`` where no loss is taken (padding, the last
             token of each document, so no prediction crosses a document boundary).
         position_ids: position within the document, restarting at 0 for each document.
@@ -106,7 +106,7 @@ class TokenBatch:
 
     @property
     def input_ids(self) -> torch.Tensor:
-        """``int64 [B, T]`` token ids (0 on padding)."""
+        """``int64 [B, T]`` token ids (the padding id on padding)."""
         return self._fields()[0]
 
     @property

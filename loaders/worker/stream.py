@@ -161,7 +161,7 @@ class TextStream:
         shards (no copy), split into chunks and packed (:class:`loaders.pack.packer.ArrayPacker`)."""
         order = self.order()
         reader = self.open_reader()
-        packer = ArrayPacker(batching(self.cfg), self.cfg.pack_window)
+        packer = ArrayPacker(batching(self.cfg), self.cfg.pack_window, self.sources.manifest.padding_id)
         try:
             plan = self.plan(order, num_workers)
             reader.prefetch(plan.shards(order, self.node, self.prefix))  # this node's shards only

@@ -9,8 +9,9 @@ Contents of ``<dir>/step_XXXXXX`` (full) and ``<dir>/weights_XXXXXX`` (weights o
   ``step``, ``loader`` (the merged loader state of all ranks), ``trainer`` (scheduler and anomaly
   state) and ``rng_rank<R>`` (python, numpy, torch CPU/CUDA RNG states of rank R).
 - ``meta.json``: step, kind, world size, ZeRO stage, git commit, package versions, per-tensor
-  checksums, the fixed-batch reference loss and ``init_from`` (the pretrained weights the run
-  started from: ``{path, kind, sha256}``, or ``null``); ``config.yaml``: the run's config; ``COMPLETE``.
+  checksums, the fixed-batch reference loss, ``init_from`` (the pretrained weights the run
+  started from: ``{path, kind, sha256}``, or ``null``) and ``tokenizer`` (``{kind, sha256}`` of the
+  tokenizer that wrote the run's data, or ``null``); ``config.yaml``: the run's config; ``COMPLETE``.
 """
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ class Checkpointer:
         async_save: write with ``dcp.async_save`` on a dedicated gloo group.
         init_from: ``{path, kind, sha256}`` of the weights the run started from (``model.init_from``),
             recorded in ``meta.json``; ``None`` for a random initialisation.
+        tokenizer: ``{kind, sha256}`` of the tokenizer that wrote the data (the manifest's), recorded in
+            ``meta.json`` so a resume on other tokens is refused; ``None`` when the manifest has none.
 
     Raises:
         trainer.checkpointing.layout.CheckpointStorageError: a URL ``root`` refuses writes (missing
@@ -65,8 +68,8 @@ class Checkpointer:
 
     def __init__(self, root: str, device: torch.device, precision: str = "fp32", stage: int = 0,
                  vocab_size: int = 2, seq_len: int = 16, config: dict | None = None, keep_last: int = 0,
-                 async_save: bool = False, init_from: dict | None = None):
-        self.root, self.device, self.init_from = root, device, init_from
+                 async_save: bool = False, init_from: dict | None = None, tokenizer: dict | None = None):
+        self.root, self.device, self.init_from, self.tokenizer = root, device, init_from, tokenizer
         self.precision, self.stage, self.keep_last, self.config = precision, stage, keep_last, config or {}
         self.seq_len = seq_len
         self.batch = V.fixed_batch(vocab_size, seq_len)
@@ -150,7 +153,8 @@ class Checkpointer:
                     else 1, "zero_stage": self.stage, "precision": self.precision, "git_commit": self.commit,
                     "versions": package_versions(), "created_utc": datetime.datetime.now(datetime.timezone.utc)
                     .isoformat(timespec="seconds"), "verify": {"loss": p.loss, "seq_len": self.seq_len},
-                    "init_from": self.init_from, "checksums": p.checksums, "digests": p.digests}
+                    "init_from": self.init_from, "tokenizer": self.tokenizer, "checksums": p.checksums,
+                    "digests": p.digests}
             self.store.write_text(p.tmp, "meta.json", json.dumps(meta, indent=1))
             self.store.write_text(p.tmp, "config.yaml", yaml.safe_dump(self.config, sort_keys=False))
             self.store.commit(p.tmp, p.final, f"step {p.step} verified\n")

@@ -94,16 +94,17 @@ def dry_run(cfg) -> int:
     from trainer.checkpointing.verify import check_stored
     from trainer.run.announce import check_runnable, data_summary, start_line
     from trainer.run.folder import plan_run
-    from trainer.train import resolve_model
-    source = resolve_model(cfg)
+    from trainer.train import check_resume_tokenizer, resolve_model
+    origins = resolve_model(cfg)
     plan = plan_run(cfg)
     if plan.checkpoint:
         meta = read_meta(plan.checkpoint)
+        check_resume_tokenizer(meta, origins.tokenizer, plan.checkpoint)
         check_stored(plan.checkpoint, plan.checkpoint, meta["checksums"], meta.get("digests", {}), torch.device("cpu"))
     data = data_summary(cfg.data)
     check_runnable(cfg, data)
     print(start_line(cfg, data, int(os.environ.get("WORLD_SIZE", "1")), plan, dry_run=True,
-                     init=source if plan.checkpoint is None else None))
+                     init=origins.pretrained if plan.checkpoint is None else None))
     print("dry run: config, data and run folder are fine; nothing was trained")
     return 0
 

@@ -417,3 +417,19 @@ def test_prefetch_thread_keeps_at_most_prefetch_batches_ready_whatever_a_packing
     out = [int(b.input_ids[0, 0]) for b in _thread_prefetch(runs, 3, False, ready.append)]
     assert out == [100 * r + i for r in range(3) for i in range(30)]
     assert len(ready) == 91 and max(ready) <= 3  # an ask per batch, and the last one meets the end
+
+
+@pytest.mark.parametrize("layout", ["token_blocks/none", "token_blocks/zstd"])  # one token array / many
+@pytest.mark.parametrize("ids,pad", [({}, 0), ({"eos_id": 7}, 7), ({"eos_id": 7, "pad_id": 3}, 3)],
+                         ids=["no-tokenizer-ids", "eos", "pad"])
+def test_padding_cells_hold_the_tokenizers_pad_id_else_its_eos_id(tmp_path, layout, ids, pad):
+    from shards.format.manifest import TokenizerIdentity
+    d = str(tmp_path)
+    docs = write_text_shards(d, n_docs=16, layout=layout)
+    m = Manifest.load(d)
+    m.tokenizer_identity = TokenizerIdentity(kind="hf", **ids) if ids else None
+    m.save(d)
+    batches = list(build_text_loader(_cfg(d), in_process=True))
+    padding = np.concatenate([b.input_ids[b.document_ids < 0].numpy() for b in batches])
+    assert len(padding) > 0 and set(padding.tolist()) == {pad}
+    _assert_epoch(_chunks(batches), docs, 64, build_text_loader(_cfg(d), in_process=True))

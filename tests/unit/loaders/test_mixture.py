@@ -182,6 +182,28 @@ def test_bad_mixture_configs_are_named(two_sources):
             build_text_loader(DataConfig(mixture=mixture), in_process=True)
 
 
+def test_sources_written_by_different_tokenizers_are_refused_and_one_tokenizer_pads(tmp_path):
+    from shards.format.manifest import TokenizerIdentity
+    srcs = {}
+    for i, name in enumerate(SIZES):
+        d = str(tmp_path / name)
+        os.makedirs(d)
+        srcs[name] = (d, write_text_shards(d, 12, seed=i))
+    def mark(sha_small):
+        for name, sha in (("big", "a" * 64), ("small", sha_small)):
+            m = Manifest.load(srcs[name][0])
+            m.tokenizer_identity = TokenizerIdentity(kind="hf", sha256=sha, eos_id=5)
+            m.save(srcs[name][0])
+    mark("b" * 64)
+    with pytest.raises(ValueError, match=r"tokenized by different tokenizer files \(sha256 \{'big': 'aaaaaaaaaaaa', "
+                                         r"'small': 'bbbbbbbbbbbb'\}\); preprocess them with one tokenizer"):
+        build_text_loader(_cfg(srcs), in_process=True)
+    mark("a" * 64)
+    batches = list(build_text_loader(_cfg(srcs), in_process=True))
+    padding = np.concatenate([b.input_ids[b.document_ids < 0].numpy() for b in batches])
+    assert len(padding) > 0 and set(padding.tolist()) == {5}
+
+
 def test_state_of_a_single_dataset_is_refused(two_sources):
     single = build_text_loader(DataConfig(manifest=two_sources["big"][0]), in_process=True)
     mix = build_text_loader(_cfg(two_sources), in_process=True)

@@ -98,16 +98,26 @@ def common(tmp_path):
             "metrics.tensorboard_dir=''", "device=cpu", "eval.enabled=false"]  # these shards hold no val split
 
 
+def _mark_tokenizer(shards: str, sha: str) -> None:
+    from shards import Manifest
+    from shards.format.manifest import TokenizerIdentity
+    m = Manifest.load(shards)
+    m.tokenizer_identity = TokenizerIdentity(kind="hf", sha256=sha, eos_id=0)
+    m.save(shards)
+
+
 def _steps(tmp_path) -> list[int]:
     with open(tmp_path / "run" / "metrics.jsonl") as f:
         return [json.loads(line)["step"] for line in f]
 
 
 def test_rerun_resumes_never_restarts_and_logs_each_step_once(tmp_path, common):
+    _mark_tokenizer(str(tmp_path / "shards"), "a" * 64)
     first = _train(common + ["steps=4"], tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "data: 2 shards, 60 documents" in first.stdout and "world size 1, ZeRO stage 2; new run" in first.stdout
     final = tmp_path / "run" / "checkpoints" / "step_000004"
+    assert json.loads((final / "meta.json").read_text())["tokenizer"] == {"kind": "hf", "sha256": "a" * 64}
     created = json.loads((final / "meta.json").read_text())["created_utc"]
     again = _train(common + ["steps=4"], tmp_path)  # up-arrow, Enter: the finished run stays as it is
     assert again.returncode == 0 and "resumed from step 4" in again.stdout and "nothing to train" in again.stdout
@@ -132,6 +142,12 @@ def test_rerun_resumes_never_restarts_and_logs_each_step_once(tmp_path, common):
     other = _train(common + ["steps=6", "model.d_model=64"], tmp_path)
     assert other.returncode == 2 and "Traceback" not in other.stderr
     assert other.stderr.strip().count("\n") == 0 and "model.d_model=32 (now 64)" in other.stderr
+    _mark_tokenizer(str(tmp_path / "shards"), "b" * 64)  # the same documents, re-tokenized by another tokenizer
+    for extra in ([], ["--dry-run"]):
+        retokenized = _train(common + ["steps=8", *extra], tmp_path)
+        assert retokenized.returncode == 2 and retokenized.stderr.strip().count("\n") == 0, retokenized.stderr[-3000:]
+        assert ("step_000006 was trained on data tokenized by a hf tokenizer (sha256 aaaaaaaaaaaa), but data.manifest's "
+                "shards were tokenized by a hf tokenizer (sha256 bbbbbbbbbbbb)") in retokenized.stderr
     fresh = _train(common + ["steps=2", "model.d_model=64", "checkpoint.overwrite=true"], tmp_path)
     assert fresh.returncode == 0 and "new run (earlier run in run_dir removed" in fresh.stdout
     assert _steps(tmp_path) == [1, 2]
@@ -256,3 +272,4 @@ def test_a_run_folder_of_an_older_trainer_resumes(tmp_path, common):
     assert _steps(tmp_path) == [1, 2, 3]
     rewritten = json.loads((run / "config.json").read_text())
     assert rewritten["hooks"] == [] and not any(k.startswith("inject_") for k in rewritten["anomaly"])
+
