@@ -21,8 +21,8 @@ from trainer.distributed.parallel import free_port
 
 TINY = ["model.vocab_size=64", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32",
         "data.seq_len=32", "data.micro_batch_size=2", "data.num_workers=0", "data.pack_window=64",
-        "data.shuffle_block=16", "steps=3", "log_every=1", "zero.stage=0", "precision=fp32", "device=cpu",
-        "metrics.progress=false", "eval.every=0", "cache.prefetch_shards=1"]
+        "data.shuffle_block=16", "steps=2", "log_every=1", "zero.stage=0", "precision=fp32", "device=cpu",
+        "metrics.progress=false", "eval.every=0", "cache.prefetch_shards=1", "checkpoint.save_at_end=false"]
 
 
 def launch_line() -> str:
