@@ -32,6 +32,11 @@ class DataConfig:
         shuffle: shuffle shard order and samples; ``False`` reads the manifest order.
         shuffle_block: samples per block of the block shuffle (the bound on how far a sample
             moves; larger = more random, more shards open per consumer at once).
+        shard_lanes: shard lanes of the order (:mod:`loaders.order.sample_order`): 1 (default) permutes all
+            shards each epoch; a multiple of every node count the job runs on (e.g. 64) keeps each node's
+            shards the same every epoch, so a node cache that holds its share downloads nothing after the
+            first epoch (``shuffle=false`` keeps the manifest order, and so each node's shards, anyway).
+            Part of the order: a resume needs the same value.
         remainder: what to do when the samples left in an epoch do not divide by the number of
             consumers (ranks x workers): ``uneven`` (default: every sample exactly once, consumers
             differ by at most one sample), ``drop`` (drop the last ones, reported) or ``pad``
@@ -55,6 +60,11 @@ class DataConfig:
             They are compact (about ``2 B T`` bytes each); fewer than about 8 costs a fast reader a
             thread switch every few batches.
         pin_memory: pin batches in page-locked memory when CUDA is present.
+        ranks_per_node: ranks that share one node's cache folder, numbered node by node (rank
+            ``r`` is on node ``r // ranks_per_node``); each node then downloads only its own shards,
+            about ``1/nodes`` of the dataset per epoch (:mod:`loaders.order.split`). 0 (default):
+            torchrun's ``LOCAL_WORLD_SIZE`` when it launched the job, else every rank on one node.
+            Must divide the world size.
         format: the batch form :class:`loaders.rank.dataset.TokenDataset` yields to another framework's
             loop (:mod:`loaders.formats`): ``colaflow`` (``TokenBatch``), ``hf`` (a dict for
             ``model(**batch)``: unshifted labels, per-document ``position_ids``) or ``torchtitan``
@@ -70,6 +80,7 @@ class DataConfig:
     seed: int = setting(0, ge=0)
     shuffle: bool = True
     shuffle_block: int = setting(4096, ge=1)
+    shard_lanes: int = setting(1, ge=1)
     remainder: str = setting("uneven", choices=REMAINDER_POLICIES)
     step_policy: str = setting("pad", choices=STEP_POLICIES)
     batching: str = setting("packed", choices=tuple(BATCHING))
@@ -78,6 +89,7 @@ class DataConfig:
     prefetch_batches: int = setting(8, ge=1)
     pin_memory: bool = True
     index_dir: str = ""
+    ranks_per_node: int = setting(0, ge=0)
     format: str = setting("colaflow", choices=tuple(FORMATS))
 
     def validate(self) -> None:

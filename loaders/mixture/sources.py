@@ -154,12 +154,12 @@ class MixtureOrder:
         plan: the mixture's draw.
         epoch: mixture epoch.
         sources: the loaded sources (plan order).
-        seed, shuffle, block: the loader's order settings (each source gets :func:`source_seed`).
+        seed, shuffle, block, lanes: the loader's order settings (each source gets :func:`source_seed`).
     """
 
     def __init__(self, plan: MixturePlan, epoch: int, sources: list[LoadedSource], seed: int, shuffle: bool,
-                 block: int):
-        self.epoch, self.sources, self.seed, self.shuffle = epoch, sources, seed, shuffle
+                 block: int, lanes: int = 1):
+        self.epoch, self.sources, self.seed, self.shuffle, self.lanes = epoch, sources, seed, shuffle, lanes
         self.block = max(1, int(block))
         self.src, self.item = plan.epoch_draws(epoch)
         self.num_samples = len(self.src)
@@ -177,7 +177,7 @@ class MixtureOrder:
             src = self.sources[s]
             self._orders[key] = SampleOrder(src.manifest.document_counts(),
                                             source_seed(self.seed, src.spec.name), source_epoch, self.shuffle,
-                                            self.block)
+                                            self.block, self.lanes)
         return self._orders[key]
 
     def _source_block(self, s: int, e: int, b: int) -> tuple[np.ndarray, np.ndarray]:

@@ -117,9 +117,13 @@ def _check(loader, srcs, got, complete_to=None):
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(world=st.integers(1, 5), workers=st.integers(0, 3), seed=st.integers(0, 3))
-def test_exactly_once_within_each_source_epoch_any_world_and_workers(two_sources, world, workers, seed):
-    loaders, batches = _run(two_sources, world, epochs=2, num_workers=workers, seed=seed)
+@given(world=st.integers(1, 5), workers=st.integers(0, 3), seed=st.integers(0, 3), nodes=st.sampled_from([1, 2]),
+       lanes=st.sampled_from([1, 4]))
+def test_exactly_once_within_each_source_epoch_any_world_and_workers(two_sources, world, workers, seed, nodes, lanes):
+    """Also with the ranks on 2 nodes (when the world size is even), each reading its own shards."""
+    per_node = world // nodes if world % nodes == 0 else world
+    loaders, batches = _run(two_sources, world, epochs=2, num_workers=workers, seed=seed, ranks_per_node=per_node,
+                            shard_lanes=lanes)
     ld = loaders[0]
     got = _delivered(ld, batches)
     _check(ld, two_sources, got, complete_to=ld.sources.plan.first_items(2))
