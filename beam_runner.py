@@ -46,12 +46,13 @@ from pipelines.job import InputError, run  # noqa: E402
 from pipelines.records import input_root  # noqa: E402
 from pipelines.runners.selection import beam_options  # noqa: E402
 from pipelines.stages.tokenize import EmptySampleError, given_tokenizer  # noqa: E402
+from shards.format.tokens import TokenRangeError  # noqa: E402
 from shards.tokenizers import TokenizerError  # noqa: E402
 
 # --help's epilog: the docstring's paragraphs on overrides, Beam options and exit codes
 EPILOG = help_text("\n\n".join(__doc__.split("\n\n")[3:5]))
 from colaflow.config import ConfigError, load_config  # noqa: E402
-from colaflow.errors import run_cli  # noqa: E402
+from colaflow.errors import io_cause, io_failure, run_cli  # noqa: E402
 
 
 def split_args(argv: list[str], prog: str | None = None) -> tuple[argparse.Namespace, list[str], list[str]]:
@@ -110,13 +111,15 @@ def _os_error_hint(e: OSError, input_glob: str, output: str) -> str:
 class _QuietKnownErrors(logging.Filter):
     """Drops the traceback Beam logs (``apache_beam.runners.common``) for an error raised inside a
     step that says what to do next in its message, which :func:`_failure` prints in one line: a
-    ``ConfigError`` (exit code 2) or an :class:`~pipelines.stages.tokenize.EmptySampleError` (no
-    document reached the tokenizer, exit code 1)."""
+    ``ConfigError`` (exit code 2), an :class:`~pipelines.stages.tokenize.EmptySampleError` (no
+    document reached the tokenizer, exit code 1) or a :class:`~shards.format.tokens.TokenRangeError`
+    (the tokenizer gave an id outside its vocabulary, exit code 1)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         """``False`` (drop) for a record carrying a :class:`colaflow.config.ConfigError` or an
         :class:`~pipelines.stages.tokenize.EmptySampleError`."""
-        return not (record.exc_info and isinstance(record.exc_info[1], (ConfigError, EmptySampleError)))
+        known = (ConfigError, EmptySampleError, TokenRangeError)
+        return not (record.exc_info and isinstance(record.exc_info[1], known))
 
 
 class _Interrupt:
@@ -160,6 +163,10 @@ def _failure(e: BaseException, args: argparse.Namespace) -> int:
         return 2
     if isinstance(e, OutputNotWritableError):
         print(f"error: {one_line(e)}", file=sys.stderr)
+        return 1
+    io = io_cause(e)  # no space, read-only, no permission: also when Beam wrapped it in its own error
+    if io is not None:
+        print(f"error: {io_failure(io, args.output)}{_os_error_hint(io, args.input, args.output)}", file=sys.stderr)
         return 1
     if isinstance(e, OSError):
         print(f"error: {one_line(e)}{_os_error_hint(e, args.input, args.output)}", file=sys.stderr)

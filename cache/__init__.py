@@ -8,10 +8,11 @@ Public API::
     path = cache.get(url, sha256=..., size=...)
 """
 from cache.config import CacheConfig, format_size, load_cache_config, parse_size
-from cache.errors import CacheError, CacheFullError, CacheReadOnlyError, ShardFetchError, ShardVerifyError
+from cache.errors import (CacheError, CacheFullError, CacheLockError, CacheReadOnlyError, ShardFetchError,
+                          ShardVerifyError)
 from cache.shard_cache import ShardCache
 
 __all__ = [
-    "CacheConfig", "CacheError", "CacheFullError", "CacheReadOnlyError", "ShardCache", "ShardFetchError", "ShardVerifyError",
+    "CacheConfig", "CacheError", "CacheFullError", "CacheLockError", "CacheReadOnlyError", "ShardCache", "ShardFetchError", "ShardVerifyError",
     "format_size", "load_cache_config", "parse_size",
 ]

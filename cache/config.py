@@ -15,7 +15,8 @@ import socket
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from colaflow.config import ConfigError, apply_overrides, from_dict
+from colaflow.config import ConfigError, apply_overrides, check_fields, from_dict, setting
+from colaflow.network import DEFAULT_TIMEOUT_S
 
 VERIFY_POLICIES = ("always", "first", "never")
 ENV_PREFIX = "COLAFLOW_CACHE_"
@@ -78,40 +79,43 @@ class CacheConfig:
             truncated body, sha256 mismatch).
         backoff_s: first retry delay in seconds; doubles per attempt (exponential backoff).
         backoff_max_s: cap on one retry delay, seconds.
-        timeout_s: connect and per-read socket timeout, seconds.
+        timeout_s: connect and per-read socket timeout, seconds, of every network read of a
+            command (downloads, and manifests or indexes read without the cache: :mod:`colaflow.network`).
         decompress: store ``*.tar.zst`` sources decompressed (as ``*.tar``); the manifest's sha256
             and size then describe the decompressed file.
         chunk_bytes: read/write block size while streaming a download, bytes (int or human size).
         partial_ttl_s: partial downloads nobody holds older than this are deleted when a cache
             opens; younger ones are resumed with HTTP Range requests.
+        fetch_wait_s: how long a process waits for a shard another process is downloading while
+            that download makes no progress (its partial file does not grow), seconds; then it fails
+            naming the holder's pid (a stuck process would otherwise keep every other one waiting).
+            Also the limit on a wait for the cache's accounting lock.
         nodes: per-node overrides, ``{host-name fnmatch pattern: {field: value}}``; every matching
             pattern applies, in file order.
     """
 
     dir: str = "~/.cache/colaflow/shards"
     max_bytes: int | str = "10GiB"
-    prefetch_shards: int = 2
-    verify: str = "first"
+    prefetch_shards: int = setting(2, ge=0)
+    verify: str = setting("first", choices=VERIFY_POLICIES)
     min_free_bytes: int | str = "256MiB"
-    retries: int = 4
-    backoff_s: float = 0.5
-    backoff_max_s: float = 30.0
-    timeout_s: float = 60.0
+    retries: int = setting(4, ge=0)
+    backoff_s: float = setting(0.5, ge=0)
+    backoff_max_s: float = setting(30.0, ge=0)
+    timeout_s: float = setting(DEFAULT_TIMEOUT_S, gt=0)
     decompress: bool = True
     chunk_bytes: int | str = "4MiB"
-    partial_ttl_s: float = 86400.0
+    partial_ttl_s: float = setting(86400.0, ge=0)
+    fetch_wait_s: float = setting(600.0, gt=0)
     nodes: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.verify not in VERIFY_POLICIES:
-            raise ConfigError(f"cache.verify={self.verify!r}; valid values: {', '.join(VERIFY_POLICIES)}")
+        check_fields(self, "cache.")
         for name in ("max_bytes", "min_free_bytes", "chunk_bytes"):
             try:
                 parse_size(getattr(self, name))
             except ValueError as e:
                 raise ConfigError(f"cache.{name}: {e}") from e
-        if self.prefetch_shards < 0 or self.retries < 0:
-            raise ConfigError("cache.prefetch_shards and cache.retries must be >= 0")
         if parse_size(self.chunk_bytes) <= 0:
             raise ConfigError("cache.chunk_bytes must be > 0")
 

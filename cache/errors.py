@@ -30,3 +30,16 @@ class CacheFullError(CacheError):
 class CacheReadOnlyError(CacheError):
     """The cache folder cannot be written (read-only mount or permissions) and the request needs
     a write: a download, an eviction, or a shard that is not cached there."""
+
+
+class CacheLockError(CacheError):
+    """A cache lock stayed held by another process that made no progress for longer than
+    ``cache.fetch_wait_s``; the message names the lock, the holder's pid and what to do.
+
+    Attributes:
+        pid: the holder's process id (``None`` when it did not record one).
+    """
+
+    def __init__(self, message: str, pid: int | None):
+        super().__init__(message)
+        self.pid = pid

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 from cache.config import CacheConfig
 from cache.errors import CacheReadOnlyError, ShardFetchError
 from cache.metrics import CacheMetrics
-from cache.storage.fetch import Downloader, FetchSpec, hash_file, remote_size
+from cache.storage.fetch import Downloader, FetchSpec, PartialChangedError, hash_file, remote_size
 from cache.storage.locks import FileLock
 from cache.storage.prefetch import Prefetcher
 from cache.storage.store import EntryMeta, Store, entry_key
@@ -40,7 +40,8 @@ class ShardCache:
         cfg = config or CacheConfig()
         self.config = cfg.resolved() if resolve else cfg
         try:
-            self.store = Store(self.config.path, self.config.max_bytes_int, self.config.min_free_bytes_int)
+            self.store = Store(self.config.path, self.config.max_bytes_int, self.config.min_free_bytes_int,
+                               wait_s=self.config.fetch_wait_s)
         except OSError as e:
             raise CacheReadOnlyError(f"cannot create the cache folder {self.config.path} ({e.strerror}); "
                                      f"set cache.dir to a writable folder") from e
@@ -246,9 +247,16 @@ class ShardCache:
                              hash=cfg.verify != "never")
             self._metrics.inflight.inc()
             try:
-                result = downloader.fetch(spec)
-                return self.store.commit(key, split_query(url)[0], (sha256 or result.sha256 or None),
-                                         result.sha256 is not None)
+                for _ in range(2):  # the part file changing between the check and the rename: once more
+                    result = downloader.fetch(spec)
+                    try:
+                        return self.store.commit(key, split_query(url)[0], (sha256 or result.sha256 or None),
+                                                 result.sha256 is not None, (result.file_id, result.size))
+                    except PartialChangedError as e:
+                        log.warning("shard %s: %s; downloading it again", url, e)
+                        self._metrics.retries.inc()
+                raise ShardFetchError(f"shard {url}: its partial file {spec.part} kept changing underneath the "
+                                      "download; check what else writes into the cache folder", url)
             finally:
                 self.store.release(key)
                 self._metrics.inflight.dec()

@@ -3,6 +3,11 @@
 Each component owns one dataclass with defaults that work on a laptop; a YAML file
 fills some fields and command-line overrides such as ``optim.lr=3e-4`` fill others.
 Values of overrides are parsed as YAML scalars (``true``, ``1e-3``, ``[1, 2]``).
+
+What a field accepts is declared beside it: ``lr: float = setting(3e-3, gt=0)``,
+``norm: str = setting("rmsnorm", choices=("rmsnorm", "layernorm"))``. :func:`check_fields`
+checks every declared field of a config and its sections in one pass; each config's
+``validate`` calls it first, then checks the relations between its fields.
 """
 from __future__ import annotations
 
@@ -17,7 +22,86 @@ T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A config file or override names an unknown key or holds a value of the wrong type."""
+    """A config file or override names an unknown key or holds a value of the wrong type or range."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """The values one config field accepts (declared with :func:`setting`): bounds for a number
+    (``ge``/``gt`` below, ``le``/``lt`` above; ``None`` = unbounded) or a tuple of ``choices``."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple = ()
+
+    def describe(self) -> str:
+        """What to use, for a message: ``one of a, b``, ``a number >= 0``, ``a number in (0, 1]``."""
+        if self.choices:
+            return f"one of {', '.join(map(str, self.choices))}"
+        low, high = (self.ge if self.ge is not None else self.gt), (self.le if self.le is not None else self.lt)
+        if high is None:
+            return f"a number {'>=' if self.ge is not None else '>'} {low}"
+        if low is None:
+            return f"a number {'<=' if self.le is not None else '<'} {high}"
+        return f"a number in {'[' if self.ge is not None else '('}{low}, {high}{']' if self.le is not None else ')'}"
+
+    def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is allowed (``None``, an optional field's "not set", always is)."""
+        if value is None:
+            return True
+        if self.choices:
+            return value in self.choices
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+
+def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+            ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
+            choices: tuple = ()) -> Any:
+    """A dataclass field whose accepted values are declared beside it (see :class:`Check`).
+
+    Args:
+        default / default_factory: as for ``dataclasses.field``.
+        ge, gt, le, lt: bounds of a number (``>=``, ``>``, ``<=``, ``<``).
+        choices: the values an enumerated field accepts.
+    Returns:
+        the ``dataclasses.field``, its :class:`Check` in ``metadata["check"]``.
+    """
+    return dataclasses.field(default=default, default_factory=default_factory,
+                             metadata={"check": Check(ge, gt, le, lt, tuple(choices))})
+
+
+def declared_checks(config: Any, where: str = "") -> dict[str, Check]:
+    """Every declared :class:`Check` of ``config`` (a dataclass instance) and its dataclass
+    sections, by dotted key (``optim.lr``)."""
+    out: dict[str, Check] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(declared_checks(value, f"{where}{f.name}."))
+        elif "check" in f.metadata:
+            out[where + f.name] = f.metadata["check"]
+    return out
+
+
+def check_fields(config: Any, where: str = "") -> None:
+    """Check every declared field of ``config`` and of its dataclass sections (one pass).
+
+    Args:
+        config: a config dataclass instance.
+        where: the dotted prefix of its keys in messages (``"data."`` for a section checked alone).
+    Raises:
+        ConfigError: one line naming the first bad key, its value and what to use, e.g.
+            ``optim.min_lr=-0.0001: use a number >= 0``.
+    """
+    for key, check in declared_checks(config, where).items():
+        node = config
+        for part in key[len(where):].split("."):
+            node = getattr(node, part)
+        if not check.accepts(node):
+            raise ConfigError(f"{key}={node!r}: use {check.describe()}")
 
 
 def _coerce(value: Any, hint: Any, name: str) -> Any:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from colaflow.config import check_fields, setting
 from loaders.formats import FORMATS
 from loaders.pack.batching import BATCHING
 
@@ -31,6 +32,11 @@ class DataConfig:
         shuffle: shuffle shard order and samples; ``False`` reads the manifest order.
         shuffle_block: samples per block of the block shuffle (the bound on how far a sample
             moves; larger = more random, more shards open per consumer at once).
+        shard_lanes: shard lanes of the order (:mod:`loaders.order.sample_order`): 1 (default) permutes all
+            shards each epoch; a multiple of every node count the job runs on (e.g. 64) keeps each node's
+            shards the same every epoch, so a node cache that holds its share downloads nothing after the
+            first epoch (``shuffle=false`` keeps the manifest order, and so each node's shards, anyway).
+            Part of the order: a resume needs the same value.
         remainder: what to do when the samples left in an epoch do not divide by the number of
             consumers (ranks x workers): ``uneven`` (default: every sample exactly once, consumers
             differ by at most one sample), ``drop`` (drop the last ones, reported) or ``pad``
@@ -54,6 +60,11 @@ class DataConfig:
             They are compact (about ``2 B T`` bytes each); fewer than about 8 costs a fast reader a
             thread switch every few batches.
         pin_memory: pin batches in page-locked memory when CUDA is present.
+        ranks_per_node: ranks that share one node's cache folder, numbered node by node (rank
+            ``r`` is on node ``r // ranks_per_node``); each node then downloads only its own shards,
+            about ``1/nodes`` of the dataset per epoch (:mod:`loaders.order.split`). 0 (default):
+            torchrun's ``LOCAL_WORLD_SIZE`` when it launched the job, else every rank on one node.
+            Must divide the world size.
         format: the batch form :class:`loaders.rank.dataset.TokenDataset` yields to another framework's
             loop (:mod:`loaders.formats`): ``colaflow`` (``TokenBatch``), ``hf`` (a dict for
             ``model(**batch)``: unshifted labels, per-document ``position_ids``) or ``torchtitan``
@@ -62,40 +73,27 @@ class DataConfig:
 
     manifest: str = "runs/demo/shards"
     mixture: list = field(default_factory=list)
-    seq_len: int = 256
-    micro_batch_size: int = 8
-    num_workers: int = 1
-    worker_start: str = "fork"
-    seed: int = 0
+    seq_len: int = setting(256, ge=2)
+    micro_batch_size: int = setting(8, ge=1)
+    num_workers: int = setting(1, ge=0)
+    worker_start: str = setting("fork", choices=WORKER_STARTS)
+    seed: int = setting(0, ge=0)
     shuffle: bool = True
-    shuffle_block: int = 4096
-    remainder: str = "uneven"
-    step_policy: str = "pad"
-    batching: str = "packed"
-    pack_window: int = 262144
-    max_tokens: int = 2048
-    prefetch_batches: int = 8
+    shuffle_block: int = setting(4096, ge=1)
+    shard_lanes: int = setting(1, ge=1)
+    remainder: str = setting("uneven", choices=REMAINDER_POLICIES)
+    step_policy: str = setting("pad", choices=STEP_POLICIES)
+    batching: str = setting("packed", choices=tuple(BATCHING))
+    pack_window: int = setting(262144, ge=1)
+    max_tokens: int = setting(2048, ge=1)
+    prefetch_batches: int = setting(8, ge=1)
     pin_memory: bool = True
     index_dir: str = ""
-    format: str = "colaflow"
+    ranks_per_node: int = setting(0, ge=0)
+    format: str = setting("colaflow", choices=tuple(FORMATS))
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field and its valid range."""
-        if self.seq_len < 2:
-            raise ValueError(f"data.seq_len={self.seq_len}: must be >= 2")
-        for name in ("micro_batch_size", "shuffle_block", "pack_window", "prefetch_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"data.{name}={getattr(self, name)}: must be >= 1")
-        if self.num_workers < 0:
-            raise ValueError(f"data.num_workers={self.num_workers}: must be >= 0")
-        if self.remainder not in REMAINDER_POLICIES:
-            raise ValueError(f"data.remainder={self.remainder!r}: use one of {REMAINDER_POLICIES}")
-        if self.step_policy not in STEP_POLICIES:
-            raise ValueError(f"data.step_policy={self.step_policy!r}: use one of {STEP_POLICIES}")
-        if self.worker_start not in WORKER_STARTS:
-            raise ValueError(f"data.worker_start={self.worker_start!r}: use one of {WORKER_STARTS}")
-        if self.batching not in BATCHING:
-            raise ValueError(f"data.batching={self.batching!r}: use one of {tuple(BATCHING)}")
+        """Check the declared ranges and choices of ``data.*`` (:func:`colaflow.config.check_fields`),
+        then what the batching mode needs; raises ``ValueError`` naming the bad field and its valid range."""
+        check_fields(self, "data.")
         BATCHING[self.batching].check(self)
-        if self.format not in FORMATS:
-            raise ValueError(f"data.format={self.format!r}: use one of {tuple(FORMATS)}")

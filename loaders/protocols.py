@@ -169,8 +169,8 @@ class Sources(Protocol):
 
     manifest: "Manifest"  # every shard of every source (names, counts, the data's fingerprint)
 
-    def order(self, epoch: int, seed: int, shuffle: bool, block: int) -> Order:
-        """The document order of ``epoch``."""
+    def order(self, epoch: int, seed: int, shuffle: bool, block: int, lanes: int = 1) -> Order:
+        """The document order of ``epoch`` (``lanes``: ``data.shard_lanes``)."""
 
     def reader(self, cache: ShardSource, index_dir: str | None) -> Reader:
         """A reader of the shards an :meth:`order` indexes."""

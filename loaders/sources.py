@@ -29,9 +29,9 @@ class OneDataset:
     def __init__(self, manifest: Manifest, url: str):
         self.manifest, self.url = manifest, url
 
-    def order(self, epoch: int, seed: int, shuffle: bool, block: int) -> SampleOrder:
+    def order(self, epoch: int, seed: int, shuffle: bool, block: int, lanes: int = 1) -> SampleOrder:
         """The epoch's document order (documents per shard from the manifest)."""
-        return SampleOrder(self.manifest.document_counts(), seed, epoch, shuffle, block)
+        return SampleOrder(self.manifest.document_counts(), seed, epoch, shuffle, block, lanes)
 
     def reader(self, cache: ShardSource, index_dir: str | None) -> ShardReader:
         """A :class:`loaders.read.shard_reader.ShardReader` of the dataset's shards."""
@@ -59,7 +59,7 @@ class OneDataset:
         p = Progress.from_state(state)
         if p.order_key != order_key:
             raise ValueError(f"loader state was written for {p.order_key}, this loader has {order_key};"
-                             " resume with the same data and data.seed/shuffle/shuffle_block/seq_len")
+                             " resume with the same data and data.seed/shuffle/shuffle_block/shard_lanes/seq_len")
         if p.num_samples != self.manifest.total_documents:
             raise ValueError(f"loader state counts {p.num_samples} documents in an epoch, the data has "
                              f"{self.manifest.total_documents}; resume from the checkpoint as saved")

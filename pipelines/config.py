@@ -7,58 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from colaflow.config import ConfigError
+from colaflow.config import ConfigError, check_fields, setting
 from shards.format.blocks import COMPRESSIONS
 from shards.format.layouts import LAYOUTS
 from shards.tokenizers import KINDS as TOKENIZER_KINDS
 
 # tokenizer.kind values the pipeline trains when no tokenizer.path is given (auto: sentencepiece)
 TRAINED_KINDS = ("auto", "sentencepiece", "hf")
-
-# The values each enumerated knob accepts (``section.key`` → allowed values); checked up front by
-# :meth:`PipelineConfig.validate`, since a typo would otherwise fall through to a default branch.
-CHOICES: dict[str, tuple] = {
-    "input.format": ("auto", "jsonl", "text", "parquet"),
-    "input.unknown_files": ("skip", "error", "text"),
-    "clean.normalization": ("NFC", "NFKC", "NFD", "NFKD"),
-    "clean.whitespace": ("trim", "collapse", "keep"),
-    "tokenizer.kind": ("auto", *TOKENIZER_KINDS),
-    "tokenizer.model_type": ("bpe", "unigram"),
-    "tokenizer.normalization_rule": ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"),
-    "shards.layout": tuple(LAYOUTS),
-    "shards.compression": COMPRESSIONS,
-}
-
-# Numeric ranges (``section.key`` → (low, high, low inclusive, high inclusive); ``None`` = unbounded).
-RANGES: dict[str, tuple] = {
-    "input.split_bytes": (1, None, True, True),
-    "input.max_record_bytes": (1, None, True, True),
-    "clean.min_chars": (0, None, True, True),
-    "clean.max_chars": (1, None, True, True),
-    "language.threshold": (0.0, 1.0, True, True),
-    "language.max_chars": (1, None, True, True),
-    "dedup.ngram": (1, None, True, True),
-    "dedup.num_perm": (1, None, True, True),
-    "dedup.bands": (1, None, True, True),
-    "dedup.threshold": (0.0, 1.0, False, True),
-    "tokenizer.vocab_size": (1, None, True, True),
-    "tokenizer.sample_fraction": (0.0, 1.0, False, True),
-    "tokenizer.sample_max_bytes": (1, None, True, True),
-    "tokenizer.character_coverage": (0.0, 1.0, False, True),
-    "tokenizer.max_sentence_bytes": (1, None, True, True),
-    "shards.target_bytes": (1, None, True, True),
-    "shards.num_shards": (0, None, True, True),
-    "shards.block_tokens": (0, None, True, True),
-    "split.val_fraction": (0.0, 1.0, True, False),
-}
-
-
-def _range_text(low, high, low_in: bool, high_in: bool) -> str:
-    """``[0, 1)``-style text of a range; an unbounded side reads as ``>= low``."""
-    if high is None:
-        return f"a number {'>=' if low_in else '>'} {low}"
-    return f"a number in {'[' if low_in else '('}{low}, {high}{']' if high_in else ')'}"
-
 
 @dataclass
 class InputConfig:
@@ -88,13 +43,13 @@ class InputConfig:
             files); empty = units are paragraphs ended by blank lines.
     """
 
-    format: str = "auto"
-    unknown_files: str = "skip"
+    format: str = setting("auto", choices=("auto", "jsonl", "text", "parquet"))
+    unknown_files: str = setting("skip", choices=("skip", "error", "text"))
     text_field: str = "text"
     id_field: str = "id"
     source_field: str = "source"
-    split_bytes: int = 16_000_000
-    max_record_bytes: int = 16_000_000
+    split_bytes: int = setting(16_000_000, ge=1)
+    max_record_bytes: int = setting(16_000_000, ge=1)
     separator: str = ""
 
 
@@ -117,11 +72,11 @@ class CleanConfig:
     """
 
     fix_unicode: bool = True
-    normalization: str = "NFC"
+    normalization: str = setting("NFC", choices=("NFC", "NFKC", "NFD", "NFKD"))
     strip_control: bool = True
-    whitespace: str = "trim"
-    min_chars: int = 1
-    max_chars: int = 5_000_000
+    whitespace: str = setting("trim", choices=("trim", "collapse", "keep"))
+    min_chars: int = setting(1, ge=0)
+    max_chars: int = setting(5_000_000, ge=1)
 
 
 @dataclass
@@ -138,8 +93,8 @@ class LanguageConfig:
 
     enabled: bool = False
     allowed: list = field(default_factory=lambda: ["en"])
-    threshold: float = 0.5
-    max_chars: int = 2000
+    threshold: float = setting(0.5, ge=0.0, le=1.0)
+    max_chars: int = setting(2000, ge=1)
 
 
 @dataclass
@@ -163,16 +118,16 @@ class QualityConfig:
     """
 
     enabled: bool = False
-    min_words: int = 50
-    max_words: int = 100_000
-    min_mean_word_len: float = 3.0
-    max_mean_word_len: float = 10.0
-    max_symbol_ratio: float = 0.1
-    max_bullet_lines: float = 0.9
-    max_ellipsis_lines: float = 0.3
-    min_alpha_words: float = 0.8
-    min_stop_words: int = 2
-    max_dup_line_fraction: float = 0.3
+    min_words: int = setting(50, ge=0)
+    max_words: int = setting(100_000, ge=1)
+    min_mean_word_len: float = setting(3.0, ge=0)
+    max_mean_word_len: float = setting(10.0, gt=0)
+    max_symbol_ratio: float = setting(0.1, ge=0)
+    max_bullet_lines: float = setting(0.9, ge=0.0, le=1.0)
+    max_ellipsis_lines: float = setting(0.3, ge=0.0, le=1.0)
+    min_alpha_words: float = setting(0.8, ge=0.0, le=1.0)
+    min_stop_words: int = setting(2, ge=0)
+    max_dup_line_fraction: float = setting(0.3, ge=0.0, le=1.0)
     c4_badwords: bool = True
 
 
@@ -211,10 +166,10 @@ class DedupConfig:
     exact: bool = True
     write_duplicates: bool = True
     near: bool = False
-    ngram: int = 5
-    num_perm: int = 112
-    bands: int = 14
-    threshold: float = 0.8
+    ngram: int = setting(5, ge=1)
+    num_perm: int = setting(112, ge=1)
+    bands: int = setting(14, ge=1)
+    threshold: float = setting(0.8, gt=0.0, le=1.0)
 
 
 @dataclass
@@ -254,18 +209,18 @@ class TokenizerConfig:
     """
 
     path: str | None = None
-    kind: str = "auto"
+    kind: str = setting("auto", choices=("auto", *TOKENIZER_KINDS))
     add_eos: bool = True
     add_bos: bool | None = None
-    vocab_size: int = 4096
-    model_type: str = "bpe"
-    sample_fraction: float = 0.5
-    sample_max_bytes: int = 3_000_000
-    character_coverage: float = 0.9995
+    vocab_size: int = setting(4096, ge=1)
+    model_type: str = setting("bpe", choices=("bpe", "unigram"))
+    sample_fraction: float = setting(0.5, gt=0.0, le=1.0)
+    sample_max_bytes: int = setting(3_000_000, ge=1)
+    character_coverage: float = setting(0.9995, gt=0.0, le=1.0)
     byte_fallback: bool = True
-    normalization_rule: str = "nmt_nfkc"
+    normalization_rule: str = setting("nmt_nfkc", choices=("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"))
     remove_extra_whitespaces: bool = True
-    max_sentence_bytes: int = 4096
+    max_sentence_bytes: int = setting(4096, ge=1)
 
 
 @dataclass
@@ -287,13 +242,13 @@ class ShardsConfig:
     """
 
     prefix: str = "shard"
-    target_bytes: int = 8_000_000
-    num_shards: int = 0
+    target_bytes: int = setting(8_000_000, ge=1)
+    num_shards: int = setting(0, ge=0)
     store_text: bool = False
     write_index: bool = True
-    layout: str = "token_blocks"
-    compression: str = "none"
-    block_tokens: int = 0
+    layout: str = setting("token_blocks", choices=tuple(LAYOUTS))
+    compression: str = setting("none", choices=COMPRESSIONS)
+    block_tokens: int = setting(0, ge=0)
 
 
 @dataclass
@@ -305,7 +260,7 @@ class SplitConfig:
             and runners), written as a separate shard set in ``OUT/val/`` (0 = no split).
     """
 
-    val_fraction: float = 0.0
+    val_fraction: float = setting(0.0, ge=0.0, lt=1.0)
 
 
 @dataclass
@@ -323,22 +278,14 @@ class PipelineConfig:
     split: SplitConfig = field(default_factory=SplitConfig)
 
     def validate(self) -> None:
-        """Check every enumerated knob (:data:`CHOICES`) and numeric range (:data:`RANGES`) before a run.
+        """Check every declared field (:func:`colaflow.config.check_fields`: the choices and ranges
+        beside each field above) and the relations between fields, before a run.
 
         Raises:
             colaflow.config.ConfigError: (a ``ValueError``) one line naming the key, the bad value and
                 the allowed values, e.g. ``input.unknown_files='eror': use one of skip, error, text``.
         """
-        for key, allowed in CHOICES.items():
-            value = self._get(key)
-            if value not in allowed:
-                raise ConfigError(f"{key}={value!r}: use one of {', '.join(allowed)}")
-        for key, (low, high, low_in, high_in) in RANGES.items():
-            value = self._get(key)
-            ok = (value >= low if low_in else value > low) and (
-                high is None or (value <= high if high_in else value < high))
-            if not ok:
-                raise ConfigError(f"{key}={value!r}: use {_range_text(low, high, low_in, high_in)}")
+        check_fields(self)
         if self.dedup.num_perm % self.dedup.bands:
             raise ConfigError(f"dedup.num_perm={self.dedup.num_perm} is not a multiple of dedup.bands="
                               f"{self.dedup.bands}: LSH needs num_perm = bands * rows")
@@ -352,11 +299,11 @@ class PipelineConfig:
         if self.tokenizer.add_bos not in (None, True, False):
             raise ConfigError(f"tokenizer.add_bos={self.tokenizer.add_bos!r}: use true, false or null (the "
                               "tokenizer's own convention)")
+        if self.quality.min_words > self.quality.max_words or (
+                self.quality.min_mean_word_len > self.quality.max_mean_word_len):
+            raise ConfigError(f"quality.min_words={self.quality.min_words}..max_words={self.quality.max_words}, "
+                              f"min_mean_word_len={self.quality.min_mean_word_len}..max_mean_word_len="
+                              f"{self.quality.max_mean_word_len}: a minimum above its maximum filters every document")
         if self.clean.min_chars > self.clean.max_chars:
             raise ConfigError(f"clean.min_chars={self.clean.min_chars} > clean.max_chars={self.clean.max_chars}: "
                               "every document would be filtered")
-
-    def _get(self, dotted: str):
-        """The value at ``section.key``."""
-        section, key = dotted.split(".")
-        return getattr(getattr(self, section), key)

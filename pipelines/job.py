@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 
 import apache_beam as beam
 import fsspec
@@ -26,6 +27,7 @@ from pipelines.io.output import (
     prepare_output,
     refuse_inputs_in_artifacts,
 )
+from pipelines.io.listing import InputFile, InputListing, ListingError, list_inputs
 from pipelines.io.read import DEAD, ParseFn, ReadRecords
 from pipelines.records import file_format
 from pipelines.runners.selection import beam_options, make_runner
@@ -37,18 +39,34 @@ from pipelines.stages.tokenize import NoRecordsError, TokenizeFn, build_model
 from pipelines.stages.write_shards import WriteShards, finalize
 
 
+@dataclass(frozen=True)
+class InputSelection:
+    """The input of one run (:func:`match_input`).
+
+    Attributes:
+        listing: what ``--input`` names, broken links included.
+        to_read: the files read (known format, or ``input.unknown_files: text``).
+        skipped: paths of the files of unknown format that are not read.
+    """
+
+    listing: InputListing
+    to_read: list[InputFile]
+    skipped: list[str]
+
+
 class InputError(ValueError):
     """``--input`` names no readable set of files (a folder, files of unknown format under
     ``input.unknown_files: error``, only empty files, or files that hold no record); the message
     says what to pass instead."""
 
 
-def build(p: beam.Pipeline, input_glob: str, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0) -> None:
-    """Add the whole preprocessing graph to pipeline ``p`` (outputs go to ``output_dir``;
-    ``total_bytes`` of input sizes the progress bar)."""
+def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0) -> None:
+    """Add the whole preprocessing graph to pipeline ``p``: it reads the files and counts the broken
+    links of ``inputs`` (:func:`match_input`), its outputs go to ``output_dir``; ``total_bytes`` of
+    input sizes the progress bar."""
     out = output_dir.rstrip("/")
-    read = p | "Read" >> ReadRecords(input_glob, cfg.input, total_bytes)
-    parsed = read.units | "Parse" >> beam.ParDo(ParseFn(cfg.input, input_glob)).with_outputs(
+    read = p | "Read" >> ReadRecords(inputs, cfg.input, total_bytes)
+    parsed = read.units | "Parse" >> beam.ParDo(ParseFn(cfg.input, inputs.root)).with_outputs(
         DEAD, EVENTS, main="docs")
     kept = parsed.docs | "Steps" >> beam.ParDo(FilterFn(build_steps(cfg))).with_outputs(EVENTS, main="docs")
     summary = summarize([parsed[EVENTS], kept[EVENTS]], parsed[DEAD])  # read only to explain an empty sample
@@ -108,42 +126,44 @@ def counters(result) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def match_input(input_glob: str, cfg: PipelineConfig) -> tuple[list, list[str]]:
-    """The files ``input_glob`` matches, split into ``(metadata of files to read, paths skipped)``.
+def match_input(input_glob: str, cfg: PipelineConfig) -> InputSelection:
+    """What ``input_glob`` names (:func:`pipelines.io.listing.list_inputs`: an existing path literally,
+    else the glob, following links), split into the files to read and those skipped.
 
     A skipped file has an unknown format (:func:`pipelines.records.file_format`) under
-    ``input.unknown_files: skip``.
+    ``input.unknown_files: skip``; a skipped link has no target.
 
     Raises:
         InputError: ``input_glob`` is a folder, unknown files under ``input.unknown_files: error``,
-            or every file to read is empty (0 bytes).
-        FileNotFoundError: nothing matches ``input_glob``.
+            or every file to read is empty (0 bytes), or its folder cannot be listed.
+        FileNotFoundError: nothing matches ``input_glob`` (not even a broken link).
     """
     try:
-        matched = FileSystems.match([input_glob])[0].metadata_list
-        inside = [] if any(ch in input_glob for ch in "*?[") else FileSystems.match(
-            [input_glob.rstrip("/") + "/*"])[0].metadata_list
-    except OSError as e:  # Beam's BeamIOError: a missing bucket, no permission, no filesystem for the scheme
-        raise InputError(f"cannot list --input {input_glob}: {e}") from e
-    if inside:
+        listing = list_inputs(input_glob)
+    except ListingError as e:
+        raise InputError(str(e)) from e
+    if listing.folder:
         folder = input_glob.rstrip("/")
         raise InputError(f"--input {input_glob} is a folder; give a quoted glob of its files, e.g. "
                          f"--input '{folder}/*.jsonl' (or '{folder}/**' to include subfolders)")
-    if not matched:
+    if not listing.files and not listing.broken_links:
         raise FileNotFoundError(f"no input file matches {input_glob!r}")
-    skipped = sorted(m.path for m in matched if file_format(m.path, cfg.input) is None)
+    skipped = sorted(m.path for m in listing.files if file_format(m.path, cfg.input) is None)
     if skipped and cfg.input.unknown_files == "error":
         have = "has" if len(skipped) == 1 else "have"
         raise InputError(f"{count(len(skipped), 'input file')} {have} no known format (.jsonl, .ndjson, .txt, .text, "
                          f".parquet, optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
                          "input.format=jsonl|text|parquet, or input.unknown_files=skip|text")
     skip = set(skipped)
-    to_read = [m for m in matched if m.path not in skip]
-    if to_read and not any(m.size_in_bytes for m in to_read):
+    to_read = [m for m in listing.files if m.path not in skip]
+    if not to_read:
+        links = f" (only broken links: {_names(list(listing.broken_links))})" if listing.broken_links else ""
+        raise InputError(f"--input {input_glob!r}: no file to read{links}; point --input at the corpus files")
+    if not any(m.size_in_bytes for m in to_read):
         which = "its one input file is" if len(to_read) == 1 else f"all {len(to_read)} input files it matches are"
         raise InputError(f"--input {input_glob!r}: {which} empty (0 bytes), "
                          "so there is nothing to preprocess; point --input at the corpus files")
-    return to_read, skipped
+    return InputSelection(listing, to_read, skipped)
 
 
 def _names(paths: list[str], limit: int = 5) -> str:
@@ -178,6 +198,13 @@ def _warn_skipped(skipped: list[str]) -> None:
     them = plural(len(skipped), "it", "them")
     print(f"warning: skipping {count(len(skipped), 'input file')} of unknown format ({_names(skipped)}); counted as "
           f"skipped_files in stats.json. Set input.unknown_files=text to read {them} as text, or =error to refuse.",
+          file=sys.stderr, flush=True)
+
+
+def _warn_broken(links: list[str]) -> None:
+    """Warn on stderr that the ``links`` among the inputs point at nothing, naming them."""
+    print(f"warning: skipping {count(len(links), 'input link')} whose target does not exist ({_names(links)}); "
+          "counted as skipped_links in stats.json. Fix or remove the links to read what they pointed at.",
           file=sys.stderr, flush=True)
 
 
@@ -225,9 +252,12 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     cfg.validate()
     options = beam_options(beam_args or [])
     FileSystems.set_options(options)  # the driver's own listing of s3:// inputs needs e.g. --s3_endpoint_url
-    matched, skipped = match_input(input_glob, cfg)
+    selection = match_input(input_glob, cfg)
+    matched, skipped = selection.to_read, selection.skipped
     if skipped:
         _warn_skipped(skipped)
+    if selection.listing.broken_links:
+        _warn_broken(list(selection.listing.broken_links))
     empty = sorted(m.path for m in matched if not m.size_in_bytes)
     if empty:
         print(f"note: {count(len(empty), 'input file')} {plural(len(empty), 'is', 'are')} empty (0 bytes: "
@@ -242,7 +272,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     start = time.perf_counter()
     try:
         p = beam.Pipeline(runner=runner, options=options)
-        build(p, input_glob, output_dir, cfg, total_bytes)
+        build(p, selection.listing, output_dir, cfg, total_bytes)
         result = p.run()
         state = result.wait_until_finish()
         if state != PipelineState.DONE:

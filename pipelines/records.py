@@ -254,7 +254,8 @@ def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: in
     input root (default: the file name), with :func:`qualify_id`: ``{name}/{id}``, or without an
     id ``{name}#{line:08d}`` (``{name}#@{offset:012d}`` when ``line`` is 0, i.e. unknown); a
     missing source becomes the file stem. Text units (paragraphs) get the position id. Parquet
-    units carry a :class:`ParquetRow` (``raw``; the row number is the line).
+    units carry a :class:`ParquetRow` (``raw``; the row number is the line); a binary column's bytes
+    are decoded as UTF-8 (``not_utf8`` when they are not).
     Units of format ``unreadable`` (a read error) and ``too_large`` (``size`` bytes, longer than
     ``cfg.max_record_bytes``; ``raw`` is its head) become dead letters; see :mod:`pipelines.io.reading`.
     A lone surrogate in the text, id or source makes a ``lone_surrogate`` dead letter.
@@ -272,8 +273,14 @@ def parse_unit(path: str, line: int, raw, fmt: str, cfg: InputConfig, offset: in
         return dead(UNREADABLE_FILE, raw.decode("utf-8", "replace"))
     if fmt == TOO_LARGE:
         return dead("too_large", f"record of {size} bytes exceeds input.max_record_bytes={cfg.max_record_bytes}")
-    if fmt == PARQUET:
-        return _doc(raw.text, raw.id, raw.source, stem, name, position, cfg, dead)
+    if fmt == PARQUET:  # a string column stored as binary holds UTF-8 bytes
+        values = []
+        for column, value in zip((cfg.text_field, cfg.id_field, cfg.source_field), raw):
+            try:
+                values.append(value.decode("utf-8") if isinstance(value, bytes) else value)
+            except UnicodeDecodeError as e:
+                return dead("not_utf8", f"column {column!r} (binary) is not UTF-8 at byte {e.start}: {e.reason}")
+        return _doc(*values, stem, name, position, cfg, dead)
     if offset == 0 and raw.startswith(UTF8_BOM):
         raw = raw[len(UTF8_BOM):]
     try:

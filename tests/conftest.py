@@ -9,15 +9,28 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
-import torch
+
+# `make test` runs one pytest-xdist worker per core: a worker (and every process it starts) that
+# also spawns a torch/OpenMP thread per core oversubscribes the machine, which measured twice the
+# CPU time for the same tests. Set before torch is imported; a value set outside still wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402
 
 # Triton fixes interpreter-or-compiled when a kernel module is first imported; any test may import
 # trainer.kernels first, so a CPU-only session runs every Triton kernel through the interpreter.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tests.support.hf import relink_logs
 from tests.support.http_server import serve_directory
 from trainer.distributed.parallel import free_port
+
+
+@pytest.fixture(autouse=True)
+def _transformers_logs_to_a_live_stream():
+    """Each test's transformers warnings go to the live ``sys.stderr`` (see :func:`tests.support.hf.relink_logs`)."""
+    relink_logs()
+    yield
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from cache.config import CacheConfig
-from colaflow.config import from_dict
+from colaflow.config import ConfigError, check_fields, from_dict, setting
 from loaders.config import DataConfig
 from trainer.attention import NAMES as ATTENTION_NAMES
 from trainer.kernels.reference import NORM_EPS
@@ -51,19 +51,19 @@ class ModelConfig:
             from it; sizes set to other values must match it. ``""`` = random initialisation.
     """
 
-    vocab_size: int = 0
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int = 0
-    ffn_mult: float = 2.667
-    ffn_hidden: int = 0
-    max_seq_len: int = 256
-    norm: str = "rmsnorm"
+    vocab_size: int = setting(0, ge=0)
+    d_model: int = setting(128, ge=1)
+    n_layers: int = setting(4, ge=1)
+    n_heads: int = setting(4, ge=1)
+    n_kv_heads: int = setting(0, ge=0)
+    ffn_mult: float = setting(2.667, gt=0)
+    ffn_hidden: int = setting(0, ge=0)
+    max_seq_len: int = setting(256, ge=1)
+    norm: str = setting("rmsnorm", choices=("rmsnorm", "layernorm"))
     tie_embeddings: bool = True
-    rope_theta: float = 10000.0
-    norm_eps: float = NORM_EPS
-    attention: str = "auto"
+    rope_theta: float = setting(10000.0, gt=0)
+    norm_eps: float = setting(NORM_EPS, gt=0)
+    attention: str = setting("auto", choices=ATTENTION_NAMES)
     init_from: str = ""
 
     @property
@@ -91,14 +91,9 @@ class ModelConfig:
                 "rope_theta": self.rope_theta, "norm_eps": self.norm_eps}
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad ``model.*`` field and what to set."""
-        if self.norm not in ("rmsnorm", "layernorm"):
-            raise ValueError(f"model.norm={self.norm!r}: use rmsnorm or layernorm")
-        if self.attention not in ATTENTION_NAMES:
-            raise ValueError(f"model.attention={self.attention!r}: use {', '.join(ATTENTION_NAMES)}")
-        if min(self.d_model, self.n_layers, self.n_heads) < 1 or min(self.n_kv_heads, self.ffn_hidden) < 0:
-            raise ValueError("model.d_model, model.n_layers and model.n_heads must be >= 1; model.n_kv_heads and "
-                             "model.ffn_hidden >= 0 (0 = n_heads, from ffn_mult)")
+        """Check the declared ranges of ``model.*`` (:func:`colaflow.config.check_fields`) and the
+        relations between them; raises ``ValueError`` naming the bad field and what to set."""
+        check_fields(self, "model.")
         if self.d_model % self.n_heads or self.head_dim % 2:
             raise ValueError(f"model.d_model={self.d_model} must split into n_heads={self.n_heads} heads of even size")
         if self.n_heads % self.kv_heads:
@@ -124,10 +119,10 @@ class ZeroConfig:
             device for its forward and backward, and the optimizer steps on the CPU.
     """
 
-    stage: int = 0
-    forward_prefetch: int = 0
-    backward_prefetch: int = 0
-    bucket_cap_mb: int = 25
+    stage: int = setting(0, choices=(0, 1, 2, 3))
+    forward_prefetch: int = setting(0, ge=0)
+    backward_prefetch: int = setting(0, ge=0)
+    bucket_cap_mb: int = setting(25, ge=1)
     cpu_offload: bool = False
 
 
@@ -144,7 +139,7 @@ class MemoryConfig:
             says otherwise).
     """
 
-    offload_activations: str = "none"
+    offload_activations: str = setting("none", choices=OFFLOAD_MODES)
     expandable_segments: bool = True
 
 
@@ -162,13 +157,13 @@ class OptimConfig:
         grad_accum_steps: micro-batches per optimizer step.
     """
 
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
+    lr: float = setting(3e-3, gt=0)
+    min_lr: float = setting(3e-4, ge=0)
+    warmup_steps: int = setting(20, ge=0)
+    weight_decay: float = setting(0.1, ge=0)
     betas: list = field(default_factory=lambda: [0.9, 0.95])
-    grad_clip: float = 1.0
-    grad_accum_steps: int = 1
+    grad_clip: float = setting(1.0, ge=0)
+    grad_accum_steps: int = setting(1, ge=1)
 
 
 @dataclass
@@ -199,9 +194,9 @@ class CheckpointConfig:
     """
 
     dir: str = "checkpoints"
-    every: int = 0
-    weights_every: int = 0
-    keep_last: int = 0
+    every: int = setting(0, ge=0)
+    weights_every: int = setting(0, ge=0)
+    keep_last: int = setting(0, ge=0)
     async_save: bool = False
     save_at_end: bool = True
     resume: str = ""
@@ -224,11 +219,11 @@ class AnomalyConfig:
     """
 
     enabled: bool = True
-    spike_ratio: float = 4.0
-    ema_beta: float = 0.9
-    spike_warmup: int = 20
-    max_consecutive: int = 5
-    rollback_lr_factor: float = 0.5
+    spike_ratio: float = setting(4.0, ge=0)
+    ema_beta: float = setting(0.9, ge=0, lt=1)
+    spike_warmup: int = setting(20, ge=0)
+    max_consecutive: int = setting(5, ge=0)
+    rollback_lr_factor: float = setting(0.5, gt=0, le=1)
 
 
 @dataclass
@@ -256,11 +251,11 @@ class MetricsConfig:
     jsonl: str = "metrics.jsonl"
     progress: bool = True
     tensorboard_dir: str = "tensorboard"
-    prometheus_port: int = 0
+    prometheus_port: int = setting(0, ge=0, le=65535)
     prometheus_addr: str = "127.0.0.1"
-    prometheus_linger_s: float = 0.0
-    peak_flops: float = 0.0
-    layer_stats: int = 2
+    prometheus_linger_s: float = setting(0.0, ge=0)
+    peak_flops: float = setting(0.0, ge=0)
+    layer_stats: int = setting(2, ge=-1)
     hardware: bool = True
 
 
@@ -282,10 +277,10 @@ class ProfileConfig:
     """
 
     enabled: bool = False
-    skip_first: int = 0
-    wait: int = 1
-    warmup: int = 1
-    active: int = 2
+    skip_first: int = setting(0, ge=0)
+    wait: int = setting(1, ge=0)
+    warmup: int = setting(1, ge=0)
+    active: int = setting(2, ge=1)
     dir: str = "profile"
     record_shapes: bool = False
     profile_memory: bool = False
@@ -307,10 +302,10 @@ class EvalConfig:
     """
 
     enabled: bool = True
-    every: int = 0
-    tokens: int = 65536
+    every: int = setting(0, ge=0)
+    tokens: int = setting(65536, ge=1)
     manifest: str = ""
-    micro_batch_size: int = 0
+    micro_batch_size: int = setting(0, ge=0)
 
 
 @dataclass
@@ -344,51 +339,38 @@ class TrainConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run_dir: str = "runs/train"
-    steps: int = 100
-    log_every: int = 10
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
+    steps: int = setting(100, ge=1)
+    log_every: int = setting(10, ge=1)
+    seed: int = setting(0, ge=0)
+    device: str = setting("auto", choices=("auto", "cpu", "cuda"))
+    precision: str = setting("fp32", choices=("fp32", "bf16"))
     activation_checkpointing: str | bool = "none"
     compile: bool = False
     hooks: list = field(default_factory=list)
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field and its valid values (``ConfigError`` for a
-        ``hooks`` entry whose class does not import, implement the hook protocol or take its args)."""
-        if self.zero.stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero.stage={self.zero.stage!r}: use 0, 1, 2 or 3")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision={self.precision!r}: use fp32 or bf16")
+        """Check every declared field of every section in one pass (:func:`colaflow.config.check_fields`),
+        then the relations between fields; raises ``ValueError`` (a ``ConfigError``) naming the bad
+        key and what to use (``ConfigError`` too for a ``hooks`` entry whose class does not import,
+        implement the hook protocol or take its args)."""
+        check_fields(self)
         self.model.validate()
-        checkpoint_mode(self.activation_checkpointing)
-        if self.memory.offload_activations not in OFFLOAD_MODES:
-            raise ValueError(f"memory.offload_activations={self.memory.offload_activations!r}: use "
-                             f"{', '.join(OFFLOAD_MODES)}")
+        checkpoint_mode(self.activation_checkpointing)  # a mode name, or true/false of older configs
         if self.zero.cpu_offload and self.zero.stage != 3:
             raise ValueError(f"zero.cpu_offload=true needs zero.stage=3 (parameters sharded), not {self.zero.stage}")
         if self.model.init_from and self.checkpoint.resume not in ("", "latest"):
             raise ValueError(f"model.init_from={self.model.init_from} starts a new run from weights, "
                              f"checkpoint.resume={self.checkpoint.resume} continues an earlier one: set only one")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device={self.device!r}: use auto, cpu or cuda")
-        if self.steps < 1 or self.log_every < 1 or self.optim.grad_accum_steps < 1:
-            raise ValueError("steps, log_every and optim.grad_accum_steps must be >= 1")
-        if min(self.checkpoint.every, self.checkpoint.weights_every, self.checkpoint.keep_last) < 0:
-            raise ValueError("checkpoint.every, checkpoint.weights_every and checkpoint.keep_last must be >= 0")
-        if not 0 < self.anomaly.rollback_lr_factor <= 1 or not 0 <= self.anomaly.ema_beta < 1:
-            raise ValueError("anomaly.rollback_lr_factor must be in (0, 1] and anomaly.ema_beta in [0, 1)")
-        if self.metrics.layer_stats < -1:
-            raise ValueError(f"metrics.layer_stats={self.metrics.layer_stats}: use 0 (off), -1 (all) or a block count")
-        if self.metrics.prometheus_linger_s < 0:
-            raise ValueError(f"metrics.prometheus_linger_s={self.metrics.prometheus_linger_s}: use seconds >= 0")
-        if not 0 <= self.metrics.prometheus_port <= 65535:
-            raise ValueError(f"metrics.prometheus_port={self.metrics.prometheus_port}: use 0 (off) or a TCP port")
-        if self.eval.every < 0 or self.eval.tokens < 1 or self.eval.micro_batch_size < 0:
-            raise ValueError("eval.every and eval.micro_batch_size must be >= 0, eval.tokens >= 1")
-        p = self.profile
-        if p.enabled and (p.active < 1 or min(p.skip_first, p.wait, p.warmup) < 0):
-            raise ValueError(f"profile: active={p.active} must be >= 1 and skip_first/wait/warmup >= 0")
+        o = self.optim
+        if o.min_lr > o.lr:
+            raise ConfigError(f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}: the cosine would rise; set "
+                              "optim.min_lr <= optim.lr")
+        if not (isinstance(o.betas, list) and len(o.betas) == 2
+                and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in o.betas)):
+            raise ConfigError(f"optim.betas={o.betas!r}: use two numbers in [0, 1), e.g. [0.9, 0.95]")
+        if 0 < self.anomaly.spike_ratio <= 1:
+            raise ConfigError(f"anomaly.spike_ratio={self.anomaly.spike_ratio}: use 0 (off) or a ratio > 1 (every "
+                              "loss at or above its average would count as a spike)")
         self.data.validate()
         parse_hooks(self.hooks)
 

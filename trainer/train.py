@@ -15,6 +15,7 @@ import torch.distributed as dist
 from colaflow.config import to_dict
 from loaders.protocols import RankLoader, ShardSource
 from loaders.rank.batch import TokenBatch
+from shards.format.tokens import check_token_ids
 from trainer import checkpointing as ckpt
 from trainer import memory, pretrained
 from trainer.config import TrainConfig
@@ -44,9 +45,13 @@ def build_data(cfg: TrainConfig, info: parallel.DistInfo) -> tuple[ShardSource, 
     return cache, build_text_loader(cfg.data, cache, info.rank, info.world_size)
 
 
-def resolve_vocab_size(cfg: TrainConfig) -> None:
+def resolve_vocab_size(cfg: TrainConfig) -> dict | None:
     """Fill ``model.vocab_size`` from the manifest when it is 0, check that a set one covers the
     data's token ids, and that the tokenizer beside the shards is the one that wrote them.
+
+    Returns:
+        ``{kind, sha256}`` of the tokenizer that wrote the data (kept in checkpoints' ``meta.json``),
+        ``None`` for an older manifest that recorded none.
 
     Raises:
         ValueError: no vocabulary size anywhere, ``model.vocab_size`` below the manifest's, or the
@@ -70,12 +75,45 @@ def resolve_vocab_size(cfg: TrainConfig) -> None:
     elif vocab > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is below the data's vocabulary ({vocab} in {url}): "
                          f"its token ids would not fit the embedding; set model.vocab_size={vocab} (or 0: the manifest's)")
+    ident = manifest.tokenizer_identity
+    return None if ident is None else {"kind": ident.kind, "sha256": ident.sha256}
 
 
-def resolve_model(cfg: TrainConfig) -> pretrained.Pretrained | None:
+def check_resume_tokenizer(meta: dict, tokenizer: dict | None, checkpoint: str) -> None:
+    """Refuse to resume a run on data written by another tokenizer than its checkpoint's run read
+    (the same ids would mean other text). Checkpoints of older runs, and older manifests, record
+    none: nothing to compare.
+
+    Args:
+        meta: the checkpoint's ``meta.json``; ``tokenizer``: :func:`resolve_vocab_size`'s result.
+    Raises:
+        ValueError: both record a tokenizer file and their sha256 differ (one line).
+    """
+    before = meta.get("tokenizer") or {}
+    if tokenizer is None or not before.get("sha256") or before["sha256"] == tokenizer.get("sha256"):
+        return
+    raise ValueError(f"{checkpoint} was trained on data tokenized by a {before.get('kind')} tokenizer "
+                     f"(sha256 {before['sha256'][:12]}), but data.manifest's shards were tokenized by a "
+                     f"{tokenizer.get('kind')} tokenizer (sha256 {str(tokenizer.get('sha256'))[:12]}): the same ids "
+                     "would mean other text. Resume on the run's own data, or start a new run from these weights "
+                     f"(model.init_from={checkpoint} in a fresh run_dir)")
+
+
+@dataclass(frozen=True)
+class Origins:
+    """Where a run's weights and tokens come from, found before the model is built.
+
+    Attributes:
+        pretrained: the ``model.init_from`` weights, ``None`` without it.
+        tokenizer: ``{kind, sha256}`` of the data's tokenizer (:func:`resolve_vocab_size`).
+    """
+    pretrained: pretrained.Pretrained | None
+    tokenizer: dict | None
+
+
+def resolve_model(cfg: TrainConfig) -> Origins:
     """Complete ``cfg.model`` before the model is built: sizes from ``model.init_from`` (its small
-    files only), then ``vocab_size`` from the manifest (:func:`resolve_vocab_size`). Returns the
-    pretrained source, or ``None`` without ``init_from``.
+    files only), then ``vocab_size`` from the manifest (:func:`resolve_vocab_size`).
 
     Raises:
         ValueError: see :func:`trainer.pretrained.open_source`, :func:`trainer.pretrained.fill_sizes`
@@ -85,8 +123,7 @@ def resolve_model(cfg: TrainConfig) -> pretrained.Pretrained | None:
     if cfg.model.init_from:
         source = pretrained.open_source(cfg.model.init_from)
         pretrained.fill_sizes(cfg.model, source)
-    resolve_vocab_size(cfg)
-    return source
+    return Origins(source, resolve_vocab_size(cfg))
 
 
 def loader_state(loader: RankLoader, epoch: int) -> dict:
@@ -102,12 +139,15 @@ class RollbackError(RuntimeError):
     """Too many bad steps in a row and no finished checkpoint to roll back to (a run error: exit 1)."""
 
 
-def micro_batches(loader: RankLoader, epoch: int):
+def micro_batches(loader: RankLoader, epoch: int, vocab_size: int = 0):
     """Endless stream of ``(epoch, TokenBatch)``, calling ``loader.set_epoch`` at each new epoch
-    (a loader restored mid-epoch continues where its state points).
+    (a loader restored mid-epoch continues where its state points). Each batch's token ids are
+    checked against ``vocab_size`` (the model's embedding rows; 0 = unchecked) on the host, before
+    the batch reaches the device, where an id past the embedding fails in an ``IndexError``.
 
     Raises:
         NoDataError: an epoch read from its start yields no batch.
+        shards.format.tokens.TokenRangeError: a batch holds an id at or above ``vocab_size``.
     """
     while True:
         loader.set_epoch(epoch)
@@ -116,6 +156,7 @@ def micro_batches(loader: RankLoader, epoch: int):
         empty = True
         for batch in loader:
             empty = False
+            check_token_ids(batch.input_ids, vocab_size, f"training batch of {', '.join(batch.keys[:3])}")
             yield epoch, batch
         if empty and not resumed:
             raise NoDataError(
@@ -204,12 +245,13 @@ def build_model(cfg: TrainConfig, info: parallel.DistInfo, init: pretrained.Pret
 
 
 def build_checkpointer(cfg: TrainConfig, info: parallel.DistInfo, root: str,
-                       init_from: dict | None = None) -> ckpt.Checkpointer:
+                       init_from: dict | None = None, tokenizer: dict | None = None) -> ckpt.Checkpointer:
     """Checkpoints of this run (verified from the stored bytes before they become visible);
-    ``init_from``: the pretrained weights' fingerprint, recorded in every ``meta.json``."""
+    ``init_from``: the pretrained weights' fingerprint and ``tokenizer`` the data's
+    (:func:`resolve_vocab_size`), both recorded in every ``meta.json``."""
     return ckpt.Checkpointer(root, info.device, cfg.precision, cfg.zero.stage,
                              cfg.model.vocab_size, min(cfg.data.seq_len, cfg.model.max_seq_len), to_dict(cfg),
-                             cfg.checkpoint.keep_last, cfg.checkpoint.async_save, init_from)
+                             cfg.checkpoint.keep_last, cfg.checkpoint.async_save, init_from, tokenizer)
 
 
 def roll_back(ckpts: ckpt.Checkpointer, model, optimizer, guard: AnomalyGuard, step: int,
@@ -256,6 +298,7 @@ class Run:
     loss_last: float | None = None
     saved: str | None = None  # newest checkpoint folder this run wrote
     init_from: dict | None = None  # {path, kind, sha256} of the pretrained weights (rank 0; None: random init)
+    folder_lock: object = None  # rank 0's lock on run_dir (trainer.run.folder.lock_run_folder), released at the end
     evaluation: Evaluation | None = None  # built by the first maybe_evaluate
 
     def is_log_step(self, step: int) -> bool:
@@ -291,20 +334,25 @@ def start_run(cfg: TrainConfig) -> Run:
     cfg.validate()
     memory.configure_cuda_allocator(cfg.memory.expandable_segments)  # before the first CUDA allocation
     info = parallel.init_distributed(cfg.device)
-    source = resolve_model(cfg)
+    origins = resolve_model(cfg)
+    source = origins.pretrained
     plan = prepare_run(cfg, info.is_main)
     init = source if plan.checkpoint is None else None  # a resumed run's weights are in its checkpoint
+    meta = ckpt.read_meta(plan.checkpoint) if plan.checkpoint else {}
+    if plan.checkpoint:
+        check_resume_tokenizer(meta, origins.tokenizer, plan.checkpoint)
     origin = None
     if source is not None and info.is_main:
-        origin = source.fingerprint() if init is not None else ckpt.read_meta(plan.checkpoint).get("init_from")
+        origin = source.fingerprint() if init is not None else meta.get("init_from")
     if info.is_main:
         print(start_line(cfg, data_summary(cfg.data), info.world_size, plan, init=init), flush=True)
     cache, loader = build_data(cfg, info)
     model, wrapped, optimizer = build_model(cfg, info, init)
     run = Run(cfg, info, cache, loader, model, wrapped, optimizer,
-              build_checkpointer(cfg, info, checkpoint_root(cfg), origin),
+              build_checkpointer(cfg, info, checkpoint_root(cfg), origin, origins.tokenizer),
               AnomalyGuard(cfg.anomaly, cfg.run_dir, info.rank, info.device),
               StepHooks.build(cfg.hooks, HookContext(cfg.run_dir, EventLog.of_run(cfg.run_dir))), init_from=origin)
+    run.folder_lock = plan.lock
     if plan.checkpoint:
         resume(run, plan.checkpoint)
     if info.is_main:
@@ -356,12 +404,16 @@ def finish_run(run: Run, elapsed: float) -> dict:
                                    run.trainer_state())
     run.ckpts.close()
     run.log.close()
+    bad = torch.tensor([run.loader.metrics().get("bad", 0)], dtype=torch.long)
+    if dist.is_available() and dist.is_initialized() and info.world_size > 1:
+        dist.all_reduce(bad)  # gloo and nccl alike: the count lives on the host, and is small
+    skipped = int(bad.item())
     summary = {"train_steps": run.step - run.first_step, "final_step": run.step, "world_size": info.world_size,
                "loss_first": run.loss_first, "loss_last": run.loss_last, "tokens_seen": run.tokens_seen,
                "tokens_per_second": run.tokens_seen / elapsed if elapsed > 0 else 0.0,
                "checkpoint": run.saved, "parameters": count_parameters(run.model), "anomalies": run.guard.summary(),
                "cache": run.cache.metrics(), "loader": run.loader.metrics(), "init_from": run.init_from,
-               **evaluation_summary(run)}
+               "skipped_documents": skipped, **evaluation_summary(run)}
     if info.is_main:
         with open(os.path.join(cfg.run_dir, "train_summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2, default=str)
@@ -371,9 +423,13 @@ def finish_run(run: Run, elapsed: float) -> dict:
             lost = run.guard.summary()
             rolled = (f"; {lost['rollbacks']} rollback(s) undid {lost['good_steps_lost']} good steps "
                       f"({lost['good_micro_batches_lost']} micro-batches not revisited)" if lost["rollbacks"] else "")
+            unread = (f"; skipped {skipped:,} unreadable document(s) of corrupt or missing shards (named in the "
+                      "errors above; colaflow shards verify checks them)" if skipped else "")
             print(f"trained {summary['train_steps']} steps on {info.world_size} rank(s): loss "
                   f"{run.loss_first:.3f} -> {run.loss_last:.3f}, {summary['tokens_per_second']:.0f} tokens/s, "
-                  f"checkpoint {run.saved}{rolled}")
+                  f"checkpoint {run.saved}{rolled}{unread}")
+    if run.folder_lock is not None:
+        run.folder_lock.release()
     return summary
 
 
@@ -390,7 +446,7 @@ def train(cfg: TrainConfig) -> dict:
     """
     run = start_run(cfg)
     info, guard, timer = run.info, run.guard, run.meter.timer
-    stream = micro_batches(run.loader, run.epoch)
+    stream = micro_batches(run.loader, run.epoch, cfg.model.vocab_size)
     acc_loss = torch.zeros((), device=info.device)
     acc_tokens = torch.zeros((), dtype=torch.long, device=info.device)
     start = time.perf_counter()
@@ -419,6 +475,7 @@ def train(cfg: TrainConfig) -> dict:
         if guard.needs_rollback:
             run.step = roll_back(run.ckpts, run.wrapped, run.optimizer, guard, run.step,
                                  cfg.optim.grad_accum_steps * info.world_size)
+            run.log.rewind(run.step)  # the undone steps' records go: each step is logged once
             continue
         save_checkpoints(run)
         maybe_evaluate(run)

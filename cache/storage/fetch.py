@@ -22,6 +22,7 @@ import fsspec
 import zstandard
 
 from cache.errors import CacheFullError, ShardFetchError, ShardVerifyError
+from colaflow.network import storage_options
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,35 @@ class FetchSpec:
 
 @dataclass
 class FetchResult:
-    """A finished download: local ``size`` (bytes), ``sha256`` hex (``None`` if not hashed), bytes moved over the wire."""
+    """A finished download: local ``size`` (bytes), ``sha256`` hex (``None`` if not hashed), bytes
+    moved over the wire, and ``file_id``, the ``(st_dev, st_ino)`` of the file those bytes were
+    written to and checked in (:meth:`cache.storage.store.Store.commit` renames only that file)."""
 
     size: int
     sha256: str | None
     wire_bytes: int
+    file_id: tuple[int, int] = (0, 0)
+
+
+class PartialChangedError(OSError):
+    """The partial file of a live download was replaced or removed by someone else: the bytes now at
+    its path are not the ones that were checked. The download is retried."""
+
+
+def file_id(stat: os.stat_result) -> tuple[int, int]:
+    """``(st_dev, st_ino)``: which file a path or descriptor is, whatever its name now."""
+    return stat.st_dev, stat.st_ino
+
+
+def check_same_file(path: str, expected: tuple[int, int], size: int) -> None:
+    """Raise :class:`PartialChangedError` unless ``path`` is still file ``expected`` of ``size`` bytes."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise PartialChangedError(errno.ENOENT, "the partial download was removed while it was written", path)
+    if file_id(st) != expected or st.st_size != size:
+        raise PartialChangedError(errno.ESTALE, f"the partial download was replaced while it was written "
+                                  f"({st.st_size} bytes there now, {size} written and checked)", path)
 
 
 class _Retryable(Exception):
@@ -62,14 +87,6 @@ class _Retryable(Exception):
 
 class _Mismatch(_Retryable):
     """The downloaded bytes have the wrong size or sha256."""
-
-
-def storage_options(url: str, timeout_s: float) -> dict:
-    """fsspec storage options for ``url``: connect and per-read socket timeouts for HTTP(S)."""
-    if url.startswith(("http://", "https://")):
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
-        return {"client_kwargs": {"timeout": timeout}}
-    return {}
 
 
 def remote_size(url: str, timeout_s: float) -> int | None:
@@ -167,11 +184,17 @@ class Downloader:
             _hash_prefix(spec.part, offset, hasher, self.chunk_bytes)
         wire = 0
         with open(spec.part, "r+b" if offset else "wb") as out:
+            written_to = file_id(os.fstat(out.fileno()))
             out.seek(offset)
             if spec.size is None or offset < spec.size:
                 wire = self._stream(spec, out, offset, hasher)
             out.truncate()
             size = out.tell()
+        try:
+            check_same_file(spec.part, written_to, size)
+        except PartialChangedError:
+            _remove(spec.part)  # not this download's bytes: never resume from them
+            raise
         if spec.size is not None and size != spec.size:
             if size > spec.size:
                 _remove(spec.part)
@@ -180,7 +203,7 @@ class Downloader:
         if spec.sha256 and digest is not None and digest != spec.sha256.lower():
             _remove(spec.part)  # a bad prefix would poison every resume
             raise _Mismatch(f"sha256 {digest} does not match the manifest's {spec.sha256}")
-        return FetchResult(size, digest, wire)
+        return FetchResult(size, digest, wire, written_to)
 
     def _stream(self, spec: FetchSpec, out, offset: int, hasher) -> int:
         """Copy the source from ``offset`` into ``out``; returns wire bytes read."""

@@ -81,8 +81,10 @@ class Store:
         OSError: ``create`` and the folder cannot be made (e.g. its parent is read-only).
     """
 
-    def __init__(self, root: str, max_bytes: int, min_free_bytes: int, create: bool = True):
+    def __init__(self, root: str, max_bytes: int, min_free_bytes: int, create: bool = True,
+                 wait_s: float | None = None):
         self.root, self.max_bytes, self.min_free_bytes = root, max_bytes, min_free_bytes
+        self.wait_s = wait_s  # the longest wait on a lock whose holder shows no progress (cache.fetch_wait_s)
         self.read_only = is_read_only(root)
         if create and not self.read_only:
             for sub in ("data", "tmp", "locks"):
@@ -107,19 +109,23 @@ class Store:
 
     def pin_lock(self, key: str) -> FileLock:
         """Shared lock held by every reader of ``key``; a pinned entry is never evicted."""
-        return FileLock(os.path.join(self.root, "locks", key + ".pin"), shared=True)
+        return FileLock(os.path.join(self.root, "locks", key + ".pin"), shared=True, wait_s=self.wait_s)
 
     def hold_lock(self, key: str) -> FileLock:
         """Shared lock held on a prefetched, not-yet-read ``key``; other prefetches never evict it."""
         return FileLock(os.path.join(self.root, "locks", key + ".hold"), shared=True)
 
     def fetch_lock(self, key: str) -> FileLock:
-        """Exclusive lock taken by the one process downloading ``key``."""
-        return FileLock(os.path.join(self.root, "locks", key + ".fetch"))
+        """Exclusive lock taken by the one process downloading ``key``; a wait for it ends in
+        :class:`~cache.errors.CacheLockError` when the holder's partial file has not grown for ``wait_s``."""
+        part = self.part_path(key)
+        return FileLock(os.path.join(self.root, "locks", key + ".fetch"), wait_s=self.wait_s,
+                        progress=lambda: _stat_or_none(part))
 
     def global_lock(self) -> FileLock:
-        """Exclusive lock around accounting: listing usage, reserving, committing and evicting."""
-        return FileLock(os.path.join(self.root, "global.lock"))
+        """Exclusive lock around accounting: listing usage, reserving, committing and evicting (held
+        for moments: a wait longer than ``wait_s`` means its holder is stuck)."""
+        return FileLock(os.path.join(self.root, "global.lock"), wait_s=self.wait_s)
 
     # -- sidecars -----------------------------------------------------------------------
     def read_meta(self, key: str) -> EntryMeta | None:
@@ -137,19 +143,29 @@ class Store:
             json.dump(asdict(meta), f)
         os.replace(tmp, self.meta_path(key))
 
-    def commit(self, key: str, url: str, sha256: str | None, verified: bool) -> str:
+    def commit(self, key: str, url: str, sha256: str | None, verified: bool,
+               checked: tuple[tuple[int, int], int] | None = None) -> str:
         """Move a finished ``tmp/KEY.part`` into ``data/KEY`` atomically, drop its reservation and
         write its sidecar.
 
-        The caller holds ``KEY``'s fetch lock and has checked size and (per policy) sha256. The
-        rename and the reservation's removal happen under the global lock, so an accounting pass
-        (``reserve``) sees the bytes either in ``tmp/`` or in ``data/``, never in neither.
-        Returns the data path.
+        The caller holds ``KEY``'s fetch lock and has checked size and (per policy) sha256 of the
+        file ``checked`` names (``(file id, size)``, :func:`cache.storage.fetch.file_id`): only that
+        file is renamed, so a partial file replaced or removed underneath a download is never
+        committed as verified. The rename and the reservation's removal happen under the global
+        lock, so an accounting pass (``reserve``) sees the bytes either in ``tmp/`` or in ``data/``,
+        never in neither. Returns the data path.
+
+        Raises:
+            cache.storage.fetch.PartialChangedError: ``tmp/KEY.part`` is no longer the checked file.
         """
+        from cache.storage.fetch import check_same_file
+
         part, path = self.part_path(key), self.data_path(key)
         with open(part, "rb") as f:
             os.fsync(f.fileno())
         with self.global_lock():
+            if checked is not None:
+                check_same_file(part, *checked)
             os.replace(part, path)
             self.release(key)
         st = os.stat(path)
@@ -343,6 +359,15 @@ def _mtime(path: str) -> float:
         return os.stat(path).st_mtime
     except FileNotFoundError:
         return time.time()
+
+
+def _stat_or_none(path: str) -> tuple[int, int] | None:
+    """``(size, mtime in ns)`` of ``path``, ``None`` when it does not exist: a download's progress."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 def _read_int(path: str) -> int:

@@ -25,14 +25,18 @@ from cache.storage.locks import is_locked
 from cache.storage.store import Entry, Store
 from colaflow.config import ConfigError
 from colaflow.errors import USAGE, exit_status, explain
+from colaflow.network import set_network_timeout
 from colaflow.wording import count, help_text
 
 
 def _config(args) -> CacheConfig:
+    """The command's cache config; its ``timeout_s`` becomes every network read's (:mod:`colaflow.network`)."""
     overrides = list(args.set or [])
     if args.dir:
         overrides.append(f"dir={args.dir}")
-    return load_cache_config(args.config, overrides)
+    cfg = load_cache_config(args.config, overrides)
+    set_network_timeout(cfg.timeout_s)
+    return cfg
 
 
 def _open(args, writes: bool = True) -> ShardCache:
@@ -202,6 +206,10 @@ def cmd_tune(args) -> int:
         cache.close()
         print(f"{args.manifest}: the manifest lists no shards", file=sys.stderr)
         return 1
+    if args.nodes < 1:
+        cache.close()
+        print(f"error: --nodes {args.nodes}: give the training job's node count (>= 1)", file=sys.stderr)
+        return 2
     w, r = measure_disk(cfg.path, parse_size(args.disk_bytes))
     sample = manifest.shards[: args.sample_shards]
     urls = [shard_url(args.manifest, s.name) for s in sample]
@@ -221,7 +229,8 @@ def cmd_tune(args) -> int:
     m = Measurements(w, r, rate, lat)
     free = shutil.disk_usage(cfg.path).free + cache.store.usage()
     snippet, notes = recommend(m, args.consume_mbps, manifest.total_bytes / len(manifest.shards),
-                               manifest.total_bytes, free, cfg.min_free_bytes_int, num_shards=len(manifest.shards))
+                               manifest.total_bytes, free, cfg.min_free_bytes_int, num_shards=len(manifest.shards),
+                               nodes=args.nodes)
     print(render(snippet, m, notes, describe_disk(cfg.path)), end="")
     cache.close()
     return 0
@@ -284,6 +293,7 @@ def build_parser(prog: str = "python -m cache") -> argparse.ArgumentParser:
     t.add_argument("--consume-mbps", type=float, required=True, help="trainer read rate on this node, MB/s")
     t.add_argument("--sample-shards", type=int, default=2, help="shards to download for the fetch rate")
     t.add_argument("--disk-bytes", default="256MiB", help="bytes written/read for the disk test")
+    t.add_argument("--nodes", type=int, default=1, help="nodes of the training job: size the cache for this node's share")
     s = command("serve", "serve a folder over HTTP with Range support", cmd_serve)
     s.add_argument("directory")
     s.add_argument("--port", type=int, default=8000)

@@ -20,7 +20,7 @@ import psutil
 import yaml
 
 from cache.config import format_size
-from cache.storage.fetch import storage_options
+from colaflow.network import storage_options
 from shards.format.urls import url_name
 
 MB = 1e6
@@ -127,9 +127,19 @@ def measure_remote(urls: list[str], timeout_s: float = 60.0, probes: int = 5,
     return statistics.median(lat), nbytes / MB / max(time.perf_counter() - t0, 1e-9), fetched
 
 
+def node_share(dataset_bytes: int, shard_bytes: float, num_shards: int | None, nodes: int) -> tuple[int, int | None]:
+    """``(bytes, shards)`` one of ``nodes`` nodes reads per epoch: ``1/nodes`` of the dataset plus the
+    shard or two it receives documents of, counted as 2 (the loader's deal over nodes,
+    :mod:`loaders.order.split`), never more than the dataset."""
+    if nodes <= 1:
+        return dataset_bytes, num_shards
+    share = min(dataset_bytes, int(dataset_bytes / nodes + 2 * shard_bytes))
+    return share, None if num_shards is None else min(num_shards, -(-num_shards // nodes) + 2)
+
+
 def recommend(m: Measurements, consume_mbps: float, shard_bytes: float, dataset_bytes: int,
               disk_free_bytes: int, min_free_bytes: int, hostname: str | None = None,
-              num_shards: int | None = None) -> tuple[dict, list[str]]:
+              num_shards: int | None = None, nodes: int = 1) -> tuple[dict, list[str]]:
     """Recommended ``{prefetch_shards, max_bytes}`` for a node and the notes explaining them.
 
     Args:
@@ -140,19 +150,27 @@ def recommend(m: Measurements, consume_mbps: float, shard_bytes: float, dataset_
         disk_free_bytes: free bytes on the cache's file system (plus what the cache holds now).
         min_free_bytes: free space to keep, bytes.
         hostname: node name for the snippet (default this host).
-        num_shards: shards in the dataset; downloads in flight never exceed it (``None``: no cap).
+        num_shards: shards in the dataset; downloads in flight never exceed the node's (``None``: no cap).
+        nodes: nodes of the training job: each reads its share of the dataset (:func:`node_share`),
+            which is what the cache has to hold.
 
     Returns:
         ``(snippet dict, notes)``; the snippet is the ``cache:`` YAML section with a ``nodes`` entry.
     """
     notes = []
+    whole = dataset_bytes
+    dataset_bytes, num_shards = node_share(dataset_bytes, shard_bytes, num_shards, nodes)
+    if nodes > 1:
+        notes.append(f"this node reads 1/{nodes} of the dataset ({format_size(whole)}) plus about 2 shards: "
+                     f"{format_size(dataset_bytes)} per epoch (the same shards every epoch with data.shard_lanes "
+                     f"a multiple of {nodes})")
     fetch_s = m.latency_s + shard_bytes / MB / max(m.fetch_mbps, 1e-9)
     consume_s = shard_bytes / MB / max(consume_mbps, 1e-9)
     depth = max(1, min(64, math.ceil(fetch_s / max(consume_s, 1e-9)) + 1))
     capped = num_shards is not None and depth > num_shards
     depth = max(1, min(depth, num_shards)) if capped else depth
     notes.append(f"one shard: {fetch_s:.2f}s to fetch on one stream, {consume_s:.2f}s to consume "
-                 f"-> {depth} downloads in flight" + (f" (capped at the dataset's {num_shards} shards)" if capped else ""))
+                 f"-> {depth} downloads in flight" + (f" (capped at the {'node' if nodes > 1 else 'dataset'}'s {num_shards} shards)" if capped else ""))
     if depth * m.fetch_mbps < consume_mbps:
         notes.append(f"WARNING: {depth} streams of {m.fetch_mbps:.0f} MB/s cannot match the consumption rate; "
                      f"expect stalls")
@@ -163,10 +181,12 @@ def recommend(m: Measurements, consume_mbps: float, shard_bytes: float, dataset_
     floor = int((depth + 2) * shard_bytes)
     if dataset_bytes * 1.05 <= room:
         max_bytes = int(dataset_bytes * 1.05)
-        notes.append(f"the whole dataset ({format_size(dataset_bytes)}) fits: epochs after the first read from disk")
+        what = "the node's share" if nodes > 1 else "the whole dataset"
+        notes.append(f"{what} ({format_size(dataset_bytes)}) fits: epochs after the first read from disk")
     else:
         max_bytes = max(floor, room)
-        notes.append(f"the dataset ({format_size(dataset_bytes)}) does not fit in {format_size(room)}: "
+        what = "the node's share" if nodes > 1 else "the dataset"
+        notes.append(f"{what} ({format_size(dataset_bytes)}) does not fit in {format_size(room)}: "
                      f"every epoch streams from the source")
     gib = math.ceil(max_bytes / 2**30)
     snippet = {"cache": {"nodes": {hostname or socket.gethostname(): {

@@ -78,9 +78,9 @@ class Mixture:
         return cls(load_sources(parse_sources(cfg.mixture)))
 
     # -- what the stream reads -----------------------------------------------------------------
-    def order(self, epoch: int, seed: int, shuffle: bool, block: int) -> MixtureOrder:
+    def order(self, epoch: int, seed: int, shuffle: bool, block: int, lanes: int = 1) -> MixtureOrder:
         """Mixture epoch ``epoch``'s order (each source's own seeded order, drawn by the plan)."""
-        return MixtureOrder(self.plan, epoch, self.sources, seed, shuffle, block)
+        return MixtureOrder(self.plan, epoch, self.sources, seed, shuffle, block, lanes)
 
     def reader(self, cache: ShardSource, index_dir: str | None) -> MixtureReader:
         """Every source's shards through one shard source (:class:`loaders.mixture.sources.MixtureReader`)."""

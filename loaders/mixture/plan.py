@@ -3,7 +3,7 @@
 Pure arithmetic (no I/O): a function of the sources' item and token counts (from their
 manifests), their token shares and the plan's history of share changes — never of the world
 size or the worker count. The loader (:mod:`loaders.mixture.mixture`) splits the drawn positions over
-consumers exactly as it splits one dataset's positions (:func:`loaders.order.sample_order.consumer_items`).
+consumers exactly as it splits one dataset's positions (:func:`loaders.order.split.consumer_items`).
 
 **Virtual time.** Source ``s`` has ``N_s`` items and ``T_s`` tokens, so ``m_s = T_s / N_s``
 tokens per item on average. With token share ``w_s`` it advances at ``r_s = w_s / m_s`` items

@@ -96,7 +96,7 @@ class LoadedSource:
 
 def load_sources(specs: list[MixtureSource]) -> list[LoadedSource]:
     """Load every source's manifest (fsspec). Raises ``FileNotFoundError``/``ValueError`` naming the
-    source; ``ValueError`` also for an empty source or vocabularies that differ."""
+    source; ``ValueError`` also for an empty source, or vocabularies or tokenizer files that differ."""
     out = []
     for s in specs:
         try:
@@ -109,6 +109,11 @@ def load_sources(specs: list[MixtureSource]) -> list[LoadedSource]:
     vocabs = {src.spec.name: src.manifest.vocab_size for src in out}
     if len(set(vocabs.values())) > 1:
         raise ValueError(f"mixture sources have different vocabularies {vocabs}; preprocess them with one tokenizer")
+    written_by = {src.spec.name: src.manifest.tokenizer_identity.sha256[:12] for src in out
+                  if src.manifest.tokenizer_identity is not None and src.manifest.tokenizer_identity.sha256}
+    if len(set(written_by.values())) > 1:
+        raise ValueError(f"mixture sources were tokenized by different tokenizer files (sha256 {written_by}); "
+                         "preprocess them with one tokenizer")
     return out
 
 
@@ -132,7 +137,8 @@ def combined_manifest(sources: list[LoadedSource]) -> Manifest:
               for s in sources for i, d in zip(s.manifest.shards, s.manifest.document_counts())]
     first = sources[0].manifest
     # token_blocks: the layout whose counts are the listed documents (each source keeps its own layout)
-    return Manifest(shards, first.tokenizer, first.vocab_size, first.token_dtype, layout="token_blocks")
+    return Manifest(shards, first.tokenizer, first.tokenizer_identity, first.vocab_size, first.token_dtype,
+                    layout="token_blocks")
 
 
 def source_seed(seed: int, name: str) -> int:
@@ -148,12 +154,12 @@ class MixtureOrder:
         plan: the mixture's draw.
         epoch: mixture epoch.
         sources: the loaded sources (plan order).
-        seed, shuffle, block: the loader's order settings (each source gets :func:`source_seed`).
+        seed, shuffle, block, lanes: the loader's order settings (each source gets :func:`source_seed`).
     """
 
     def __init__(self, plan: MixturePlan, epoch: int, sources: list[LoadedSource], seed: int, shuffle: bool,
-                 block: int):
-        self.epoch, self.sources, self.seed, self.shuffle = epoch, sources, seed, shuffle
+                 block: int, lanes: int = 1):
+        self.epoch, self.sources, self.seed, self.shuffle, self.lanes = epoch, sources, seed, shuffle, lanes
         self.block = max(1, int(block))
         self.src, self.item = plan.epoch_draws(epoch)
         self.num_samples = len(self.src)
@@ -171,7 +177,7 @@ class MixtureOrder:
             src = self.sources[s]
             self._orders[key] = SampleOrder(src.manifest.document_counts(),
                                             source_seed(self.seed, src.spec.name), source_epoch, self.shuffle,
-                                            self.block)
+                                            self.block, self.lanes)
         return self._orders[key]
 
     def _source_block(self, s: int, e: int, b: int) -> tuple[np.ndarray, np.ndarray]:

@@ -44,9 +44,9 @@ class Progress:
             built from the ``(position, chunk, n_chunks)`` rows kept for them).
         complete_ranks: ranks whose share of the epoch was fully delivered.
         bad, empty: unreadable / empty documents seen (counted, never silently dropped).
-        deal: how the epoch's documents were dealt to consumers: ``{"world_size", "workers",
+        deal: how the epoch's documents were dealt to consumers: ``{"world_size", "workers", "nodes",
             "prefix", "done"}``, the layout and the consumed positions the deal started from
-            (``done`` as :meth:`PositionSet.encode` writes it; :func:`loaders.order.sample_order.consumer_arrays`).
+            (``done`` as :meth:`PositionSet.encode` writes it; :func:`loaders.order.split.consumer_arrays`).
             A resume with the same layout deals from it again and skips what was consumed since,
             so each consumer keeps its documents, in order; another layout deals the documents left
             anew. ``None``: not dealt yet.
@@ -192,17 +192,22 @@ def partial_rows(partial: list, num_samples: int | None = None) -> np.ndarray:
 
 def _check_deal(deal: dict, num_samples: int) -> None:
     """Raises ``ValueError`` (or ``KeyError``/``TypeError``) unless :attr:`Progress.deal` holds a layout
-    of at least one rank and worker and a prefix and dealt positions inside the epoch."""
+    of at least one rank and worker, on nodes that divide the ranks, and a prefix and dealt positions
+    inside the epoch."""
     dealt = decode_positions(deal["done"])
-    if int(deal["world_size"]) < 1 or int(deal["workers"]) < 1 or not 0 <= int(deal["prefix"]) <= num_samples \
+    if int(deal["world_size"]) < 1 or int(deal["workers"]) < 1 or int(deal.get("nodes", 1)) < 1 \
+            or int(deal["world_size"]) % int(deal.get("nodes", 1)) or not 0 <= int(deal["prefix"]) <= num_samples \
             or (len(dealt) and (dealt[0] < 0 or dealt[-1] >= num_samples)):
-        raise ValueError(f"deal of world size {deal['world_size']} x {deal['workers']} workers from prefix "
-                         f"{deal['prefix']} is outside positions [0, {num_samples}]")
+        raise ValueError(f"deal of world size {deal['world_size']} x {deal['workers']} workers on "
+                         f"{deal.get('nodes', 1)} nodes from prefix {deal['prefix']} is outside positions "
+                         f"[0, {num_samples}] or nodes that divide the ranks")
 
 
-def deal_fits(deal: dict | None, world_size: int, workers: int) -> bool:
-    """Whether :attr:`Progress.deal` was made for ``world_size`` ranks of ``workers`` workers each."""
-    return bool(deal) and deal["world_size"] == world_size and deal["workers"] == workers
+def deal_fits(deal: dict | None, world_size: int, workers: int, nodes: int = 1) -> bool:
+    """Whether :attr:`Progress.deal` was made for ``world_size`` ranks of ``workers`` workers each on
+    ``nodes`` nodes (a deal without ``nodes``, written before nodes were dealt apart, is one node's)."""
+    return bool(deal) and deal["world_size"] == world_size and deal["workers"] == workers \
+        and deal.get("nodes", 1) == nodes
 
 
 def merge_states(states: list[dict]) -> dict:

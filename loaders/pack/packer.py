@@ -46,10 +46,12 @@ class ArrayPacker:
     Args:
         mode: the batching mode (:func:`loaders.pack.batching.batching` of the ``data:`` config).
         window: tokens buffered before a packing (>= 1; checked after each whole document).
+        pad_id: the token id of padding cells (the manifest's
+            :attr:`shards.format.manifest.TokenizerIdentity.padding_id`; masked and never a label).
     """
 
-    def __init__(self, mode: Batching, window: int):
-        self.mode, self.window = mode, max(window, 1)
+    def __init__(self, mode: Batching, window: int, pad_id: int = 0):
+        self.mode, self.window, self.pad_id = mode, max(window, 1), pad_id
         self.buf = {f: np.zeros(0, np.int64) for f in FIELDS}
         self.buffered = 0  # tokens in the buffer
         self.ready: list[PackedBatch] = []  # packed, waiting to be emitted
@@ -188,7 +190,7 @@ class ArrayPacker:
         used = [int(srcs[0])] if len(srcs) and srcs.min() == srcs.max() else np.unique(srcs).tolist()
         pools = [self.pools[g] for g in used]
         if len(used) == 1:
-            # each cell's token in the one array (padding cells repeat the row's last token, zeroed after);
+            # each cell's token in the one array (padding cells repeat the row's last token, set to pad_id after);
             # np.take with intp indices: about twice as fast as fancy indexing here. The indices are
             # made and used GATHER_TOKENS at a time, so they stay in the CPU cache (1.5x faster)
             real = n_rows  # rows with chunks (the rest: the last batch's empty rows)
@@ -201,10 +203,10 @@ class ArrayPacker:
                 r1 = min(real, r0 + step)
                 a, b = int(chunk_end[r0] - counts[r0]), int(chunk_end[r1 - 1])
                 np.take(pools[0], self._runs(c["off"][a:b], lens[a:b], gaps[a:b], 0), out=ids[r0 * T:r1 * T])
-            ids[real * T:] = 0
+            ids[real * T:] = self.pad_id
             ids = ids.reshape(R, T)
             for r in pad:
-                ids[r, fill[r]:] = 0
+                ids[r, fill[r]:] = self.pad_id
         else:  # chunks grouped by token array (shards, zstd blocks): one gather and one scatter per array
             slot = np.searchsorted(used, srcs)  # each chunk's array, numbered 0.. in `used`
             by = np.argsort(slot.astype(np.uint16 if len(used) < 1 << 16 else np.int64), kind="stable")  # radix sort
@@ -213,7 +215,7 @@ class ArrayPacker:
             off, cell, lens_by = c["off"][by], cell[by], lens[by]
             tok = np.concatenate([[0], np.cumsum(lens_by)])
             per_pool = np.searchsorted(slot[by], np.arange(len(used) + 1)).tolist()  # each array's chunks
-            ids = np.zeros(R * T, np.result_type(*pools))
+            ids = np.full(R * T, self.pad_id, np.result_type(*pools))
             for pool, a0, b0 in zip(pools, per_pool[:-1], per_pool[1:]):
                 cuts = np.searchsorted(tok, np.arange(tok[a0] + GATHER_TOKENS, tok[b0], GATHER_TOKENS)).tolist()
                 for a, b in zip([a0, *cuts], [*cuts, b0]):  # GATHER_TOKENS at a time, as above
@@ -232,12 +234,14 @@ class ArrayPacker:
                 for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
 
 
-def pack_documents(keys: list[str], documents: list[np.ndarray], seq_len: int, min_rows: int) -> PackedBatch:
+def pack_documents(keys: list[str], documents: list[np.ndarray], seq_len: int, min_rows: int,
+                   pad_id: int = 0) -> PackedBatch:
     """Documents packed into one batch as the loader packs them (``packed`` mode: chunks of ``seq_len``,
     best-fit-decreasing), with at least ``min_rows`` rows (``[max(bins, min_rows), seq_len]``).
 
     Args:
         keys: the documents' sample keys; ``documents``: their 1-D integer token arrays.
+        pad_id: the id of padding cells (see :class:`ArrayPacker`).
     Raises:
         ValueError: an empty document list.
     """
@@ -248,6 +252,6 @@ def pack_documents(keys: list[str], documents: list[np.ndarray], seq_len: int, m
     chunks["doc"] = np.arange(len(documents), dtype=np.int64)[chunks["doc"]]
     order = packing_order(chunks["length"], chunks["pos"], chunks["idx"], seq_len)
     bins = len(best_fit_bins(chunks["length"][order], seq_len)[1])
-    packer = ArrayPacker(BestFit(seq_len, max(bins, min_rows)), int(lengths.sum()) + 1)  # one packing: flush
+    packer = ArrayPacker(BestFit(seq_len, max(bins, min_rows)), int(lengths.sum()) + 1, pad_id)  # one packing: flush
     batches = list(packer.add(np.concatenate(documents), list(keys), chunks)) + list(packer.flush())
     return batches[0]

@@ -4,7 +4,7 @@
 It is composed of colaflow's own parts, not a second loader. A ``DataLoader`` worker is one more
 consumer of colaflow's split: worker ``w`` of ``W`` on rank ``r`` of ``R`` reads as the one-consumer
 :class:`loaders.rank.loader.TextLoader` of consumer ``r * W + w`` of ``R * W``, the very consumer that
-colaflow's own worker ``w`` of rank ``r`` is (:func:`loaders.order.sample_order.consumer_arrays`). So each
+colaflow's own worker ``w`` of rank ``r`` is (:func:`loaders.order.split.consumer_arrays`). So each
 document is read once per epoch across ranks and workers, the order does not depend on either count,
 and the resume state is colaflow's, in global positions of the epoch's order.
 
@@ -32,7 +32,7 @@ from loaders.formats import FORMATS, HFBatch, TitanBatch
 from loaders.protocols import ShardSource
 from loaders.rank.batch import TokenBatch
 from loaders.rank.loader import TextLoader
-from loaders.rank.world import resolve_world
+from loaders.rank.world import resolve_ranks_per_node, resolve_world
 from loaders.sources import build_sources, require_shard_source
 
 STATE_KEY = "colaflow_loader"  # a TokenDataset state is {STATE_KEY: the TextLoader state}
@@ -79,8 +79,9 @@ class TokenDataset(IterableDataset):
         format: overrides ``data.format``.
 
     Raises:
-        ValueError: an invalid config (names the field), remote data without a cache, or ``WORLD_SIZE`` > 1
-            in the environment with no process group and no explicit rank.
+        ValueError: an invalid config (names the field), remote data without a cache, ``WORLD_SIZE`` > 1
+            in the environment with no process group and no explicit rank, or ranks per node that do not
+            divide the world size (:func:`loaders.rank.world.resolve_ranks_per_node`).
         FileNotFoundError: no manifest.
     """
 
@@ -89,6 +90,7 @@ class TokenDataset(IterableDataset):
         cfg = dataclasses.replace(cfg, format=format or cfg.format)
         cfg.validate()
         self.rank, self.world_size = resolve_world(rank, world_size)
+        self.ranks_per_node = resolve_ranks_per_node(cfg.ranks_per_node, self.rank, self.world_size)
         self.format = FORMATS[cfg.format]
         # one in-process consumer per DataLoader worker; no collective inside a worker process
         self.cfg = dataclasses.replace(cfg, num_workers=0, step_policy="uneven")
@@ -110,7 +112,7 @@ class TokenDataset(IterableDataset):
                 self._state = self._loader.state_dict()
             w, n = consumer
             loader = TextLoader(self.cfg, self.sources, self.cache, self.rank * n + w, self.world_size * n,
-                                in_process=True)
+                                in_process=True, ranks_per_node=self.ranks_per_node * n)
             if self._state is not None:
                 loader.load_state_dict(self._state)
             if self._epoch is not None:

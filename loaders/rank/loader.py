@@ -13,12 +13,12 @@ import torch
 
 from loaders.config import DataConfig
 from loaders.order.progress import Progress, deal_fits
-from loaders.order.sample_order import plan_split
+from loaders.order.split import plan_split
 from loaders.pack.batching import BestFit, batching
 from loaders.protocols import ShardSource, Sources
 from loaders.rank.batch import TokenBatch
 from loaders.rank.steps import StepCounts, StepSync, equal_steps, padding_batch, torch_step_sync
-from loaders.rank.world import resolve_world
+from loaders.rank.world import resolve_ranks_per_node, resolve_world
 from loaders.sources import build_sources, require_shard_source
 from loaders.worker.pool import WorkerPool
 from loaders.worker.stream import TextStream
@@ -70,17 +70,20 @@ class TextLoader:
         in_process: run the worker streams in this process (same batches, no worker processes).
         step_sync: step agreement across ranks (default: ``torch.distributed`` all-reduce when
             initialised; see :mod:`loaders.rank.steps`).
+        ranks_per_node: ranks sharing one node's cache (``None``: ``data.ranks_per_node``, else torchrun's
+            ``LOCAL_WORLD_SIZE``, else one node; :func:`loaders.rank.world.resolve_ranks_per_node`).
 
     Attributes:
         data_wait_seconds: seconds the last ``next()`` waited for its batch (trainer step metric).
         progress: the resume state (see :mod:`loaders.order.progress`).
         stream: the rank's :class:`loaders.worker.stream.TextStream` (what worker processes run).
     Raises:
-        ValueError: an invalid config (the message names the field) or ``rank`` out of range.
+        ValueError: an invalid config (the message names the field), ``rank`` out of range, or ranks
+            per node that do not divide the world size.
     """
 
     def __init__(self, cfg: DataConfig, sources: Sources, cache: ShardSource, rank: int = 0, world_size: int = 1,
-                 in_process: bool = False, step_sync: StepSync | None = None):
+                 in_process: bool = False, step_sync: StepSync | None = None, ranks_per_node: int | None = None):
         cfg.validate()
         self.step_sync = step_sync  # None: torch.distributed all-reduce when initialised
         self.steps = StepCounts()
@@ -88,10 +91,13 @@ class TextLoader:
         self.in_process = in_process  # worker streams interleaved in this process (same order, no processes)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.sources, self.cache = sources, cache
-        self.stream = TextStream(cfg, sources, cache, rank, world_size)
+        ranks_per_node = ranks_per_node or resolve_ranks_per_node(cfg.ranks_per_node, rank, world_size)
+        self.stream = TextStream(cfg, sources, cache, rank, world_size, ranks_per_node)
         self.mode = batching(cfg)
         self.order_key = {"seed": cfg.seed, "shuffle": cfg.shuffle, "shuffle_block": cfg.shuffle_block,
                           "seq_len": cfg.seq_len, "dataset": dataset_fingerprint(sources.manifest)}
+        if cfg.shard_lanes > 1:  # one lane is the order states saved before lanes were written in
+            self.order_key["shard_lanes"] = cfg.shard_lanes
         batch_tokens = self.mode.micro_batch_tokens
         if rank == 0 and isinstance(self.mode, BestFit) and 1 < cfg.pack_window < batch_tokens:
             log.warning("data.pack_window=%d tokens is less than one batch (seq_len x micro_batch_size = %d): most "
@@ -100,7 +106,7 @@ class TextLoader:
         self._unrecorded: list[np.ndarray] = []  # consumed records of delivered batches, not yet applied
         self._progress = sources.new_progress(0, self.order_key, world_size)
         self.data_wait_seconds = 0.0
-        self.last_split = None  # loaders.order.sample_order.Split of the current epoch (drop/pad counts)
+        self.last_split = None  # loaders.order.split.Split of the current epoch (drop/pad counts)
         # queue_depth_sum / queue_samples: mean ready batches in the prefetch thread's queue
         self.totals = {"batches": 0, "doc_tokens": 0, "slots": 0, "data_wait_seconds": 0.0, "queue_depth_sum": 0,
                        "queue_samples": 0}
@@ -183,7 +189,7 @@ class TextLoader:
                                              self.cfg.remainder).assigned == 0
 
     def split(self):
-        """How the rest of the epoch is shared (:class:`loaders.order.sample_order.Split`) — drop/pad are reported here."""
+        """How the rest of the epoch is shared (:class:`loaders.order.split.Split`) — drop/pad are reported here."""
         workers = max(self.cfg.num_workers, 1)
         remaining = self.progress.num_samples - self.progress.consumed
         return plan_split(remaining, self.world_size * workers, self.cfg.remainder)
@@ -237,8 +243,9 @@ class TextLoader:
             log.info("epoch %d: %d samples dropped, %d repeated (data.remainder=%s)",
                          self.epoch, split.dropped, split.padded, self.cfg.remainder)
         p, workers = self.progress, max(self.cfg.num_workers, 1)
-        if not deal_fits(p.deal, self.world_size, workers):
-            p.deal = {"world_size": self.world_size, "workers": workers, "prefix": p.prefix,
+        nodes = self.stream.num_nodes
+        if not deal_fits(p.deal, self.world_size, workers, nodes):
+            p.deal = {"world_size": self.world_size, "workers": workers, "nodes": nodes, "prefix": p.prefix,
                       "done": p.done.encode(p.prefix)}
             p.next_worker = {}
         self.stream.start(p)

@@ -10,7 +10,7 @@ import numpy as np
 from loaders.config import DataConfig
 from loaders.order.positions import decode_positions
 from loaders.order.progress import BAD, EMPTY, Progress, deal_fits
-from loaders.order.sample_order import consumer_arrays
+from loaders.order.split import NodePlan, consumer_arrays, plan_nodes
 from loaders.pack.batching import batching
 from loaders.pack.packed import GroupKeys, PackedBatch
 from loaders.pack.packer import ArrayPacker, split_documents
@@ -74,15 +74,23 @@ class TextStream:
         sources: what is read (one dataset or a mixture, :class:`loaders.protocols.Sources`).
         cache: where local shard files come from (:class:`loaders.protocols.ShardSource`).
         rank, world_size: this process's place in the job.
+        ranks_per_node: ranks sharing this node's cache (numbered node by node; ``None``: all of them,
+            one node). Each node reads only its own shards (:mod:`loaders.order.split`).
     Raises:
-        ValueError: ``rank`` out of range.
+        ValueError: ``rank`` out of range, or ``ranks_per_node`` does not divide ``world_size``.
     """
 
-    def __init__(self, cfg: DataConfig, sources: Sources, cache: ShardSource, rank: int, world_size: int):
+    def __init__(self, cfg: DataConfig, sources: Sources, cache: ShardSource, rank: int, world_size: int,
+                 ranks_per_node: int | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range for world size {world_size}")
+        ranks_per_node = ranks_per_node or world_size
+        if ranks_per_node < 1 or world_size % ranks_per_node:
+            raise ValueError(f"{ranks_per_node} ranks per node do not divide world size {world_size}: every node must "
+                             "run the same number of ranks (data.ranks_per_node)")
         self.cfg, self.sources, self.cache = cfg, sources, cache
         self.rank, self.world_size = rank, world_size
+        self.num_nodes, self.node = world_size // ranks_per_node, rank // ranks_per_node
         self.epoch, self.prefix = 0, 0
         self.skip = np.empty(0, np.int64)
         self.partial: dict[int, set[int]] = {}
@@ -99,28 +107,40 @@ class TextStream:
     def order(self) -> Order:
         """The current epoch's document order."""
         cfg = self.cfg
-        return self.sources.order(self.epoch, cfg.seed, cfg.shuffle, cfg.shuffle_block)
+        return self.sources.order(self.epoch, cfg.seed, cfg.shuffle, cfg.shuffle_block, cfg.shard_lanes)
 
     def open_reader(self) -> Reader:
         """A reader of the sources' shards, indexed like :meth:`order`'s, through :attr:`cache`."""
         return self.sources.reader(self.cache, self.cfg.index_dir or None)
 
-    def _dealt(self, order: Order, worker: int, num_workers: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """One consumer's ``(positions, shards, locals)`` groups (:func:`loaders.order.sample_order.consumer_arrays`):
-        dealt from :attr:`deal` when it was made for this world size and worker count (consumed
-        positions then skipped, so the consumer keeps the documents it had, in order), else from
-        the resume point."""
-        c, n = self.rank * num_workers + worker, self.world_size * num_workers
+    def _deal_point(self, num_workers: int) -> tuple[int, np.ndarray, bool]:
+        """``(start, skip, refilter)`` the deal starts from: :attr:`deal`'s when it was made for this
+        world size, node count and worker count (``refilter``: positions consumed since are skipped
+        after the deal, so each consumer keeps the documents it had, in order), else the resume point."""
         deal = self.deal
-        if not deal_fits(deal, self.world_size, num_workers):
-            yield from consumer_arrays(order, c, n, self.prefix, self.skip, self.cfg.remainder)
-            return
+        if not deal_fits(deal, self.world_size, num_workers, self.num_nodes):
+            return self.prefix, self.skip, False
         dealt = decode_positions(deal["done"])
-        for pos, shard, local in consumer_arrays(order, c, n, deal["prefix"], dealt[dealt >= deal["prefix"]],
-                                                 self.cfg.remainder):
-            keep = (pos >= self.prefix) & ~np.isin(pos, self.skip)
-            if keep.any():
-                yield pos[keep], shard[keep], local[keep]
+        return int(deal["prefix"]), dealt[dealt >= deal["prefix"]], True
+
+    def plan(self, order: Order, num_workers: int) -> NodePlan:
+        """The node-level deal of the epoch for ``num_workers`` workers per rank (:func:`loaders.order.split.plan_nodes`)."""
+        start, skip, _ = self._deal_point(num_workers)
+        return plan_nodes(order, self.num_nodes, self.world_size * num_workers, start, skip, self.cfg.remainder)
+
+    def _dealt(self, order: Order, worker: int, num_workers: int, plan: NodePlan | None = None
+               ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """One consumer's ``(positions, shards, locals)`` groups (:func:`loaders.order.split.consumer_arrays`),
+        dealt from :meth:`_deal_point`; ``plan``: :meth:`plan`, when the caller has it."""
+        c, n = self.rank * num_workers + worker, self.world_size * num_workers
+        start, skip, refilter = self._deal_point(num_workers)
+        plan = plan or self.plan(order, num_workers)
+        for pos, shard, local in consumer_arrays(order, c, n, start, skip, self.cfg.remainder, self.num_nodes, plan):
+            if refilter:
+                keep = (pos >= self.prefix) & ~np.isin(pos, self.skip)
+                pos, shard, local = pos[keep], shard[keep], local[keep]
+            if len(pos):
+                yield pos, shard, local
 
     def consumer_positions(self, worker: int, num_workers: int) -> Iterator[tuple[int, int, int]]:
         """``(position, shard, local index)`` read by worker ``worker`` of ``num_workers`` on this rank."""
@@ -141,10 +161,11 @@ class TextStream:
         shards (no copy), split into chunks and packed (:class:`loaders.pack.packer.ArrayPacker`)."""
         order = self.order()
         reader = self.open_reader()
-        packer = ArrayPacker(batching(self.cfg), self.cfg.pack_window)
+        packer = ArrayPacker(batching(self.cfg), self.cfg.pack_window, self.sources.manifest.padding_id)
         try:
-            reader.prefetch(order.shards_from(self.prefix))
-            for pos, shard, local in self._dealt(order, worker, num_workers):
+            plan = self.plan(order, num_workers)
+            reader.prefetch(plan.shards(order, self.node, self.prefix))  # this node's shards only
+            for pos, shard, local in self._dealt(order, worker, num_workers, plan):
                 reader.retain(set(shard.tolist()))
                 yield from _runs(packer, self._pack_group(reader, packer, pos, shard, local))
             yield from _runs(packer, packer.flush())

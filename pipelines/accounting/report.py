@@ -62,6 +62,8 @@ def report_text(stats: dict) -> str:
                   for source, counts in redacted.items()]
     if t.get("skipped_files"):
         lines += ["", f"skipped files    {t['skipped_files']:>12,}  (unknown format; see input.unknown_files)"]
+    if t.get("skipped_links"):
+        lines += ["", f"skipped links    {t['skipped_links']:>12,}  (input links whose target does not exist)"]
     if t.get("empty_files"):
         lines += ["", f"empty files      {t['empty_files']:>12,}  (0 bytes: nothing to read)"]
     if t["dead_letter_reasons"]:

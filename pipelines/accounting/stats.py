@@ -5,7 +5,8 @@ counter of the same name. Names: ``input``, ``kept``, ``duplicate``, ``filtered:
 ``dead:<reason>``, ``redacted:<kind>``, ``tokens``, ``text_bytes``, ``length:<bin>`` (kept
 documents whose token count lies in the power-of-two bin starting at ``bin``), ``skipped_file``
 (an input file of unknown format that was not read; not a record), ``empty_file`` (a 0-byte
-input file; not a record). The counts are summed
+input file; not a record), ``skipped_link`` (an input link whose target does not exist; not a
+record). The counts are summed
 with ``CombinePerKey`` and folded into ``stats.json``, whose invariant per source and in
 total is::
 
@@ -58,13 +59,13 @@ class EventTally:
 def _empty() -> dict:
     return {"input_records": 0, "kept": 0, "filtered": {}, "duplicates": 0, "dead_letter": 0,
             "dead_letter_reasons": {}, "redactions": {}, "tokens": 0, "text_bytes": 0, "length_tokens": {},
-            "skipped_files": 0, "empty_files": 0}
+            "skipped_files": 0, "empty_files": 0, "skipped_links": 0}
 
 
 def _add(entry: dict, name: str, n: int) -> None:
     simple = {"input": "input_records", "kept": "kept", "duplicate": "duplicates",
               "tokens": "tokens", "text_bytes": "text_bytes", "skipped_file": "skipped_files",
-              "empty_file": "empty_files"}
+              "empty_file": "empty_files", "skipped_link": "skipped_links"}
     if name in simple:
         entry[simple[name]] += n
         return
@@ -84,7 +85,8 @@ def aggregate(events: list[tuple[tuple[str, str], int]]) -> dict:
     Each entry: input_records, kept, filtered {reason: n}, duplicates, dead_letter,
     dead_letter_reasons {reason: n}, redactions {kind: n}, tokens, text_bytes (UTF-8 bytes of
     kept documents), length_tokens {bin lower edge: kept documents}, skipped_files (input files of
-    unknown format not read), empty_files (0-byte input files) and balanced (bool: the invariant above holds).
+    unknown format not read), empty_files (0-byte input files), skipped_links (input links without
+    a target) and balanced (bool: the invariant above holds).
     """
     sources: dict[str, dict] = defaultdict(_empty)
     total = _empty()

@@ -4,7 +4,8 @@ write the JSONL side outputs (dead letters, duplicates). Everything goes through
 
 Artifacts of a run: ``manifest.json`` (written last: a finished run), ``_tmp_buckets/`` (an
 unfinished one), shards and their indexes, ``val/``, ``stats.json``, ``tokenizer.model``, the
-reports, ``dead_letter/``, ``duplicates/``, Beam's ``beam-temp-*`` and ``*.partial`` files.
+reports, ``dead_letter/``, ``duplicates/``, Beam's ``beam-temp-*`` and ``*.partial`` files, and
+every shard and index an earlier ``manifest.json`` lists, whatever its ``shards.prefix``.
 """
 from __future__ import annotations
 
@@ -45,7 +46,26 @@ def _artifacts(fs, root: str, prefix: str) -> list[str]:
              REPORT_HTML, TMP_DIR, DEAD_LETTER_DIR, DUPLICATES_DIR, VAL_DIR]
     found = [f"{root}/{n}" for n in names if fs.exists(f"{root}/{n}")]
     patterns = [f"{prefix}-*.tar", f"{prefix}-*.idx", "beam-temp-*", "*.partial", ".*.partial"]
-    return found + sorted(p for pattern in patterns for p in fs.glob(f"{root}/{pattern}"))
+    globbed = {p for pattern in patterns for p in fs.glob(f"{root}/{pattern}")}
+    listed = {f"{root}/{n}" for n in _listed_files(fs, root) if fs.exists(f"{root}/{n}")}
+    return found + sorted(globbed | listed - set(found))
+
+
+def _listed_files(fs, root: str) -> list[str]:
+    """The shards and their DALI indexes that ``root/manifest.json`` lists, whatever their prefix
+    (an earlier run with another ``shards.prefix``); none when there is no readable manifest, whose
+    folder then holds no finished run to list."""
+    import json
+
+    from shards.io.index import dali_index_path
+
+    try:
+        shards = json.loads(fs.cat_file(f"{root}/manifest.json")).get("shards", [])
+        names = [s["name"] for s in shards if isinstance(s, dict) and isinstance(s.get("name"), str)]
+    except (OSError, ValueError, AttributeError):
+        return []
+    plain = [n for n in names if "/" not in n and n not in ("", ".", "..")]  # never outside the folder
+    return plain + [dali_index_path(n) for n in plain]
 
 
 def _check_writable(fs, root: str, output_dir: str) -> None:

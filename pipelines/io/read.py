@@ -6,13 +6,12 @@ import uuid
 from typing import NamedTuple
 
 import apache_beam as beam
-from apache_beam.io import fileio
-from apache_beam.io.fileio import EmptyMatchTreatment
 
 from pipelines.accounting.stats import EVENTS, EventTally, event
 from pipelines.config import InputConfig
+from pipelines.io.listing import InputFile, InputListing
 from pipelines.io.reading import plan_splits, read_split
-from pipelines.records import DeadLetter, RawUnit, file_format, file_stem, input_root, parse_unit, relative_name
+from pipelines.records import DeadLetter, RawUnit, file_format, file_stem, parse_unit, relative_name
 
 DEAD = "dead"  # ParseFn's tag of dead letters
 
@@ -22,8 +21,9 @@ class ReadOutput(NamedTuple):
 
     Attributes:
         units: the :class:`~pipelines.records.RawUnit` s of every file read.
-        events: ``((file stem, name), 1)`` per file not read: ``skipped_file`` (unknown format under
-            ``input.unknown_files: skip``) or ``empty_file`` (0 bytes).
+        events: ``((file stem, name), 1)`` per path not read: ``skipped_file`` (unknown format under
+            ``input.unknown_files: skip``), ``empty_file`` (0 bytes) or ``skipped_link`` (a link
+            whose target does not exist).
     """
 
     units: beam.PCollection
@@ -31,23 +31,25 @@ class ReadOutput(NamedTuple):
 
 
 class ReadRecords(beam.PTransform):
-    """``PBegin`` → :class:`ReadOutput`: the raw units of every file matching ``glob``.
+    """``PBegin`` → :class:`ReadOutput`: the raw units of every file of ``inputs`` (listed once, on
+    the driver, by :func:`pipelines.io.listing.list_inputs`).
 
     Files are planned into splits (:func:`pipelines.io.reading.plan_splits`), the splits are
     redistributed (``Reshuffle``) and each is read by one worker (:func:`pipelines.io.reading.read_split`),
     so a large file is read by many workers and never held whole. ``total_bytes`` (of all input
-    files) sizes the progress bar. Raises (at run time) ``OSError`` naming the glob when nothing matches.
+    files) sizes the progress bar.
     """
 
-    def __init__(self, glob: str, cfg: InputConfig, total_bytes: int = 0):
+    def __init__(self, inputs: InputListing, cfg: InputConfig, total_bytes: int = 0):
         super().__init__()
-        self.glob, self.cfg, self.total_bytes = glob, cfg, total_bytes
+        self.inputs, self.cfg, self.total_bytes = inputs, cfg, total_bytes
         self.run_id = uuid.uuid4().hex  # one progress bar per run, even when runs share a process
 
     def expand(self, pbegin) -> ReadOutput:
-        """Match the glob, plan file splits and read them."""
+        """Plan the listed files' splits and read them; count the broken links."""
+        paths = [*self.inputs.files, *self.inputs.broken_links]
         planned = (pbegin
-                   | "Match" >> fileio.MatchFiles(self.glob, EmptyMatchTreatment.DISALLOW)
+                   | "Files" >> beam.Create(paths, reshuffle=False)
                    | "Plan" >> beam.FlatMap(_plan, self.cfg).with_outputs(EVENTS, main="splits"))
         units = (planned.splits
                  | "Spread" >> beam.Reshuffle()
@@ -55,8 +57,10 @@ class ReadRecords(beam.PTransform):
         return ReadOutput(units=units, events=planned[EVENTS])
 
 
-def _plan(match, cfg: InputConfig):
-    if file_format(match.path, cfg) is None:
+def _plan(match: InputFile | str, cfg: InputConfig):
+    if isinstance(match, str):  # a broken link (InputListing.broken_links)
+        yield event(file_stem(match), "skipped_link")
+    elif file_format(match.path, cfg) is None:
         yield event(file_stem(match.path), "skipped_file")
     elif match.size_in_bytes == 0:  # nothing to read, but the user gave it: counted, not dropped unseen
         yield event(file_stem(match.path), "empty_file")
@@ -69,12 +73,12 @@ class ParseFn(beam.DoFn):
     :class:`~pipelines.records.DeadLetter` (tag ``dead``); ``input`` and ``dead:<reason>`` events
     (tag ``events``), one ``input`` per unit.
 
-    Ids are qualified by each file's path relative to the root of ``glob``
-    (:func:`pipelines.records.input_root`, :func:`pipelines.records.qualify_id`).
+    Ids are qualified by each file's path relative to ``root`` (:attr:`InputListing.root
+    <pipelines.io.listing.InputListing.root>`, :func:`pipelines.records.qualify_id`).
     """
 
-    def __init__(self, cfg: InputConfig, glob: str = ""):
-        self.cfg, self.root = cfg, input_root(glob)
+    def __init__(self, cfg: InputConfig, root: str = ""):
+        self.cfg, self.root = cfg, root
 
     def start_bundle(self):
         """A fresh event tally for the bundle."""

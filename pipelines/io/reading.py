@@ -25,6 +25,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
+import re
 import sys
 import zlib
 from typing import BinaryIO, Iterator, NamedTuple
@@ -148,39 +149,66 @@ def plan_splits(path: str, size: int, cfg: InputConfig) -> list[Split]:
     return [Split(path, fmt, s, min(s + cfg.split_bytes, size)) for s in range(0, size, cfg.split_bytes)]
 
 
-def _skip_line(stream: BinaryIO) -> int:
-    """Consume the rest of the current line (newline included) in bounded reads; returns bytes consumed."""
-    n = 0
-    while True:
-        part = stream.readline(CHUNK_BYTES)
-        n += len(part)
-        if not part or part.endswith(b"\n"):
-            return n
+_EOL = re.compile(rb"[\r\n]")
 
 
 def iter_lines(stream: BinaryIO, limit: int) -> Iterator[tuple[bytes | None, bytes, int]]:
     """Lines of ``stream`` as ``(line or None when longer than limit, head, bytes consumed)``.
 
-    ``line`` has its ``\\n`` (and ``\\r``) removed; ``head`` is the first 200 bytes of an
-    over-long line, whose remainder is skipped without being held.
+    A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (old Mac text), which ``line`` does not
+    include; ``head`` is the first 200 bytes of an over-long line, whose remainder is skipped in
+    1 MiB reads without being held, so memory stays within ``limit`` plus one read. Reads return
+    what one underlying read gives (``read1``), so the lines before a read error are all yielded.
     """
+    read = getattr(stream, "read1", stream.read)
+    buf, i, eof = b"", 0, False
     while True:
-        line = stream.readline(limit + 1)
-        if not line:
-            return
-        if len(line) > limit and not line.endswith(b"\n"):
-            yield None, line[:RAW_EXCERPT_BYTES], len(line) + _skip_line(stream)
+        m = _EOL.search(buf, i)
+        if m is not None and (m.end() < len(buf) or eof or buf[m.start()] == 0x0A):
+            j = m.start()
+            end = j + 2 if buf[j] == 0x0D and buf[j + 1:j + 2] == b"\n" else j + 1
+            if j - i > limit:
+                yield None, buf[i:i + RAW_EXCERPT_BYTES], end - i
+            else:
+                yield buf[i:j], b"", end - i
+            i = end
             continue
-        yield line.rstrip(b"\r\n"), b"", len(line)
+        if eof:
+            if i < len(buf):
+                rest = buf[i:]
+                yield (None, rest[:RAW_EXCERPT_BYTES], len(rest)) if len(rest) > limit else (rest, b"", len(rest))
+            return
+        if m is None and len(buf) - i > limit:  # an over-long line: keep its head, stream past the rest
+            head, consumed, buf, i = buf[i:i + RAW_EXCERPT_BYTES], len(buf) - i, b"", 0
+            while True:
+                chunk = read(CHUNK_BYTES)
+                if not chunk:
+                    eof = True
+                    break
+                hit = _EOL.search(chunk)
+                if hit is None:
+                    consumed += len(chunk)
+                    continue
+                if chunk[hit.start()] == 0x0D and hit.end() == len(chunk):  # a CR last: its LF may follow
+                    chunk += read(1)
+                stop = hit.start() + (2 if chunk[hit.start():hit.start() + 2] == b"\r\n" else 1)
+                consumed, buf = consumed + stop, chunk[stop:]
+                break
+            yield None, head, consumed
+            continue
+        chunk = read(CHUNK_BYTES)
+        buf, i, eof = buf[i:] + chunk, 0, not chunk
 
 
 def _jsonl_units(stream, split: Split, cfg: InputConfig):
     pos = split.start
     if pos > 0:
         stream.seek(pos - 1)
-        pos += _skip_line(stream) - 1
+    lines = iter_lines(stream, cfg.max_record_bytes)
+    if pos > 0:  # the line holding byte start - 1 belongs to the split before (it ends at or after start)
+        pos += next(lines, (None, b"", 1))[2] - 1
     line_no = 1 if split.start == 0 else 0
-    for line, head, n in iter_lines(stream, cfg.max_record_bytes):
+    for line, head, n in lines:
         if 0 <= split.end <= pos:
             return
         if line is None:
@@ -237,11 +265,23 @@ def _parquet_units(raw: BinaryIO, split: Split, cfg: InputConfig):
         texts, ids, sources = (cols.get(c, none) for c in (cfg.text_field, cfg.id_field, cfg.source_field))
         for text, doc_id, source in zip(texts, ids, sources):
             row += 1
-            size = len(text) if isinstance(text, (str, bytes)) else 0
-            if size > cfg.max_record_bytes:
-                yield RawUnit(split.path, row, -1, text[:RAW_EXCERPT_BYTES].encode("utf-8", "replace"), TOO_LARGE, size)
-            else:
-                yield RawUnit(split.path, row, -1, ParquetRow(text, doc_id, source), PARQUET, size)
+            yield _parquet_unit(split.path, row, ParquetRow(text, doc_id, source), cfg)
+
+
+def _parquet_unit(path: str, row: int, values: ParquetRow, cfg: InputConfig) -> RawUnit:
+    """One Parquet row's unit: ``too_large`` when its text (a string, or bytes of a column stored as
+    binary) is longer than ``cfg.max_record_bytes`` in UTF-8, else the row for :func:`parse_unit`."""
+    text = values.text
+    if isinstance(text, str):
+        size = len(text) if len(text) * 4 <= cfg.max_record_bytes else len(text.encode("utf-8", "surrogatepass"))
+        head = text[:RAW_EXCERPT_BYTES].encode("utf-8", "replace")
+    elif isinstance(text, bytes):
+        size, head = len(text), text[:RAW_EXCERPT_BYTES]
+    else:
+        size, head = 0, b""
+    if size > cfg.max_record_bytes:
+        return RawUnit(path, row, -1, head, TOO_LARGE, size)
+    return RawUnit(path, row, -1, values, PARQUET, size)
 
 
 def iter_units(stream: BinaryIO, path: str, fmt: str, cfg: InputConfig) -> Iterator[RawUnit]:

@@ -30,6 +30,7 @@ from pipelines.config import TokenizerConfig
 from pipelines.records import Doc, TokenizedDoc
 from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 from shards.format.manifest import TokenizerIdentity
+from shards.format.tokens import check_token_ids
 from shards.tokenizers import Tokenizer, TokenizerError, TokenizerFile, build, read
 from shards.tokenizers import hf as hf_kind
 from shards.tokenizers import spm as spm_kind
@@ -276,7 +277,9 @@ class TokenizeFn(beam.DoFn):
 
         Yields one list of :class:`~pipelines.records.TokenizedDoc` (tokens: 1-D uint16 when the
         vocabulary fits, else uint32; BOS first and EOS last when asked); documents with no token
-        are counted ``filtered:no_tokens`` and left out. Encodes ``ENCODE_DOCS`` documents at a time
+        are counted ``filtered:no_tokens`` and left out. Raises
+        :class:`~shards.format.tokens.TokenRangeError` for an id at or above the tokenizer's
+        ``vocab_size`` (it would be written beside a manifest that says it cannot occur). Encodes ``ENCODE_DOCS`` documents at a time
         (the library's batch call), so their token lists never exist for the whole batch."""
         tok = self._tokenizer(file)
         head, tail = self._head, self._tail
@@ -285,7 +288,14 @@ class TokenizeFn(beam.DoFn):
             part = docs[start:start + ENCODE_DOCS]
             for doc, t in zip(part, tok.encode_batch([doc.text for doc in part])):
                 if t:
-                    out.append(TokenizedDoc(doc, np.asarray(head + t + tail if head or tail else t, dtype=self._dtype)))
+                    ids = head + t + tail if head or tail else t
+                    try:
+                        tokens = np.asarray(ids, dtype=self._dtype)
+                    except OverflowError:  # an id past uint16, which the vocabulary said would do
+                        tokens = np.asarray(ids, dtype=np.int64)
+                    check_token_ids(tokens, tok.vocab_size, f"document {doc.id} as tokenized by the {tok.kind} "
+                                    f"tokenizer (vocab_size {tok.vocab_size})")
+                    out.append(TokenizedDoc(doc, tokens))
                 else:
                     self.tally.add(doc.source, "filtered:no_tokens")
         self._bar.update(len(docs))

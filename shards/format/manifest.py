@@ -116,6 +116,14 @@ class Manifest:
         return sum(s.bytes for s in self.shards)
 
     @property
+    def padding_id(self) -> int:
+        """The id a loader puts in padding cells: the tokenizer's ``pad_id``, else its ``eos_id``, else 0
+        (padding is masked out of attention and loss either way; a real id of this vocabulary keeps
+        any model's embedding lookup in range)."""
+        ident = self.tokenizer_identity or TokenizerIdentity()
+        return next((i for i in (ident.pad_id, ident.eos_id) if i is not None), 0)
+
+    @property
     def total_documents(self) -> int:
         """Documents over all shards (equals :attr:`total_samples` for the per-document layout)."""
         return sum(self.document_counts())

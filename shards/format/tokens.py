@@ -60,3 +60,31 @@ class TokenDecoder:
             if not rest and self._descr in header and f"'shape': ({n},)" in header:
                 return np.frombuffer(raw, self.dtype, n, start)
         return np.load(io.BytesIO(raw), allow_pickle=False)
+
+
+class TokenRangeError(RuntimeError):
+    """Token ids at or above the vocabulary they are used with: the data was written with another
+    tokenizer than its manifest (or the model) says. A data error (exit 1), not a usage error."""
+
+
+def check_token_ids(tokens, vocab_size: int, what: str) -> None:
+    """Raise when a token id of ``tokens`` lies outside ``[0, vocab_size)``.
+
+    Args:
+        tokens: token ids, a numpy array or a torch tensor of any shape (padding included: pad ids
+            are vocabulary ids too).
+        vocab_size: the vocabulary they index (a manifest's ``vocab_size``, a model's embedding rows).
+        what: where they come from, for the message (``"training batch of doc0001, doc0002"``).
+    Raises:
+        TokenRangeError: naming ``what``, the largest id and ``vocab_size``.
+    """
+    size = tokens.numel() if hasattr(tokens, "numel") else tokens.size
+    if vocab_size <= 0 or size == 0:
+        return
+    top, low = int(tokens.max()), int(tokens.min())
+    if top >= vocab_size or low < 0:
+        bad = top if top >= vocab_size else low
+        raise TokenRangeError(f"{what}: token id {bad} is outside the vocabulary of {vocab_size}; the data was "
+                              "tokenized with another tokenizer than its manifest's vocab_size (or the model's) "
+                              "says: check it with colaflow shards verify, and rewrite the data or set the matching "
+                              "model.vocab_size")

@@ -38,7 +38,9 @@ class HFTokenizer:
         self.file = file
         self._tok = _parse(file.data)
         self._tok.encode_special_tokens = True  # "</s>" in a web page is text, not a document boundary
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        # one past the largest id, not the count of tokens: a vocabulary may leave ids unused, and the
+        # contract (and the embedding sized from it) needs every id below vocab_size
+        self.vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         ids = []
         for key in ("bos_token", "eos_token", "pad_token"):
             name = _token_name(file.extra.get(key))

@@ -5,7 +5,10 @@ Fault classes (each message names the shard and, where there is one, the member)
 * sample level — ``duplicate_member``, ``non_adjacent``, ``no_suffix``, ``not_regular``,
   ``missing_field``, ``undecodable``;
 * file level — ``truncated``, ``corrupt`` (tar structure), ``missing_shard``,
-  ``size_mismatch``, ``checksum_mismatch``, ``count_mismatch`` (samples or tokens vs manifest).
+  ``size_mismatch``, ``checksum_mismatch``, ``count_mismatch`` (samples or tokens vs manifest),
+  ``token_out_of_range`` (a token id at or above the manifest's ``vocab_size``);
+* folder level — ``unlisted_shard`` (a ``.tar`` beside ``manifest.json`` that it does not list:
+  a leftover of another run, or a manifest that lost an entry).
 
 Strict mode fails a shard on any fault. Lenient mode skips faulty samples and counts
 them; the shard still passes when its file-level checks pass. Sample and token counts
@@ -21,6 +24,7 @@ import numpy as np
 
 from shards.format.blocks import BLOCK_LAYOUT
 from shards.format.manifest import Manifest, ShardInfo
+from shards.format.tokens import TokenRangeError, check_token_ids
 from shards.io.index import HashingReader
 from shards.io.reader import ReadStats, ShardError, iter_samples
 
@@ -78,7 +82,7 @@ def _schema(cfg: VerifyConfig, manifest: Manifest | None) -> str:
 
 
 def verify_shard(path: str, expected: ShardInfo | None = None, cfg: VerifyConfig | None = None,
-                 schema: str = "any") -> ShardReport:
+                 schema: str = "any", vocab_size: int = 0) -> ShardReport:
     """Read a whole shard, decoding every member, and compare it with its manifest entry.
 
     Args:
@@ -86,6 +90,8 @@ def verify_shard(path: str, expected: ShardInfo | None = None, cfg: VerifyConfig
         expected: the shard's manifest entry (size, sha256, samples, tokens), if any.
         cfg: strict/lenient and which checks (default :class:`VerifyConfig`).
         schema: required fields per sample (``text``, ``image``, ``any``).
+        vocab_size: the manifest's vocabulary; a token id at or above it is a ``token_out_of_range``
+            fault (0 = not checked).
     Returns:
         a :class:`ShardReport`; never raises for a malformed shard (faults are in the report).
     """
@@ -104,6 +110,10 @@ def verify_shard(path: str, expected: ShardInfo | None = None, cfg: VerifyConfig
         for sample in iter_samples(path, hf, stats=stats, schema=schema):
             tokens = sample.get("tokens")
             n = int(tokens.size) if isinstance(tokens, np.ndarray) else 0
+            try:
+                check_token_ids(tokens if n else np.zeros(0), vocab_size, f"{path}: {sample['__key__']!r}")
+            except TokenRangeError as e:
+                stats.add("token_out_of_range", str(e))
             meta = sample.get("json")
             if isinstance(meta, dict) and meta.get("layout") == BLOCK_LAYOUT:
                 lengths = meta.get("lengths") or []
@@ -168,15 +178,35 @@ def resolve(paths: list[str]) -> list[tuple[str, ShardInfo | None, Manifest | No
     return out
 
 
+def unlisted_shards(paths: list[str]) -> list[ShardReport]:
+    """A failed report (``unlisted_shard``) per ``.tar`` in a local folder (or beside a local
+    ``manifest.json``) among ``paths`` that its manifest does not list."""
+    reports = []
+    for p in paths:
+        folder = p if os.path.isdir(p) else os.path.dirname(p) if p.endswith("manifest.json") else None
+        if folder is None or "://" in p or not os.path.exists(os.path.join(folder, "manifest.json")):
+            continue
+        listed = {s.name for s in Manifest.load(folder).shards}
+        for name in sorted(n for n in os.listdir(folder) if n.endswith(".tar") and n not in listed):
+            rep = ShardReport(os.path.join(folder, name), ok=False)
+            rep.stats.add("unlisted_shard", f"{rep.path}: not listed in {os.path.join(folder, 'manifest.json')}: "
+                          "a leftover of another run, or the manifest lost its entry; delete the file or rewrite "
+                          "the dataset")
+            reports.append(rep)
+    return reports
+
+
 def verify_paths(paths: list[str], cfg: VerifyConfig | None = None, progress: bool = True) -> list[ShardReport]:
-    """Verify shards given as folders, manifests or ``.tar`` paths (see :func:`resolve`)."""
+    """Verify shards given as folders, manifests or ``.tar`` paths (see :func:`resolve`) against
+    their manifest, token ids against its ``vocab_size`` included; a ``.tar`` in such a folder that
+    the manifest does not list fails too (:func:`unlisted_shards`)."""
     cfg = cfg or VerifyConfig()
     reports = []
     from tqdm import tqdm  # imported where used, as fsspec is (loader workers import this module)
 
     for path, entry, manifest in tqdm(resolve(paths), desc="verify", unit="shard", disable=not progress):
-        reports.append(verify_shard(path, entry, cfg, _schema(cfg, manifest)))
-    return reports
+        reports.append(verify_shard(path, entry, cfg, _schema(cfg, manifest), manifest.vocab_size if manifest else 0))
+    return reports + unlisted_shards(paths)
 
 
 def check_shard(path: str, expected: ShardInfo | None = None, schema: str = "any") -> None:

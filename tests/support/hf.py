@@ -1,7 +1,20 @@
 """Hugging Face Llama models for tests, built from configs with random weights (no downloads)."""
 from __future__ import annotations
 
+import sys
+
 import torch
+
+
+def relink_logs() -> None:
+    """Point transformers' log handler at the live ``sys.stderr``. It keeps the stream (and that
+    stream's ``flush``) of the moment it was made; when that was a ``capsys`` stream of an earlier
+    test (closed since), each later transformers warning prints ``--- Logging error ---`` and a
+    traceback into whatever test runs then. A no-op until transformers' logging is imported."""
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    handler = getattr(hf_logging, "_default_handler", None)
+    if handler is not None:  # not setStream(): it flushes the old stream, which may be closed
+        handler.stream, handler.flush = sys.stderr, sys.stderr.flush
 
 
 def save_random_llama(folder: str, vocab: int = 96, kv_heads: int = 2, tie: bool = True, seed: int = 0,

@@ -9,8 +9,9 @@ Contents of ``<dir>/step_XXXXXX`` (full) and ``<dir>/weights_XXXXXX`` (weights o
   ``step``, ``loader`` (the merged loader state of all ranks), ``trainer`` (scheduler and anomaly
   state) and ``rng_rank<R>`` (python, numpy, torch CPU/CUDA RNG states of rank R).
 - ``meta.json``: step, kind, world size, ZeRO stage, git commit, package versions, per-tensor
-  checksums, the fixed-batch reference loss and ``init_from`` (the pretrained weights the run
-  started from: ``{path, kind, sha256}``, or ``null``); ``config.yaml``: the run's config; ``COMPLETE``.
+  checksums, the fixed-batch reference loss, ``init_from`` (the pretrained weights the run
+  started from: ``{path, kind, sha256}``, or ``null``) and ``tokenizer`` (``{kind, sha256}`` of the
+  tokenizer that wrote the run's data, or ``null``); ``config.yaml``: the run's config; ``COMPLETE``.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 import trainer.checkpointing.verify as V
-from trainer.checkpointing.layout import COMPLETE, exists, git_commit, list_checkpoints, package_versions, step_dir
+from colaflow.errors import io_cause, io_failure
+from trainer.checkpointing.layout import COMPLETE, CheckpointStorageError, exists, git_commit, list_checkpoints, package_versions, step_dir
 from trainer.checkpointing.state import apply_state, build_state, load_into, process_rank, set_rng_state
 from trainer.checkpointing.storage import open_store
 
@@ -57,6 +59,8 @@ class Checkpointer:
         async_save: write with ``dcp.async_save`` on a dedicated gloo group.
         init_from: ``{path, kind, sha256}`` of the weights the run started from (``model.init_from``),
             recorded in ``meta.json``; ``None`` for a random initialisation.
+        tokenizer: ``{kind, sha256}`` of the tokenizer that wrote the data (the manifest's), recorded in
+            ``meta.json`` so a resume on other tokens is refused; ``None`` when the manifest has none.
 
     Raises:
         trainer.checkpointing.layout.CheckpointStorageError: a URL ``root`` refuses writes (missing
@@ -65,8 +69,8 @@ class Checkpointer:
 
     def __init__(self, root: str, device: torch.device, precision: str = "fp32", stage: int = 0,
                  vocab_size: int = 2, seq_len: int = 16, config: dict | None = None, keep_last: int = 0,
-                 async_save: bool = False, init_from: dict | None = None):
-        self.root, self.device, self.init_from = root, device, init_from
+                 async_save: bool = False, init_from: dict | None = None, tokenizer: dict | None = None):
+        self.root, self.device, self.init_from, self.tokenizer = root, device, init_from, tokenizer
         self.precision, self.stage, self.keep_last, self.config = precision, stage, keep_last, config or {}
         self.seq_len = seq_len
         self.batch = V.fixed_batch(vocab_size, seq_len)
@@ -75,6 +79,7 @@ class Checkpointer:
         self.pending: _Pending | None = None
         self.commit = git_commit() if process_rank() == 0 else "unknown"
         self.saved: list[str] = []
+        self._state_bytes = 0  # of the save in flight, to tell a full disk from other failures
         self.store = open_store(root)
         self.store.check(process_rank())
         if process_rank() == 0:  # saves, prunes or replacements cut short by a crash or a killed worker
@@ -97,6 +102,7 @@ class Checkpointer:
         if dist.is_initialized():
             dist.barrier()
         state = build_state(model, optimizer, step, loader_state, trainer_state, kind)
+        self._state_bytes = _tensor_bytes(state)
         checksums, digests = V.state_checksums(state, self.device), V.object_digests(state)
         loss = V.reference_loss(model, self.batch, self.device, self.precision, self.stage)
         if self.async_save:
@@ -109,9 +115,21 @@ class Checkpointer:
                 # DCP wraps every failure, Ctrl-C included; an interrupt stays an interrupt (exit 130)
                 if any(isinstance(f[0], KeyboardInterrupt) for f in e.failures.values()):
                     raise KeyboardInterrupt from e
-                raise
+                self._raise_write_error(e, step, tmp)
             self._commit(_Pending(None, tmp, final, kind, step, checksums, digests, loss))
         return final
+
+    def _raise_write_error(self, e: BaseException, step: int, folder: str):
+        """Re-raise failure ``e`` of a save of step ``step`` into ``folder``: as a one-line
+        :class:`~trainer.checkpointing.layout.CheckpointStorageError` when an I/O failure caused it (no
+        space, quota, read-only, no permission; DCP reports it as ``unexpected pos N vs M`` and keeps
+        the ``OSError`` inside, which is lost when the ranks' failures are gathered: then the folder
+        itself is examined, :func:`_probable_io_cause`), else as it is."""
+        io = io_cause(e) or _probable_io_cause(folder, self._state_bytes)
+        if io is None:
+            raise e
+        raise CheckpointStorageError(f"checkpoint.dir={self.root}: saving step {step} failed: "
+                                     f"{io_failure(io, folder)}") from e
 
     def wait(self) -> None:
         """Finish an async save in flight: wait for its writes, verify, commit."""
@@ -119,7 +137,10 @@ class Checkpointer:
             return
         pending, self.pending = self.pending, None
         future = getattr(pending.future, "upload_completion", pending.future)
-        future.result()
+        try:
+            future.result()
+        except Exception as e:  # noqa: BLE001 - an I/O failure gets its one line, anything else stays as it is
+            self._raise_write_error(e, pending.step, pending.tmp)
         self._commit(pending)
 
     def close(self) -> None:
@@ -150,7 +171,8 @@ class Checkpointer:
                     else 1, "zero_stage": self.stage, "precision": self.precision, "git_commit": self.commit,
                     "versions": package_versions(), "created_utc": datetime.datetime.now(datetime.timezone.utc)
                     .isoformat(timespec="seconds"), "verify": {"loss": p.loss, "seq_len": self.seq_len},
-                    "init_from": self.init_from, "checksums": p.checksums, "digests": p.digests}
+                    "init_from": self.init_from, "tokenizer": self.tokenizer, "checksums": p.checksums,
+                    "digests": p.digests}
             self.store.write_text(p.tmp, "meta.json", json.dumps(meta, indent=1))
             self.store.write_text(p.tmp, "config.yaml", yaml.safe_dump(self.config, sort_keys=False))
             self.store.commit(p.tmp, p.final, f"step {p.step} verified\n")
@@ -163,6 +185,45 @@ class Checkpointer:
         if self.keep_last > 0:
             for old in list_checkpoints(self.root, kind)[:-self.keep_last]:
                 self.store.delete(old)
+
+
+def _tensor_bytes(state) -> int:
+    """Bytes of the tensors (this rank's shards of them) in a nested checkpoint state."""
+    if isinstance(state, dict):
+        return sum(_tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in state)
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state
+        return local.numel() * local.element_size()
+    return 0
+
+
+def _probable_io_cause(folder: str, needed: int) -> OSError | None:
+    """Why a local save of about ``needed`` bytes into ``folder`` (or its nearest existing parent)
+    failed, when the folder says so: read-only (``EROFS``), not writable (``EACCES``), fewer free
+    bytes than ``needed`` (``ENOSPC``), or a file size limit below it (``EFBIG``); ``None`` otherwise."""
+    import errno
+    import resource
+    import shutil
+
+    if "://" in folder:
+        return None
+    path = folder
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not path:
+        return None
+    if os.statvfs(path).f_flag & os.ST_RDONLY:
+        return OSError(errno.EROFS, os.strerror(errno.EROFS), folder)
+    if not os.access(path, os.W_OK):
+        return OSError(errno.EACCES, os.strerror(errno.EACCES), folder)
+    if shutil.disk_usage(path).free < needed:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), folder)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and limit < needed:
+        return OSError(errno.EFBIG, os.strerror(errno.EFBIG), folder)
+    return None
 
 
 # -- compatibility helpers (single call, no verification) ----------------------------------

@@ -235,7 +235,7 @@ def batch_from_keys(cfg, keys: list[str]):
         raise ReplayError(f"{len(missing)} batch key(s) not in {cfg.data.manifest}: {missing[:5]}; "
                           "point data.manifest at the run's dataset (--manifest)")
     return TokenBatch.from_packed(pack_documents(keys, [found[k] for k in keys], cfg.data.seq_len,
-                                                 cfg.data.micro_batch_size))
+                                                 cfg.data.micro_batch_size, manifest.padding_id))
 
 
 def load_run_config(run_dir: str, manifest: str | None = None):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from shards.format.tokens import check_token_ids
 from trainer.config import TrainConfig
 from trainer.distributed import parallel
 
@@ -108,9 +109,12 @@ class Evaluator:
         self.batches_per_rank = max(1, math.ceil(cfg.eval.tokens / (info.world_size * rows * data.seq_len)))
 
     def batches(self):
-        """This rank's validation micro-batches, from the first one (the loader is rewound)."""
+        """This rank's validation micro-batches, from the first one (the loader is rewound), their
+        token ids checked against the model's vocabulary (:func:`shards.format.tokens.check_token_ids`)."""
         self.loader.load_state_dict(self.start_state)
         for _, batch in zip(range(self.batches_per_rank), self.loader):
+            check_token_ids(batch.input_ids, self.cfg.model.vocab_size,
+                            f"{self.manifest_url}: validation batch of {', '.join(batch.keys[:3])}")
             yield batch
 
     def evaluate(self, model, step: int) -> EvalResult:

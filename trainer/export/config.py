@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from colaflow.config import check_fields, setting
+
 FORMATS = ("onnx", "pt", "hf")  # the writers: trainer.export.pipeline.WRITERS
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -20,9 +22,9 @@ class Tolerance:
             equals the reference's.
     """
 
-    max_abs_diff: float = 1e-4
-    ppl_delta: float = 1e-3
-    min_argmax_agreement: float = 0.999
+    max_abs_diff: float = setting(1e-4, ge=0)
+    ppl_delta: float = setting(1e-3, ge=0)
+    min_argmax_agreement: float = setting(0.999, ge=0.0)  # above 1: no variant can pass (a forced failure)
 
 
 @dataclass
@@ -77,18 +79,20 @@ class ExportConfig:
     precisions: list = field(default_factory=lambda: ["fp32", "int8"])
     batch_sizes: list = field(default_factory=lambda: [1, 8])
     data: str = ""
-    seq_len: int = 0
-    rows: int = 8
-    batches: int = 2
-    latency_runs: int = 5
-    opset: int = 0
-    threads: int = 0
+    seq_len: int = setting(0, ge=0)
+    rows: int = setting(8, ge=1)
+    batches: int = setting(2, ge=1)
+    latency_runs: int = setting(5, ge=1)
+    opset: int = setting(0, ge=0)
+    threads: int = setting(0, ge=0)
     max_shard_size: str = "5GB"
-    generate_tokens: int = 20
+    generate_tokens: int = setting(20, ge=1)
     tolerance: ToleranceConfig = field(default_factory=ToleranceConfig)
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field and its valid values."""
+        """Check the declared ranges (:func:`colaflow.config.check_fields`, tolerances included) and
+        the lists; raise ``ValueError`` naming the bad field and its valid values."""
+        check_fields(self)
         if self.format not in FORMATS:
             raise ValueError(f"--format {self.format!r}: use one of {', '.join(FORMATS)}")
         bad = [p for p in self.precisions if p not in PRECISIONS]
@@ -96,9 +100,5 @@ class ExportConfig:
             raise ValueError(f"--precision {','.join(map(str, self.precisions))!r}: use some of {', '.join(PRECISIONS)}")
         if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
             raise ValueError(f"--batch-sizes {self.batch_sizes}: use positive integers, e.g. 1,8")
-        if self.rows < 1 or self.batches < 1 or self.latency_runs < 1 or self.seq_len < 0 or self.threads < 0:
-            raise ValueError("rows, batches and latency_runs must be >= 1; seq_len and threads >= 0")
-        if self.generate_tokens < 1:
-            raise ValueError(f"generate_tokens={self.generate_tokens}: use >= 1")
         if not re.fullmatch(r"\d+\s*[KMG]i?B", str(self.max_shard_size).strip(), re.IGNORECASE):
             raise ValueError(f"max_shard_size={self.max_shard_size!r}: use a size such as 5GB or 200MB")

@@ -180,6 +180,20 @@ class MetricsLogger:
                 post["skipped"] = record["skipped_steps"]
             self._bar.set_postfix(post)
 
+    def rewind(self, step: int) -> None:
+        """Forget the records after ``step`` (a rollback to a checkpoint of ``step`` undid them): they
+        are dropped from the JSONL file, so each step keeps the one record of the steps that stand
+        (TensorBoard shows the retrained values over the undone ones)."""
+        if not self.enabled:
+            return
+        from trainer.run.folder import truncate_metrics
+        self._file.close()
+        truncate_metrics(self.path, step)
+        self._file = open(self.path, "a", encoding="utf-8")
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.refresh()
+
     def close(self) -> None:
         """Flush and close every sink (stops the Prometheus server)."""
         if self._bar is not None:

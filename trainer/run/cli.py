@@ -56,8 +56,10 @@ def _load(args):
     """The validated config; raises ``ValueError`` (``ConfigError`` is one) or ``FileNotFoundError``."""
     from colaflow.config import load_config
     from trainer.config import TrainConfig
+    from colaflow.network import set_network_timeout
     cfg = load_config(TrainConfig, args.config, args.overrides)
     cfg.validate()
+    set_network_timeout(cfg.cache.resolved().timeout_s)  # the manifest is read before the cache opens
     return cfg
 
 
@@ -94,16 +96,17 @@ def dry_run(cfg) -> int:
     from trainer.checkpointing.verify import check_stored
     from trainer.run.announce import check_runnable, data_summary, start_line
     from trainer.run.folder import plan_run
-    from trainer.train import resolve_model
-    source = resolve_model(cfg)
+    from trainer.train import check_resume_tokenizer, resolve_model
+    origins = resolve_model(cfg)
     plan = plan_run(cfg)
     if plan.checkpoint:
         meta = read_meta(plan.checkpoint)
+        check_resume_tokenizer(meta, origins.tokenizer, plan.checkpoint)
         check_stored(plan.checkpoint, plan.checkpoint, meta["checksums"], meta.get("digests", {}), torch.device("cpu"))
     data = data_summary(cfg.data)
     check_runnable(cfg, data)
     print(start_line(cfg, data, int(os.environ.get("WORLD_SIZE", "1")), plan, dry_run=True,
-                     init=source if plan.checkpoint is None else None))
+                     init=origins.pretrained if plan.checkpoint is None else None))
     print("dry run: config, data and run folder are fine; nothing was trained")
     return 0
 
@@ -138,9 +141,12 @@ def main(argv: list[str], prog: str = "python -m trainer") -> int:
         from cache.errors import CacheError
         from trainer.checkpointing.layout import CheckpointStorageError
         from trainer.checkpointing.verify import CheckpointVerifyError
+        from colaflow.errors import io_cause
+        from shards.format.tokens import TokenRangeError
         from trainer.train import NoDataError, RollbackError
-        if not isinstance(e, (ValueError, FileNotFoundError, CacheError, NoDataError, RollbackError,
-                              CheckpointVerifyError, CheckpointStorageError)):
+        # OSError: no space, read-only, no permission, a time-out (also wrapped: io_cause)
+        if not (isinstance(e, (ValueError, OSError, CacheError, NoDataError, RollbackError, TokenRangeError,
+                               CheckpointVerifyError, CheckpointStorageError)) or io_cause(e) is not None):
             raise
         where = "config" if cfg is None else "run" if isinstance(e, (ValueError, RollbackError)) else "data"
         _say(f"error: {where}: {explain(e)}")

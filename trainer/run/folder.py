@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainer.checkpointing.layout import exists, is_url, latest_checkpoint, list_names, open_file, read_meta
 from trainer.checkpointing.storage import open_store
@@ -36,6 +36,29 @@ class RunPlan:
     action: str
     checkpoint: str | None = None
     step: int = 0
+    lock: object = field(default=None, compare=False, repr=False)  # rank 0's hold on run_dir (lock_run_folder)
+
+
+LOCK_FILE = ".colaflow-run.lock"  # in run_dir, locked by the live run's rank 0
+
+
+def lock_run_folder(run_dir: str):
+    """Take the exclusive lock of ``run_dir`` for this run (rank 0; released by the kernel when the
+    process ends, or by ``release()``); the folder is created if missing.
+
+    Returns:
+        the held :class:`cache.storage.locks.FileLock`.
+    Raises:
+        RunFolderError: another live run holds it; the message names its pid.
+    """
+    from cache.storage.locks import FileLock
+    os.makedirs(run_dir, exist_ok=True)
+    lock = FileLock(os.path.join(run_dir, LOCK_FILE))
+    if not lock.acquire(blocking=False):
+        pid = lock.holder()
+        raise RunFolderError(f"run_dir={run_dir} is in use by a live run (pid {pid if pid else '?'}): two runs "
+                             "would train into it at once; wait for it to end (or stop it), or choose another run_dir")
+    return lock
 
 
 def checkpoint_root(cfg: TrainConfig) -> str:
@@ -141,23 +164,29 @@ def truncate_metrics(path: str, step: int) -> int:
 def prepare_run(cfg: TrainConfig, is_main: bool) -> RunPlan:
     """:func:`plan_run` on rank 0, shared with every rank; rank 0 then applies it (overwrite:
     remove the earlier run; resume: drop metrics records after the checkpoint's step); collective
-    when distributed (one broadcast and one barrier).
+    when distributed (one broadcast and one barrier). Rank 0 first locks ``run_dir``
+    (:func:`lock_run_folder`) and keeps it locked in the returned plan's ``lock`` until the run ends.
 
     Raises:
-        RunFolderError: see :func:`plan_run` (raised on every rank).
+        RunFolderError: see :func:`plan_run`, or another live run holds ``run_dir`` (raised on every rank).
     """
     import torch.distributed as dist
     result: list = [None]
+    lock = None
     if is_main:
         try:
+            lock = lock_run_folder(cfg.run_dir)
             result[0] = plan_run(cfg)
         except RunFolderError as e:
             result[0] = e
+            if lock is not None:
+                lock.release()
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(result, src=0)
     if isinstance(result[0], RunFolderError):
         raise RunFolderError(str(result[0]))
     plan: RunPlan = result[0]
+    plan.lock = lock
     if is_main:
         if plan.action == "overwrite":
             remove_earlier_run(cfg)

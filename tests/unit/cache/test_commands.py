@@ -88,3 +88,18 @@ def test_loaders_keys_with_a_cache_smaller_than_the_data(tmp_path, monkeypatch):
         rc = loaders_cli(["keys", "--shards", d, "--world-size", "2", "--cache-dir", str(tmp_path / "cache"),
                           "--resume-at", "2", "data.seq_len=64", "data.micro_batch_size=2"])
     assert rc == 0
+
+
+def test_tune_sizes_the_cache_for_the_nodes_share():
+    """On 4 nodes a node reads a quarter of the dataset plus about 2 shards: that is what it caches."""
+    from cache.tools.tune import Measurements, recommend
+    m = Measurements(disk_write_mbps=2000, disk_read_mbps=2000, fetch_mbps=200, latency_s=0.01)
+    mb = 10**6
+    one, notes1 = recommend(m, 100, 1 * mb, 100 * mb, 10**12, 0, hostname="h", num_shards=100)
+    four, notes4 = recommend(m, 100, 1 * mb, 100 * mb, 10**12, 0, hostname="h", num_shards=100, nodes=4)
+    assert one["cache"]["nodes"]["h"]["max_bytes"] == "1GiB"  # 105 MB rounded up to whole GiB
+    assert any("the whole dataset (95.4MiB) fits" in n for n in notes1)
+    assert any("this node reads 1/4 of the dataset (95.4MiB) plus about 2 shards: 25.7MiB" in n for n in notes4)
+    assert any("the node's share (25.7MiB) fits" in n for n in notes4)
+    tight = recommend(m, 100, 1 * mb, 100 * mb, 40 * mb, 0, hostname="h", num_shards=100, nodes=4)[1]
+    assert any("the node's share (25.7MiB) fits" in n for n in tight)  # fits on 40 MB where the dataset would not

@@ -162,3 +162,33 @@ def test_metrics_registries_are_per_cache(tmp_path, http_server):
     assert a.registry.get_sample_value("colaflow_cache_bytes_fetched_total") == size
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("change", ["replace", "remove"])
+def test_a_partial_file_changed_underneath_is_never_committed(tmp_path, http_server, change):
+    """Issue 37: the file renamed into the cache must be the one whose bytes were checked; a partial
+    file replaced (here by junk of the right size) or removed during a live download was committed."""
+    import os
+    import threading
+
+    server, base, root = http_server
+    sha, size, data = put(root, "p.tar", 300 * KIB)
+    server.faults.rate_bytes_per_s = 1e6
+    cache = make_cache(tmp_path)
+    part = tmp_path / "cache" / "tmp" / f"{cache.key(f'{base}/p.tar')}.part"
+
+    def meddle():
+        while not (part.exists() and part.stat().st_size > 0):
+            time.sleep(0.005)
+        if change == "replace":
+            junk = tmp_path / "junk"
+            junk.write_bytes(b"x" * size)
+            os.replace(junk, part)
+        else:
+            part.unlink()
+
+    thread = threading.Thread(target=meddle)
+    thread.start()
+    path = cache.get(f"{base}/p.tar", sha, size)
+    thread.join()
+    assert open(path, "rb").read() == data and cache.metrics()["retries"] >= 1

@@ -123,3 +123,28 @@ def test_cache_used_in_forked_worker(tmp_path, http_server):
     assert clone.metrics()["hits"] == 1
     clone.close()
     cache.close()
+
+
+def test_a_frozen_fetch_lock_holder_is_named_not_waited_on_forever(tmp_path, http_server):
+    """Issue 37: a process holding a shard's fetch lock while it is alive but makes no progress (here
+    it only holds the lock) made every other process wait for ever; now the wait ends after
+    cache.fetch_wait_s without progress, in an error naming the holder's pid."""
+    import pytest
+
+    from cache import CacheLockError
+
+    server, base, root = http_server
+    sha = _put(root, "s.tar", 64 * KIB)
+    cache = ShardCache(CacheConfig(**_cfg(tmp_path, fetch_wait_s=0.3)), resolve=False)
+    lock = cache.store.fetch_lock(cache.key(f"{base}/s.tar")).path
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from cache.storage.locks import FileLock; "
+                               "lock = FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(120)", lock],
+                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(CacheLockError, match=f"held by pid {holder.pid} .*no progress for 0.3 s"):
+            cache.get(f"{base}/s.tar", sha, 64 * KIB)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert open(cache.get(f"{base}/s.tar", sha, 64 * KIB), "rb").read() == (root / "s.tar").read_bytes()

@@ -65,7 +65,7 @@ def test_bench_takes_data_overrides_and_names_a_bad_one(tmp_path, capsys):
     assert report["loader"]["batches"] < -(-int(lengths.sum()) // 128)  # budget batches hold more than 2 x 64
     assert 0.5 < report["loader"]["transfer_vs_uint16"] <= 2.0  # against the batches' own rows, not 2 x 65
     assert main(["bench", "--shards", str(tmp_path), "data.pack_window=0"]) == 2
-    assert "data.pack_window=0: must be >= 1" in capsys.readouterr().err
+    assert "data.pack_window=0: use a number >= 1" in capsys.readouterr().err
     assert main(["bench", "--shards", str(tmp_path), "cache.max_bytes=1"]) == 2
     assert "data.KEY=VALUE overrides only" in capsys.readouterr().err
 

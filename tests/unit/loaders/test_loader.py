@@ -121,23 +121,28 @@ def _run_ranks(d, world, steps=None, state=None, **kw):
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(world=st.integers(1, 8), workers=st.integers(0, 4), seed=st.integers(0, 3),
-       batching=st.sampled_from(["packed", "token_budget"]))
-def test_exactly_once_any_world_and_workers(text_shards, world, workers, seed, batching):
+       batching=st.sampled_from(["packed", "token_budget"]), nodes=st.sampled_from([1, 2, 4]))
+def test_exactly_once_any_world_and_workers(text_shards, world, workers, seed, batching, nodes):
+    """Also with the ranks on several nodes, each reading its own shards."""
     d, docs = text_shards
-    loaders, batches = _run_ranks(d, world, num_workers=workers, seed=seed, batching=batching, max_tokens=128)
+    per_node = world // nodes if world % nodes == 0 else world
+    loaders, batches = _run_ranks(d, world, num_workers=workers, seed=seed, batching=batching, max_tokens=128,
+                                  ranks_per_node=per_node)
     _assert_epoch(_chunks(batches), docs, 64, loaders[0])
     assert all(ld.progress.complete_ranks == {ld.rank} for ld in loaders)
     assert merge_states([ld.state_dict() for ld in loaders])["consumed"] == N_DOCS
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(old=st.tuples(st.integers(1, 8), st.integers(0, 4)), new=st.tuples(st.integers(1, 8), st.integers(0, 4)),
-       steps=st.integers(0, 12))
+@given(old=st.tuples(st.integers(1, 4), st.integers(0, 4), st.sampled_from([1, 2])),
+       new=st.tuples(st.integers(1, 4), st.integers(0, 4), st.sampled_from([1, 2, 3])), steps=st.integers(0, 12))
 def test_resume_mid_epoch_into_another_world_size(text_shards, old, new, steps):
+    """(ranks per node, workers, nodes) before and after: also at another node count."""
     d, docs = text_shards
-    first, before = _run_ranks(d, old[0], steps=steps, num_workers=old[1])
+    first, before = _run_ranks(d, old[0] * old[2], steps=steps, num_workers=old[1], ranks_per_node=old[0])
     state = merge_states([ld.state_dict() for ld in first])
-    second, after = _run_ranks(d, new[0], state=state, num_workers=new[1])
+    assert state["deal"] is None or state["deal"]["nodes"] == old[2]  # None: no step taken
+    second, after = _run_ranks(d, new[0] * new[2], state=state, num_workers=new[1], ranks_per_node=new[0])
     if state["consumed"] == N_DOCS:  # the stop fell at the epoch's end: the resume reads the next epoch
         assert all(ld.epoch == 1 for ld in second)
         _assert_epoch(_chunks(before), docs, 64, first[0])
@@ -232,7 +237,8 @@ def test_keys_cli_lists_every_sample_once(text_shards):
     d, docs = text_shards
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        loaders_cli(["keys", "--shards", d, "--world-size", "3", "--workers", "2", "--epoch", "1"])
+        loaders_cli(["keys", "--shards", d, "--world-size", "3", "--workers", "2", "--epoch", "1",
+                     "data.ranks_per_node=1"])  # 3 nodes
     rows = [line.split() for line in out.getvalue().splitlines() if not line.startswith("#")]
     assert sorted(r[-1].split("/")[-1] for r in rows) == sorted(docs)
     assert {r[0] for r in rows} == {"rank=0", "rank=1", "rank=2"}
@@ -351,9 +357,9 @@ def test_state_after_the_last_batch_counts_the_empty_documents_after_it(tmp_path
 def test_pack_window_settings_are_named_in_errors_and_warnings(tmp_path, caplog):
     """A bad value is one error naming the field and the value; a window below one batch (rows mostly
     padding) is warned about, with the size to use."""
-    with pytest.raises(ValueError, match=r"data.pack_window=0: must be >= 1"):
+    with pytest.raises(ValueError, match=r"data.pack_window=0: use a number >= 1"):
         DataConfig(manifest="x", pack_window=0).validate()
-    with pytest.raises(ValueError, match=r"data.prefetch_batches=-1: must be >= 1"):
+    with pytest.raises(ValueError, match=r"data.prefetch_batches=-1: use a number >= 1"):
         DataConfig(manifest="x", prefetch_batches=-1).validate()
     d = str(tmp_path / "s")
     write_text_shards(d)
@@ -411,3 +417,19 @@ def test_prefetch_thread_keeps_at_most_prefetch_batches_ready_whatever_a_packing
     out = [int(b.input_ids[0, 0]) for b in _thread_prefetch(runs, 3, False, ready.append)]
     assert out == [100 * r + i for r in range(3) for i in range(30)]
     assert len(ready) == 91 and max(ready) <= 3  # an ask per batch, and the last one meets the end
+
+
+@pytest.mark.parametrize("layout", ["token_blocks/none", "token_blocks/zstd"])  # one token array / many
+@pytest.mark.parametrize("ids,pad", [({}, 0), ({"eos_id": 7}, 7), ({"eos_id": 7, "pad_id": 3}, 3)],
+                         ids=["no-tokenizer-ids", "eos", "pad"])
+def test_padding_cells_hold_the_tokenizers_pad_id_else_its_eos_id(tmp_path, layout, ids, pad):
+    from shards.format.manifest import TokenizerIdentity
+    d = str(tmp_path)
+    docs = write_text_shards(d, n_docs=16, layout=layout)
+    m = Manifest.load(d)
+    m.tokenizer_identity = TokenizerIdentity(kind="hf", **ids) if ids else None
+    m.save(d)
+    batches = list(build_text_loader(_cfg(d), in_process=True))
+    padding = np.concatenate([b.input_ids[b.document_ids < 0].numpy() for b in batches])
+    assert len(padding) > 0 and set(padding.tolist()) == {pad}
+    _assert_epoch(_chunks(batches), docs, 64, build_text_loader(_cfg(d), in_process=True))

@@ -117,9 +117,13 @@ def _check(loader, srcs, got, complete_to=None):
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(world=st.integers(1, 5), workers=st.integers(0, 3), seed=st.integers(0, 3))
-def test_exactly_once_within_each_source_epoch_any_world_and_workers(two_sources, world, workers, seed):
-    loaders, batches = _run(two_sources, world, epochs=2, num_workers=workers, seed=seed)
+@given(world=st.integers(1, 5), workers=st.integers(0, 3), seed=st.integers(0, 3), nodes=st.sampled_from([1, 2]),
+       lanes=st.sampled_from([1, 4]))
+def test_exactly_once_within_each_source_epoch_any_world_and_workers(two_sources, world, workers, seed, nodes, lanes):
+    """Also with the ranks on 2 nodes (when the world size is even), each reading its own shards."""
+    per_node = world // nodes if world % nodes == 0 else world
+    loaders, batches = _run(two_sources, world, epochs=2, num_workers=workers, seed=seed, ranks_per_node=per_node,
+                            shard_lanes=lanes)
     ld = loaders[0]
     got = _delivered(ld, batches)
     _check(ld, two_sources, got, complete_to=ld.sources.plan.first_items(2))
@@ -176,6 +180,28 @@ def test_bad_mixture_configs_are_named(two_sources):
     ]:
         with pytest.raises((ConfigError, FileNotFoundError, ValueError), match=words.replace("[", r"\[").replace("]", r"\]")):
             build_text_loader(DataConfig(mixture=mixture), in_process=True)
+
+
+def test_sources_written_by_different_tokenizers_are_refused_and_one_tokenizer_pads(tmp_path):
+    from shards.format.manifest import TokenizerIdentity
+    srcs = {}
+    for i, name in enumerate(SIZES):
+        d = str(tmp_path / name)
+        os.makedirs(d)
+        srcs[name] = (d, write_text_shards(d, 12, seed=i))
+    def mark(sha_small):
+        for name, sha in (("big", "a" * 64), ("small", sha_small)):
+            m = Manifest.load(srcs[name][0])
+            m.tokenizer_identity = TokenizerIdentity(kind="hf", sha256=sha, eos_id=5)
+            m.save(srcs[name][0])
+    mark("b" * 64)
+    with pytest.raises(ValueError, match=r"tokenized by different tokenizer files \(sha256 \{'big': 'aaaaaaaaaaaa', "
+                                         r"'small': 'bbbbbbbbbbbb'\}\); preprocess them with one tokenizer"):
+        build_text_loader(_cfg(srcs), in_process=True)
+    mark("a" * 64)
+    batches = list(build_text_loader(_cfg(srcs), in_process=True))
+    padding = np.concatenate([b.input_ids[b.document_ids < 0].numpy() for b in batches])
+    assert len(padding) > 0 and set(padding.tolist()) == {5}
 
 
 def test_state_of_a_single_dataset_is_refused(two_sources):

@@ -5,15 +5,18 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders.order.sample_order import SampleOrder, consumer_items, permutation, plan_split
+from loaders.order.sample_order import SampleOrder, permutation
+from loaders.order.split import consumer_items, plan_nodes, plan_split
 from loaders.order.progress import Progress, merge_states
 
 shard_counts = st.lists(st.integers(0, 40), min_size=1, max_size=12)
 KEY = {"seed": 0}
 
 
-def _all_items(order, n_consumers, **kw):
-    return [list(consumer_items(order, c, n_consumers, **kw)) for c in range(n_consumers)]
+def _all_items(order, n_consumers, num_nodes=1, **kw):
+    """Every consumer's items (the node plan made once, as each consumer would make it)."""
+    plan = plan_nodes(order, num_nodes, n_consumers, kw.get("start", 0), kw.get("skip"), kw.get("remainder", "uneven"))
+    return [list(consumer_items(order, c, n_consumers, num_nodes=num_nodes, plan=plan, **kw)) for c in range(n_consumers)]
 
 
 def test_permutation_is_fixed_and_valid():
@@ -27,11 +30,13 @@ def test_permutation_is_fixed_and_valid():
 
 @settings(max_examples=60, deadline=None)
 @given(counts=shard_counts, seed=st.integers(0, 2**32), epoch=st.integers(0, 5), block=st.integers(1, 50),
-       world=st.integers(1, 8), workers=st.integers(0, 4))
-def test_every_sample_exactly_once(counts, seed, epoch, block, world, workers):
+       world=st.integers(1, 8), workers=st.integers(0, 4), nodes=st.sampled_from([1, 2, 4]))
+def test_every_sample_exactly_once(counts, seed, epoch, block, world, workers, nodes):
+    """Also when the consumers are on several nodes (each node reading its own shards)."""
     order = SampleOrder(counts, seed, epoch, block=block)
+    nodes = nodes if world % nodes == 0 else 1
     n = world * max(workers, 1)
-    items = _all_items(order, n)
+    items = _all_items(order, n, num_nodes=nodes)
     flat = [it for cons in items for it in cons]
     assert sorted(p for p, _, _ in flat) == list(range(sum(counts)))
     assert sorted((s, i) for _, s, i in flat) == sorted((s, i) for s, c in enumerate(counts) for i in range(c))
@@ -52,15 +57,16 @@ def test_order_independent_of_world_size(counts, seed, block, world, workers):
 
 
 @settings(max_examples=40, deadline=None)
-@given(counts=shard_counts, n=st.integers(1, 32))
-def test_drop_and_pad_policies(counts, n):
+@given(counts=shard_counts, n=st.integers(1, 10), nodes=st.sampled_from([1, 2, 3]))
+def test_drop_and_pad_policies(counts, n, nodes):
     order = SampleOrder(counts, 3, 0, block=7)
     total = sum(counts)
-    drop = _all_items(order, n, remainder="drop")
+    n *= nodes
+    drop = _all_items(order, n, remainder="drop", num_nodes=nodes)
     assert len({len(c) for c in drop}) == 1
     kept = [p for c in drop for p, _, _ in c]
     assert len(kept) == len(set(kept)) == total - total % n == plan_split(total, n, "drop").assigned
-    pad = _all_items(order, n, remainder="pad")
+    pad = _all_items(order, n, remainder="pad", num_nodes=nodes)
     if total:
         assert len({len(c) for c in pad}) == 1
         read = [p for c in pad for p, _, _ in c]
@@ -69,17 +75,20 @@ def test_drop_and_pad_policies(counts, n):
 
 
 @settings(max_examples=50, deadline=None)
-@given(counts=shard_counts, data=st.data(), new_world=st.integers(1, 8), new_workers=st.integers(0, 4))
-def test_resume_reads_exactly_the_rest(counts, data, new_world, new_workers):
+@given(counts=shard_counts, data=st.data(), new_world=st.integers(1, 8), new_workers=st.integers(0, 4),
+       nodes=st.sampled_from([1, 2, 4]))
+def test_resume_reads_exactly_the_rest(counts, data, new_world, new_workers, nodes):
     """Consumed = a prefix plus scattered positions (as workers run ahead): the rest, split over
-    any new world size, is read exactly once."""
+    any new world size and node count, is read exactly once."""
     order = SampleOrder(counts, 5, 2, block=9)
     total = order.num_samples
     prefix = data.draw(st.integers(0, total))
     done = sorted(data.draw(st.sets(st.integers(prefix, max(prefix, total - 1)), max_size=20)) - {total})
     done = [d for d in done if d < total]
+    nodes = nodes if new_world % nodes == 0 else 1
     n = new_world * max(new_workers, 1)
-    rest = [p for c in _all_items(order, n, start=prefix, skip=np.array(done, np.int64)) for p, _, _ in c]
+    rest = [p for c in _all_items(order, n, start=prefix, skip=np.array(done, np.int64), num_nodes=nodes)
+            for p, _, _ in c]
     assert sorted(rest) == sorted(set(range(prefix, total)) - set(done))
 
 

@@ -119,3 +119,43 @@ def test_parquet_in_row_group_splits_with_columns_and_language(tmp_path, model_p
     kept = sorted(s["json"]["id"] for info in Manifest.load(str(tmp_path / "out")).shards
                   for s in iter_documents(str(tmp_path / "out" / info.name)))
     assert kept == ["part.parquet/p0", "part.parquet/p3", "part.parquet/p5"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.binary(max_size=20).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b"")), min_size=1,
+                max_size=30),
+       st.lists(st.sampled_from([b"\n", b"\r\n", b"\r"]), min_size=30, max_size=30), st.integers(1, 80))
+def test_lines_end_at_lf_crlf_or_a_lone_cr_in_every_split(tmp_path_factory, lines, ends, split_bytes):
+    """Issue 37: a lone CR ends a line as LF and CRLF do (it used to make one record of a whole file)."""
+    path = tmp_path_factory.mktemp("eol") / "in.jsonl"
+    ends = ends[:len(lines)]
+    for i in range(len(lines) - 1):  # a CR, an empty line and its LF read as one CRLF: not what is meant here
+        if ends[i] == b"\r" and not lines[i + 1] and ends[i + 1] == b"\n":
+            ends[i] = b"\n"
+    data = b"".join(line + end for line, end in zip(lines, ends))
+    path.write_bytes(data)
+    units = _units(path, InputConfig(split_bytes=split_bytes))
+    assert [u.raw for u in units] == lines
+    assert all(data[u.offset:u.offset + len(u.raw)] == u.raw for u in units)
+    assert sum(u.size for u in units) == len(data)
+
+
+def test_lone_cr_text_is_split_into_paragraphs(tmp_path):
+    path = tmp_path / "mac.txt"
+    path.write_bytes(b"First paragraph,\rstill first.\r\rSecond one.\r\r\rThird.\r")
+    units = _units(path, InputConfig())
+    assert [(u.line, u.raw) for u in units] == [(1, b"First paragraph,\nstill first."), (4, b"Second one."),
+                                               (7, b"Third.")]
+
+
+def test_binary_and_oversized_parquet_rows_are_decoded_or_dead_letters(tmp_path):
+    """Issue 37: a text column stored as binary is read as UTF-8; a row over input.max_record_bytes
+    or not UTF-8 is a dead letter (an oversized binary row used to crash the run)."""
+    path = tmp_path / "b.parquet"
+    texts = [b"plain bytes", b"x" * 500, "caf\xe9".encode("latin-1"), None]
+    pq.write_table(pa.table({"text": pa.array(texts, pa.binary()), "id": pa.array([b"a", b"b", b"c", b"d"])}), path)
+    cfg = InputConfig(max_record_bytes=100)
+    parsed = [parse_unit(u.path, u.line, u.raw, u.fmt, cfg, u.offset, u.size, "b.parquet") for u in _units(path, cfg)]
+    assert parsed[0].text == "plain bytes" and parsed[0].id == "b.parquet/a"
+    assert [(d.line, d.reason) for d in parsed[1:]] == [(2, "too_large"), (3, "not_utf8"), (4, "missing_text")]
+    assert parsed[1].raw.startswith("xxx") and "500 bytes" in parsed[1].error

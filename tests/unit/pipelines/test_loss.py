@@ -67,6 +67,13 @@ def mixed(tmp_path_factory):
     cut = zstandard.ZstdCompressor().compress(b"".join(
         b'{"id": "t%d", "text": "line %d of a zstd file cut short"}\n' % (i, i) for i in range(20000)))
     (d / "cut.jsonl.zst").write_bytes(cut[: len(cut) // 2])
+    # issue 37: a linked folder, a broken link, a folder named with glob characters, lone-CR text
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    _jsonl(elsewhere / "far.jsonl", [{"id": "f", "text": "read through a linked folder"}])
+    (d / "linked").symlink_to(elsewhere)
+    (d / "gone.jsonl").symlink_to(elsewhere / "missing.jsonl")
+    _jsonl(d / "odd [v2] (x)" / "o.jsonl", [{"id": "o", "text": "in a folder named like a glob"}])
+    (d / "mac.txt").write_bytes(b"Old Mac text, one.\r\rOld Mac text, two.\r")
     out = tmp_path_factory.mktemp("out")
     rc = beam_runner.main(["--input", f"{d}/**", "--output", str(out), "tokenizer.vocab_size=400",
                            "shards.num_shards=2", "shards.store_text=true"])
@@ -109,6 +116,15 @@ def test_stray_files_are_skipped_counted_and_warned(mixed, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "3 input files have no known format" in err and "README.md" in err
     assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_links_odd_names_and_lone_cr_are_read_or_counted(mixed):
+    _, out, stats = mixed
+    samples = _samples(out)
+    assert samples["linked/far.jsonl/f"]["txt"] == "read through a linked folder"
+    assert samples["odd [v2] (x)/o.jsonl/o"]["txt"] == "in a folder named like a glob"
+    assert {"mac.txt#00000001", "mac.txt#00000003"} <= set(samples)  # two paragraphs, not one
+    assert stats["total"]["skipped_links"] == 1 and "skipped links" in (out / "report.txt").read_text()
 
 
 def test_invisible_only_document_is_filtered_not_kept(mixed):

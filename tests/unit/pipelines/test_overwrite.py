@@ -190,3 +190,25 @@ def test_overwrite_refuses_a_tokenizer_or_input_inside_the_earlier_run(inputs, t
     assert len(errors) == 1 and errors[0].startswith(f"error: {flag} "), err
     assert "--overwrite sets aside" in errors[0] and "copy the file" in errors[0], err
     assert _local(out) == before
+
+
+def test_overwrite_with_another_prefix_removes_the_earlier_shards(inputs, tmp_path):
+    """Issue 37: the earlier run's shards and indexes named with another shards.prefix went unseen."""
+    from shards import ShardSequenceWriter, encode_text_sample
+    from shards.io.index import build_shard_index, dali_index_path, write_dali_index
+    import numpy as np
+
+    out = tmp_path / "out"
+    w = ShardSequenceWriter(str(out), prefix="old", max_samples=2)  # what a run with shards.prefix=old wrote
+    for i in range(4):
+        w.write(f"k{i}", encode_text_sample(np.arange(3, dtype=np.uint16), {"id": i}), tokens=3)
+    shards = w.close()
+    for info in shards:
+        write_dali_index(build_shard_index(str(out / info.name)), dali_index_path(str(out / info.name)))
+    Manifest(shards=shards).save(str(out))
+    old = sorted(p.name for p in out.iterdir() if p.name.startswith("old-"))
+    assert len(old) == 4 and any(n.endswith(".idx") for n in old)
+    prepared = prepare_output(str(out), "shard", overwrite=True)
+    assert not [p for p in out.iterdir() if p.name.startswith("old-")]
+    finish_output(prepared)
+    assert not (out / BACKUP_DIR).exists() and not list(out.iterdir())

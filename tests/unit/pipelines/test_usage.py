@@ -12,9 +12,9 @@ import sys
 import pytest
 
 import beam_runner
-from pipelines.config import CHOICES, PipelineConfig
+from pipelines.config import PipelineConfig
 from pipelines.runners.selection import beam_options
-from colaflow.config import ConfigError
+from colaflow.config import ConfigError, declared_checks
 from tests.support.paths import REPO
 
 ROOT = str(REPO)
@@ -44,6 +44,8 @@ def test_too_small_vocab_is_one_line_and_exit_2(corpus, tmp_path):
     ("shards.layout=blocks", ["shards.layout", "'blocks'", "token_blocks, documents"]),
     ("split.val_fraction=1.5", ["split.val_fraction", "1.5", "[0.0, 1.0)"]),
     ("tokenizer.sample_fraction=0", ["tokenizer.sample_fraction", "(0.0, 1.0]"]),
+    ("input.max_record_bytes=0", ["input.max_record_bytes=0", ">= 1"]),  # issue 37: ranges beside every field
+    ("quality.max_words=10", ["quality.min_words=50", "max_words=10"]),  # and relations between fields
 ])
 def test_bad_config_values_are_refused_up_front(corpus, tmp_path, capsys, override, words):
     out = tmp_path / "out"
@@ -54,7 +56,9 @@ def test_bad_config_values_are_refused_up_front(corpus, tmp_path, capsys, overri
 
 
 def test_every_enum_knob_rejects_a_typo():
-    for key in CHOICES:
+    choices = [key for key, check in declared_checks(PipelineConfig()).items() if check.choices]
+    assert len(choices) == 9
+    for key in choices:
         section, name = key.split(".")
         cfg = PipelineConfig()
         setattr(getattr(cfg, section), name, "typo")

@@ -149,3 +149,41 @@ def test_missing_shard_and_count_mismatch(dataset, capsys):
     m.save(str(dataset))
     rc, out = verify(capsys, dataset / "shard-000000.tar")
     assert rc == 1 and "4 samples read, manifest says 5" in out
+
+
+def test_token_ids_beyond_the_vocabulary_and_unlisted_tars_fail(dataset, capsys):
+    """Issue 37: ids at or above the manifest's vocab_size, and a tar the manifest does not list, passed."""
+    m = Manifest.load(str(dataset))
+    m.vocab_size = 8  # the shards hold ids 0..7: all inside
+    m.save(str(dataset))
+    assert verify(capsys, dataset)[0] == 0
+    m.vocab_size = 6
+    m.save(str(dataset))
+    rc, out = verify(capsys, dataset)
+    assert rc == 1 and "token_out_of_range 2" in out and "'k7': token id 7 is outside the vocabulary of 6" in out
+    m.vocab_size = 8
+    m.save(str(dataset))
+    shutil.copy(dataset / "shard-000000.tar", dataset / "stray-000000.tar")
+    rc, out = verify(capsys, dataset)
+    assert rc == 1 and "stray-000000.tar: not listed in" in out and "unlisted_shard 1" in out
+
+
+def test_a_tokenizer_with_unused_ids_reports_a_vocabulary_holding_every_id():
+    """Issue 37: an HF vocabulary with gaps reported its token count (3) as vocab_size while encoding
+    ids up to 5, so the shards held ids beyond the manifest's vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from pipelines.config import TokenizerConfig
+    from pipelines.records import Doc
+    from pipelines.stages.tokenize import TokenizeFn
+    from shards.tokenizers import TokenizerFile, build
+
+    tok = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1, "b": 5}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    file = TokenizerFile("hf", "tokenizer.json", tok.to_str().encode())
+    assert build(file).vocab_size == 6
+    fn = TokenizeFn(TokenizerConfig(add_eos=False))
+    fn.setup()
+    fn.start_bundle()
+    (batch,) = fn.process([Doc("d", "a b c", "s")], file)
+    assert batch[0].tokens.tolist() == [0, 5, 1]

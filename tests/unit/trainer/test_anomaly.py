@@ -79,7 +79,7 @@ def test_repeated_bad_steps_roll_back_with_lower_lr(tmp_path):
     cfg = load_config(TrainConfig, None, [
         f"data.manifest={shards}", f"run_dir={run}", f"cache.dir={tmp_path / 'cache'}", "model.d_model=32",
         "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=64", "data.seq_len=64", "data.micro_batch_size=1",
-        "data.num_workers=0", "steps=10", "log_every=5", "checkpoint.every=5", "zero.stage=1", "device=cpu",
+        "data.num_workers=0", "steps=10", "log_every=3", "checkpoint.every=5", "zero.stage=1", "device=cpu",
         "metrics.progress=false", fault_hooks(nan_at_steps=[7, 8], rank=0),
         "anomaly.max_consecutive=2", "anomaly.rollback_lr_factor=0.25"])
     results = run_local_workers(_train_worker, 2, cfg)
@@ -96,6 +96,8 @@ def test_repeated_bad_steps_roll_back_with_lower_lr(tmp_path):
     assert rollbacks and all(e["checkpoint"].endswith("step_000005") for e in events if e["event"] == "rollback")
     nonfinite = sorted((e["step"], e["rank"]) for e in events if e["event"] == "nonfinite")
     assert nonfinite == [(7, 0), (7, 1), (8, 0), (8, 1)]
+    with open(run / "metrics.jsonl") as f:  # issue 37: step 6, logged, undone and retrained, is logged once
+        assert [json.loads(line)["step"] for line in f] == [1, 3, 6, 9, 10]
     assert (run / "checkpoints" / "step_000010" / "COMPLETE").exists()
     with open(run / "metrics.jsonl") as f:
         last = [r for r in map(json.loads, f) if r["step"] == 10][-1]

@@ -91,3 +91,32 @@ def test_a_live_config_rejects_the_removed_inject_keys():
         load_config(TrainConfig, None, ["anomaly.inject_nan_at_steps=[3]"])
     with pytest.raises(ConfigError, match=r"hooks: expected a list of mappings"):
         TrainConfig(hooks=5).validate()
+
+
+@pytest.mark.parametrize("override, words", [
+    ("optim.min_lr=-1e-4", ["optim.min_lr=-0.0001", ">= 0"]),  # issue 37: trained with a negative rate
+    ("optim.lr=0", ["optim.lr=0.0", "> 0"]),
+    ("optim.min_lr=0.1", ["optim.min_lr=0.1", "optim.lr=0.005"]),  # a relation: the cosine would rise
+    ("optim.weight_decay=-0.1", ["optim.weight_decay"]),
+    ("optim.betas=[0.9, 1.5]", ["optim.betas", "[0, 1)"]),
+    ("optim.warmup_steps=-1", ["optim.warmup_steps"]),
+    ("optim.grad_clip=-1", ["optim.grad_clip"]),
+    ("model.max_seq_len=0", ["model.max_seq_len"]),
+    ("model.rope_theta=0", ["model.rope_theta"]),
+    ("model.norm_eps=-1e-5", ["model.norm_eps"]),
+    ("model.ffn_mult=0", ["model.ffn_mult"]),
+    ("data.seq_len=1", ["data.seq_len=1", ">= 2"]),
+    ("data.num_workers=-1", ["data.num_workers"]),
+    ("cache.timeout_s=0", ["cache.timeout_s"]),
+    ("cache.backoff_s=-1", ["cache.backoff_s"]),
+    ("anomaly.spike_ratio=0.5", ["anomaly.spike_ratio"]),
+    ("anomaly.spike_warmup=-2", ["anomaly.spike_warmup"]),
+    ("zero.bucket_cap_mb=0", ["zero.bucket_cap_mb"]),
+    ("metrics.peak_flops=-1", ["metrics.peak_flops"]),
+    ("profile.active=0", ["profile.active"]),
+])
+def test_every_out_of_range_value_is_one_named_error(override, words):
+    """Issue 37: ranges are declared beside each field and checked in one pass (and relations between fields)."""
+    with pytest.raises(ValueError) as e:
+        load_config(TrainConfig, CONFIGS[0], [override]).validate()
+    assert all(w in str(e.value) for w in words) and "\n" not in str(e.value), str(e.value)

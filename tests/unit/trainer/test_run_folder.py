@@ -98,16 +98,26 @@ def common(tmp_path):
             "metrics.tensorboard_dir=''", "device=cpu", "eval.enabled=false"]  # these shards hold no val split
 
 
+def _mark_tokenizer(shards: str, sha: str) -> None:
+    from shards import Manifest
+    from shards.format.manifest import TokenizerIdentity
+    m = Manifest.load(shards)
+    m.tokenizer_identity = TokenizerIdentity(kind="hf", sha256=sha, eos_id=0)
+    m.save(shards)
+
+
 def _steps(tmp_path) -> list[int]:
     with open(tmp_path / "run" / "metrics.jsonl") as f:
         return [json.loads(line)["step"] for line in f]
 
 
 def test_rerun_resumes_never_restarts_and_logs_each_step_once(tmp_path, common):
+    _mark_tokenizer(str(tmp_path / "shards"), "a" * 64)
     first = _train(common + ["steps=4"], tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "data: 2 shards, 60 documents" in first.stdout and "world size 1, ZeRO stage 2; new run" in first.stdout
     final = tmp_path / "run" / "checkpoints" / "step_000004"
+    assert json.loads((final / "meta.json").read_text())["tokenizer"] == {"kind": "hf", "sha256": "a" * 64}
     created = json.loads((final / "meta.json").read_text())["created_utc"]
     again = _train(common + ["steps=4"], tmp_path)  # up-arrow, Enter: the finished run stays as it is
     assert again.returncode == 0 and "resumed from step 4" in again.stdout and "nothing to train" in again.stdout
@@ -132,6 +142,12 @@ def test_rerun_resumes_never_restarts_and_logs_each_step_once(tmp_path, common):
     other = _train(common + ["steps=6", "model.d_model=64"], tmp_path)
     assert other.returncode == 2 and "Traceback" not in other.stderr
     assert other.stderr.strip().count("\n") == 0 and "model.d_model=32 (now 64)" in other.stderr
+    _mark_tokenizer(str(tmp_path / "shards"), "b" * 64)  # the same documents, re-tokenized by another tokenizer
+    for extra in ([], ["--dry-run"]):
+        retokenized = _train(common + ["steps=8", *extra], tmp_path)
+        assert retokenized.returncode == 2 and retokenized.stderr.strip().count("\n") == 0, retokenized.stderr[-3000:]
+        assert ("step_000006 was trained on data tokenized by a hf tokenizer (sha256 aaaaaaaaaaaa), but data.manifest's "
+                "shards were tokenized by a hf tokenizer (sha256 bbbbbbbbbbbb)") in retokenized.stderr
     fresh = _train(common + ["steps=2", "model.d_model=64", "checkpoint.overwrite=true"], tmp_path)
     assert fresh.returncode == 0 and "new run (earlier run in run_dir removed" in fresh.stdout
     assert _steps(tmp_path) == [1, 2]
@@ -171,6 +187,11 @@ def test_ctrl_c_ends_in_one_line_with_exit_130(tmp_path, common):
     deadline = time.time() + 120
     while not os.path.exists(tmp_path / "run" / "metrics.jsonl") and time.time() < deadline:
         time.sleep(0.2)
+    # issue 37: a second launch into the live run folder trained into it at once; now it is refused
+    second = _train(common + ["steps=100000"], tmp_path)
+    lines = [line for line in second.stderr.splitlines() if line.strip()]
+    assert second.returncode == 2 and len(lines) == 1, second.stderr[-3000:]
+    assert f"is in use by a live run (pid {proc.pid})" in lines[0], lines
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
@@ -256,3 +277,30 @@ def test_a_run_folder_of_an_older_trainer_resumes(tmp_path, common):
     assert _steps(tmp_path) == [1, 2, 3]
     rewritten = json.loads((run / "config.json").read_text())
     assert rewritten["hooks"] == [] and not any(k.startswith("inject_") for k in rewritten["anomaly"])
+
+
+def _file_size_limit(limit: int):
+    """``preexec_fn`` capping the files the child writes at ``limit`` bytes (writes past it fail with
+    EFBIG, as a full disk fails with ENOSPC; Python ignores the SIGXFSZ that would kill it)."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_checkpoint_that_cannot_be_written_ends_in_one_line_naming_the_folder(tmp_path, common):
+    """Issue 37: a save that ran out of space ended in tracebacks whose only message was ``unexpected pos``."""
+    p = _train(common + ["steps=2"], tmp_path, preexec_fn=_file_size_limit(150_000))  # shards 72 kB, checkpoint 280 kB
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-3000:]
+    assert f"checkpoint.dir={tmp_path / 'run' / 'checkpoints'}: saving step 2 failed:" in lines[0]
+    assert ".step_000002.partial: File too large;" in lines[0] and "choose another folder" in lines[0]
+
+
+def test_the_summary_line_counts_the_documents_of_skipped_shards(tmp_path, common):
+    """Issue 37: a run that skipped a corrupt shard ended with a summary line that did not say so."""
+    shard = tmp_path / "shards" / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:5000])  # truncated: fails its size check in the cache
+    p = _train(common + ["steps=2", "checkpoint.every=0", "cache.retries=0"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    last = p.stdout.strip().splitlines()[-1]
+    assert last.startswith("trained 2 steps") and "skipped 30 unreadable document(s) of corrupt or missing shards" in last
+    assert json.loads((tmp_path / "run" / "train_summary.json").read_text())["skipped_documents"] == 30

@@ -1,0 +1,34 @@
+"""Issue 37: an expected I/O failure (no space, read-only, no permission), also wrapped inside a
+library's own error, is one line naming the path and the cause, with what to do."""
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from colaflow.errors import RUNTIME, explain, guard, io_cause
+
+
+def test_a_wrapped_no_space_error_is_found_and_named():
+    inner = OSError(errno.ENOSPC, "No space left on device", "/data/ckpt/__0_0.distcp")
+    try:
+        try:
+            raise inner
+        except OSError:
+            raise RuntimeError("unexpected pos 704 vs 598")  # what torch.save says, the OSError its context
+    except RuntimeError as e:
+        wrapped = ValueError("write", {0: (e, [])})  # how torch.distributed.checkpoint carries rank failures
+    assert io_cause(wrapped) is inner
+    assert explain(wrapped) == ("/data/ckpt/__0_0.distcp: No space left on device; free space there or choose "
+                                "another folder")
+    assert io_cause(RuntimeError("unexpected pos 704 vs 598")) is None
+
+
+def test_every_command_line_ends_an_io_failure_in_one_line(capsys):
+    def main():
+        raise PermissionError(errno.EACCES, "Permission denied", "/readonly/out")
+    assert guard(main) == RUNTIME
+    assert capsys.readouterr().err == ("error: /readonly/out: Permission denied; check its permissions or choose "
+                                       "another folder\n")
+    with pytest.raises(KeyError):  # a bug keeps its traceback
+        guard(lambda: {}["x"])
