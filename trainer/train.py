@@ -156,7 +156,7 @@ def micro_batches(loader: RankLoader, epoch: int, vocab_size: int = 0):
         empty = True
         for batch in loader:
             empty = False
-            check_token_ids(batch.input_ids, vocab_size, f"training batch of {', '.join(batch.keys[:3])}")
+            check_token_ids(batch.host_ids, vocab_size, f"training batch of {', '.join(batch.keys[:3])}")
             yield epoch, batch
         if empty and not resumed:
             raise NoDataError(
@@ -404,9 +404,9 @@ def finish_run(run: Run, elapsed: float) -> dict:
                                    run.trainer_state())
     run.ckpts.close()
     run.log.close()
-    bad = torch.tensor([run.loader.metrics().get("bad", 0)], dtype=torch.long)
+    bad = torch.tensor([run.loader.metrics().get("bad", 0)], dtype=torch.long, device=info.device)
     if dist.is_available() and dist.is_initialized() and info.world_size > 1:
-        dist.all_reduce(bad)  # gloo and nccl alike: the count lives on the host, and is small
+        dist.all_reduce(bad)  # on the run's device: NCCL reduces no host tensor
     skipped = int(bad.item())
     summary = {"train_steps": run.step - run.first_step, "final_step": run.step, "world_size": info.world_size,
                "loss_first": run.loss_first, "loss_last": run.loss_last, "tokens_seen": run.tokens_seen,

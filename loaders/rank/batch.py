@@ -121,6 +121,12 @@ class TokenBatch:
         return self._full
 
     @property
+    def host_ids(self):
+        """The token ids without touching a device: the packed ``[B, T]`` numpy ids (``uint16``/``int32``,
+        padding included) of a batch packed on the host, else :attr:`input_ids`."""
+        return self.packed.ids if self.packed is not None else self.input_ids
+
+    @property
     def input_ids(self) -> torch.Tensor:
         """``int64 [B, T]`` token ids (the padding id on padding)."""
         return self._fields()[0]

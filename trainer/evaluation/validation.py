@@ -113,7 +113,7 @@ class Evaluator:
         token ids checked against the model's vocabulary (:func:`shards.format.tokens.check_token_ids`)."""
         self.loader.load_state_dict(self.start_state)
         for _, batch in zip(range(self.batches_per_rank), self.loader):
-            check_token_ids(batch.input_ids, self.cfg.model.vocab_size,
+            check_token_ids(batch.host_ids, self.cfg.model.vocab_size,
                             f"{self.manifest_url}: validation batch of {', '.join(batch.keys[:3])}")
             yield batch
 

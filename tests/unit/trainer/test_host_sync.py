@@ -88,7 +88,7 @@ def _instrument(rec: SyncRecorder) -> None:
             return _original(self, *args, **kwargs)
         setattr(torch.Tensor, name, counted)
 
-    step_fn, collect_fn = train_mod.train_step, meter_mod.IntervalMeter.collect
+    step_fn, collect_fn, finish_fn = train_mod.train_step, meter_mod.IntervalMeter.collect, train_mod.finish_run
 
     def train_step(*args, **kwargs):
         rec.phase, rec.step = "step", rec.step + 1
@@ -100,7 +100,11 @@ def _instrument(rec: SyncRecorder) -> None:
             return collect_fn(self, *args, **kwargs)
         finally:
             rec.phase = previous
+    def finish_run(*args, **kwargs):  # the run's end (final save, summary) reads once per run, not per step
+        rec.phase = "end"
+        return finish_fn(*args, **kwargs)
     train_mod.train_step = train_step
+    train_mod.finish_run = finish_run
     meter_mod.IntervalMeter.collect = collect
 
 
