@@ -37,6 +37,28 @@ RANGES: dict[str, tuple] = {
     "clean.max_chars": (1, None, True, True),
     "language.threshold": (0.0, 1.0, True, True),
     "language.max_chars": (1, None, True, True),
+    "quality.gopher.min_words": (0, None, True, True),
+    "quality.gopher.max_words": (1, None, True, True),
+    "quality.gopher.min_mean_word_len": (0.0, None, True, True),
+    "quality.gopher.max_mean_word_len": (0.0, None, False, True),
+    "quality.gopher.max_hash_ratio": (0.0, None, True, True),
+    "quality.gopher.max_ellipsis_ratio": (0.0, None, True, True),
+    "quality.gopher.max_bullet_lines": (0.0, 1.0, True, True),
+    "quality.gopher.max_ellipsis_lines": (0.0, 1.0, True, True),
+    "quality.gopher.min_alpha_words": (0.0, 1.0, True, True),
+    "quality.gopher.min_stop_words": (0, 8, True, True),
+    "quality.repetition.max_dup_lines": (0.0, 1.0, True, True),
+    "quality.repetition.max_dup_paragraphs": (0.0, 1.0, True, True),
+    "quality.repetition.max_dup_line_chars": (0.0, 1.0, True, True),
+    "quality.repetition.max_dup_paragraph_chars": (0.0, 1.0, True, True),
+    "quality.c4.min_words_per_line": (0, None, True, True),
+    "quality.c4.max_word_len": (0, None, True, True),
+    "quality.c4.min_sentences": (0, None, True, True),
+    "quality.fineweb.min_line_punct": (0.0, 1.0, True, True),
+    "quality.fineweb.max_short_lines": (0.0, 1.0, True, True),
+    "quality.fineweb.short_line_chars": (0, None, True, True),
+    "quality.fineweb.max_dup_line_chars": (0.0, 1.0, True, True),
+    "quality.fineweb.max_newline_ratio": (0.0, None, True, True),
     "dedup.ngram": (1, None, True, True),
     "dedup.num_perm": (1, None, True, True),
     "dedup.bands": (1, None, True, True),
@@ -143,37 +165,138 @@ class LanguageConfig:
 
 
 @dataclass
-class QualityConfig:
-    """Heuristic quality filters after Gopher (Rae et al. 2021, "Scaling Language Models",
-    appendix A.1.1) and C4 (Raffel et al. 2020, section 2.2). Off by default: the demo corpus
-    is short verse, which the web-text thresholds would mostly remove.
+class GopherQualityConfig:
+    """Gopher's quality rules (Rae et al. 2021, "Scaling Language Models", appendix A.1.1); the
+    defaults are the paper's thresholds. Words are whitespace-separated.
 
     Attributes:
-        enabled: apply the filters below.
+        enabled: apply these rules (when ``quality.enabled``).
         min_words / max_words: word-count range (Gopher: 50..100000).
         min_mean_word_len / max_mean_word_len: mean word length in characters (Gopher: 3..10).
-        max_symbol_ratio: (``#`` + ``...`` + ``…``) per word (Gopher: 0.1).
+        max_hash_ratio: ``#`` characters per word (Gopher: 0.1).
+        max_ellipsis_ratio: ellipses (``...``, ``…``) per word (Gopher: 0.1), tested apart from ``#``.
         max_bullet_lines: fraction of lines starting with a bullet (Gopher: 0.9).
         max_ellipsis_lines: fraction of lines ending with an ellipsis (Gopher: 0.3).
         min_alpha_words: fraction of words holding a letter (Gopher: 0.8).
         min_stop_words: distinct English stop words required (Gopher: 2 of the, be, to, of, and,
             that, have, with).
-        max_dup_line_fraction: fraction of lines that repeat an earlier line (Gopher: 0.3).
-        c4_badwords: C4-style rejects: "lorem ipsum", curly braces, "javascript" notices.
     """
 
-    enabled: bool = False
+    enabled: bool = True
     min_words: int = 50
     max_words: int = 100_000
     min_mean_word_len: float = 3.0
     max_mean_word_len: float = 10.0
-    max_symbol_ratio: float = 0.1
+    max_hash_ratio: float = 0.1
+    max_ellipsis_ratio: float = 0.1
     max_bullet_lines: float = 0.9
     max_ellipsis_lines: float = 0.3
     min_alpha_words: float = 0.8
     min_stop_words: int = 2
-    max_dup_line_fraction: float = 0.3
-    c4_badwords: bool = True
+
+
+@dataclass
+class RepetitionConfig:
+    """Gopher's repetition rules (Rae et al. 2021, appendix A.1.1, table A1); the defaults are the
+    paper's thresholds, and 1.0 turns a fraction off. Lines are the non-blank lines, paragraphs the
+    blocks between blank lines, n-grams runs of n whitespace-separated words.
+
+    Attributes:
+        enabled: apply these rules (when ``quality.enabled``).
+        max_dup_lines: fraction of lines that repeat an earlier line (Gopher: 0.30).
+        max_dup_paragraphs: fraction of paragraphs that repeat an earlier paragraph (Gopher: 0.30).
+        max_dup_line_chars: characters in repeated lines per character of the text (Gopher: 0.20).
+        max_dup_paragraph_chars: characters in repeated paragraphs per character (Gopher: 0.20).
+        max_top_ngram: ``{n: fraction}``: the word characters covered by the most frequent n-gram
+            (occurring at least twice), per word character (Gopher: 2: 0.20, 3: 0.18, 4: 0.16).
+        max_dup_ngram: ``{n: fraction}``: the word characters covered by the repeats (second and
+            later occurrences) of every repeated n-gram, each word once, per word character
+            (Gopher: 5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10).
+    """
+
+    enabled: bool = True
+    max_dup_lines: float = 0.30
+    max_dup_paragraphs: float = 0.30
+    max_dup_line_chars: float = 0.20
+    max_dup_paragraph_chars: float = 0.20
+    max_top_ngram: dict = field(default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16})
+    max_dup_ngram: dict = field(default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10})
+
+
+@dataclass
+class C4Config:
+    """C4's rules (Raffel et al. 2020, "Exploring the Limits of Transfer Learning", section 2.2).
+    Line rules drop the line and keep the rest of the document; document rules drop the document.
+    No bad-words rule: no maintained package ships C4's word list, and nothing is downloaded.
+
+    Attributes:
+        enabled: apply these rules (when ``quality.enabled``).
+        terminal_punct: drop lines not ending in ``.``, ``!``, ``?`` or a closing quote, or ending in
+            ``...`` (C4: on; off by default, as in FineWeb, Penedo et al. 2024, where it removed too
+            much good text).
+        min_words_per_line: drop lines of fewer words (C4: 3; 0 = off).
+        max_word_len: drop lines holding a longer word, in characters (C4's code: 1000; 0 = off).
+        javascript: drop lines mentioning "javascript" (C4).
+        policy: drop lines about terms of use, privacy or cookie policies (C4's code).
+        lorem_ipsum: drop documents holding "lorem ipsum" in a kept line (C4).
+        curly_brace: drop documents holding ``{`` in a kept line (C4).
+        min_sentences: drop documents with fewer sentences in their kept lines (C4: 5; 0 = off).
+    """
+
+    enabled: bool = True
+    terminal_punct: bool = False
+    min_words_per_line: int = 3
+    max_word_len: int = 1000
+    javascript: bool = True
+    policy: bool = True
+    lorem_ipsum: bool = True
+    curly_brace: bool = True
+    min_sentences: int = 5
+
+
+@dataclass
+class FineWebConfig:
+    """FineWeb's extra rules (Penedo et al. 2024, "The FineWeb Datasets", section 3.5; the newline
+    rule from its code, datatrove's ``FineWebQualityFilter``). Lines are the non-blank lines.
+
+    Attributes:
+        enabled: apply these rules (when ``quality.enabled``).
+        min_line_punct: fraction of lines ending in terminal punctuation required (FineWeb: 0.12).
+        max_short_lines: fraction of lines of at most ``short_line_chars`` characters (FineWeb: 0.67).
+        short_line_chars: what a short line is, in characters (FineWeb: 30).
+        max_dup_line_chars: characters in repeated lines per character of the text, newlines not
+            counted (FineWeb paper: 0.1; datatrove's default is 0.01).
+        max_newline_ratio: newlines per word (FineWeb's code: 0.3).
+    """
+
+    enabled: bool = True
+    min_line_punct: float = 0.12
+    max_short_lines: float = 0.67
+    short_line_chars: int = 30
+    max_dup_line_chars: float = 0.1
+    max_newline_ratio: float = 0.3
+
+
+@dataclass
+class QualityConfig:
+    """Heuristic quality rules of Gopher, C4 and FineWeb, in that order (``pipelines.stages.quality``).
+    Off by default: the demo corpus is short verse, which the web-text thresholds would mostly
+    remove; ``quality.enabled=true`` applies FineWeb's set (Penedo et al. 2024: Gopher quality and
+    repetition, C4 without its terminal-punctuation rule, FineWeb's own rules).
+
+    Attributes:
+        enabled: apply the sections below (each has its own ``enabled`` too).
+        gopher: Gopher's quality rules.
+        repetition: Gopher's repetition rules.
+        c4: C4's line and document rules.
+        fineweb: FineWeb's rules.
+    """
+
+    enabled: bool = False
+    gopher: GopherQualityConfig = field(default_factory=GopherQualityConfig)
+    repetition: RepetitionConfig = field(default_factory=RepetitionConfig)
+    c4: C4Config = field(default_factory=C4Config)
+    fineweb: FineWebConfig = field(default_factory=FineWebConfig)
 
 
 @dataclass
@@ -339,6 +462,12 @@ class PipelineConfig:
                 high is None or (value <= high if high_in else value < high))
             if not ok:
                 raise ConfigError(f"{key}={value!r}: use {_range_text(low, high, low_in, high_in)}")
+        for key in ("quality.repetition.max_top_ngram", "quality.repetition.max_dup_ngram"):
+            table = self._get(key)
+            if not isinstance(table, dict) or not all(
+                    type(n) is int and n >= 1 and isinstance(f, (int, float)) and 0 <= f <= 1 for n, f in table.items()):
+                raise ConfigError(f"{key}={table!r}: use a mapping of n-gram sizes (integers >= 1) to fractions in "
+                                  "[0, 1], e.g. {2: 0.2, 3: 0.18}")
         if self.dedup.num_perm % self.dedup.bands:
             raise ConfigError(f"dedup.num_perm={self.dedup.num_perm} is not a multiple of dedup.bands="
                               f"{self.dedup.bands}: LSH needs num_perm = bands * rows")
@@ -357,6 +486,8 @@ class PipelineConfig:
                               "every document would be filtered")
 
     def _get(self, dotted: str):
-        """The value at ``section.key``."""
-        section, key = dotted.split(".")
-        return getattr(getattr(self, section), key)
+        """The value at ``section.key`` (or ``section.sub.key``)."""
+        value = self
+        for name in dotted.split("."):
+            value = getattr(value, name)
+        return value
