@@ -207,10 +207,10 @@ class RepetitionConfig:
         max_dup_paragraphs: fraction of paragraphs that repeat an earlier paragraph (Gopher: 0.30).
         max_dup_line_chars: characters in repeated lines per character of the text (Gopher: 0.20).
         max_dup_paragraph_chars: characters in repeated paragraphs per character (Gopher: 0.20).
-        max_top_ngram: ``{n: fraction}``: the word characters covered by the most frequent n-gram
-            (occurring at least twice), per word character (Gopher: 2: 0.20, 3: 0.18, 4: 0.16).
-        max_dup_ngram: ``{n: fraction}``: the word characters covered by the repeats (second and
-            later occurrences) of every repeated n-gram, each word once, per word character
+        max_top_ngram: ``{n: fraction}``: the words' characters in the most frequent n-gram (occurring
+            at least twice) times its count, per character (Gopher: 2: 0.20, 3: 0.18, 4: 0.16).
+        max_dup_ngram: ``{n: fraction}``: the characters of the words covered by the repeats (second
+            and later occurrences) of every repeated n-gram, each word once, per character
             (Gopher: 5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10).
     """
 

@@ -2,8 +2,8 @@
 paragraphs (by count and by characters), the most frequent 2- to 4-gram, and the repeats of
 5- to 10-grams. Thresholds: ``RepetitionConfig``.
 
-N-grams are runs of n whitespace-separated words, compared exactly; their characters are the
-words' characters (the spaces between words are not counted, so spacing does not move a fraction).
+N-grams are runs of n whitespace-separated words, compared exactly; an n-gram's characters are
+its words' characters (not the spaces between them), counted per character of the whole text.
 """
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ def ngram_counts(word_ids: np.ndarray, n: int) -> NgramCounts:
 
 
 def top_ngram_fraction(view: TextView, n: int) -> float:
-    """Characters of the most frequent n-gram times its count, per word character; 0 when no n-gram
-    occurs twice. Among n-grams equally frequent, the one with the most characters."""
-    total = int(view.word_lens.sum())
+    """Characters of the most frequent n-gram times its count, per character of the text; 0 when no
+    n-gram occurs twice. Among n-grams equally frequent, the one with the most characters."""
+    total = len(view.text)
     grams = ngram_counts(view.word_ids, n)
     if not total or not len(grams.counts) or grams.counts.max() < 2:
         return 0.0
@@ -64,8 +64,8 @@ def top_ngram_fraction(view: TextView, n: int) -> float:
 
 def dup_ngram_fraction(view: TextView, n: int) -> float:
     """Characters of the words covered by a second or later occurrence of any n-gram (each word once),
-    per word character; 0 for a text without words."""
-    total = int(view.word_lens.sum())
+    per character of the text; 0 for a text without words."""
+    total = len(view.text)
     starts = ngram_counts(view.word_ids, n).repeat_starts
     if not total or not len(starts):
         return 0.0
