@@ -19,11 +19,6 @@ class TextView:
 
     Attributes:
         text: the text.
-        words: whitespace-separated words.
-        lines: the non-blank lines, stripped.
-        paragraphs: the blocks between blank lines, stripped, blank ones left out.
-        word_ids: ``int64[len(words)]``, equal words equal ids (ids in order of first occurrence).
-        word_lens: ``int64[len(words)]``, each word's length in characters.
     """
 
     def __init__(self, text: str):
@@ -31,23 +26,28 @@ class TextView:
 
     @cached_property
     def words(self) -> list[str]:
+        """The whitespace-separated words."""
         return self.text.split()
 
     @cached_property
     def lines(self) -> list[str]:
+        """The non-blank lines, stripped."""
         return [s for s in (line.strip() for line in self.text.split("\n")) if s]
 
     @cached_property
     def paragraphs(self) -> list[str]:
+        """The blocks between blank lines, stripped; blank ones left out."""
         return [s for s in (p.strip() for p in _BLANK_LINES.split(self.text)) if s]
 
     @cached_property
     def word_ids(self) -> np.ndarray:
+        """``int64[len(words)]``: equal words, equal ids (numbered in order of first occurrence)."""
         vocab: dict[str, int] = {}
         return np.array([vocab.setdefault(w, len(vocab)) for w in self.words], dtype=np.int64)
 
     @cached_property
     def word_lens(self) -> np.ndarray:
+        """``int64[len(words)]``: each word's length in characters."""
         return np.array([len(w) for w in self.words], dtype=np.int64)
 
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipelines.accounting.report import report_text
 from pipelines.config import (C4Config, FineWebConfig, GopherQualityConfig, PipelineConfig, QualityConfig,
                               RepetitionConfig, TokenizerConfig)
 from pipelines.job import run
@@ -245,6 +246,7 @@ def test_the_ledger_stays_exact_with_every_quality_step(tmp_path):
     assert books["kept"] == 1 and books["duplicates"] == 1
     assert total["input_records"] == 8 and total["dead_letter"] == 1
     assert all(e["balanced"] for e in (web, books, total, *stats["sources"].values()))
+    assert "  c4_short_line                     2" in report_text(stats)
     out = tmp_path / "out"
     texts = {s["json"]["id"]: s["txt"] for info in Manifest.load(str(out)).shards
              for s in iter_documents(str(out / info.name))}
