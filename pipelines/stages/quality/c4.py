@@ -20,6 +20,7 @@ from pipelines.stages.step import DocumentStep, StepResult
 TERMINAL_PUNCT = (".", "!", "?", '"', "'", "”", "’")
 POLICY_PHRASES = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
 _SENTENCE_END = re.compile(r"[.!?…]+[\"'”’)\]]*\s+")
+DOCUMENT_RULES = frozenset({"c4_lorem_ipsum", "c4_curly_brace"})  # a line failing these drops the document
 
 
 def count_sentences(line: str) -> int:
@@ -44,9 +45,9 @@ class C4Outcome(NamedTuple):
     lines_removed: Mapping[str, int]
 
 
-def _line_removal(line: str, cfg: C4Config) -> str | None:
-    """Why the stripped, non-blank ``line`` is removed, ``lorem``/``curly`` for a document rule it
-    fails, or ``None`` to keep it; rules in C4's order."""
+def _line_verdict(line: str, cfg: C4Config) -> str | None:
+    """The first rule the stripped, non-blank ``line`` fails, in C4's order (a line rule, or one of
+    :data:`DOCUMENT_RULES`), or ``None`` to keep it."""
     words = line.split()
     if cfg.max_word_len and any(len(w) > cfg.max_word_len for w in words):
         return "c4_long_word"
@@ -56,11 +57,11 @@ def _line_removal(line: str, cfg: C4Config) -> str | None:
         return "c4_short_line"
     lower = line.lower()
     if cfg.lorem_ipsum and "lorem ipsum" in lower:
-        return "lorem"
+        return "c4_lorem_ipsum"
     if cfg.javascript and "javascript" in lower:
         return "c4_javascript"
     if cfg.curly_brace and "{" in line:
-        return "curly"
+        return "c4_curly_brace"
     if cfg.policy and any(p in lower for p in POLICY_PHRASES):
         return "c4_policy"
     return None
@@ -82,11 +83,9 @@ def c4_filter(text: str, cfg: C4Config) -> C4Outcome:
             if out and out[-1]:
                 out.append("")
             continue
-        why = _line_removal(stripped, cfg)
-        if why == "lorem":
-            return C4Outcome(None, "c4_lorem_ipsum", {})
-        if why == "curly":
-            return C4Outcome(None, "c4_curly_brace", {})
+        why = _line_verdict(stripped, cfg)
+        if why in DOCUMENT_RULES:
+            return C4Outcome(None, why, {})
         if why:
             removed[why] = removed.get(why, 0) + 1
             continue
