@@ -8,52 +8,18 @@ its words' characters (not the spaces between them), counted per character of th
 from __future__ import annotations
 
 from functools import partial
-from typing import NamedTuple
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from pipelines.config import RepetitionConfig
 from pipelines.stages.quality.rules import Rule, RuleStep, TextView, repeats
-
-
-class NgramCounts(NamedTuple):
-    """The distinct n-grams of a word sequence.
-
-    Attributes:
-        first: ``int64[k]``, for each distinct n-gram the word index where it first starts.
-        counts: ``int64[k]``, how often each occurs (overlapping occurrences count).
-        repeat_starts: ``int64[m]``, the word indexes where a second or later occurrence starts, ascending.
-    """
-
-    first: np.ndarray
-    counts: np.ndarray
-    repeat_starts: np.ndarray
-
-
-def ngram_counts(word_ids: np.ndarray, n: int) -> NgramCounts:
-    """Count the n-grams of ``word_ids`` (``int64[W]``) exactly (each n-gram's ids compared as bytes).
-
-    Raises:
-        ValueError: ``n < 1``.
-    """
-    if n < 1:
-        raise ValueError(f"n-gram size {n} < 1")
-    if len(word_ids) < n:
-        empty = np.zeros(0, dtype=np.int64)
-        return NgramCounts(empty, empty, empty)
-    windows = np.ascontiguousarray(sliding_window_view(word_ids, n))
-    keys = windows.view(np.dtype((np.void, 8 * n))).ravel()
-    _, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True, return_counts=True)
-    starts = np.arange(len(keys))
-    return NgramCounts(first.astype(np.int64), counts.astype(np.int64), starts[first[inverse.ravel()] != starts])
 
 
 def top_ngram_fraction(view: TextView, n: int) -> float:
     """Characters of the most frequent n-gram times its count, per character of the text; 0 when no
     n-gram occurs twice. Among n-grams equally frequent, the one with the most characters."""
     total = len(view.text)
-    grams = ngram_counts(view.word_ids, n)
+    grams = view.ngrams(n)
     if not total or not len(grams.counts) or grams.counts.max() < 2:
         return 0.0
     top = grams.first[grams.counts == grams.counts.max()]
@@ -66,7 +32,7 @@ def dup_ngram_fraction(view: TextView, n: int) -> float:
     """Characters of the words covered by a second or later occurrence of any n-gram (each word once),
     per character of the text; 0 for a text without words."""
     total = len(view.text)
-    starts = ngram_counts(view.word_ids, n).repeat_starts
+    starts = view.ngrams(n).repeat_starts()
     if not total or not len(starts):
         return 0.0
     edges = np.zeros(len(view.word_ids) + 1, dtype=np.int64)

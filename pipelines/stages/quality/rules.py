@@ -14,8 +14,27 @@ from pipelines.stages.step import DocumentStep, StepResult
 _BLANK_LINES = re.compile(r"\n[ \t]*\n")
 
 
+class NgramCounts(NamedTuple):
+    """The n-grams (runs of n words) of a text, compared exactly.
+
+    Attributes:
+        ids: ``int64[W - n + 1]``, each n-gram's id; equal n-grams, equal ids (in ``[0, k)``).
+        first: ``int64[k]``, for each id the word index where that n-gram first starts.
+        counts: ``int64[k]``, how often each occurs (overlapping occurrences count).
+    """
+
+    ids: np.ndarray
+    first: np.ndarray
+    counts: np.ndarray
+
+    def repeat_starts(self) -> np.ndarray:
+        """``int64[m]``: the word indexes where a second or later occurrence starts, ascending."""
+        starts = np.arange(len(self.ids))
+        return starts[self.first[self.ids] != starts]
+
+
 class TextView:
-    """One text and its words, lines and paragraphs, each split once, on first use.
+    """One text and its words, lines, paragraphs and n-grams, each computed once, on first use.
 
     Attributes:
         text: the text.
@@ -23,6 +42,7 @@ class TextView:
 
     def __init__(self, text: str):
         self.text = text
+        self._ngrams: dict[int, NgramCounts] = {}
 
     @cached_property
     def words(self) -> list[str]:
@@ -49,6 +69,27 @@ class TextView:
     def word_lens(self) -> np.ndarray:
         """``int64[len(words)]``: each word's length in characters."""
         return np.array([len(w) for w in self.words], dtype=np.int64)
+
+    def ngrams(self, n: int) -> NgramCounts:
+        """The n-grams of the words, exactly: an n-gram's id numbers the pair (its first n - 1 words'
+        id, its last word's id), so each size costs one sort of integers and builds on the one below.
+
+        Raises:
+            ValueError: ``n < 1``.
+        """
+        if n < 1:
+            raise ValueError(f"n-gram size {n} < 1")
+        if n not in self._ngrams:
+            words = self.word_ids
+            if n == 1:
+                pairs = words
+            else:
+                below = self.ngrams(n - 1).ids[:-1]  # ids < len(words), so the pairs cannot collide
+                pairs = below * max(len(words), 1) + words[n - 1:]
+            _, first, ids, counts = np.unique(pairs, return_index=True, return_inverse=True, return_counts=True)
+            self._ngrams[n] = NgramCounts(ids.ravel().astype(np.int64), first.astype(np.int64),
+                                          counts.astype(np.int64))
+        return self._ngrams[n]
 
 
 def repeats(items: Iterable[str]) -> tuple[int, int]:

@@ -19,8 +19,7 @@ from pipelines.stages.quality import quality_steps
 from pipelines.stages.quality.c4 import C4Step, c4_filter, count_sentences
 from pipelines.stages.quality.fineweb import FineWebStep
 from pipelines.stages.quality.gopher import GopherQualityStep
-from pipelines.stages.quality.repetition import (RepetitionStep, dup_ngram_fraction, ngram_counts,
-                                                 top_ngram_fraction)
+from pipelines.stages.quality.repetition import RepetitionStep, dup_ngram_fraction, top_ngram_fraction
 from pipelines.stages.quality.rules import TextView
 from pipelines.stages.step import StepResult, run_steps
 from pipelines.stages.tokenize import train_sentencepiece
@@ -133,8 +132,10 @@ def test_ngram_fractions_match_a_plain_count(words, n):
     top, dup = _naive_fractions(words, n)
     assert top_ngram_fraction(view, n) == pytest.approx(top)
     assert dup_ngram_fraction(view, n) == pytest.approx(dup) and 0.0 <= dup <= 1.0
-    grams = ngram_counts(view.word_ids, n)
-    assert sorted(grams.counts) == sorted(Counter(tuple(words[i:i + n]) for i in range(len(words) - n + 1)).values())
+    grams, naive = view.ngrams(n), [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    assert sorted(grams.counts) == sorted(Counter(naive).values())
+    assert all((grams.ids[i] == grams.ids[j]) == (naive[i] == naive[j]) for i in range(len(naive)) for j in range(i))
+    assert [naive.index(g) for g in naive] == [int(grams.first[k]) for k in grams.ids]
 
 
 PAGE = f"""{LINES[0]}
