@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from colaflow.config import ConfigError, load_config
 from pipelines.accounting.report import report_text
 from pipelines.config import (C4Config, FineWebConfig, GopherQualityConfig, PipelineConfig, QualityConfig,
                               RepetitionConfig, TokenizerConfig)
@@ -252,3 +253,17 @@ def test_the_ledger_stays_exact_with_every_quality_step(tmp_path):
     texts = {s["json"]["id"]: s["txt"] for info in Manifest.load(str(out)).shards
              for s in iter_documents(str(out / info.name))}
     assert texts["in.jsonl/page"] == c4_filter(PAGE, C4Config()).text and texts["in.jsonl/again"] == GOOD  # the smallest id of the two
+
+
+@pytest.mark.parametrize("override, message", [
+    ("quality.repetition.max_top_ngram={2: 1.5}", "quality.repetition.max_top_ngram={2: 1.5}: use a mapping"),
+    ("quality.repetition.max_dup_ngram={five: 0.1}", "quality.repetition.max_dup_ngram={'five': 0.1}: use a mapping"),
+    ("quality.fineweb.max_short_lines=2", r"quality.fineweb.max_short_lines=2.0: use a number in \[0.0, 1.0\]"),
+    ("quality.gopher.min_stop_words=9", r"quality.gopher.min_stop_words=9: use a number in \[0, 8\]"),
+])
+def test_quality_settings_are_checked_naming_the_key(override, message):
+    cfg = load_config(PipelineConfig, None, [override, "quality.enabled=true"])
+    with pytest.raises(ConfigError, match=message):
+        cfg.validate()
+    assert load_config(PipelineConfig, None, ["quality.repetition.max_top_ngram={3: 0.1}"]).quality.repetition \
+        .max_top_ngram == {3: 0.1}
