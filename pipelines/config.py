@@ -232,8 +232,8 @@ class C4Config:
     Attributes:
         enabled: apply these rules (when ``quality.enabled``).
         terminal_punct: drop lines not ending in ``.``, ``!``, ``?`` or a closing quote, or ending in
-            ``...`` (C4: on; off by default, as in FineWeb, Penedo et al. 2024, where it removed too
-            much good text).
+            ``...`` (C4: on; off by default, as in FineWeb, Penedo et al. 2024, which left it out
+            because it removes a large share of the tokens).
         min_words_per_line: drop lines of fewer words (C4: 3; 0 = off).
         max_word_len: drop lines holding a longer word, in characters (C4's code: 1000; 0 = off).
         javascript: drop lines mentioning "javascript" (C4).
