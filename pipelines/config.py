@@ -98,37 +98,138 @@ class LanguageConfig:
 
 
 @dataclass
-class QualityConfig:
-    """Heuristic quality filters after Gopher (Rae et al. 2021, "Scaling Language Models",
-    appendix A.1.1) and C4 (Raffel et al. 2020, section 2.2). Off by default: the demo corpus
-    is short verse, which the web-text thresholds would mostly remove.
+class GopherQualityConfig:
+    """Gopher's quality rules (Rae et al. 2021, "Scaling Language Models", appendix A.1.1); the
+    defaults are the paper's thresholds. Words are whitespace-separated.
 
     Attributes:
-        enabled: apply the filters below.
+        enabled: apply these rules (when ``quality.enabled``).
         min_words / max_words: word-count range (Gopher: 50..100000).
         min_mean_word_len / max_mean_word_len: mean word length in characters (Gopher: 3..10).
-        max_symbol_ratio: (``#`` + ``...`` + ``…``) per word (Gopher: 0.1).
+        max_hash_ratio: ``#`` characters per word (Gopher: 0.1).
+        max_ellipsis_ratio: ellipses (``...``, ``…``) per word (Gopher: 0.1), tested apart from ``#``.
         max_bullet_lines: fraction of lines starting with a bullet (Gopher: 0.9).
         max_ellipsis_lines: fraction of lines ending with an ellipsis (Gopher: 0.3).
         min_alpha_words: fraction of words holding a letter (Gopher: 0.8).
         min_stop_words: distinct English stop words required (Gopher: 2 of the, be, to, of, and,
             that, have, with).
-        max_dup_line_fraction: fraction of lines that repeat an earlier line (Gopher: 0.3).
-        c4_badwords: C4-style rejects: "lorem ipsum", curly braces, "javascript" notices.
     """
 
-    enabled: bool = False
+    enabled: bool = True
     min_words: int = setting(50, ge=0)
     max_words: int = setting(100_000, ge=1)
     min_mean_word_len: float = setting(3.0, ge=0)
     max_mean_word_len: float = setting(10.0, gt=0)
-    max_symbol_ratio: float = setting(0.1, ge=0)
+    max_hash_ratio: float = setting(0.1, ge=0)
+    max_ellipsis_ratio: float = setting(0.1, ge=0)
     max_bullet_lines: float = setting(0.9, ge=0.0, le=1.0)
     max_ellipsis_lines: float = setting(0.3, ge=0.0, le=1.0)
     min_alpha_words: float = setting(0.8, ge=0.0, le=1.0)
-    min_stop_words: int = setting(2, ge=0)
-    max_dup_line_fraction: float = setting(0.3, ge=0.0, le=1.0)
-    c4_badwords: bool = True
+    min_stop_words: int = setting(2, ge=0, le=8)
+
+
+@dataclass
+class RepetitionConfig:
+    """Gopher's repetition rules (Rae et al. 2021, appendix A.1.1, table A1); the defaults are the
+    paper's thresholds, and 1.0 turns a fraction off. Lines are the non-blank lines, paragraphs the
+    blocks between blank lines, n-grams runs of n whitespace-separated words.
+
+    Attributes:
+        enabled: apply these rules (when ``quality.enabled``).
+        max_dup_lines: fraction of lines that repeat an earlier line (Gopher: 0.30).
+        max_dup_paragraphs: fraction of paragraphs that repeat an earlier paragraph (Gopher: 0.30).
+        max_dup_line_chars: characters in repeated lines per character of the text (Gopher: 0.20).
+        max_dup_paragraph_chars: characters in repeated paragraphs per character (Gopher: 0.20).
+        max_top_ngram: ``{n: fraction}``: the words' characters in the most frequent n-gram (occurring
+            at least twice) times its count, per character (Gopher: 2: 0.20, 3: 0.18, 4: 0.16).
+        max_dup_ngram: ``{n: fraction}``: the characters of the words covered by the repeats (second
+            and later occurrences) of every repeated n-gram, each word once, per character
+            (Gopher: 5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10).
+    """
+
+    enabled: bool = True
+    max_dup_lines: float = setting(0.30, ge=0.0, le=1.0)
+    max_dup_paragraphs: float = setting(0.30, ge=0.0, le=1.0)
+    max_dup_line_chars: float = setting(0.20, ge=0.0, le=1.0)
+    max_dup_paragraph_chars: float = setting(0.20, ge=0.0, le=1.0)
+    max_top_ngram: dict = field(default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16})
+    max_dup_ngram: dict = field(default_factory=lambda: {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10})
+
+
+@dataclass
+class C4Config:
+    """C4's rules (Raffel et al. 2020, "Exploring the Limits of Transfer Learning", section 2.2).
+    Line rules drop the line and keep the rest of the document; document rules drop the document.
+    No bad-words rule: no maintained package ships C4's word list, and nothing is downloaded.
+
+    Attributes:
+        enabled: apply these rules (when ``quality.enabled``).
+        terminal_punct: drop lines not ending in ``.``, ``!``, ``?`` or a closing quote, or ending in
+            ``...`` (C4: on; off by default, as in FineWeb, Penedo et al. 2024, which left it out
+            because it removes a large share of the tokens).
+        min_words_per_line: drop lines of fewer words (C4: 3; 0 = off).
+        max_word_len: drop lines holding a longer word, in characters (C4's code: 1000; 0 = off).
+        javascript: drop lines mentioning "javascript" (C4).
+        policy: drop lines about terms of use, privacy or cookie policies (C4's code).
+        lorem_ipsum: drop documents holding "lorem ipsum" in a kept line (C4).
+        curly_brace: drop documents holding ``{`` in a kept line (C4).
+        min_sentences: drop documents with fewer sentences in their kept lines (C4: 5; 0 = off).
+    """
+
+    enabled: bool = True
+    terminal_punct: bool = False
+    min_words_per_line: int = setting(3, ge=0)
+    max_word_len: int = setting(1000, ge=0)
+    javascript: bool = True
+    policy: bool = True
+    lorem_ipsum: bool = True
+    curly_brace: bool = True
+    min_sentences: int = setting(5, ge=0)
+
+
+@dataclass
+class FineWebConfig:
+    """FineWeb's extra rules (Penedo et al. 2024, "The FineWeb Datasets", section 3.5; the newline
+    rule from its code, datatrove's ``FineWebQualityFilter``). Lines are the non-blank lines.
+
+    Attributes:
+        enabled: apply these rules (when ``quality.enabled``).
+        min_line_punct: fraction of lines ending in terminal punctuation required (FineWeb: 0.12).
+        max_short_lines: fraction of lines of at most ``short_line_chars`` characters (FineWeb: 0.67).
+        short_line_chars: what a short line is, in characters (FineWeb: 30).
+        max_dup_line_chars: characters in repeated lines per character of the text, newlines not
+            counted (FineWeb paper: 0.1; datatrove's default is 0.01).
+        max_newline_ratio: newlines per word (FineWeb's code: 0.3).
+    """
+
+    enabled: bool = True
+    min_line_punct: float = setting(0.12, ge=0.0, le=1.0)
+    max_short_lines: float = setting(0.67, ge=0.0, le=1.0)
+    short_line_chars: int = setting(30, ge=0)
+    max_dup_line_chars: float = setting(0.1, ge=0.0, le=1.0)
+    max_newline_ratio: float = setting(0.3, ge=0.0)
+
+
+@dataclass
+class QualityConfig:
+    """Heuristic quality rules of Gopher, C4 and FineWeb, in that order (``pipelines.stages.quality``).
+    Off by default: the demo corpus is short verse, which the web-text thresholds would mostly
+    remove; ``quality.enabled=true`` applies FineWeb's set (Penedo et al. 2024: Gopher quality and
+    repetition, C4 without its terminal-punctuation rule, FineWeb's own rules).
+
+    Attributes:
+        enabled: apply the sections below (each has its own ``enabled`` too).
+        gopher: Gopher's quality rules.
+        repetition: Gopher's repetition rules.
+        c4: C4's line and document rules.
+        fineweb: FineWeb's rules.
+    """
+
+    enabled: bool = False
+    gopher: GopherQualityConfig = field(default_factory=GopherQualityConfig)
+    repetition: RepetitionConfig = field(default_factory=RepetitionConfig)
+    c4: C4Config = field(default_factory=C4Config)
+    fineweb: FineWebConfig = field(default_factory=FineWebConfig)
 
 
 @dataclass
@@ -286,6 +387,12 @@ class PipelineConfig:
                 the allowed values, e.g. ``input.unknown_files='eror': use one of skip, error, text``.
         """
         check_fields(self)
+        for key in ("max_top_ngram", "max_dup_ngram"):
+            table = getattr(self.quality.repetition, key)
+            if not isinstance(table, dict) or not all(
+                    type(n) is int and n >= 1 and isinstance(f, (int, float)) and 0 <= f <= 1 for n, f in table.items()):
+                raise ConfigError(f"quality.repetition.{key}={table!r}: use a mapping of n-gram sizes (integers >= 1) "
+                                  "to fractions in [0, 1], e.g. {2: 0.2, 3: 0.18}")
         if self.dedup.num_perm % self.dedup.bands:
             raise ConfigError(f"dedup.num_perm={self.dedup.num_perm} is not a multiple of dedup.bands="
                               f"{self.dedup.bands}: LSH needs num_perm = bands * rows")
@@ -299,11 +406,11 @@ class PipelineConfig:
         if self.tokenizer.add_bos not in (None, True, False):
             raise ConfigError(f"tokenizer.add_bos={self.tokenizer.add_bos!r}: use true, false or null (the "
                               "tokenizer's own convention)")
-        if self.quality.min_words > self.quality.max_words or (
-                self.quality.min_mean_word_len > self.quality.max_mean_word_len):
-            raise ConfigError(f"quality.min_words={self.quality.min_words}..max_words={self.quality.max_words}, "
-                              f"min_mean_word_len={self.quality.min_mean_word_len}..max_mean_word_len="
-                              f"{self.quality.max_mean_word_len}: a minimum above its maximum filters every document")
+        g = self.quality.gopher
+        if g.min_words > g.max_words or g.min_mean_word_len > g.max_mean_word_len:
+            raise ConfigError(f"quality.gopher.min_words={g.min_words}..max_words={g.max_words}, "
+                              f"min_mean_word_len={g.min_mean_word_len}..max_mean_word_len={g.max_mean_word_len}: "
+                              "a minimum above its maximum filters every document")
         if self.clean.min_chars > self.clean.max_chars:
             raise ConfigError(f"clean.min_chars={self.clean.min_chars} > clean.max_chars={self.clean.max_chars}: "
                               "every document would be filtered")

@@ -1,11 +1,11 @@
 """The human-readable end-of-job report: ``report.txt`` and ``report.png`` next to ``stats.json``.
 
 Built from ``stats.json`` alone, so it is the same for every runner. The text gives the
-record balance, the top filter reasons, PII redactions per source, skipped input files, the
-duplicate rate, tokens, UTF-8 and shard bytes per token, and the document-length histogram (kept
-documents per power-of-two token bin). The PNG plots that histogram, the removed records and the
-redactions per source, each only when it has something to show (matplotlib, Agg backend: no
-display needed); ``report.html`` shows text and picture in a browser.
+record balance, the top filter reasons, PII redactions per source, lines removed by quality rules,
+skipped input files, the duplicate rate, tokens, UTF-8 and shard bytes per token, and the
+document-length histogram (kept documents per power-of-two token bin). The PNG plots that
+histogram, the removed records and the redactions per source, each only when it has something to
+show (matplotlib, Agg backend: no display needed); ``report.html`` shows text and picture in a browser.
 """
 from __future__ import annotations
 
@@ -60,6 +60,9 @@ def report_text(stats: dict) -> str:
         lines += [f"  {source:<24} {sum(counts.values()):>10,}  "
                   + ", ".join(f"{kind} {n:,}" for kind, n in sorted(counts.items()))
                   for source, counts in redacted.items()]
+    if t.get("lines_removed"):
+        lines += ["", "lines removed from kept documents (quality rules):"]
+        lines += [f"  {rule:<24} {c:>10,}" for rule, c in sorted(t["lines_removed"].items(), key=lambda kv: -kv[1])]
     if t.get("skipped_files"):
         lines += ["", f"skipped files    {t['skipped_files']:>12,}  (unknown format; see input.unknown_files)"]
     if t.get("skipped_links"):

@@ -2,7 +2,8 @@
 
 Each stage emits events ``((source, name), n)`` on a tagged output and bumps a Beam
 counter of the same name. Names: ``input``, ``kept``, ``duplicate``, ``filtered:<reason>``,
-``dead:<reason>``, ``redacted:<kind>``, ``tokens``, ``text_bytes``, ``length:<bin>`` (kept
+``dead:<reason>``, ``redacted:<kind>``, ``lines_removed:<rule>`` (lines a quality rule removed from
+a kept document, ``pipelines.stages.quality.c4``), ``tokens``, ``text_bytes``, ``length:<bin>`` (kept
 documents whose token count lies in the power-of-two bin starting at ``bin``), ``skipped_file``
 (an input file of unknown format that was not read; not a record), ``empty_file`` (a 0-byte
 input file; not a record), ``skipped_link`` (an input link whose target does not exist; not a
@@ -58,8 +59,8 @@ class EventTally:
 
 def _empty() -> dict:
     return {"input_records": 0, "kept": 0, "filtered": {}, "duplicates": 0, "dead_letter": 0,
-            "dead_letter_reasons": {}, "redactions": {}, "tokens": 0, "text_bytes": 0, "length_tokens": {},
-            "skipped_files": 0, "empty_files": 0, "skipped_links": 0}
+            "dead_letter_reasons": {}, "redactions": {}, "lines_removed": {}, "tokens": 0, "text_bytes": 0,
+            "length_tokens": {}, "skipped_files": 0, "empty_files": 0, "skipped_links": 0}
 
 
 def _add(entry: dict, name: str, n: int) -> None:
@@ -71,7 +72,7 @@ def _add(entry: dict, name: str, n: int) -> None:
         return
     kind, _, reason = name.partition(":")
     section = {"filtered": "filtered", "dead": "dead_letter_reasons", "redacted": "redactions",
-               "length": "length_tokens"}.get(kind)
+               "lines_removed": "lines_removed", "length": "length_tokens"}.get(kind)
     if section is None:
         raise ValueError(f"unknown event name {name!r}")
     entry[section][reason] = entry[section].get(reason, 0) + n
@@ -83,10 +84,10 @@ def aggregate(events: list[tuple[tuple[str, str], int]]) -> dict:
     """Fold summed events into ``{"total": {...}, "sources": {source: {...}}}`` (keys sorted).
 
     Each entry: input_records, kept, filtered {reason: n}, duplicates, dead_letter,
-    dead_letter_reasons {reason: n}, redactions {kind: n}, tokens, text_bytes (UTF-8 bytes of
-    kept documents), length_tokens {bin lower edge: kept documents}, skipped_files (input files of
-    unknown format not read), empty_files (0-byte input files), skipped_links (input links without
-    a target) and balanced (bool: the invariant above holds).
+    dead_letter_reasons {reason: n}, redactions {kind: n}, lines_removed {rule: lines}, tokens,
+    text_bytes (UTF-8 bytes of kept documents), length_tokens {bin lower edge: kept documents},
+    skipped_files (input files of unknown format not read), empty_files (0-byte input files),
+    skipped_links (input links without a target) and balanced (bool: the invariant above holds).
     """
     sources: dict[str, dict] = defaultdict(_empty)
     total = _empty()
@@ -95,7 +96,7 @@ def aggregate(events: list[tuple[tuple[str, str], int]]) -> dict:
         _add(total, name, n)
     out = {"total": total, "sources": {s: sources[s] for s in sorted(sources)}}
     for entry in [total, *out["sources"].values()]:
-        for section in ("filtered", "dead_letter_reasons", "redactions"):
+        for section in ("filtered", "dead_letter_reasons", "redactions", "lines_removed"):
             entry[section] = dict(sorted(entry[section].items()))
         entry["length_tokens"] = dict(sorted(entry["length_tokens"].items(), key=lambda kv: int(kv[0])))
         entry["balanced"] = is_balanced(entry)

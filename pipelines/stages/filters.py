@@ -12,16 +12,17 @@ from pipelines.records import Doc
 from pipelines.stages.clean import CleanTextStep, LengthStep, RawLengthStep
 from pipelines.stages.language import LanguageStep
 from pipelines.stages.pii import RedactStep
-from pipelines.stages.quality import QualityStep
+from pipelines.stages.quality import quality_steps
 from pipelines.stages.step import DocumentStep, run_steps
 
 
 def build_steps(cfg: PipelineConfig) -> list[DocumentStep]:
     """The document steps of ``cfg``, in the order they run: raw length (a huge document costs no
-    cleaning), :func:`~pipelines.stages.clean.clean_text`, length, language, quality, PII redaction
-    (a step whose section is disabled keeps every document). The one place the list is built."""
+    cleaning), :func:`~pipelines.stages.clean.clean_text`, length, language, the quality steps
+    (:func:`~pipelines.stages.quality.quality_steps`: Gopher quality, Gopher repetition, C4, FineWeb),
+    PII redaction (a step whose section is disabled keeps every document). The one place the list is built."""
     return [RawLengthStep(cfg.clean), CleanTextStep(cfg.clean), LengthStep(cfg.clean),
-            LanguageStep(cfg.language), QualityStep(cfg.quality), RedactStep(cfg.pii)]
+            LanguageStep(cfg.language), *quality_steps(cfg.quality), RedactStep(cfg.pii)]
 
 
 class FilterFn(beam.DoFn):

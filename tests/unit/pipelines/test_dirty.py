@@ -13,9 +13,11 @@ import sentencepiece as spm
 from pipelines.stages.clean import clean_text
 from pipelines.config import CleanConfig, DedupConfig, PIIConfig, PipelineConfig, QualityConfig, TokenizerConfig
 from pipelines.job import run
+from pipelines.records import Doc
 from pipelines.stages.near_dedup import minhash, shingle_hashes
 from pipelines.stages.pii import redact
-from pipelines.stages.quality import quality_reason
+from pipelines.stages.quality import quality_steps
+from pipelines.stages.step import run_steps
 from pipelines.stages.tokenize import train_sentencepiece
 from shards import Manifest, iter_documents
 from colaflow.config import ConfigError
@@ -34,7 +36,7 @@ def test_big_spaceless_line_is_linear_everywhere():
     assert len(cleaned) == 4_000_001 + 900_000 + 1_000_000 + 500_000
     redacted, counts = redact(cleaned, PIIConfig())
     assert counts.get("email", 0) == 1 and len(redacted) < len(cleaned)
-    assert quality_reason(cleaned, QualityConfig(enabled=True)) == "quality_min_words"
+    assert run_steps(Doc("big", cleaned, "s"), quality_steps(QualityConfig(enabled=True))).reason == "quality_min_words"
     assert len(shingle_hashes(cleaned, 5)) == 1 and minhash(cleaned, DedupConfig()).shape == (112,)
     words = " ".join(f"w{i % 5000}" for i in range(1_000_000))  # 1M words: signature in bounded chunks
     assert minhash(words, DedupConfig()).shape == (112,)

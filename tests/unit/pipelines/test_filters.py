@@ -10,14 +10,17 @@ from apache_beam.testing.util import assert_that, equal_to
 import pipelines.job
 from examples.demo.corpus import write_corpus
 from pipelines.accounting.stats import EVENTS
-from pipelines.config import CleanConfig, LanguageConfig, PIIConfig, PipelineConfig, QualityConfig
+from pipelines.config import CleanConfig, GopherQualityConfig, LanguageConfig, PIIConfig, PipelineConfig
 from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.clean import CleanTextStep, LengthStep, RawLengthStep
 from pipelines.stages.filters import FilterFn, build_steps
 from pipelines.stages.language import LanguageStep
 from pipelines.stages.pii import RedactStep
-from pipelines.stages.quality import QualityStep
+from pipelines.stages.quality.c4 import C4Step
+from pipelines.stages.quality.fineweb import FineWebStep
+from pipelines.stages.quality.gopher import GopherQualityStep
+from pipelines.stages.quality.repetition import RepetitionStep
 from pipelines.stages.step import DocumentStep, StepResult, run_steps
 
 FRENCH_SHORT = "Bonjour tout le monde, ceci est un texte."  # 41 characters, classified fr (0.996)
@@ -73,11 +76,11 @@ def test_language_step_reasons_after_setup():
 
 
 def test_quality_step_reasons():
-    on = QualityStep(QualityConfig(enabled=True, min_words=5))
+    on = GopherQualityStep(GopherQualityConfig(min_words=5))
     assert on.apply(_doc("the and of")).reason == "quality_min_words"
-    assert on.apply(_doc("lorem ipsum dolor sit amet, the and of that")).reason == "quality_lorem_ipsum"
-    assert on.apply(_doc(ENGLISH)).reason is None
-    assert QualityStep(QualityConfig(enabled=False)).apply(_doc("the")) == StepResult(_doc("the"))
+    assert on.apply(_doc(ENGLISH)) == StepResult(_doc(ENGLISH))
+    assert GopherQualityStep(GopherQualityConfig(), enabled=False).apply(_doc("the")) == StepResult(_doc("the"))
+    assert GopherQualityStep(GopherQualityConfig(enabled=False)).apply(_doc("the")) == StepResult(_doc("the"))
 
 
 def test_redact_step_counts_each_kind_and_keeps_the_document():
@@ -105,7 +108,8 @@ def _set_up(steps):
 
 def test_the_first_failing_rule_is_the_reason_and_later_steps_do_not_run():
     steps = _set_up(build_steps(_cfg()))
-    assert [type(s) for s in steps] == [RawLengthStep, CleanTextStep, LengthStep, LanguageStep, QualityStep, RedactStep]
+    assert [type(s) for s in steps] == [RawLengthStep, CleanTextStep, LengthStep, LanguageStep, GopherQualityStep,
+                                        RepetitionStep, C4Step, FineWebStep, RedactStep]
     assert run_steps(_doc(FRENCH_SHORT), steps) == StepResult(None, "too_short")  # too short and French: once
     assert run_steps(_doc(FRENCH), steps) == StepResult(None, "lang_fr")
     kept = run_steps(_doc(f"  {ENGLISH} Write to bob@example.org.  "), steps)

@@ -1,4 +1,4 @@
-"""Unit tests of the pure pipeline pieces: parsing, cleaning, dedup keeper, PII, quality, MinHash, stats."""
+"""Unit tests of the pure pipeline pieces: parsing, cleaning, dedup keeper, PII, MinHash, stats."""
 from __future__ import annotations
 
 import io
@@ -9,10 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.stages.clean import clean_text, content_hash, dedup_text, hash_fraction, length_reason, stable_bucket
-from pipelines.config import CleanConfig, DedupConfig, InputConfig, PIIConfig, QualityConfig, TokenizerConfig
+from pipelines.config import CleanConfig, DedupConfig, InputConfig, PIIConfig, TokenizerConfig
 from pipelines.stages.near_dedup import band_keys, minhash, similarity
 from pipelines.stages.pii import redact
-from pipelines.stages.quality import quality_reason
 from pipelines.io.reading import iter_units
 from pipelines.records import DeadLetter, Doc, file_format, file_stem, parse_unit
 from pipelines.accounting.stats import aggregate
@@ -148,19 +147,6 @@ def test_pii_redaction():
     assert counts == {"email": 1, "ip": 2, "phone": 2}
     assert redact("a@b.co", PIIConfig(enabled=False)) == ("a@b.co", {})
     assert redact("999.999.1.1 is not an address", PIIConfig()) == ("999.999.1.1 is not an address", {})
-
-
-def test_quality_rules():
-    cfg = QualityConfig(enabled=True, min_words=5)
-    good = "Fortune favours the brave, and wisdom comes with patience over many quiet years."
-    assert quality_reason(good, cfg) is None
-    assert quality_reason(good, QualityConfig()) is None  # disabled
-    assert quality_reason("Exit.", cfg) == "quality_min_words"
-    assert quality_reason("# # # # # # the and of to", cfg) == "quality_mean_word_len"
-    assert quality_reason("lorem ipsum dolor sit amet and the rest of it", cfg) == "quality_lorem_ipsum"
-    assert quality_reason("the function of value and that is { return value }", cfg) == "quality_curly_brace"
-    assert quality_reason("banana apple cherry melon grape kiwi", cfg) == "quality_stop_words"
-    assert quality_reason("\n".join(["the same line of text and more"] * 4), cfg) == "quality_dup_lines"
 
 
 def test_minhash_similarity():

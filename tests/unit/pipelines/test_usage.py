@@ -45,7 +45,7 @@ def test_too_small_vocab_is_one_line_and_exit_2(corpus, tmp_path):
     ("split.val_fraction=1.5", ["split.val_fraction", "1.5", "[0.0, 1.0)"]),
     ("tokenizer.sample_fraction=0", ["tokenizer.sample_fraction", "(0.0, 1.0]"]),
     ("input.max_record_bytes=0", ["input.max_record_bytes=0", ">= 1"]),  # issue 37: ranges beside every field
-    ("quality.max_words=10", ["quality.min_words=50", "max_words=10"]),  # and relations between fields
+    ("quality.gopher.max_words=10", ["quality.gopher.min_words=50", "max_words=10"]),  # and relations between fields
 ])
 def test_bad_config_values_are_refused_up_front(corpus, tmp_path, capsys, override, words):
     out = tmp_path / "out"
