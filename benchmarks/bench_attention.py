@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench_kernels import cuda_measure  # noqa: E402  (beside this script: one CUDA timing for both)
 from trainer import attention  # noqa: E402
 
 MIB = 2 ** 20
@@ -111,23 +112,6 @@ def run_cpu(args) -> list[dict]:
             rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     _table(rows)
     return rows
-
-
-def cuda_measure(step, iters: int) -> tuple[float, float]:
-    """``(peak MiB above the memory held before, median ms)`` of ``step()`` on CUDA."""
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    times = []
-    for _ in range(iters):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(begin.elapsed_time(end))
-    return (torch.cuda.max_memory_allocated() - base) / MIB, statistics.median(times)
 
 
 def run_cuda(args, done: list[dict]) -> list[dict]:

@@ -115,9 +115,7 @@ class FlexMask:
         from torch.nn.attention.flex_attention import flex_attention
         if q.device.type == "cpu":
             if torch.is_grad_enabled() and any(z.requires_grad for z in (q, k, v)):
-                raise NotImplementedError(
-                    "model.attention=flex: torch's FlexAttention has no backward on CPU; train on CPU with "
-                    "model.attention=auto or dense (flex works on CPU for evaluation only)")
+                raise NotImplementedError(NO_CPU_BACKWARD)
             # without grad mode nothing is recorded; detached, torch's CPU check lets the call through
             q, k, v = q.detach(), k.detach(), v.detach()
             with warnings.catch_warnings():  # "called without torch.compile": chosen on CPU (compiling takes ~20 s)
@@ -132,6 +130,18 @@ AttentionMask = CausalMask | DenseMask | FlexMask
 
 # the one place a backend is chosen: model.attention (after "auto" is resolved) -> its mask builder
 BACKENDS = {"flex": FlexMask.build, "dense": DenseMask.build}
+NO_CPU_BACKWARD = ("model.attention=flex: torch's FlexAttention has no backward on CPU; train on CPU with "
+                   "model.attention=auto or dense (flex works on CPU for evaluation only)")
+
+
+def check_trainable(name: str, device: torch.device) -> None:
+    """Refuse, before anything is built, a backend that cannot train on ``device``.
+
+    Raises:
+        ValueError: ``flex`` on a CPU (one line: what to use instead).
+    """
+    if resolve(name, device) == "flex" and device.type == "cpu":
+        raise ValueError(NO_CPU_BACKWARD)
 
 
 def resolve(name: str, device: torch.device) -> str:

@@ -17,7 +17,7 @@ from loaders.protocols import RankLoader, ShardSource
 from loaders.rank.batch import TokenBatch
 from shards.format.tokens import check_token_ids
 from trainer import checkpointing as ckpt
-from trainer import memory, pretrained
+from trainer import attention, memory, pretrained
 from trainer.config import TrainConfig
 from trainer.distributed import parallel
 from trainer.evaluation import Evaluation, evaluation_summary, maybe_evaluate
@@ -334,6 +334,7 @@ def start_run(cfg: TrainConfig) -> Run:
     cfg.validate()
     memory.configure_cuda_allocator(cfg.memory.expandable_segments)  # before the first CUDA allocation
     info = parallel.init_distributed(cfg.device)
+    attention.check_trainable(cfg.model.attention, info.device)
     origins = resolve_model(cfg)
     source = origins.pretrained
     plan = prepare_run(cfg, info.is_main)

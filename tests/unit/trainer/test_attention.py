@@ -127,6 +127,12 @@ def test_flex_backward_on_cpu_is_refused_with_what_to_set():
     mask = attention.FlexMask.build(_docs([[10, 22]], 32))
     with pytest.raises(NotImplementedError, match="model.attention=auto or dense"):
         mask.attend(q, k, v)
+    # the trainer refuses it before building anything (one error line, exit 2), and lets the others train
+    with pytest.raises(ValueError, match="has no backward on CPU; train on CPU with model.attention=auto or dense"):
+        attention.check_trainable("flex", torch.device("cpu"))
+    for name in ("auto", "dense"):
+        attention.check_trainable(name, torch.device("cpu"))
+    attention.check_trainable("flex", torch.device("cuda"))
 
 
 def test_export_traces_the_mask_for_every_input():
