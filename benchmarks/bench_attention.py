@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench_kernels import cuda_measure  # noqa: E402  (beside this script: one CUDA timing for both)
+from bench_kernels import cuda_measure, rss_mib  # noqa: E402  (beside this script: one way to measure for both)
 from trainer import attention  # noqa: E402
 
 MIB = 2 ** 20
@@ -59,13 +59,6 @@ def inputs(args, t: int, device: str, dtype: torch.dtype, grad: bool):
             for _ in range(3)]
 
 
-def _rss_mib(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status; this benchmark needs Linux")
-
-
 def cpu_worker(args) -> None:
     """One variant at one T, every document count, in this fresh process: a JSON line each."""
     torch.set_num_threads(args.threads)
@@ -87,11 +80,11 @@ def cpu_worker(args) -> None:
             times, peak = [], 0.0
             for _ in range(args.repeats):
                 Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark
-                before = _rss_mib("VmRSS")
+                before = rss_mib("VmRSS")
                 start = time.perf_counter()
                 out = call(ids)
                 times.append(time.perf_counter() - start)
-                peak = max(peak, _rss_mib("VmHWM") - before)
+                peak = max(peak, rss_mib("VmHWM") - before)
                 del out
         print(json.dumps({"device": "cpu", "variant": variant, "pass": "forward", "T": t, "docs": docs,
                           "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,

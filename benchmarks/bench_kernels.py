@@ -49,7 +49,8 @@ def ce_step(backend: str, hidden, weight, labels, chunk: int) -> None:
     hidden.grad = weight.grad = None
 
 
-def _rss_mib(field: str) -> float:
+def rss_mib(field: str) -> float:
+    """``field`` (``VmRSS``, ``VmHWM``) of ``/proc/self/status`` in MiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
@@ -61,11 +62,11 @@ def cpu_worker(args) -> None:
     torch.set_num_threads(args.threads)
     hidden, weight, labels = ce_inputs(args.n, args.d, args.v, getattr(torch, args.dtype), "cpu")
     Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark
-    before = _rss_mib("VmRSS")
+    before = rss_mib("VmRSS")
     start = time.perf_counter()
     ce_step(args.worker, hidden, weight, labels, args.chunk)
     times = [time.perf_counter() - start]
-    peak = _rss_mib("VmHWM") - before
+    peak = rss_mib("VmHWM") - before
     for _ in range(args.repeats - 1):
         start = time.perf_counter()
         ce_step(args.worker, hidden, weight, labels, args.chunk)
