@@ -433,3 +433,24 @@ def test_padding_cells_hold_the_tokenizers_pad_id_else_its_eos_id(tmp_path, layo
     padding = np.concatenate([b.input_ids[b.document_ids < 0].numpy() for b in batches])
     assert len(padding) > 0 and set(padding.tolist()) == {pad}
     _assert_epoch(_chunks(batches), docs, 64, build_text_loader(_cfg(d), in_process=True))
+
+
+@pytest.mark.parametrize("vocab", [100_277, 128_256])  # cl100k_base, Llama 3
+def test_vocabularies_above_uint16_round_trip_as_uint32(tmp_path, vocab):
+    from shards.format.tokens import check_token_ids
+    from pipelines.stages.tokenize import token_dtype
+    dtype = token_dtype(vocab)
+    assert dtype == np.uint32
+    rng = np.random.default_rng(vocab)
+    docs = {f"doc{i:02d}": rng.integers(65_000, vocab, int(rng.integers(20, 200))).astype(dtype) for i in range(12)}
+    docs["doc00"][0] = vocab - 1  # the largest id survives
+    w = TokenBlockWriter(str(tmp_path), block_tokens=256, compression="zstd")
+    for key, toks in docs.items():
+        w.add(key, "test", toks)
+    Manifest(shards=w.close(), vocab_size=vocab, token_dtype="uint32", layout="token_blocks").save(str(tmp_path))
+    batches = list(build_text_loader(_cfg(str(tmp_path)), in_process=True))
+    for b in batches:
+        check_token_ids(b.host_ids, vocab, "batch")
+    delivered = np.concatenate([b.input_ids[b.document_ids >= 0].numpy() for b in batches])
+    assert delivered.max() == vocab - 1 and delivered.min() >= 65_000
+    assert sorted(delivered.tolist()) == sorted(np.concatenate(list(docs.values())).tolist())
