@@ -136,3 +136,17 @@ def test_titan_loop_on_two_torchrun_ranks_reads_disjoint_documents_and_resumes(c
     resumed = torchrun("--resume")
     for w, r in zip(whole, resumed):
         assert r["inputs"] == w["inputs"][4:] and r["losses"] == pytest.approx(w["losses"][4:], abs=1e-6)
+
+
+@pytest.mark.parametrize("example,shards,status,message", [
+    ("plain_loop", "{tmp}/missing", 1, "error: not found or unreachable: {tmp}/missing; check the path or URL"),
+    ("hf_trainer --out {tmp}", "http://127.0.0.1:9/manifest.json", 2,
+     "error: data.manifest=http://127.0.0.1:9/manifest.json is remote and no cache was given: pass cache=")])
+def test_an_example_given_bad_shards_says_so_in_one_line(tmp_path, example, shards, status, message):
+    """examples.run: missing data exits 1, a bad setting 2, each in one line on stderr (no traceback)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    module, *args = example.format(tmp=tmp_path).split()
+    p = subprocess.run([sys.executable, "-m", f"examples.{module}", *args, "--shards", shards.format(tmp=tmp_path)],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == status and p.stderr.startswith(message.format(tmp=tmp_path)), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
