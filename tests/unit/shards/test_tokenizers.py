@@ -181,6 +181,25 @@ def test_what_is_not_a_tokenizer_gets_a_line_that_says_what_to_give_instead(tmp_
     assert read(str(tmp_path / "own" / "mine.json")).kind == "hf"
 
 
+def test_a_model_folder_without_a_tokenizer_file_is_not_told_to_give_its_config_files(tmp_path):
+    def error(path) -> str:
+        with pytest.raises(TokenizerError) as e:
+            read(str(path))
+        return str(e.value)
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).write_text("{}")
+    assert error(folder).startswith(f"{folder}: holds no tokenizer file (tokenizer.model, tokenizer.json, "
+                                    "tokenizer.tiktoken); give a sentencepiece .model, a Hugging Face tokenizer.json")
+    (folder / "vocab.json").write_text("{}")
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    assert error(folder).endswith(f"; its vocab.json and merges.txt are a slow tokenizer: save it as tokenizer.json "
+                                  f"with transformers (AutoTokenizer.from_pretrained({str(folder)!r})"
+                                  f".save_pretrained({str(folder)!r})), then give the folder")
+
+
 def test_a_shard_folder_of_any_kind_is_read_as_its_own_kind_not_as_its_tokenizer_json(tmp_path):
     for kind, given in (("tiktoken", read("cl100k_base")), ("hf", read(bpe(tmp_path / "tok")))):
         folder = tmp_path / kind
