@@ -199,9 +199,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return 2
     quiet = _QuietKnownErrors()
     logging.getLogger("apache_beam.runners.common").addFilter(quiet)
-    if cfg.tokenizer.path is not None:  # read before the output folder is touched: one line naming the flag and file
+    tokenizer = None
+    if cfg.tokenizer.path is not None:  # read once, before the output folder is touched; one line names flag and file
         try:
-            given_tokenizer(cfg.tokenizer)
+            tokenizer = given_tokenizer(cfg.tokenizer)
         except TokenizerError as e:
             flag = "--tokenizer" if args.tokenizer is not None else "tokenizer.path"
             print(f"error: {flag} {cfg.tokenizer.path or repr('')}: {str(e).removeprefix(cfg.tokenizer.path + ': ')}",
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
     try:
-        stats = run(args.input, args.output, cfg, beam_args, overwrite=args.overwrite)
+        stats = run(args.input, args.output, cfg, beam_args, overwrite=args.overwrite, tokenizer=tokenizer)
     except BaseException as e:  # noqa: B036 - Ctrl-C arrives wrapped in whatever Beam raises
         if interrupt.signum == signal.SIGTERM:
             print(f"terminated; removed this run's partial output from {args.output}", file=sys.stderr)

@@ -37,6 +37,7 @@ from pipelines.stages.near_dedup import NearDedup
 from pipelines.stages.split import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from pipelines.stages.tokenize import NoRecordsError, TokenizeFn, build_model
 from pipelines.stages.write_shards import WriteShards, finalize
+from shards.tokenizers import TokenizerFile
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,11 @@ class InputError(ValueError):
     says what to pass instead."""
 
 
-def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0) -> None:
+def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0,
+          tokenizer: TokenizerFile | None = None) -> None:
     """Add the whole preprocessing graph to pipeline ``p``: it reads the files and counts the broken
     links of ``inputs`` (:func:`match_input`), its outputs go to ``output_dir``; ``total_bytes`` of
-    input sizes the progress bar."""
+    input sizes the progress bar; ``tokenizer``: the one at ``cfg.tokenizer.path``, read already."""
     out = output_dir.rstrip("/")
     read = p | "Read" >> ReadRecords(inputs, cfg.input, total_bytes)
     parsed = read.units | "Parse" >> beam.ParDo(ParseFn(cfg.input, inputs.root)).with_outputs(
@@ -89,7 +91,7 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
         duplicates | "AllDuplicates" >> beam.Flatten() | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}")
     # Trained on the kept documents before dedup (the sample counts a repeated text once), so
     # the model is ready before dedup ends and tokenising fuses with the last dedup stage.
-    model = build_model(hashed, cfg.tokenizer, summary=summary)
+    model = build_model(hashed, cfg.tokenizer, summary=summary, given=tokenizer)
     tokenized = (docs
                  | "BatchDocs" >> beam.BatchElements(min_batch_size=64, max_batch_size=1024)
                  | "Tokenize" >> beam.ParDo(TokenizeFn(cfg.tokenizer), beam.pvalue.AsSingleton(model)).with_outputs(
@@ -209,7 +211,8 @@ def _warn_broken(links: list[str]) -> None:
 
 
 def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
-        beam_args: list[str] | None = None, overwrite: bool = False, report: bool = True) -> dict:
+        beam_args: list[str] | None = None, overwrite: bool = False, report: bool = True,
+        tokenizer: TokenizerFile | None = None) -> dict:
     """Run the pipeline to completion and return the contents of ``stats.json``.
 
     Args:
@@ -222,6 +225,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             "--direct_num_workers=2"]``; default runner is the DirectRunner.
         overwrite: replace an earlier run in ``output_dir`` instead of refusing.
         report: write ``report.txt`` and ``report.png`` (:mod:`pipelines.accounting.report`) at the end.
+        tokenizer: the tokenizer at ``cfg.tokenizer.path`` as the caller read it
+            (:func:`pipelines.stages.tokenize.given_tokenizer`), used as it is; ``None``: read here.
     Returns:
         the stats dict (see :func:`pipelines.accounting.stats.aggregate`) plus ``seconds`` (wall time) and
         ``metrics`` (Beam counters, see :func:`counters`).
@@ -272,7 +277,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     start = time.perf_counter()
     try:
         p = beam.Pipeline(runner=runner, options=options)
-        build(p, selection.listing, output_dir, cfg, total_bytes)
+        build(p, selection.listing, output_dir, cfg, total_bytes, tokenizer)
         result = p.run()
         state = result.wait_until_finish()
         if state != PipelineState.DONE:

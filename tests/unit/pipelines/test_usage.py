@@ -420,3 +420,15 @@ def test_tokenizer_kind_applies_to_the_tokenizer_flag(tmp_path, capsys):
     assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out"),
                              "--tokenizer", str(tok), "tokenizer.kind=hf"]) == 0
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer_identity"]["kind"] == "hf"
+
+
+@pytest.mark.parametrize("given, says", [
+    (["--tokenizer", ""], "error: --tokenizer '': an empty tokenizer name; give a sentencepiece .model, "),
+    (["--tokenizer", "cl100k_base", "tokenizer.kind=sentencepiece"],
+     "error: --tokenizer cl100k_base: a bundled tiktoken encoding, but tokenizer.kind=sentencepiece; set "
+     "tokenizer.kind=tiktoken or auto"),
+])
+def test_an_empty_or_mismatched_tokenizer_flag_is_refused_not_trained_around(corpus, tmp_path, capsys, given, says):
+    assert beam_runner.main(["--input", str(corpus), "--output", str(tmp_path / "out"), *given]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(says) and "\n" not in err and not (tmp_path / "out").exists()
