@@ -46,6 +46,8 @@ def test_too_small_vocab_is_one_line_and_exit_2(corpus, tmp_path):
     ("tokenizer.sample_fraction=0", ["tokenizer.sample_fraction", "(0.0, 1.0]"]),
     ("input.max_record_bytes=0", ["input.max_record_bytes=0", ">= 1"]),  # issue 37: ranges beside every field
     ("quality.gopher.max_words=10", ["quality.gopher.min_words=50", "max_words=10"]),  # and relations between fields
+    ("shards.prefix=a/b", ["shards.prefix='a/b'", "matching [A-Za-z0-9][A-Za-z0-9._-]*"]),  # it names files: no folder
+    ("shards.prefix=*", ["shards.prefix='*'"]),  # nor a glob (--overwrite sets aside {prefix}-*.tar)
 ])
 def test_bad_config_values_are_refused_up_front(corpus, tmp_path, capsys, override, words):
     out = tmp_path / "out"
