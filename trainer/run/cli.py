@@ -148,7 +148,8 @@ def main(argv: list[str], prog: str = "python -m trainer") -> int:
         if not (isinstance(e, (ValueError, OSError, CacheError, NoDataError, RollbackError, TokenRangeError,
                                CheckpointVerifyError, CheckpointStorageError)) or io_cause(e) is not None):
             raise
-        where = "config" if cfg is None else "run" if isinstance(e, (ValueError, RollbackError)) else "data"
+        written = isinstance(e, (CheckpointStorageError, CheckpointVerifyError)) or io_cause(e) is not None
+        where = "config" if cfg is None else "run" if isinstance(e, (ValueError, RollbackError)) or written else "data"
         _say(f"error: {where}: {explain(e)}")
         return exit_status(e)
     finally:

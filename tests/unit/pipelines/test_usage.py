@@ -422,3 +422,21 @@ def test_tokenizer_kind_applies_to_the_tokenizer_flag(tmp_path, capsys):
     assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out"),
                              "--tokenizer", str(tok), "tokenizer.kind=hf"]) == 0
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer_identity"]["kind"] == "hf"
+
+
+def test_an_output_that_cannot_be_written_is_one_line_without_beams_traceback(corpus, tmp_path):
+    """Issue 37: a write that failed for lack of space inside a Beam step was said in one line, but
+    after the traceback Beam logs for it (20 lines). Here a file size limit fails the writes, as a
+    full disk does."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))  # Python ignores SIGXFSZ: writes fail with EFBIG
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    p = subprocess.run([sys.executable, "beam_runner.py", "--input", str(corpus), "--output", str(tmp_path / "out"),
+                        "tokenizer.vocab_size=320"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                       preexec_fn=limit)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr and "ERROR" not in p.stderr, p.stderr[-3000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and ": File too large; " in errors[0] and str(tmp_path / "out") in errors[0], errors

@@ -304,3 +304,12 @@ def test_the_summary_line_counts_the_documents_of_skipped_shards(tmp_path, commo
     last = p.stdout.strip().splitlines()[-1]
     assert last.startswith("trained 2 steps") and "skipped 30 unreadable document(s) of corrupt or missing shards" in last
     assert json.loads((tmp_path / "run" / "train_summary.json").read_text())["skipped_documents"] == 30
+
+
+def test_a_run_folder_that_cannot_be_written_ends_in_one_line_naming_the_file(tmp_path, common):
+    """Issue 37: a write into the run folder that failed (here ``config.json``, the first file written)
+    said ``error: data: ?: ...``: no file, and the wrong part blamed."""
+    p = _train(common + ["steps=2"], tmp_path, preexec_fn=_file_size_limit(1000))
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-3000:]
+    assert lines[0].startswith(f"error: run: {tmp_path / 'run' / 'config.json'}: File too large;"), lines
