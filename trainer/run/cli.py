@@ -82,7 +82,7 @@ def interrupt_advice(cfg) -> str:
 
 
 def dry_run(cfg) -> int:
-    """``--dry-run``: check data (manifest), run folder, checkpoint compatibility and the checkpoint's stored
+    """``--dry-run``: check data (manifest), run folder (free of a live run, :func:`trainer.run.folder.lock_run_folder`), checkpoint compatibility and the checkpoint's stored
     bytes against its checksums (one stored item in memory at a time); print the start line.
 
     Raises:
@@ -95,9 +95,10 @@ def dry_run(cfg) -> int:
     from trainer.checkpointing import read_meta
     from trainer.checkpointing.verify import check_stored
     from trainer.run.announce import check_runnable, data_summary, start_line
-    from trainer.run.folder import plan_run
+    from trainer.run.folder import lock_run_folder, plan_run
     from trainer.train import check_resume_tokenizer, resolve_model
     origins = resolve_model(cfg)
+    lock_run_folder(cfg.run_dir, probe=True)  # a live run there: say so, not what a later launch would find
     plan = plan_run(cfg)
     if plan.checkpoint:
         meta = read_meta(plan.checkpoint)

@@ -192,6 +192,9 @@ def test_ctrl_c_ends_in_one_line_with_exit_130(tmp_path, common):
     lines = [line for line in second.stderr.splitlines() if line.strip()]
     assert second.returncode == 2 and len(lines) == 1, second.stderr[-3000:]
     assert f"is in use by a live run (pid {proc.pid})" in lines[0], lines
+    dry = _train(common + ["--dry-run"], tmp_path)  # and a dry run says so (it said: use checkpoint.overwrite=true)
+    lines = [line for line in dry.stderr.splitlines() if line.strip()]
+    assert dry.returncode == 2 and len(lines) == 1 and f"is in use by a live run (pid {proc.pid})" in lines[0], lines
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
