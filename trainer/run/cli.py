@@ -120,7 +120,7 @@ def main(argv: list[str], prog: str = "python -m trainer") -> int:
         _parser(prog).print_usage(sys.stderr)
         _say(f"error: give --config FILE and/or key=value overrides ({prog} --help for more)")
         return USAGE
-    args = _parser(prog).parse_args(argv)
+    args = _parser(prog).parse_intermixed_args(argv)  # --dry-run after the overrides too
     if args.config and "://" not in args.config and not os.path.isfile(args.config):
         _say(f"error: config file not found: {args.config}")
         return USAGE
