@@ -155,14 +155,25 @@ def remove_earlier_run(cfg: TrainConfig) -> None:
             os.remove(path)
 
 
+def _step_of(line: str) -> int | None:
+    """The ``step`` of one ``metrics.jsonl`` record (0 when it has none), ``None`` for a line that is
+    not a whole JSON record."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return int(record.get("step", 0)) if isinstance(record, dict) else None
+
+
 def truncate_metrics(path: str, step: int) -> int:
-    """Drop the records of ``metrics.jsonl`` at ``path`` whose ``step`` is after ``step``
-    (rewritten atomically); returns how many were dropped (0 when the file is absent)."""
+    """Drop the records of ``metrics.jsonl`` at ``path`` whose ``step`` is after ``step``, and a
+    record cut short (a run killed, or out of space, while it wrote it), rewritten atomically;
+    returns how many were dropped (0 when the file is absent)."""
     if not os.path.exists(path):
         return 0
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         lines = [line for line in f if line.strip()]
-    keep = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    keep = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
     if len(keep) < len(lines):
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:

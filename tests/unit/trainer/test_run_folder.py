@@ -82,6 +82,15 @@ def test_truncate_metrics_drops_steps_after_the_checkpoint(tmp_path):
     assert truncate_metrics(str(tmp_path / "absent.jsonl"), 0) == 0
 
 
+def test_truncate_metrics_drops_a_record_cut_short(tmp_path):
+    """Issue 37: a run killed or out of space while it wrote a record left half a line, and the resume
+    ended in a JSONDecodeError; the cut record is dropped with the undone steps."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 3)) + '{"step": 6, "lo')
+    assert truncate_metrics(str(path), 6) == 1
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 3]
+
+
 def _train(args, tmp_path, **kw):
     return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=str(tmp_path), env=ENV,
                           capture_output=True, text=True, timeout=300, **kw)
