@@ -112,14 +112,15 @@ class _QuietKnownErrors(logging.Filter):
     """Drops the traceback Beam logs (``apache_beam.runners.common``) for an error raised inside a
     step that says what to do next in its message, which :func:`_failure` prints in one line: a
     ``ConfigError`` (exit code 2), an :class:`~pipelines.stages.tokenize.EmptySampleError` (no
-    document reached the tokenizer, exit code 1) or a :class:`~shards.format.tokens.TokenRangeError`
-    (the tokenizer gave an id outside its vocabulary, exit code 1)."""
+    document reached the tokenizer, exit code 1), a :class:`~shards.format.tokens.TokenRangeError`
+    (the tokenizer gave an id outside its vocabulary, exit code 1) or an expected I/O failure (no
+    space, read-only, no permission: :func:`colaflow.errors.io_cause`, exit code 1)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """``False`` (drop) for a record carrying a :class:`colaflow.config.ConfigError` or an
-        :class:`~pipelines.stages.tokenize.EmptySampleError`."""
+        """``False`` (drop) for a record carrying one of the errors above."""
         known = (ConfigError, EmptySampleError, TokenRangeError)
-        return not (record.exc_info and isinstance(record.exc_info[1], known))
+        error = record.exc_info[1] if record.exc_info else None
+        return not (error is not None and (isinstance(error, known) or io_cause(error) is not None))
 
 
 class _Interrupt:

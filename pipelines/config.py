@@ -329,7 +329,8 @@ class ShardsConfig:
     """Shard layout.
 
     Attributes:
-        prefix: shard file name prefix (``{prefix}-{index:06d}.tar``).
+        prefix: shard file name prefix (``{prefix}-{index:06d}.tar``): letters, digits, ``.``, ``_``
+            and ``-``, starting with a letter or digit (no folder, no glob character).
         target_bytes: approximate shard size; the shard count is derived from the total.
         num_shards: fixed shard count (0 = derive from ``target_bytes``).
         store_text: also store the cleaned text (``K.txt.zst``, or in a token block's metadata).
@@ -342,7 +343,7 @@ class ShardsConfig:
             65,536 for raw blocks and 1,048,576 for zstd (compresses far better).
     """
 
-    prefix: str = "shard"
+    prefix: str = setting("shard", pattern=r"[A-Za-z0-9][A-Za-z0-9._-]*")
     target_bytes: int = setting(8_000_000, ge=1)
     num_shards: int = setting(0, ge=0)
     store_text: bool = False

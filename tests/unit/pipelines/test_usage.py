@@ -46,6 +46,8 @@ def test_too_small_vocab_is_one_line_and_exit_2(corpus, tmp_path):
     ("tokenizer.sample_fraction=0", ["tokenizer.sample_fraction", "(0.0, 1.0]"]),
     ("input.max_record_bytes=0", ["input.max_record_bytes=0", ">= 1"]),  # issue 37: ranges beside every field
     ("quality.gopher.max_words=10", ["quality.gopher.min_words=50", "max_words=10"]),  # and relations between fields
+    ("shards.prefix=a/b", ["shards.prefix='a/b'", "matching [A-Za-z0-9][A-Za-z0-9._-]*"]),  # it names files: no folder
+    ("shards.prefix=*", ["shards.prefix='*'"]),  # nor a glob (--overwrite sets aside {prefix}-*.tar)
 ])
 def test_bad_config_values_are_refused_up_front(corpus, tmp_path, capsys, override, words):
     out = tmp_path / "out"
@@ -432,3 +434,21 @@ def test_an_empty_or_mismatched_tokenizer_flag_is_refused_not_trained_around(cor
     assert beam_runner.main(["--input", str(corpus), "--output", str(tmp_path / "out"), *given]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(says) and "\n" not in err and not (tmp_path / "out").exists()
+
+
+def test_an_output_that_cannot_be_written_is_one_line_without_beams_traceback(corpus, tmp_path):
+    """Issue 37: a write that failed for lack of space inside a Beam step was said in one line, but
+    after the traceback Beam logs for it (20 lines). Here a file size limit fails the writes, as a
+    full disk does."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))  # Python ignores SIGXFSZ: writes fail with EFBIG
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    p = subprocess.run([sys.executable, "beam_runner.py", "--input", str(corpus), "--output", str(tmp_path / "out"),
+                        "tokenizer.vocab_size=320"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                       preexec_fn=limit)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr and "ERROR" not in p.stderr, p.stderr[-3000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and ": File too large; " in errors[0] and str(tmp_path / "out") in errors[0], errors
