@@ -233,6 +233,22 @@ class QualityConfig:
 
 
 @dataclass
+class ClassifierConfig:
+    """A model-based quality filter: a fastText classifier (``pipelines.stages.classifier``), as DCLM
+    and FineWeb-Edu filter with one. Off unless ``path`` is given (``colaflow[curation]``).
+
+    Attributes:
+        path: the fastText ``.bin`` model (local path or fsspec URL); ``null`` = no classifier.
+        label: the label whose probability is the document's score (``__label__hq``).
+        threshold: documents scored below this are filtered as ``quality_classifier``.
+    """
+
+    path: str | None = None
+    label: str = "__label__hq"
+    threshold: float = setting(0.5, ge=0.0, le=1.0)
+
+
+@dataclass
 class PIIConfig:
     """PII redaction: matches are replaced by placeholders and counted per kind.
 
@@ -372,6 +388,7 @@ class PipelineConfig:
     clean: CleanConfig = field(default_factory=CleanConfig)
     language: LanguageConfig = field(default_factory=LanguageConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     pii: PIIConfig = field(default_factory=PIIConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)

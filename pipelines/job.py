@@ -31,6 +31,7 @@ from pipelines.io.listing import InputFile, InputListing, ListingError, list_inp
 from pipelines.io.read import DEAD, ParseFn, ReadRecords
 from pipelines.records import file_format
 from pipelines.runners.selection import beam_options, make_runner
+from pipelines.stages.classifier import check_model
 from pipelines.stages.exact_dedup import ExactDedup, UniqueIds, key_by_hash
 from pipelines.stages.filters import FilterFn, build_steps
 from pipelines.stages.near_dedup import NearDedup
@@ -228,7 +229,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     Raises:
         colaflow.config.ConfigError: a bad config value (:meth:`PipelineConfig.validate`), an unknown
             Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
-        FileNotFoundError: no file matches ``input_glob``.
+        FileNotFoundError: no file matches ``input_glob``, or ``classifier.path`` names no file.
         InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
             empty (see :func:`match_input`), or no record was read from them (no Parquet rows, only
             blank lines or whitespace, or nothing once decompressed: :func:`no_records_error`).
@@ -250,6 +251,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     """
     cfg = cfg or PipelineConfig()
     cfg.validate()
+    check_model(cfg.classifier)
     options = beam_options(beam_args or [])
     FileSystems.set_options(options)  # the driver's own listing of s3:// inputs needs e.g. --s3_endpoint_url
     selection = match_input(input_glob, cfg)

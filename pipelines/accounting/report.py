@@ -63,6 +63,12 @@ def report_text(stats: dict) -> str:
     if t.get("lines_removed"):
         lines += ["", "lines removed from kept documents (quality rules):"]
         lines += [f"  {rule:<24} {c:>10,}" for rule, c in sorted(t["lines_removed"].items(), key=lambda kv: -kv[1])]
+    if t.get("quality_scores"):
+        scores = t["quality_scores"]
+        peak = max(scores.values())
+        lines += ["", "classifier score, kept documents:"]
+        lines += [f"  {lo:>4}-{float(lo) + 0.1:.1f} {n:>10,}  {'#' * max(1, round(40 * n / peak))}"
+                  for lo, n in sorted(scores.items())]
     if t.get("skipped_files"):
         lines += ["", f"skipped files    {t['skipped_files']:>12,}  (unknown format; see input.unknown_files)"]
     if t.get("skipped_links"):

@@ -9,6 +9,7 @@ import apache_beam as beam
 from pipelines.accounting.stats import EventTally
 from pipelines.config import PipelineConfig
 from pipelines.records import Doc
+from pipelines.stages.classifier import ClassifierStep
 from pipelines.stages.clean import CleanTextStep, LengthStep, RawLengthStep
 from pipelines.stages.language import LanguageStep
 from pipelines.stages.pii import RedactStep
@@ -20,9 +21,10 @@ def build_steps(cfg: PipelineConfig) -> list[DocumentStep]:
     """The document steps of ``cfg``, in the order they run: raw length (a huge document costs no
     cleaning), :func:`~pipelines.stages.clean.clean_text`, length, language, the quality steps
     (:func:`~pipelines.stages.quality.quality_steps`: Gopher quality, Gopher repetition, C4, FineWeb),
-    PII redaction (a step whose section is disabled keeps every document). The one place the list is built."""
+    the fastText classifier (after the cheap rules, on the lines C4 kept), PII redaction (a step whose section is disabled keeps every document). The one place the list is built."""
     return [RawLengthStep(cfg.clean), CleanTextStep(cfg.clean), LengthStep(cfg.clean),
-            LanguageStep(cfg.language), *quality_steps(cfg.quality), RedactStep(cfg.pii)]
+            LanguageStep(cfg.language), *quality_steps(cfg.quality),
+            ClassifierStep(cfg.classifier), RedactStep(cfg.pii)]
 
 
 class FilterFn(beam.DoFn):
