@@ -5,6 +5,7 @@ on the demo corpus. Override from the command line, e.g. ``tokenizer.vocab_size=
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from colaflow.config import ConfigError, check_fields, setting
@@ -249,6 +250,24 @@ class ClassifierConfig:
 
 
 @dataclass
+class DecontamConfig:
+    """Benchmark decontamination (``pipelines.stages.decontam``): n-gram overlap with evaluation sets,
+    as GPT-3 (Brown et al. 2020, appendix C). Off while ``eval_sets`` is empty.
+
+    Attributes:
+        eval_sets: ``{name: path or glob}`` of evaluation files (JSONL, Parquet or text, optionally
+            compressed; every string field of a record is evaluation text). The name appears in
+            reasons (``decontam_<name>``), so letters, digits, ``_``, ``-`` and ``.`` only.
+        ngram: words per n-gram (GPT-3: 13); words are lower-cased ``\\w+`` runs.
+        action: ``drop`` the matching documents, or ``cut`` the matching spans and keep the rest.
+    """
+
+    eval_sets: dict = field(default_factory=dict)
+    ngram: int = setting(13, ge=1)
+    action: str = setting("drop", choices=("drop", "cut"))
+
+
+@dataclass
 class PIIConfig:
     """PII redaction: matches are replaced by placeholders and counted per kind.
 
@@ -389,6 +408,7 @@ class PipelineConfig:
     language: LanguageConfig = field(default_factory=LanguageConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    decontam: DecontamConfig = field(default_factory=DecontamConfig)
     pii: PIIConfig = field(default_factory=PIIConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -410,6 +430,11 @@ class PipelineConfig:
                     type(n) is int and n >= 1 and isinstance(f, (int, float)) and 0 <= f <= 1 for n, f in table.items()):
                 raise ConfigError(f"quality.repetition.{key}={table!r}: use a mapping of n-gram sizes (integers >= 1) "
                                   "to fractions in [0, 1], e.g. {2: 0.2, 3: 0.18}")
+        sets = self.decontam.eval_sets
+        if not isinstance(sets, dict) or not all(
+                isinstance(k, str) and re.fullmatch(r"[\w.-]+", k) and isinstance(v, str) and v for k, v in sets.items()):
+            raise ConfigError(f"decontam.eval_sets={sets!r}: use a mapping of names (letters, digits, _ - .) to paths "
+                              "or globs, e.g. {mmlu: evals/mmlu/*.jsonl}")
         if self.dedup.num_perm % self.dedup.bands:
             raise ConfigError(f"dedup.num_perm={self.dedup.num_perm} is not a multiple of dedup.bands="
                               f"{self.dedup.bands}: LSH needs num_perm = bands * rows")

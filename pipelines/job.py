@@ -20,6 +20,7 @@ from pipelines.accounting.stats import EVENTS, NAMESPACE
 from pipelines.config import PipelineConfig
 from pipelines.io.output import (
     DEAD_LETTER_DIR,
+    DECONTAMINATED_DIR,
     DUPLICATES_DIR,
     WriteJsonl,
     abort_output,
@@ -33,7 +34,8 @@ from pipelines.records import file_format
 from pipelines.runners.selection import beam_options, make_runner
 from pipelines.stages.classifier import check_model
 from pipelines.stages.exact_dedup import ExactDedup, UniqueIds, key_by_hash
-from pipelines.stages.filters import FilterFn, build_steps
+from pipelines.stages.decontam import load_eval_sets
+from pipelines.stages.filters import LISTED, FilterFn, build_steps
 from pipelines.stages.near_dedup import NearDedup
 from pipelines.stages.split import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from pipelines.stages.tokenize import NoRecordsError, TokenizeFn, build_model
@@ -69,7 +71,8 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
     read = p | "Read" >> ReadRecords(inputs, cfg.input, total_bytes)
     parsed = read.units | "Parse" >> beam.ParDo(ParseFn(cfg.input, inputs.root)).with_outputs(
         DEAD, EVENTS, main="docs")
-    kept = parsed.docs | "Steps" >> beam.ParDo(FilterFn(build_steps(cfg))).with_outputs(EVENTS, main="docs")
+    kept = parsed.docs | "Steps" >> beam.ParDo(FilterFn(build_steps(cfg))).with_outputs(EVENTS, LISTED, main="docs")
+    kept[LISTED] | "DecontaminatedWrite" >> WriteJsonl(f"{out}/{DECONTAMINATED_DIR}")
     summary = summarize([parsed[EVENTS], kept[EVENTS]], parsed[DEAD])  # read only to explain an empty sample
     events, duplicates = [read.events, parsed[EVENTS], kept[EVENTS]], []
     hashed = kept.docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
@@ -217,7 +220,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         input_glob: file pattern (local path or ``gs://``/``s3://``/``hdfs://``): JSONL, text or
             Parquet, optionally ``.gz``/``.bz2``/``.zst``; other files follow ``input.unknown_files``.
         output_dir: folder or fsspec URL receiving shards, ``manifest.json``, ``tokenizer.model``,
-            ``stats.json``, ``report.txt``/``report.png``, ``dead_letter/`` and ``duplicates/``.
+            ``stats.json``, ``report.txt``/``report.png``, ``dead_letter/``, ``duplicates/`` and
+            ``decontaminated/``.
         cfg: pipeline configuration (defaults when ``None``).
         beam_args: Beam pipeline options, e.g. ``["--direct_running_mode=multi_processing",
             "--direct_num_workers=2"]``; default runner is the DirectRunner.
@@ -230,6 +234,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         colaflow.config.ConfigError: a bad config value (:meth:`PipelineConfig.validate`), an unknown
             Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
         FileNotFoundError: no file matches ``input_glob``, or ``classifier.path`` names no file.
+        pipelines.stages.decontam.EvalSetError: a ``decontam.eval_sets`` entry matches no file, has a
+            file of unknown format, or holds no n-gram.
         InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
             empty (see :func:`match_input`), or no record was read from them (no Parquet rows, only
             blank lines or whitespace, or nothing once decompressed: :func:`no_records_error`).
@@ -252,6 +258,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     cfg = cfg or PipelineConfig()
     cfg.validate()
     check_model(cfg.classifier)
+    load_eval_sets(cfg.decontam)  # a bad evaluation set is refused here, in one line
     options = beam_options(beam_args or [])
     FileSystems.set_options(options)  # the driver's own listing of s3:// inputs needs e.g. --s3_endpoint_url
     selection = match_input(input_glob, cfg)

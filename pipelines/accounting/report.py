@@ -63,6 +63,9 @@ def report_text(stats: dict) -> str:
     if t.get("lines_removed"):
         lines += ["", "lines removed from kept documents (quality rules):"]
         lines += [f"  {rule:<24} {c:>10,}" for rule, c in sorted(t["lines_removed"].items(), key=lambda kv: -kv[1])]
+    if t.get("decontaminated"):
+        lines += ["", "documents cut by decontamination (evaluation set):"]
+        lines += [f"  {name:<24} {c:>10,}" for name, c in sorted(t["decontaminated"].items())]
     if t.get("quality_scores"):
         scores = t["quality_scores"]
         peak = max(scores.values())
