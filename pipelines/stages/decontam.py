@@ -23,6 +23,7 @@ from pipelines.records import PARQUET, Doc, file_format
 from pipelines.stages.step import DocumentStep, StepResult
 
 _WORD = re.compile(r"\w+")
+_PUNCT = re.compile(r"[^\w\s]*")
 _ROLL = np.uint64(0x100000001B3)  # FNV-1 64-bit prime: the n-gram hash rolls word hashes with it
 _MIX = np.uint64(0xFF51AFD7ED558CCD)  # MurmurHash3 fmix64 constant
 
@@ -132,7 +133,8 @@ def cut_spans(text: str, spans: list[tuple[int, int]]) -> str:
 
 class DecontamStep(DocumentStep):
     """Drops (``action: drop``) a document sharing an n-gram with an evaluation set as
-    ``decontam_<set>``, or (``action: cut``) cuts the words of every matching n-gram and keeps the
+    ``decontam_<set>``, or (``action: cut``) cuts the words of every matching n-gram (and the
+    punctuation right after them) and keeps the
     rest with a ``decontaminated:<set>`` event per set matched (dropped as ``decontam_<set>`` when
     nothing is left). Lists every matched document (:func:`listing`). Keeps every document when
     ``cfg.eval_sets`` is empty. The sets load in :meth:`setup`."""
@@ -171,7 +173,8 @@ class DecontamStep(DocumentStep):
             np.add.at(covered, starts + self.cfg.ngram, -1)
         inside = np.flatnonzero(np.cumsum(covered[:-1]) > 0)
         runs = np.split(inside, np.flatnonzero(np.diff(inside) > 1) + 1)  # consecutive covered words
-        text = cut_spans(doc.text, [(words[r[0]].start(), words[r[-1]].end()) for r in runs])
+        text = cut_spans(doc.text, [(words[r[0]].start(), _PUNCT.match(doc.text, words[r[-1]].end()).end())
+                                    for r in runs])  # a span ends past the punctuation after its last word
         if not text:
             return StepResult.reject(f"decontam_{first}", listing=listing(doc, matches, "dropped"))
         return StepResult.keep(doc._replace(text=text), {f"decontaminated:{name}": 1 for name in matches},
