@@ -161,7 +161,6 @@ class RepetitionConfig:
 class C4Config:
     """C4's rules (Raffel et al. 2020, "Exploring the Limits of Transfer Learning", section 2.2).
     Line rules drop the line and keep the rest of the document; document rules drop the document.
-    No bad-words rule: no maintained package ships C4's word list, and nothing is downloaded.
 
     Attributes:
         enabled: apply these rules (when ``quality.enabled``).
@@ -175,6 +174,9 @@ class C4Config:
         lorem_ipsum: drop documents holding "lorem ipsum" in a kept line (C4).
         curly_brace: drop documents holding ``{`` in a kept line (C4).
         min_sentences: drop documents with fewer sentences in their kept lines (C4: 5; 0 = off).
+        bad_words: a word list (one word or phrase per line, local path or fsspec URL; C4 used the
+            "List of Dirty, Naughty, Obscene and Otherwise Bad Words", ``en``): drop documents whose
+            kept lines hold one as a whole word, case ignored (C4). ``null`` = off (FineWeb leaves it out).
     """
 
     enabled: bool = True
@@ -186,6 +188,7 @@ class C4Config:
     lorem_ipsum: bool = True
     curly_brace: bool = True
     min_sentences: int = setting(5, ge=0)
+    bad_words: str | None = None
 
 
 @dataclass

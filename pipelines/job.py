@@ -36,6 +36,7 @@ from pipelines.stages.classifier import check_model
 from pipelines.stages.exact_dedup import ExactDedup, UniqueIds, key_by_hash
 from pipelines.stages.decontam import load_eval_sets
 from pipelines.stages.filters import LISTED, FilterFn, build_steps
+from pipelines.stages.quality.c4 import bad_words_pattern
 from pipelines.stages.near_dedup import NearDedup
 from pipelines.stages.split import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from pipelines.stages.tokenize import NoRecordsError, TokenizeFn, build_model
@@ -233,7 +234,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     Raises:
         colaflow.config.ConfigError: a bad config value (:meth:`PipelineConfig.validate`), an unknown
             Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
-        FileNotFoundError: no file matches ``input_glob``, or ``classifier.path`` names no file.
+        FileNotFoundError: no file matches ``input_glob``, or ``classifier.path`` or
+            ``quality.c4.bad_words`` names no file.
         pipelines.stages.decontam.EvalSetError: a ``decontam.eval_sets`` entry matches no file, has a
             file of unknown format, or holds no n-gram.
         InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
@@ -257,8 +259,11 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     """
     cfg = cfg or PipelineConfig()
     cfg.validate()
-    check_model(cfg.classifier)
-    load_eval_sets(cfg.decontam)  # a bad evaluation set is refused here, in one line
+    check_model(cfg.classifier)  # given files are checked here, each error in one line
+    c4 = cfg.quality.c4
+    if cfg.quality.enabled and c4.enabled and c4.bad_words:
+        bad_words_pattern(c4.bad_words)
+    load_eval_sets(cfg.decontam)
     options = beam_options(beam_args or [])
     FileSystems.set_options(options)  # the driver's own listing of s3:// inputs needs e.g. --s3_endpoint_url
     selection = match_input(input_glob, cfg)

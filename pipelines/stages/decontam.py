@@ -134,9 +134,8 @@ def cut_spans(text: str, spans: list[tuple[int, int]]) -> str:
 class DecontamStep(DocumentStep):
     """Drops (``action: drop``) a document sharing an n-gram with an evaluation set as
     ``decontam_<set>``, or (``action: cut``) cuts the words of every matching n-gram (and the
-    punctuation right after them) and keeps the
-    rest with a ``decontaminated:<set>`` event per set matched (dropped as ``decontam_<set>`` when
-    nothing is left). Lists every matched document (:func:`listing`). Keeps every document when
+    punctuation right after them) and keeps the rest with a ``decontaminated:<set>`` event per set
+    matched (dropped as ``decontam_<set>`` when nothing is left). Lists every matched document (:func:`listing`). Keeps every document when
     ``cfg.eval_sets`` is empty. The sets load in :meth:`setup`."""
 
     def __init__(self, cfg: DecontamConfig):
