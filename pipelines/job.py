@@ -234,10 +234,10 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     Raises:
         colaflow.config.ConfigError: a bad config value (:meth:`PipelineConfig.validate`), an unknown
             Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
-        FileNotFoundError: no file matches ``input_glob``, or ``classifier.path`` or
-            ``quality.c4.bad_words`` names no file.
-        pipelines.stages.decontam.EvalSetError: a ``decontam.eval_sets`` entry matches no file, has a
-            file of unknown format, or holds no n-gram.
+        FileNotFoundError: no file matches ``input_glob``.
+        colaflow.config.ConfigError: also ``classifier.path`` or ``quality.c4.bad_words`` names no file
+            (or an empty list), or a ``decontam.eval_sets`` entry matches no file, has a file of unknown
+            format, or holds no n-gram (``pipelines.stages.decontam.EvalSetError``).
         InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
             empty (see :func:`match_input`), or no record was read from them (no Parquet rows, only
             blank lines or whitespace, or nothing once decompressed: :func:`no_records_error`).

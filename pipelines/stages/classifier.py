@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fsspec
 
+from colaflow.config import ConfigError
 from pipelines.config import ClassifierConfig
 from pipelines.records import Doc
 from pipelines.stages.step import DocumentStep, StepResult
@@ -26,12 +27,12 @@ def check_model(cfg: ClassifierConfig) -> None:
     """Refuse a run whose ``classifier.path`` does not exist, before it starts.
 
     Raises:
-        FileNotFoundError: one line naming the path and what to do.
+        colaflow.config.ConfigError: one line naming the path and what to do.
     """
     if cfg.path:
         fs, path = fsspec.core.url_to_fs(cfg.path)
         if not fs.isfile(path):
-            raise FileNotFoundError(f"classifier.path={cfg.path}: no such file; give a fastText .bin model "
+            raise ConfigError(f"classifier.path={cfg.path}: no such file; give a fastText .bin model "
                                     "(fasttext.train_supervised(...).save_model) or classifier.path=null")
 
 

@@ -18,6 +18,7 @@ import re
 import fsspec
 import numpy as np
 
+from colaflow.config import ConfigError
 from pipelines.config import DecontamConfig, InputConfig
 from pipelines.records import PARQUET, Doc, file_format
 from pipelines.stages.step import DocumentStep, StepResult
@@ -28,8 +29,9 @@ _ROLL = np.uint64(0x100000001B3)  # FNV-1 64-bit prime: the n-gram hash rolls wo
 _MIX = np.uint64(0xFF51AFD7ED558CCD)  # MurmurHash3 fmix64 constant
 
 
-class EvalSetError(ValueError):
-    """An evaluation set names no readable file or holds no n-gram; the message says what to do."""
+class EvalSetError(ConfigError):
+    """An evaluation set names no readable file or holds no n-gram (a config error: exit 2); the
+    message says what to do."""
 
 
 def ngram_hashes(words: list[str], n: int) -> np.ndarray:

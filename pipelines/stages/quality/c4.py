@@ -13,6 +13,7 @@ from typing import Mapping, NamedTuple
 
 import fsspec
 
+from colaflow.config import ConfigError
 from pipelines.config import C4Config
 from pipelines.records import Doc
 from pipelines.stages.step import DocumentStep, StepResult
@@ -73,17 +74,17 @@ def bad_words_pattern(path: str) -> re.Pattern:
     skipped) as a whole word in lower-cased text, as C4's code matches its list.
 
     Raises:
-        FileNotFoundError: no file at ``path``; ValueError: the list holds no word (each one line
-            saying what to give).
+        colaflow.config.ConfigError: no file at ``path``, or the list holds no word (one line saying
+            what to give).
     """
     fs, local = fsspec.core.url_to_fs(path)
     if not fs.isfile(local):
-        raise FileNotFoundError(f"quality.c4.bad_words={path}: no such file; give a word list (one word or phrase "
+        raise ConfigError(f"quality.c4.bad_words={path}: no such file; give a word list (one word or phrase "
                                 "per line) or quality.c4.bad_words=null")
     with fsspec.open(path, "rt", encoding="utf-8") as f:
         words = sorted({w.strip().lower() for w in f if w.strip()}, key=lambda w: (-len(w), w))
     if not words:
-        raise ValueError(f"quality.c4.bad_words={path}: the list holds no word; give one word or phrase per line")
+        raise ConfigError(f"quality.c4.bad_words={path}: the list holds no word; give one word or phrase per line")
     return re.compile(r"(?:\W|^)(?:" + "|".join(map(re.escape, words)) + r")(?:\W|$)")
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from colaflow.config import ConfigError
 from pipelines.accounting.report import report_text
 from pipelines.config import ClassifierConfig, PipelineConfig, TokenizerConfig
 from pipelines.job import run
@@ -76,6 +77,6 @@ def test_a_missing_model_is_refused_before_the_run(tmp_path):
     (tmp_path / "in.jsonl").write_text('{"id": 1, "text": "hello"}\n', encoding="utf-8")
     cfg = PipelineConfig()
     cfg.classifier.path = str(tmp_path / "nope.bin")
-    with pytest.raises(FileNotFoundError, match=r"classifier.path=.*nope.bin: no such file; give a fastText"):
+    with pytest.raises(ConfigError, match=r"classifier.path=.*nope.bin: no such file; give a fastText"):
         run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
     assert not (tmp_path / "out").exists()

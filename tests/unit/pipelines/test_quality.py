@@ -202,9 +202,9 @@ def test_c4_bad_words_drop_a_document_holding_a_listed_word_in_a_kept_line(tmp_p
     with pytest.raises(RuntimeError, match="before setup"):
         C4Step(cfg).apply(Doc("t/1", GOOD, "s"))
     (tmp_path / "empty.txt").write_text("\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="the list holds no word; give one word"):
+    with pytest.raises(ConfigError, match="the list holds no word; give one word"):
         bad_words_pattern(str(tmp_path / "empty.txt"))
-    with pytest.raises(FileNotFoundError, match=r"quality.c4.bad_words=.*none.txt: no such file; give a word list"):
+    with pytest.raises(ConfigError, match=r"quality.c4.bad_words=.*none.txt: no such file; give a word list"):
         bad_words_pattern(str(tmp_path / "none.txt"))
 
 
