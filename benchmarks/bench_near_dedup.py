@@ -28,6 +28,7 @@ def shingles(text: str, n: int) -> set[tuple[str, ...]]:
 
 
 def jaccard(a: set, b: set) -> float:
+    """Exact Jaccard similarity of two sets."""
     return len(a & b) / len(a | b)
 
 
@@ -66,6 +67,7 @@ def clusters(docs: dict[str, str]) -> dict[str, str]:
 
 
 def scores(truth: list[bool], predicted: list[bool]) -> dict:
+    """Pairs, true and predicted duplicates, precision and recall of ``predicted`` against ``truth``."""
     tp = sum(t and p for t, p in zip(truth, predicted))
     return {"pairs": len(truth), "true": sum(truth), "predicted": sum(predicted),
             "precision": tp / max(1, sum(predicted)), "recall": tp / max(1, sum(truth))}

@@ -63,7 +63,8 @@ def eval_texts(path: str):
     paragraph (blank-line separated) of a text file.
 
     Raises:
-        EvalSetError: the file has no known format (``.jsonl``, ``.parquet``, ``.txt``, compressed or not).
+        EvalSetError: the file has no known format (``.jsonl``, ``.parquet``, ``.txt``, compressed or
+            not), or a JSONL line is not JSON.
     """
     fmt = file_format(path, InputConfig())
     if fmt is None:
@@ -80,9 +81,14 @@ def eval_texts(path: str):
         if fmt == "text":
             yield from re.split(r"\n\s*\n", f.read())
             return
-        for line in f:
+        for number, line in enumerate(f, 1):
             if line.strip():
-                yield from _strings(json.loads(line))
+                try:
+                    record = json.loads(line)
+                except ValueError as e:
+                    raise EvalSetError(f"decontam evaluation file {path}, line {number}: not JSON ({e}); fix the line "
+                                       "or give the file as .txt") from None
+                yield from _strings(record)
 
 
 def eval_ngrams(pattern: str, n: int) -> np.ndarray:

@@ -118,6 +118,9 @@ def test_bad_eval_sets_are_refused_in_one_line(tmp_path):
     (tmp_path / "short.jsonl").write_text('{"q": "too short"}\n', encoding="utf-8")
     with pytest.raises(EvalSetError, match="no text has 13 words; lower decontam.ngram"):
         eval_ngrams(str(tmp_path / "short.jsonl"), 13)
+    (tmp_path / "torn.jsonl").write_text('{"q": "a"}\n{"q": \n', encoding="utf-8")
+    with pytest.raises(EvalSetError, match=r"torn.jsonl, line 2: not JSON"):
+        eval_ngrams(str(tmp_path / "torn.jsonl"), 13)
     cfg = load_config(PipelineConfig, None, ["decontam.eval_sets={'a b': x.jsonl}"])
     with pytest.raises(ConfigError, match=r"decontam.eval_sets=\{'a b': 'x.jsonl'\}: use a mapping of names"):
         cfg.validate()
