@@ -434,8 +434,8 @@ class PipelineConfig:
                 raise ConfigError(f"quality.repetition.{key}={table!r}: use a mapping of n-gram sizes (integers >= 1) "
                                   "to fractions in [0, 1], e.g. {2: 0.2, 3: 0.18}")
         sets = self.decontam.eval_sets
-        if not isinstance(sets, dict) or not all(
-                isinstance(k, str) and re.fullmatch(r"[\w.-]+", k) and isinstance(v, str) and v for k, v in sets.items()):
+        if not isinstance(sets, dict) or not all(isinstance(k, str) and re.fullmatch(r"[\w.-]+", k)
+                                                 and isinstance(v, str) and v for k, v in sets.items()):
             raise ConfigError(f"decontam.eval_sets={sets!r}: use a mapping of names (letters, digits, _ - .) to paths "
                               "or globs, e.g. {mmlu: evals/mmlu/*.jsonl}")
         if self.dedup.num_perm % self.dedup.bands:

@@ -61,7 +61,8 @@ class EventTally:
 
 def _empty() -> dict:
     return {"input_records": 0, "kept": 0, "filtered": {}, "duplicates": 0, "dead_letter": 0,
-            "dead_letter_reasons": {}, "redactions": {}, "lines_removed": {}, "quality_scores": {}, "decontaminated": {}, "tokens": 0, "text_bytes": 0,
+            "dead_letter_reasons": {}, "redactions": {}, "lines_removed": {}, "quality_scores": {},
+            "decontaminated": {}, "tokens": 0, "text_bytes": 0,
             "length_tokens": {}, "skipped_files": 0, "empty_files": 0, "skipped_links": 0}
 
 

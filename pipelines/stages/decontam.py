@@ -143,8 +143,9 @@ class DecontamStep(DocumentStep):
     """Drops (``action: drop``) a document sharing an n-gram with an evaluation set as
     ``decontam_<set>``, or (``action: cut``) cuts the words of every matching n-gram (and the
     punctuation right after them) and keeps the rest with a ``decontaminated:<set>`` event per set
-    matched (dropped as ``decontam_<set>`` when nothing is left). Lists every matched document (:func:`listing`). Keeps every document when
-    ``cfg.eval_sets`` is empty. The sets load in :meth:`setup`."""
+    matched (dropped as ``decontam_<set>`` when nothing is left). Lists every matched document
+    (:func:`listing`). Keeps every document when ``cfg.eval_sets`` is empty. The sets load in
+    :meth:`setup`."""
 
     def __init__(self, cfg: DecontamConfig):
         self.cfg = cfg

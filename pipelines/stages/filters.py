@@ -23,7 +23,8 @@ def build_steps(cfg: PipelineConfig) -> list[DocumentStep]:
     cleaning), :func:`~pipelines.stages.clean.clean_text`, length, language, the quality steps
     (:func:`~pipelines.stages.quality.quality_steps`: Gopher quality, Gopher repetition, C4, FineWeb),
     the fastText classifier (after the cheap rules, on the lines C4 kept), decontamination (on the
-    text as it will be trained on, before placeholders replace PII), PII redaction (a step whose section is disabled keeps every document). The one place the list is built."""
+    text as it will be trained on, before placeholders replace PII), PII redaction (a step whose
+    section is disabled keeps every document). The one place the list is built."""
     return [RawLengthStep(cfg.clean), CleanTextStep(cfg.clean), LengthStep(cfg.clean),
             LanguageStep(cfg.language), *quality_steps(cfg.quality),
             ClassifierStep(cfg.classifier), DecontamStep(cfg.decontam), RedactStep(cfg.pii)]
@@ -37,8 +38,8 @@ class FilterFn(beam.DoFn):
 
     Events (tag ``events``, per source): ``filtered:<reason>`` for a rejected document (once,
     by the first step that rejects it), and the event counts of the steps (``redacted:<kind>``)
-    for a kept one. The result's listing line, if any, goes to tag ``listed``. Each step's :meth:`~pipelines.stages.step.DocumentStep.setup` runs once per
-    DoFn instance.
+    for a kept one. The result's listing line, if any, goes to tag ``listed``. Each step's
+    :meth:`~pipelines.stages.step.DocumentStep.setup` runs once per DoFn instance.
     """
 
     def __init__(self, steps: Sequence[DocumentStep]):

@@ -62,7 +62,8 @@ def test_a_beam_run_filters_by_the_classifier_with_a_score_histogram(tmp_path, m
     rows = [{"id": f"p{i}", "text": prose(i), "source": "web"} for i in range(1000, 1012)]
     rows += [{"id": f"s{i}", "text": spam(i), "source": "web"} for i in range(1000, 1005)]
     (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
-    (tmp_path / "tok.model").write_bytes(train_sentencepiece(["alpha beta gamma"] * 50, TokenizerConfig(vocab_size=300)))
+    sample = ["alpha beta gamma"] * 50
+    (tmp_path / "tok.model").write_bytes(train_sentencepiece(sample, TokenizerConfig(vocab_size=300)))
     cfg = PipelineConfig()
     cfg.classifier.path = model_path
     cfg.tokenizer.path = str(tmp_path / "tok.model")

@@ -1,6 +1,7 @@
 """Benchmark decontamination (pipelines.stages.decontam): evaluation passages (JSONL, text and
-Parquet sets) planted in a corpus are each found, per evaluation set, and nothing else is removed, on a real Beam run, in both
-actions (drop the document, cut the spans); the listing names every matched document."""
+Parquet sets) planted in a corpus are each found, per evaluation set, and nothing else is removed,
+on a real Beam run, in both actions (drop the document, cut the spans); the listing names every
+matched document."""
 from __future__ import annotations
 
 import json
@@ -60,8 +61,9 @@ def corpus(tmp_path):
 
 def _run(tmp_path, action: str) -> tuple[dict, dict, list[dict]]:
     cfg = PipelineConfig()
-    cfg.decontam.eval_sets = {"qa": str(tmp_path / "evals" / "*.jsonl"), "stories": str(tmp_path / "evals" / "stories.txt"),
-                              "summaries": str(tmp_path / "evals" / "summaries.parquet")}
+    evals = tmp_path / "evals"
+    cfg.decontam.eval_sets = {"qa": str(evals / "*.jsonl"), "stories": str(evals / "stories.txt"),
+                              "summaries": str(evals / "summaries.parquet")}
     cfg.decontam.action = action
     cfg.tokenizer.path = str(tmp_path / "tok.model")
     cfg.shards.store_text = True
