@@ -1,6 +1,6 @@
 """The fastText quality classifier (pipelines.stages.classifier): a tiny model trained here on
 prose against spam, its scores on unseen documents, and a real Beam run that filters by it with
-the score histogram in stats.json and the report, the ledger exact."""
+the score histogram in stats.json and the report (text and picture), the ledger exact."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from colaflow.config import ConfigError
-from pipelines.accounting.report import report_text
+from pipelines.accounting.report import report_panels, report_png, report_text
 from pipelines.config import ClassifierConfig, PipelineConfig, TokenizerConfig
 from pipelines.job import run
 from pipelines.records import Doc
@@ -72,6 +72,8 @@ def test_a_beam_run_filters_by_the_classifier_with_a_score_histogram(tmp_path, m
     assert total["filtered"] == {"quality_classifier": 5} and total["kept"] == 12 and total["balanced"]
     assert sum(total["quality_scores"].values()) == 12 and set(total["quality_scores"]) == {"0.9"}
     assert "classifier score, kept documents:" in report_text(stats)
+    assert report_panels(stats) == ["lengths", "removed", "scores"]
+    assert report_png(stats).startswith(b"\x89PNG")
 
 
 def test_a_missing_model_is_refused_before_the_run(tmp_path):
