@@ -5,6 +5,7 @@ on the demo corpus. Override from the command line, e.g. ``tokenizer.vocab_size=
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from colaflow.config import ConfigError, check_fields, setting
@@ -160,7 +161,6 @@ class RepetitionConfig:
 class C4Config:
     """C4's rules (Raffel et al. 2020, "Exploring the Limits of Transfer Learning", section 2.2).
     Line rules drop the line and keep the rest of the document; document rules drop the document.
-    No bad-words rule: no maintained package ships C4's word list, and nothing is downloaded.
 
     Attributes:
         enabled: apply these rules (when ``quality.enabled``).
@@ -174,6 +174,9 @@ class C4Config:
         lorem_ipsum: drop documents holding "lorem ipsum" in a kept line (C4).
         curly_brace: drop documents holding ``{`` in a kept line (C4).
         min_sentences: drop documents with fewer sentences in their kept lines (C4: 5; 0 = off).
+        bad_words: a word list (one word or phrase per line, local path or fsspec URL; C4 used the
+            "List of Dirty, Naughty, Obscene and Otherwise Bad Words", ``en``): drop documents whose
+            kept lines hold one as a whole word, case ignored (C4). ``null`` = off (FineWeb leaves it out).
     """
 
     enabled: bool = True
@@ -185,6 +188,7 @@ class C4Config:
     lorem_ipsum: bool = True
     curly_brace: bool = True
     min_sentences: int = setting(5, ge=0)
+    bad_words: str | None = None
 
 
 @dataclass
@@ -230,6 +234,40 @@ class QualityConfig:
     repetition: RepetitionConfig = field(default_factory=RepetitionConfig)
     c4: C4Config = field(default_factory=C4Config)
     fineweb: FineWebConfig = field(default_factory=FineWebConfig)
+
+
+@dataclass
+class ClassifierConfig:
+    """A model-based quality filter: a fastText classifier (``pipelines.stages.classifier``), as DCLM
+    and FineWeb-Edu filter with one. Off unless ``path`` is given (``colaflow[curation]``).
+
+    Attributes:
+        path: the fastText ``.bin`` model (local path or fsspec URL); ``null`` = no classifier.
+        label: the label whose probability is the document's score (``__label__hq``).
+        threshold: documents scored below this are filtered as ``quality_classifier``.
+    """
+
+    path: str | None = None
+    label: str = "__label__hq"
+    threshold: float = setting(0.5, ge=0.0, le=1.0)
+
+
+@dataclass
+class DecontamConfig:
+    """Benchmark decontamination (``pipelines.stages.decontam``): n-gram overlap with evaluation sets,
+    as GPT-3 (Brown et al. 2020, appendix C). Off while ``eval_sets`` is empty.
+
+    Attributes:
+        eval_sets: ``{name: path or glob}`` of evaluation files (JSONL, Parquet or text, optionally
+            compressed; every string field of a record is evaluation text). The name appears in
+            reasons (``decontam_<name>``), so letters, digits, ``_``, ``-`` and ``.`` only.
+        ngram: words per n-gram (GPT-3: 13); words are lower-cased ``\\w+`` runs.
+        action: ``drop`` the matching documents, or ``cut`` the matching spans and keep the rest.
+    """
+
+    eval_sets: dict = field(default_factory=dict)
+    ngram: int = setting(13, ge=1)
+    action: str = setting("drop", choices=("drop", "cut"))
 
 
 @dataclass
@@ -373,6 +411,8 @@ class PipelineConfig:
     clean: CleanConfig = field(default_factory=CleanConfig)
     language: LanguageConfig = field(default_factory=LanguageConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    decontam: DecontamConfig = field(default_factory=DecontamConfig)
     pii: PIIConfig = field(default_factory=PIIConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -394,6 +434,11 @@ class PipelineConfig:
                     type(n) is int and n >= 1 and isinstance(f, (int, float)) and 0 <= f <= 1 for n, f in table.items()):
                 raise ConfigError(f"quality.repetition.{key}={table!r}: use a mapping of n-gram sizes (integers >= 1) "
                                   "to fractions in [0, 1], e.g. {2: 0.2, 3: 0.18}")
+        sets = self.decontam.eval_sets
+        if not isinstance(sets, dict) or not all(isinstance(k, str) and re.fullmatch(r"[\w.-]+", k)
+                                                 and isinstance(v, str) and v for k, v in sets.items()):
+            raise ConfigError(f"decontam.eval_sets={sets!r}: use a mapping of names (letters, digits, _ - .) to paths "
+                              "or globs, e.g. {mmlu: evals/mmlu/*.jsonl}")
         if self.dedup.num_perm % self.dedup.bands:
             raise ConfigError(f"dedup.num_perm={self.dedup.num_perm} is not a multiple of dedup.bands="
                               f"{self.dedup.bands}: LSH needs num_perm = bands * rows")

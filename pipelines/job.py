@@ -20,6 +20,7 @@ from pipelines.accounting.stats import EVENTS, NAMESPACE
 from pipelines.config import PipelineConfig
 from pipelines.io.output import (
     DEAD_LETTER_DIR,
+    DECONTAMINATED_DIR,
     DUPLICATES_DIR,
     WriteJsonl,
     abort_output,
@@ -31,8 +32,11 @@ from pipelines.io.listing import InputFile, InputListing, ListingError, list_inp
 from pipelines.io.read import DEAD, ParseFn, ReadRecords
 from pipelines.records import file_format
 from pipelines.runners.selection import beam_options, make_runner
+from pipelines.stages.classifier import check_model
 from pipelines.stages.exact_dedup import ExactDedup, UniqueIds, key_by_hash
-from pipelines.stages.filters import FilterFn, build_steps
+from pipelines.stages.decontam import load_eval_sets
+from pipelines.stages.filters import LISTED, FilterFn, build_steps
+from pipelines.stages.quality.c4 import bad_words_pattern
 from pipelines.stages.near_dedup import NearDedup
 from pipelines.stages.split import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from pipelines.stages.tokenize import NoRecordsError, TokenizeFn, build_model
@@ -70,7 +74,9 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
     read = p | "Read" >> ReadRecords(inputs, cfg.input, total_bytes)
     parsed = read.units | "Parse" >> beam.ParDo(ParseFn(cfg.input, inputs.root)).with_outputs(
         DEAD, EVENTS, main="docs")
-    kept = parsed.docs | "Steps" >> beam.ParDo(FilterFn(build_steps(cfg))).with_outputs(EVENTS, main="docs")
+    kept = parsed.docs | "Steps" >> beam.ParDo(FilterFn(build_steps(cfg))).with_outputs(EVENTS, LISTED, main="docs")
+    if cfg.decontam.eval_sets:  # the only step that lists
+        kept[LISTED] | "DecontaminatedWrite" >> WriteJsonl(f"{out}/{DECONTAMINATED_DIR}")
     summary = summarize([parsed[EVENTS], kept[EVENTS]], parsed[DEAD])  # read only to explain an empty sample
     events, duplicates = [read.events, parsed[EVENTS], kept[EVENTS]], []
     hashed = kept.docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
@@ -219,7 +225,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         input_glob: file pattern (local path or ``gs://``/``s3://``/``hdfs://``): JSONL, text or
             Parquet, optionally ``.gz``/``.bz2``/``.zst``; other files follow ``input.unknown_files``.
         output_dir: folder or fsspec URL receiving shards, ``manifest.json``, ``tokenizer.model``,
-            ``stats.json``, ``report.txt``/``report.png``, ``dead_letter/`` and ``duplicates/``.
+            ``stats.json``, ``report.txt``/``report.png``, ``dead_letter/``, ``duplicates/`` and
+            ``decontaminated/``.
         cfg: pipeline configuration (defaults when ``None``).
         beam_args: Beam pipeline options, e.g. ``["--direct_running_mode=multi_processing",
             "--direct_num_workers=2"]``; default runner is the DirectRunner.
@@ -234,6 +241,9 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         colaflow.config.ConfigError: a bad config value (:meth:`PipelineConfig.validate`), an unknown
             Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
         FileNotFoundError: no file matches ``input_glob``.
+        colaflow.config.ConfigError: also ``classifier.path`` or ``quality.c4.bad_words`` names no file
+            (or an empty list), or a ``decontam.eval_sets`` entry matches no file, has a file of unknown
+            format, or holds no n-gram (``pipelines.stages.decontam.EvalSetError``).
         InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
             empty (see :func:`match_input`), or no record was read from them (no Parquet rows, only
             blank lines or whitespace, or nothing once decompressed: :func:`no_records_error`).
@@ -255,6 +265,11 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     """
     cfg = cfg or PipelineConfig()
     cfg.validate()
+    check_model(cfg.classifier)  # given files are checked here, each error in one line
+    c4 = cfg.quality.c4
+    if cfg.quality.enabled and c4.enabled and c4.bad_words:
+        bad_words_pattern(c4.bad_words)
+    load_eval_sets(cfg.decontam)
     options = beam_options(beam_args or [])
     FileSystems.set_options(options)  # the driver's own listing of s3:// inputs needs e.g. --s3_endpoint_url
     selection = match_input(input_glob, cfg)

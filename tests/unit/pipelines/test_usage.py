@@ -57,9 +57,24 @@ def test_bad_config_values_are_refused_up_front(corpus, tmp_path, capsys, overri
     assert not out.exists()  # refused before the run touched the output
 
 
+@pytest.mark.parametrize("overrides, words", [
+    (["classifier.path=NOPE/q.bin"], ["classifier.path=", "q.bin: no such file", "give a fastText"]),
+    (["quality.enabled=true", "quality.c4.bad_words=NOPE/w.txt"], ["quality.c4.bad_words=", "give a word list"]),
+    (["decontam.eval_sets={mmlu: NOPE/*.jsonl}"], ["decontam evaluation set", "no file matches", "quoted glob"]),
+])
+def test_missing_curation_files_are_refused_up_front(corpus, tmp_path, capsys, overrides, words):
+    out = tmp_path / "out"
+    overrides = [o.replace("NOPE", str(tmp_path / "nope")) for o in overrides]
+    assert beam_runner.main(["--input", str(corpus), "--output", str(out), *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("error:")]
+    assert len(errors) == 1 and all(w in errors[0] for w in words) and "--input" not in errors[0], err
+    assert not out.exists()  # refused before the run touched the output
+
+
 def test_every_enum_knob_rejects_a_typo():
     choices = [key for key, check in declared_checks(PipelineConfig()).items() if check.choices]
-    assert len(choices) == 9
+    assert len(choices) == 10  # decontam.action among them
     for key in choices:
         section, name = key.split(".")
         cfg = PipelineConfig()
