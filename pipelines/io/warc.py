@@ -1,0 +1,210 @@
+"""Reading WARC files (ISO 28500) into raw units, one per record, parsed with FastWARC.
+
+A ``.warc.gz`` file is a series of gzip members, normally one record each (the standard's
+recommendation, and Common Crawl's layout). The members are decompressed here, one at a time,
+with ``zlib``, so that
+
+* a member that ends before its end (a truncated download) or holds corrupt data is found and
+  named by its byte offset in the file (FastWARC's own gzip reader stops silently there); after a
+  corrupt member reading goes on at the next member;
+* a large file is read in byte ranges by different workers (:func:`warc_ranges`). A member
+  belongs to the range its first byte lies in. A range that does not start the file begins at
+  the first member boundary at or after its start (:func:`next_member`: the gzip magic, whose
+  data decompresses to ``WARC/``), so every record is read exactly once, whatever the split count.
+
+An uncompressed ``.warc`` (and ``.warc.bz2``/``.warc.zst``) is one split, streamed by FastWARC.
+
+Each record becomes one unit: a response record a ``warc`` unit (a
+:class:`~pipelines.records.WarcResponse`), any other record (``warcinfo``, ``request``,
+``metadata``, ``revisit``, ...) a ``warc_other`` unit naming its type (no document, counted as
+``skipped_records``); a member or record over ``input.max_record_bytes`` a ``too_large`` unit; a
+broken member an ``unreadable`` unit naming the file's byte offset.
+"""
+from __future__ import annotations
+
+import io
+import zlib
+from typing import BinaryIO, Iterator, NamedTuple
+
+from fastwarc.warc import ArchiveIterator, WarcRecord, WarcRecordType
+
+from pipelines.config import InputConfig
+from pipelines.records import (RAW_EXCERPT_BYTES, TOO_LARGE, UNREADABLE, WARC, WARC_OTHER, RawUnit, WarcResponse)
+
+GZIP_MAGIC = b"\x1f\x8b\x08"  # ID1, ID2 and CM (deflate) of a gzip member header (RFC 1952)
+CHUNK_BYTES = 1 << 20
+_PROBE_BYTES = 64 << 10  # compressed bytes read to tell a member boundary from a stray magic
+
+
+class Member(NamedTuple):
+    """One gzip member of a ``.warc.gz`` file.
+
+    Attributes:
+        offset: byte offset of the member in the (compressed) file.
+        size: compressed bytes of the member (as far as it could be read).
+        data: its decompressed bytes; the first 200 when ``too_large``; ``b""`` after an error.
+        too_large: the member decompresses to more than ``input.max_record_bytes``.
+        error: why it could not be read (``""`` when it was).
+    """
+
+    offset: int
+    size: int
+    data: bytes
+    too_large: bool = False
+    error: str = ""
+
+
+def warc_ranges(path: str, size: int, split_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges ``[start, end)`` of one WARC file (``end`` -1: to the end of the file).
+
+    Args:
+        path: the file (``.warc.gz`` is split; any other WARC file is one range).
+        size: its size in bytes.
+        split_bytes: ``input.split_bytes``.
+    Returns:
+        ``split_bytes``-long ranges of a larger ``.warc.gz``, else ``[(0, -1)]``.
+    """
+    if not path.endswith(".gz") or size <= split_bytes:
+        return [(0, -1)]
+    return [(s, min(s + split_bytes, size)) for s in range(0, size, split_bytes)]
+
+
+def _is_member(raw: BinaryIO, pos: int) -> bool:
+    raw.seek(pos)
+    try:
+        return zlib.decompressobj(31).decompress(raw.read(_PROBE_BYTES), 8).startswith(b"WARC/")
+    except zlib.error:
+        return False
+
+
+def next_member(raw: BinaryIO, pos: int) -> int:
+    """Offset of the first gzip member at or after ``pos`` whose data starts a WARC record, or -1.
+
+    A stray ``1f 8b 08`` inside compressed data would also have to decompress to ``WARC/`` to be
+    taken for a boundary, which random deflate data does not do.
+    """
+    while True:
+        raw.seek(pos)
+        window = raw.read(CHUNK_BYTES + len(GZIP_MAGIC) - 1)
+        if len(window) < len(GZIP_MAGIC):
+            return -1
+        i = window.find(GZIP_MAGIC)
+        while i >= 0:
+            if _is_member(raw, pos + i):
+                return pos + i
+            i = window.find(GZIP_MAGIC, i + 1)
+        pos += CHUNK_BYTES
+
+
+def _inflate(raw: BinaryIO, offset: int, buf: bytes, limit: int) -> tuple[Member | None, bytes]:
+    """The member at ``offset`` (``buf``: bytes already read from there), and the bytes read past it.
+
+    Returns ``(None, b"")`` at the clean end of the file.
+    """
+    d = zlib.decompressobj(31)
+    parts: list[bytes] = []
+    used = size = 0
+    try:
+        while not d.eof:
+            if not buf:
+                buf = raw.read(CHUNK_BYTES)
+                if not buf:
+                    if used == 0:
+                        return None, b""
+                    parts.append(d.flush())
+                    if d.eof:
+                        break
+                    return Member(offset, used, b"", error=f"gzip member at byte {offset:,} ends after {used:,} "
+                                                          "bytes, before its end (truncated file)"), b""
+            out = d.decompress(buf, CHUNK_BYTES)
+            rest = d.unused_data if d.eof else d.unconsumed_tail
+            used, buf = used + len(buf) - len(rest), rest
+            size += len(out)
+            if size <= limit:
+                parts.append(out)
+            elif not parts or len(parts[0]) < RAW_EXCERPT_BYTES:
+                parts = [(b"".join(parts) + out)[:RAW_EXCERPT_BYTES]]
+    except zlib.error as e:
+        return Member(offset, used, b"", error=f"gzip member at byte {offset:,} is corrupt: {e}"), b""
+    data = b"".join(parts)
+    return Member(offset, used, data[:RAW_EXCERPT_BYTES] if size > limit else data, size > limit), buf
+
+
+def gzip_members(raw: BinaryIO, start: int, end: int, limit: int) -> Iterator[Member]:
+    """The gzip members of ``raw`` that begin in ``[start, end)`` (``end`` -1: to the end).
+
+    Args:
+        raw: the compressed file, seekable.
+        start / end: the byte range (see the module docstring for which members belong to it).
+        limit: ``input.max_record_bytes``; a larger member is ``too_large`` (decompressed in
+            1 MiB steps, never held).
+    Returns:
+        an iterator of :class:`Member`; after a corrupt or truncated member, reading goes on at the
+        next member boundary, if any.
+    """
+    pos = next_member(raw, start) if start > 0 else 0
+    if pos < 0:
+        return
+    raw.seek(pos)
+    buf = b""
+    while end < 0 or pos < end:
+        member, buf = _inflate(raw, pos, buf, limit)
+        if member is None:
+            return
+        yield member
+        if member.error:  # corrupt: go on at the next member (after a truncated one there is none)
+            pos = next_member(raw, pos + 1)
+            if pos < 0:
+                return
+            raw.seek(pos)
+            continue
+        pos += member.size
+
+
+def _record_unit(path: str, offset: int, size: int, record: WarcRecord) -> RawUnit:
+    if record.record_type != WarcRecordType.response:
+        return RawUnit(path, 0, offset, str(record.record_type).encode(), WARC_OTHER, size)
+    headers = record.headers
+    status = (record.http_headers.status_code or 0) if record.is_http else 0
+    response = WarcResponse(headers.get("WARC-Target-URI") or "", headers.get("WARC-Date") or "", status,
+                            (record.http_content_type or "").lower() if record.is_http else "",
+                            (record.http_charset or "") if record.is_http else "", record.reader.read())
+    return RawUnit(path, 0, offset, response, WARC, size)
+
+
+def _records(stream, path: str, offset: int, size: int) -> Iterator[RawUnit]:
+    for record in ArchiveIterator(stream, parse_http=True, auto_decode="all"):
+        yield _record_unit(path, offset, size, record)
+        size = 0  # a member's size is counted once, by its first record
+
+
+def warc_units(stream: BinaryIO, path: str, start: int, end: int, cfg: InputConfig) -> Iterator[RawUnit]:
+    """The :class:`~pipelines.records.RawUnit` s of one range of a WARC file (see the module docstring).
+
+    Args:
+        stream: a ``.warc.gz`` file as stored (seekable: read member by member), any other WARC file
+            decompressed by its extension.
+        path: the file's path or URL.
+        start / end: the range (:func:`warc_ranges`).
+        cfg: ``input`` settings (``max_record_bytes``).
+    Returns:
+        an iterator of units; a broken member is one ``unreadable`` unit naming its byte offset.
+    """
+    if not path.endswith(".gz"):
+        for record in ArchiveIterator(stream, parse_http=True, auto_decode="all"):
+            if record.content_length > cfg.max_record_bytes:
+                yield RawUnit(path, 0, record.stream_pos, b"", TOO_LARGE, record.content_length)
+            else:
+                yield _record_unit(path, record.stream_pos, record.content_length, record)
+        return
+    for member in gzip_members(stream, start, end, cfg.max_record_bytes):
+        if member.error:
+            yield RawUnit(path, 0, member.offset, member.error.encode(), UNREADABLE, 0)
+        elif member.too_large:
+            yield RawUnit(path, 0, member.offset, member.data, TOO_LARGE, member.size)
+        else:
+            units = list(_records(io.BytesIO(member.data), path, member.offset, member.size))
+            if not units:
+                yield RawUnit(path, 0, member.offset,
+                              f"gzip member at byte {member.offset:,} holds no WARC record".encode(), UNREADABLE, 0)
+            yield from units
