@@ -70,7 +70,7 @@ def _run(folder, out, split_bytes: int) -> dict:
     cfg = PipelineConfig()
     cfg.input.split_bytes = split_bytes
     cfg.tokenizer.vocab_size = 400
-    cfg.shards.layout, cfg.shards.store_text, cfg.shards.num_shards = "documents", True, 2
+    cfg.shards.store_text, cfg.shards.num_shards = True, 2  # the default layout: token blocks
     return run(f"{folder}/*.warc*", str(out), cfg, report=False)
 
 
