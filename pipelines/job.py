@@ -214,7 +214,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
 
     Args:
         input_glob: file pattern (local path or ``gs://``/``s3://``/``hdfs://``): JSONL, text or
-            Parquet, optionally ``.gz``/``.bz2``/``.zst``; other files follow ``input.unknown_files``.
+            Parquet or WARC, optionally ``.gz``/``.bz2``/``.zst``; other files follow ``input.unknown_files``.
         output_dir: folder or fsspec URL receiving shards, ``manifest.json``, ``tokenizer.model``,
             ``stats.json``, ``report.txt``/``report.png``, ``dead_letter/`` and ``duplicates/``.
         cfg: pipeline configuration (defaults when ``None``).
