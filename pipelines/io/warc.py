@@ -18,7 +18,9 @@ Each record becomes one unit: a response record a ``warc`` unit (a
 :class:`~pipelines.records.WarcResponse`), any other record (``warcinfo``, ``request``,
 ``metadata``, ``revisit``, ...) a ``warc_other`` unit naming its type (no document, counted as
 ``skipped_records``); a member or record over ``input.max_record_bytes`` a ``too_large`` unit; a
-broken member an ``unreadable`` unit naming the file's byte offset.
+broken member (truncated, corrupt, or holding no valid WARC record) an ``unreadable`` unit naming
+its byte offset in the file. An uncompressed file that breaks off ends its split with one
+``unreadable`` unit, as other inputs do; a record cut short at its very end is read as far as it goes.
 """
 from __future__ import annotations
 
@@ -203,8 +205,11 @@ def warc_units(stream: BinaryIO, path: str, start: int, end: int, cfg: InputConf
         elif member.too_large:
             yield RawUnit(path, 0, member.offset, member.data, TOO_LARGE, member.size)
         else:
-            units = list(_records(io.BytesIO(member.data), path, member.offset, member.size))
+            try:
+                units, why = list(_records(io.BytesIO(member.data), path, member.offset, member.size)), ""
+            except OSError as e:  # FastWARC: an invalid header, a payload whose encoding does not decode
+                units, why = [], f": {e}"
             if not units:
-                yield RawUnit(path, 0, member.offset,
-                              f"gzip member at byte {member.offset:,} holds no WARC record".encode(), UNREADABLE, 0)
+                yield RawUnit(path, 0, member.offset, f"gzip member at byte {member.offset:,} holds no valid WARC "
+                              f"record{why}".encode(), UNREADABLE, 0)
             yield from units

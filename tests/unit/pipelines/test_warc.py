@@ -4,14 +4,19 @@ the rest is counted by reason, broken gzip members are dead letters naming file 
 WARC files written with warcio."""
 from __future__ import annotations
 
+import gzip
 import json
 
+import numpy as np
 import pytest
 from warcio.archiveiterator import ArchiveIterator
 
-from pipelines.config import PipelineConfig
-from pipelines.io.pages import decode_html
+from pipelines.config import InputConfig, PipelineConfig, WarcConfig
+from pipelines.io.pages import HtmlExtractor, decode_html
+from pipelines.io.warc import warc_units
 from pipelines.job import run
+from pipelines.records import Doc, WebMeta
+from pipelines.stages.write_shards import encode_sample
 from shards import Manifest, iter_documents
 from tests.support.warc import PARAGRAPHS, Page, article, write_warc
 
@@ -151,3 +156,41 @@ def test_charsets_follow_header_then_meta_then_utf8_then_detection():
     assert decode_html(meta.encode("koi8-r")) == meta
     assert decode_html("<p>naïve</p>".encode("utf-8"), "no-such-charset") == "<p>naïve</p>"
     assert decode_html(b"\xff\xfe\x00<p>\x81\x8d</p>", "utf-8").startswith("\ufffd")  # never raises
+
+
+def _units(path, **cfg) -> list:
+    with open(path, "rb") as f:
+        return list(warc_units(f, str(path), 0, -1, InputConfig(**cfg)))
+
+
+def test_a_member_without_a_valid_record_is_one_dead_unit_and_reading_goes_on(tmp_path):
+    write_warc(tmp_path / "ok.warc.gz", _pages()[:2], requests=False)
+    garbage = gzip.compress(b"<html>a gzip member that holds no WARC record</html>")
+    (tmp_path / "mixed.warc.gz").write_bytes(garbage + (tmp_path / "ok.warc.gz").read_bytes())
+    units = _units(tmp_path / "mixed.warc.gz")
+    assert [u.fmt for u in units] == ["unreadable", "warc_other", "warc", "warc"]
+    assert units[0].raw.startswith(b"gzip member at byte 0 holds no valid WARC record: ") and units[1].offset == len(garbage)
+
+
+def test_a_file_gzipped_whole_is_one_member_of_many_records(tmp_path):
+    write_warc(tmp_path / "plain.warc", _pages()[:3], compress=False)
+    (tmp_path / "whole.warc.gz").write_bytes(gzip.compress((tmp_path / "plain.warc").read_bytes()))
+    units = _units(tmp_path / "whole.warc.gz")
+    assert [u.raw.url for u in units if u.fmt == "warc"] == [p.url for p in _pages()[:3]]
+    assert _units(tmp_path / "whole.warc.gz", max_record_bytes=1000)[0].fmt == "too_large"
+
+
+def test_extractor_options_from_the_config():
+    html = article("Tables", [PARAGRAPHS[0]]).replace("</article>", "<table><tr><td>cell text of a table</td></tr>"
+                                                                      "</table></article>")
+    assert "cell text of a table" in HtmlExtractor(WarcConfig()).text(html)
+    assert "cell text of a table" not in HtmlExtractor(WarcConfig(include_tables=False)).text(html)
+    text = HtmlExtractor(WarcConfig(extractor="trafilatura")).text(article("News", PARAGRAPHS), "https://a.example/")
+    assert PARAGRAPHS[0] in text and PARAGRAPHS[4] in text and "Copyright" not in text
+
+
+def test_the_documents_layout_keeps_url_date_and_language_in_the_sample_json():
+    doc = Doc("c.warc.gz/https://a.example/", "text", "c", WebMeta("https://a.example/", "2024-03-01T12:00:00Z", "en"))
+    meta = json.loads(encode_sample((doc, np.arange(3, dtype=np.uint16)), layout="documents").fields["json"])
+    assert meta == {"id": doc.id, "source": "c", "n_tokens": 3, "n_bytes": 4, "url": "https://a.example/",
+                    "date": "2024-03-01T12:00:00Z", "language": "en"}
