@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from warcio.archiveiterator import ArchiveIterator
 
+from pipelines.accounting.report import report_text
 from pipelines.config import InputConfig, PipelineConfig, WarcConfig
 from pipelines.io.pages import HtmlExtractor, decode_html
 from pipelines.io.warc import warc_units
@@ -117,6 +118,8 @@ def test_records_that_are_no_pages_are_counted_by_reason_and_the_ledger_is_exact
     assert crawl["skipped_records"] == {"request": 38, "warcinfo": 1}  # beside the ledger, not input records
     assert stats["total"]["skipped_records"] == {"request": 38, "warcinfo": 4}
     assert stats["sources"]["plain"]["input_records"] == 3 and stats["sources"]["plain"]["kept"] == 3
+    report = report_text(stats)
+    assert "http_404" in report and "WARC records that hold no document" in report and "request" in report
     assert stats["total"]["balanced"] and all(e["balanced"] for e in stats["sources"].values())
 
 
