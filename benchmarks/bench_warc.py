@@ -5,7 +5,8 @@ article pages of 3-12 paragraphs drawn from a word list, one 404 and one PNG in 
 
 * colaflow: ``pipelines.io.reading.read_split`` (gzip members, FastWARC) and
   ``pipelines.io.pages.WarcPages.parse`` (status and media type, charset, extraction, language id),
-  with ``input.warc.extractor`` resiliparse (the default) and trafilatura;
+  with ``input.warc.extractor`` resiliparse (the default; also with ``input.warc.language`` off)
+  and trafilatura;
 * datatrove 0.10.1: ``WarcReader.read_file`` (warcio, cchardet, python-magic) and its
   ``Trafilatura`` extractor (``favour_precision``, ``deduplicate``: its defaults), its ``extract``
   called in-process (datatrove otherwise runs it in a sandbox process, whose CPU time this
@@ -62,10 +63,11 @@ def generate(folder: str, pages: int, files: int, seed: int = 0) -> list[str]:
     return paths
 
 
-def run_colaflow(paths: list[str], extractor: str) -> tuple[float, int]:
-    """``(CPU seconds, documents)`` of colaflow's reading and extraction of ``paths``."""
+def run_colaflow(paths: list[str], extractor: str, language: bool = True) -> tuple[float, int]:
+    """``(CPU seconds, documents)`` of colaflow's reading and extraction of ``paths`` (``language``:
+    ``input.warc.language``)."""
     cfg = InputConfig()
-    cfg.warc.extractor = extractor
+    cfg.warc.extractor, cfg.warc.language = extractor, language
     pages = WarcPages(cfg)
     pages.language("warm up the language model")  # loaded once per worker; not per page
     start, docs = time.process_time(), 0
@@ -101,6 +103,7 @@ def main() -> None:
         mb = sum(os.path.getsize(p) for p in paths) / 1e6
         print(f"{args.pages} pages in {args.files} files, {mb:.1f} MB of .warc.gz")
         rows = [("colaflow + resiliparse", *run_colaflow(paths, "resiliparse")),
+                ("colaflow + resiliparse, no language id", *run_colaflow(paths, "resiliparse", False)),
                 ("colaflow + trafilatura", *run_colaflow(paths, "trafilatura"))]
         missing = [m for m in ("datatrove", "warcio", "cchardet", "magic") if importlib.util.find_spec(m) is None]
         if missing:
@@ -108,7 +111,7 @@ def main() -> None:
         else:
             rows.append(("datatrove WarcReader + Trafilatura", *run_datatrove(paths)))
         for name, cpu, docs in rows:
-            print(f"{name:<36} {cpu:7.2f} CPU-s  {mb / cpu:6.2f} MB/CPU-s  {docs} documents")
+            print(f"{name:<38} {cpu:7.2f} CPU-s  {mb / cpu:6.2f} MB/CPU-s  {docs} documents")
         if not missing:
             base = mb / rows[-1][1]
             for name, cpu, _ in rows[:-1]:

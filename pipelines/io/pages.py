@@ -115,10 +115,14 @@ class WarcPages:
 
     def __init__(self, cfg: InputConfig):
         self.extractor = HtmlExtractor(cfg.warc)
+        self.identify = cfg.warc.language
         self._language: LanguageFilter | None = None
 
     def language(self, text: str) -> str:
-        """ISO 639-1 code of ``text`` (py3langid, its first 2,000 characters)."""
+        """ISO 639-1 code of ``text`` (py3langid, its first 2,000 characters); "" when
+        ``input.warc.language`` is off."""
+        if not self.identify:
+            return ""
         if self._language is None:
             self._language = LanguageFilter(LanguageConfig(enabled=True))
         return self._language.classify(text)[0]

@@ -13,7 +13,7 @@ from warcio.archiveiterator import ArchiveIterator
 
 from pipelines.accounting.report import report_text
 from pipelines.config import InputConfig, PipelineConfig, WarcConfig
-from pipelines.io.pages import HtmlExtractor, decode_html
+from pipelines.io.pages import HtmlExtractor, WarcPages, decode_html
 from pipelines.io.warc import warc_units
 from pipelines.job import run
 from pipelines.records import Doc, WebMeta
@@ -190,6 +190,7 @@ def test_extractor_options_from_the_config():
     assert "cell text of a table" not in HtmlExtractor(WarcConfig(include_tables=False)).text(html)
     text = HtmlExtractor(WarcConfig(extractor="trafilatura")).text(article("News", PARAGRAPHS), "https://a.example/")
     assert PARAGRAPHS[0] in text and PARAGRAPHS[4] in text and "Copyright" not in text
+    assert WarcPages(InputConfig(warc=WarcConfig(language=False))).language(PARAGRAPHS[0]) == ""
 
 
 def test_the_documents_layout_keeps_url_date_and_language_in_the_sample_json():
