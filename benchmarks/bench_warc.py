@@ -1,4 +1,4 @@
-"""WARC reading and HTML extraction: MB of ``.warc.gz`` per CPU-second, colaflow vs datatrove.
+"""WARC reading and HTML extraction: MB of .warc.gz per CPU-second, colaflow vs datatrove.
 
 The same generated files (``tests/support/warc.py``: a crawl's mix of request records, HTML
 article pages of 3-12 paragraphs drawn from a word list, one 404 and one PNG in 50) are read by
