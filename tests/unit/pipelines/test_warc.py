@@ -15,7 +15,7 @@ from pipelines.accounting.report import report_text
 from pipelines.config import InputConfig, PipelineConfig, WarcConfig
 from pipelines.io.pages import HtmlExtractor, WarcPages, decode_html
 from pipelines.io.warc import warc_units
-from pipelines.job import run
+from pipelines.job import no_records_error, run
 from pipelines.records import Doc, WebMeta
 from pipelines.stages.write_shards import encode_sample
 from shards import Manifest, iter_documents
@@ -198,3 +198,11 @@ def test_the_documents_layout_keeps_url_date_and_language_in_the_sample_json():
     meta = json.loads(encode_sample((doc, np.arange(3, dtype=np.uint16)), layout="documents").fields["json"])
     assert meta == {"id": doc.id, "source": "c", "n_tokens": 3, "n_bytes": 4, "url": "https://a.example/",
                     "date": "2024-03-01T12:00:00Z", "language": "en"}
+
+
+def test_warc_files_without_a_response_record_are_said_to_hold_none():
+    one = str(no_records_error("in/*", ["in/a.warc.gz"], PipelineConfig()))
+    assert "(a.warc.gz): it holds no WARC response record, so" in one
+    mixed = str(no_records_error("in/*", ["in/a.warc.gz", "in/b.jsonl"], PipelineConfig()))
+    assert "they hold only blank lines or whitespace, or decompress to nothing (JSONL, text) or no WARC response " \
+           "record (WARC)" in mixed
