@@ -152,8 +152,8 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> InputSelection:
     if skipped and cfg.input.unknown_files == "error":
         have = "has" if len(skipped) == 1 else "have"
         raise InputError(f"{count(len(skipped), 'input file')} {have} no known format (.jsonl, .ndjson, .txt, .text, "
-                         f".parquet, optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
-                         "input.format=jsonl|text|parquet, or input.unknown_files=skip|text")
+                         f".parquet, .warc, optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or "
+                         "set input.format=jsonl|text|parquet|warc, or input.unknown_files=skip|text")
     skip = set(skipped)
     to_read = [m for m in listing.files if m.path not in skip]
     if not to_read:
