@@ -104,8 +104,15 @@ def _inflate(raw: BinaryIO, offset: int, buf: bytes, limit: int) -> tuple[Member
     Returns ``(None, b"")`` at the clean end of the file.
     """
     d = zlib.decompressobj(31)
-    parts: list[bytes] = []
+    parts: list[bytes] = []  # the data; only its first 200 bytes once it exceeds ``limit``
     used = size = 0
+
+    def keep(out: bytes) -> None:
+        nonlocal parts, size
+        if size <= limit:
+            parts = parts + [out] if size + len(out) <= limit else [(b"".join(parts) + out)[:RAW_EXCERPT_BYTES]]
+        size += len(out)
+
     try:
         while not d.eof:
             if not buf:
@@ -113,23 +120,17 @@ def _inflate(raw: BinaryIO, offset: int, buf: bytes, limit: int) -> tuple[Member
                 if not buf:
                     if used == 0:
                         return None, b""
-                    parts.append(d.flush())
+                    keep(d.flush())
                     if d.eof:
                         break
                     return Member(offset, used, b"", error=f"gzip member at byte {offset:,} ends after {used:,} "
                                                           "bytes, before its end (truncated file)"), b""
-            out = d.decompress(buf, CHUNK_BYTES)
+            keep(d.decompress(buf, CHUNK_BYTES))
             rest = d.unused_data if d.eof else d.unconsumed_tail
             used, buf = used + len(buf) - len(rest), rest
-            size += len(out)
-            if size <= limit:
-                parts.append(out)
-            elif not parts or len(parts[0]) < RAW_EXCERPT_BYTES:
-                parts = [(b"".join(parts) + out)[:RAW_EXCERPT_BYTES]]
     except zlib.error as e:
         return Member(offset, used, b"", error=f"gzip member at byte {offset:,} is corrupt: {e}"), b""
-    data = b"".join(parts)
-    return Member(offset, used, data[:RAW_EXCERPT_BYTES] if size > limit else data, size > limit), buf
+    return Member(offset, used, b"".join(parts), size > limit), buf
 
 
 def gzip_members(raw: BinaryIO, start: int, end: int, limit: int) -> Iterator[Member]:
