@@ -7,10 +7,11 @@ with ``zlib``, so that
 * a member that ends before its end (a truncated download) or holds corrupt data is found and
   named by its byte offset in the file (FastWARC's own gzip reader stops silently there); after a
   corrupt member reading goes on at the next member;
-* a large file is read in byte ranges by different workers (:func:`warc_ranges`). A member
-  belongs to the range its first byte lies in. A range that does not start the file begins at
-  the first member boundary at or after its start (:func:`next_member`: the gzip magic, whose
-  data decompresses to ``WARC/``), so every record is read exactly once, whatever the split count.
+* a large file is read in byte ranges by different workers (:func:`warc_ranges`). A range is read
+  from the first member boundary at or after its start (:func:`next_member`: the gzip magic, whose
+  data decompresses to ``WARC/``; the file's start for the first range) up to the first boundary
+  at or after its end, where the next range begins. So every member is read exactly once, whatever
+  the split count, also a member whose header is broken (no boundary, read by the range before).
 
 An uncompressed ``.warc`` (and ``.warc.bz2``/``.warc.zst``) is one split, streamed by FastWARC.
 
@@ -134,7 +135,8 @@ def _inflate(raw: BinaryIO, offset: int, buf: bytes, limit: int) -> tuple[Member
 
 
 def gzip_members(raw: BinaryIO, start: int, end: int, limit: int) -> Iterator[Member]:
-    """The gzip members of ``raw`` that begin in ``[start, end)`` (``end`` -1: to the end).
+    """The gzip members of ``raw`` from the first member boundary at or after ``start`` up to the first
+    at or after ``end`` (``end`` -1: to the end of the file).
 
     Args:
         raw: the compressed file, seekable.
@@ -146,11 +148,12 @@ def gzip_members(raw: BinaryIO, start: int, end: int, limit: int) -> Iterator[Me
         next member boundary, if any.
     """
     pos = next_member(raw, start) if start > 0 else 0
+    stop = next_member(raw, end) if end >= 0 else -1  # -1: to the end of the file
     if pos < 0:
         return
     raw.seek(pos)
     buf = b""
-    while end < 0 or pos < end:
+    while stop < 0 or pos < stop:
         member, buf = _inflate(raw, pos, buf, limit)
         if member is None:
             return

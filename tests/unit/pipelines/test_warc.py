@@ -14,7 +14,7 @@ from warcio.archiveiterator import ArchiveIterator
 from pipelines.accounting.report import report_text
 from pipelines.config import InputConfig, PipelineConfig, WarcConfig
 from pipelines.io.pages import HtmlExtractor, WarcPages, decode_html
-from pipelines.io.warc import warc_units
+from pipelines.io.warc import warc_ranges, warc_units
 from pipelines.job import no_records_error, run
 from pipelines.records import Doc, WebMeta
 from pipelines.stages.write_shards import encode_sample
@@ -206,3 +206,20 @@ def test_warc_files_without_a_response_record_are_said_to_hold_none():
     mixed = str(no_records_error("in/*", ["in/a.warc.gz", "in/b.jsonl"], PipelineConfig()))
     assert "they hold only blank lines or whitespace, or decompress to nothing (JSONL, text) or no WARC response " \
            "record (WARC)" in mixed
+
+
+def test_every_split_count_reads_every_member_once_broken_headers_included(tmp_path):
+    path = tmp_path / "broken.warc.gz"
+    write_warc(path, _pages()[:8])
+    data, offsets = bytearray(path.read_bytes()), _offsets(path)
+    data[offsets[5] + 10:offsets[5] + 30] = bytes(20)  # the deflate header of a member: no boundary there
+    data[offsets[9] + 60:offsets[9] + 90] = bytes(30)  # inside a member: corrupt, still a boundary
+    path.write_bytes(bytes(data[:-50]))  # and the last member truncated
+    whole = _units(path)
+    assert [u.fmt for u in whole].count("unreadable") == 3
+    cfg = InputConfig()
+    for split_bytes in range(150, len(data), 137):
+        with open(path, "rb") as f:
+            units = [u for start, end in warc_ranges(str(path), len(data) - 50, split_bytes)
+                     for u in warc_units(f, str(path), start, end, cfg)]
+        assert units == whole, split_bytes
