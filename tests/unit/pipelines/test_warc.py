@@ -19,6 +19,7 @@ from pipelines.job import no_records_error, run
 from pipelines.records import Doc, WebMeta
 from pipelines.stages.write_shards import encode_sample
 from shards import Manifest, iter_documents
+from tests.support.local_engines import child_env, start_dask
 from tests.support.warc import PARAGRAPHS, Page, article, write_warc
 
 RUSSIAN = ("Река текла мимо старых каменных стен города, где мельница стояла триста лет. "
@@ -223,3 +224,20 @@ def test_every_split_count_reads_every_member_once_broken_headers_included(tmp_p
             units = [u for start, end in warc_ranges(str(path), len(data) - 50, split_bytes)
                      for u in warc_units(f, str(path), start, end, cfg)]
         assert units == whole, split_bytes
+
+
+def test_a_dask_cluster_reading_byte_ranges_writes_the_same_shards(crawl, whole, tmp_path):
+    pytest.importorskip("distributed")
+    out, stats = whole
+    cfg = PipelineConfig()
+    cfg.input.split_bytes, cfg.tokenizer.vocab_size = 1500, 400
+    cfg.shards.store_text, cfg.shards.num_shards = True, 2
+    engine = start_dask(tmp_path / "logs", workers=2, env=child_env())
+    try:
+        dask_stats = run(f"{crawl[0]}/*.warc*", str(tmp_path / "out"), cfg,
+                         ["--runner=DaskRunner", f"--dask_client_address={engine.address}"], report=False)
+    finally:
+        engine.stop()
+    assert dask_stats["total"] == stats["total"] and dask_stats["sources"] == stats["sources"]
+    for info in Manifest.load(str(out)).shards:
+        assert (tmp_path / "out" / info.name).read_bytes() == (out / info.name).read_bytes()
