@@ -45,15 +45,16 @@ class Member(NamedTuple):
     Attributes:
         offset: byte offset of the member in the (compressed) file.
         size: compressed bytes of the member (as far as it could be read).
-        data: its decompressed bytes; the first 200 when ``too_large``; ``b""`` after an error.
-        too_large: the member decompresses to more than ``input.max_record_bytes``.
+        data: its decompressed bytes; the first 200 when there are more than ``input.max_record_bytes``;
+            ``b""`` after an error.
+        data_bytes: decompressed bytes of the member (as far as it could be read).
         error: why it could not be read (``""`` when it was).
     """
 
     offset: int
     size: int
     data: bytes
-    too_large: bool = False
+    data_bytes: int
     error: str = ""
 
 
@@ -124,14 +125,14 @@ def _inflate(raw: BinaryIO, offset: int, buf: bytes, limit: int) -> tuple[Member
                     keep(d.flush())
                     if d.eof:
                         break
-                    return Member(offset, used, b"", error=f"gzip member at byte {offset:,} ends after {used:,} "
-                                                          "bytes, before its end (truncated file)"), b""
+                    return Member(offset, used, b"", size, f"gzip member at byte {offset:,} ends after {used:,} "
+                                                           "bytes, before its end (truncated file)"), b""
             keep(d.decompress(buf, CHUNK_BYTES))
             rest = d.unused_data if d.eof else d.unconsumed_tail
             used, buf = used + len(buf) - len(rest), rest
     except zlib.error as e:
-        return Member(offset, used, b"", error=f"gzip member at byte {offset:,} is corrupt: {e}"), b""
-    return Member(offset, used, b"".join(parts), size > limit), buf
+        return Member(offset, used, b"", size, f"gzip member at byte {offset:,} is corrupt: {e}"), b""
+    return Member(offset, used, b"".join(parts), size), buf
 
 
 def gzip_members(raw: BinaryIO, start: int, end: int, limit: int) -> Iterator[Member]:
@@ -141,8 +142,8 @@ def gzip_members(raw: BinaryIO, start: int, end: int, limit: int) -> Iterator[Me
     Args:
         raw: the compressed file, seekable.
         start / end: the byte range (see the module docstring for which members belong to it).
-        limit: ``input.max_record_bytes``; a larger member is ``too_large`` (decompressed in
-            1 MiB steps, never held).
+        limit: ``input.max_record_bytes``; of a larger member only the first 200 bytes are kept (it
+            is decompressed in 1 MiB steps, never held).
     Returns:
         an iterator of :class:`Member`; after a corrupt or truncated member, reading goes on at the
         next member boundary, if any.
@@ -206,8 +207,8 @@ def warc_units(stream: BinaryIO, path: str, start: int, end: int, cfg: InputConf
     for member in gzip_members(stream, start, end, cfg.max_record_bytes):
         if member.error:
             yield RawUnit(path, 0, member.offset, member.error.encode(), UNREADABLE, 0)
-        elif member.too_large:
-            yield RawUnit(path, 0, member.offset, member.data, TOO_LARGE, member.size)
+        elif member.data_bytes > cfg.max_record_bytes:  # the unit's size: the record's, decompressed
+            yield RawUnit(path, 0, member.offset, member.data, TOO_LARGE, member.data_bytes)
         else:
             try:
                 units, why = list(_records(io.BytesIO(member.data), path, member.offset, member.size)), ""

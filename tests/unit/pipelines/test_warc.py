@@ -181,7 +181,9 @@ def test_a_file_gzipped_whole_is_one_member_of_many_records(tmp_path):
     (tmp_path / "whole.warc.gz").write_bytes(gzip.compress((tmp_path / "plain.warc").read_bytes()))
     units = _units(tmp_path / "whole.warc.gz")
     assert [u.raw.url for u in units if u.fmt == "warc"] == [p.url for p in _pages()[:3]]
-    assert _units(tmp_path / "whole.warc.gz", max_record_bytes=1000)[0].fmt == "too_large"
+    (large,) = _units(tmp_path / "whole.warc.gz", max_record_bytes=1000)
+    assert large.fmt == "too_large" and large.size == (tmp_path / "plain.warc").stat().st_size
+    assert large.raw == (tmp_path / "plain.warc").read_bytes()[:200]
 
 
 def test_extractor_options_from_the_config():
