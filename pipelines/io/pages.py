@@ -4,8 +4,9 @@ language identified.
 
 A response record that is no page is filtered by reason (:func:`page_reason`): ``http_<status>``
 (any status but 200), ``not_http`` (no HTTP status line), ``not_html`` (another media type), and
-after extraction ``no_text`` (nothing left). The HTML is decoded by the charset of the HTTP
-``Content-Type`` header, else of a ``<meta charset>`` or ``<meta http-equiv>`` tag, else as UTF-8,
+after extraction ``no_text`` (nothing left). The HTML is decoded by its byte-order mark, else by
+the charset of the HTTP ``Content-Type`` header, else of a ``<meta charset>`` or ``<meta
+http-equiv>`` tag (UTF-16 there read as UTF-8, as browsers do), else as UTF-8,
 else as what ``uchardet`` (resiliparse) detects, labels mapped as browsers map them (WHATWG:
 ``iso-8859-1`` is windows-1252); undecodable bytes become U+FFFD, so decoding never fails.
 """
@@ -43,17 +44,21 @@ def page_reason(response: WarcResponse) -> str | None:
 
 
 def _codec(label: str | bytes | None) -> str | None:
-    """Python's codec for a charset label as browsers read it, or ``None`` for an unknown label."""
+    """Python's codec for a charset label as browsers read it (WHATWG), or ``None`` for an unknown label."""
     if not label:
         return None
     from resiliparse.parse.encoding import map_encoding_to_html5
 
     name = label.decode("ascii", "replace") if isinstance(label, bytes) else label
-    try:
-        info = codecs.lookup(map_encoding_to_html5(name.strip().lower(), fallback_utf8=False) or "")
-    except (LookupError, ValueError, TypeError):
-        return None
-    return info.name if getattr(info, "_is_text_encoding", True) else None
+    return map_encoding_to_html5(name.strip().lower(), fallback_utf8=False)
+
+
+def _bom(body: bytes) -> str | None:
+    """The codec a byte-order mark at the start of ``body`` names (it overrides any declaration)."""
+    for bom, codec in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
+        if body.startswith(bom):
+            return codec
+    return None
 
 
 def decode_html(body: bytes, charset: str = "") -> str:
@@ -66,7 +71,10 @@ def decode_html(body: bytes, charset: str = "") -> str:
         the text; never raises (bytes no charset decodes become U+FFFD).
     """
     meta = _META_CHARSET.search(body, 0, 4096)
-    declared = [c for c in (_codec(charset), _codec(meta.group(1) if meta else None)) if c]
+    in_meta = _codec(meta.group(1) if meta else None)
+    if in_meta and in_meta.startswith("utf-16"):  # a tag readable as ASCII is not UTF-16 (WHATWG: UTF-8)
+        in_meta = "utf-8"
+    declared = [c for c in (_bom(body), _codec(charset), in_meta) if c]
     for codec in dict.fromkeys([*declared, "utf-8"]):
         try:
             return body.decode(codec)

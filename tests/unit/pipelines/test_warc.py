@@ -4,6 +4,7 @@ the rest is counted by reason, broken gzip members are dead letters naming file 
 WARC files written with warcio."""
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 
@@ -159,7 +160,10 @@ def test_charsets_follow_header_then_meta_then_utf8_then_detection():
     meta = '<meta http-equiv="Content-Type" content="text/html; charset=koi8-r"><p>Город</p>'
     assert decode_html(meta.encode("koi8-r")) == meta
     assert decode_html("<p>naïve</p>".encode("utf-8"), "no-such-charset") == "<p>naïve</p>"
-    assert decode_html(b"\xff\xfe\x00<p>\x81\x8d</p>", "utf-8").startswith("\ufffd")  # never raises
+    assert decode_html(b"\xc3\x28<p>\x81\x8d</p>", "utf-8").startswith("\ufffd(")  # never raises
+    assert decode_html(codecs.BOM_UTF16_LE + "<p>Grüße</p>".encode("utf-16-le"), "iso-8859-1") == "<p>Grüße</p>"
+    utf8 = '<meta charset="utf-16"><p>Grüße</p>'
+    assert decode_html(utf8.encode("utf-8")) == utf8  # a meta tag readable as ASCII is not UTF-16
 
 
 def _units(path, **cfg) -> list:
