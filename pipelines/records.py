@@ -205,9 +205,9 @@ def file_format(path: str, cfg: InputConfig) -> str | None:
     for a file to skip.
 
     ``auto`` looks at the extension under any ``.gz``/``.bz2``/``.zst``: ``.jsonl``/``.ndjson``
-    → jsonl, ``.txt``/``.text`` → text, ``.parquet``, ``.warc`` (:data:`FORMATS`). Any other file (``README.md``, ``.csv``,
-    ``.json``: usually one JSON document, not JSON Lines) follows ``cfg.unknown_files``: ``skip``
-    → ``None``, ``text`` → read as text, ``error`` → ``None`` too (the driver refuses such a
+    → jsonl, ``.txt``/``.text`` → text, ``.parquet``, ``.warc`` (:data:`FORMATS`). Any other file
+    (``README.md``, ``.csv``, ``.json``: usually one JSON document, not JSON Lines) follows
+    ``cfg.unknown_files``: ``skip`` → ``None``, ``text`` → read as text, ``error`` → ``None`` too (the driver refuses such a
     run before it starts, see :func:`pipelines.job.run`).
     """
     if cfg.format != "auto":

@@ -55,10 +55,8 @@ def _codec(label: str | bytes | None) -> str | None:
 
 def _bom(body: bytes) -> str | None:
     """The codec a byte-order mark at the start of ``body`` names (it overrides any declaration)."""
-    for bom, codec in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
-        if body.startswith(bom):
-            return codec
-    return None
+    boms = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+    return next((codec for bom, codec in boms if body.startswith(bom)), None)
 
 
 def decode_html(body: bytes, charset: str = "") -> str:

@@ -177,7 +177,8 @@ def test_a_member_without_a_valid_record_is_one_dead_unit_and_reading_goes_on(tm
     (tmp_path / "mixed.warc.gz").write_bytes(garbage + (tmp_path / "ok.warc.gz").read_bytes())
     units = _units(tmp_path / "mixed.warc.gz")
     assert [u.fmt for u in units] == ["unreadable", "warc_other", "warc", "warc"]
-    assert units[0].raw.startswith(b"gzip member at byte 0 holds no valid WARC record: ") and units[1].offset == len(garbage)
+    assert units[0].raw.startswith(b"gzip member at byte 0 holds no valid WARC record: ")
+    assert units[1].offset == len(garbage)
 
 
 def test_a_file_gzipped_whole_is_one_member_of_many_records(tmp_path):
