@@ -63,7 +63,8 @@ def split_args(argv: list[str], prog: str | None = None) -> tuple[argparse.Names
         SystemExit: (code 2, argparse's usage error) a required flag is missing, or a bare word
             that is neither ``key=value`` nor a ``--flag`` remains (an unquoted glob's extra files).
     """
-    ap = argparse.ArgumentParser(prog=prog, description="Preprocess JSONL/text/Parquet into tokenised WebDataset shards.",
+    ap = argparse.ArgumentParser(prog=prog,
+                                 description="Preprocess JSONL/text/Parquet/WARC into tokenised WebDataset shards.",
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", required=True, help="input file glob (local, gs://, s3://, hdfs://)")
     ap.add_argument("--output", required=True, help="output folder or fsspec URL")

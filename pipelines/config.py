@@ -17,14 +17,37 @@ from shards.tokenizers import KINDS as TOKENIZER_KINDS
 TRAINED_KINDS = ("auto", "sentencepiece", "hf")
 
 @dataclass
+class WarcConfig:
+    """WARC input (``.warc``, ``.warc.gz``): how a response record's HTML becomes a document's text.
+
+    Attributes:
+        extractor: ``resiliparse`` (``resiliparse.extract.html2text.extract_plain_text``, fast) or
+            ``trafilatura`` (``trafilatura.extract``: slower, main text only, boilerplate removed).
+        main_content: resiliparse: keep only the main content (menus, footers, sidebars dropped).
+        include_tables: keep the text of tables (both extractors).
+        include_comments: trafilatura: keep the comment section of a page.
+        favor: trafilatura: ``balanced``, ``precision`` (less text, less noise) or ``recall``.
+        language: identify each page's language (py3langid, its first 2,000 characters) for the
+            document's metadata; about three quarters of the reading time (BENCHMARKS.md). Off: "".
+    """
+
+    extractor: str = setting("resiliparse", choices=("resiliparse", "trafilatura"))
+    main_content: bool = True
+    include_tables: bool = True
+    include_comments: bool = False
+    favor: str = setting("balanced", choices=("balanced", "precision", "recall"))
+    language: bool = True
+
+
+@dataclass
 class InputConfig:
     """How input files are read.
 
     Attributes:
         format: ``auto`` (by extension: ``.jsonl``/``.ndjson`` → jsonl, ``.txt``/``.text`` → text,
-            ``.parquet`` → parquet, anything else → ``unknown_files``), ``jsonl``, ``text`` or
-            ``parquet`` (every matched file read so). ``.gz``/``.bz2``/``.zst`` files are
-            decompressed by extension.
+            ``.parquet`` → parquet, ``.warc`` → warc, anything else → ``unknown_files``), ``jsonl``,
+            ``text``, ``parquet`` or ``warc`` (every matched file read so). ``.gz``/``.bz2``/``.zst``
+            files are decompressed by extension.
         unknown_files: what ``format: auto`` does with any other file (``README.md``, ``.csv``,
             ``.json``): ``skip`` (default: counted as ``skipped_files`` in ``stats.json`` and named
             in a warning), ``error`` (refuse the run before it starts) or ``text`` (read as text).
@@ -35,16 +58,17 @@ class InputConfig:
             row, 1-based), or ``sub/a.jsonl#@{byte offset:012d}`` for records of a split that does
             not start the file (line unknown there). See :func:`pipelines.records.qualify_id`.
         source_field: JSON field / Parquet column naming the source; missing → the file stem.
-        split_bytes: uncompressed JSONL files are read in byte ranges of this size (and Parquet in
-            row groups up to this size) by different workers; compressed and text files in one piece,
-            streamed.
+        split_bytes: uncompressed JSONL and ``.warc.gz`` files are read in byte ranges of this size (and
+            Parquet in row groups up to this size) by different workers; other compressed files and text
+            files in one piece, streamed.
         max_record_bytes: a line or paragraph longer than this (bytes) is skipped while reading,
             in 1 MiB steps (never held whole), and dead-lettered as ``too_large``.
         separator: text format only: a line equal to this ends a unit (e.g. ``%`` for fortune
             files); empty = units are paragraphs ended by blank lines.
+        warc: WARC input's HTML extraction (:class:`WarcConfig`).
     """
 
-    format: str = setting("auto", choices=("auto", "jsonl", "text", "parquet"))
+    format: str = setting("auto", choices=("auto", "jsonl", "text", "parquet", "warc"))
     unknown_files: str = setting("skip", choices=("skip", "error", "text"))
     text_field: str = "text"
     id_field: str = "id"
@@ -52,6 +76,7 @@ class InputConfig:
     split_bytes: int = setting(16_000_000, ge=1)
     max_record_bytes: int = setting(16_000_000, ge=1)
     separator: str = ""
+    warc: WarcConfig = field(default_factory=WarcConfig)
 
 
 @dataclass

@@ -160,8 +160,8 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> InputSelection:
     if skipped and cfg.input.unknown_files == "error":
         have = "has" if len(skipped) == 1 else "have"
         raise InputError(f"{count(len(skipped), 'input file')} {have} no known format (.jsonl, .ndjson, .txt, .text, "
-                         f".parquet, optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
-                         "input.format=jsonl|text|parquet, or input.unknown_files=skip|text")
+                         f".parquet, .warc, optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or "
+                         "set input.format=jsonl|text|parquet|warc, or input.unknown_files=skip|text")
     skip = set(skipped)
     to_read = [m for m in listing.files if m.path not in skip]
     if not to_read:
@@ -184,18 +184,21 @@ def _names(paths: list[str], limit: int = 5) -> str:
 def no_records_error(input_glob: str, paths: list[str], cfg: PipelineConfig) -> InputError:
     """The error for input files that hold no record, worded as :func:`match_input`'s empty-file
     error, naming the files and saying what each format holds: a Parquet file no rows, a JSONL or
-    text file only blank lines or whitespace, or nothing once decompressed (formats from
+    text file only blank lines or whitespace, or nothing once decompressed, a WARC file no response
+    record (formats from
     :func:`pipelines.records.file_format` under ``cfg.input``)."""
     one = len(paths) == 1
     which = "its one input file" if one else f"the {len(paths)} input files it matches"
     formats = {file_format(path, cfg.input) for path in paths}
-    lines = (f"only blank lines or whitespace, or {'decompresses' if one else 'decompress'} to nothing"
-             if formats - {"parquet"} else "")
-    rows = "no rows" if "parquet" in formats else ""
-    if rows and lines:
-        what = f"they hold {rows} (Parquet) or {lines} (JSONL, text)"
+    held = [(text, kind) for text, kind, present in (
+        ("no rows", "Parquet", "parquet" in formats),
+        (f"only blank lines or whitespace, or {'decompresses' if one else 'decompress'} to nothing", "JSONL, text",
+         bool(formats - {"parquet", "warc"})),
+        ("no WARC response record", "WARC", "warc" in formats)) if present]
+    if len(held) > 1:
+        what = "they hold " + " or ".join(f"{text} ({kind})" for text, kind in held)
     else:
-        what = f"{'it holds' if one else 'they hold'} {rows or lines}"
+        what = f"{'it holds' if one else 'they hold'} {held[0][0]}"
     return InputError(f"--input {input_glob!r}: no record was read from {which} ({_names(paths)}): {what}, so there "
                       "is nothing to preprocess; check those files and input.format, and point --input at the corpus "
                       "files")
@@ -223,7 +226,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
 
     Args:
         input_glob: file pattern (local path or ``gs://``/``s3://``/``hdfs://``): JSONL, text or
-            Parquet, optionally ``.gz``/``.bz2``/``.zst``; other files follow ``input.unknown_files``.
+            Parquet or WARC, optionally ``.gz``/``.bz2``/``.zst``; other files follow ``input.unknown_files``.
         output_dir: folder or fsspec URL receiving shards, ``manifest.json``, ``tokenizer.model``,
             ``stats.json``, ``report.txt``/``report.png``, ``dead_letter/``, ``duplicates/`` and
             ``decontaminated/``.

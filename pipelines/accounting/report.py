@@ -78,6 +78,9 @@ def report_text(stats: dict) -> str:
         lines += ["", f"skipped links    {t['skipped_links']:>12,}  (input links whose target does not exist)"]
     if t.get("empty_files"):
         lines += ["", f"empty files      {t['empty_files']:>12,}  (0 bytes: nothing to read)"]
+    if t.get("skipped_records"):
+        lines += ["", "WARC records that hold no document (not input records):"]
+        lines += [f"  {kind:<24} {c:>10,}" for kind, c in sorted(t["skipped_records"].items(), key=lambda kv: -kv[1])]
     if t["dead_letter_reasons"]:
         lines += ["", "dead-letter reasons:"]
         lines += [f"  {r:<24} {c:>10,}" for r, c in sorted(t["dead_letter_reasons"].items(), key=lambda kv: -kv[1])]

@@ -3,6 +3,7 @@ Beam traceback (a too-small vocabulary, a misspelled enum value, an out-of-range
 misspelled Beam option)."""
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -74,11 +75,11 @@ def test_missing_curation_files_are_refused_up_front(corpus, tmp_path, capsys, o
 
 def test_every_enum_knob_rejects_a_typo():
     choices = [key for key, check in declared_checks(PipelineConfig()).items() if check.choices]
-    assert len(choices) == 10  # decontam.action among them
+    assert len(choices) == 12  # decontam.action and input.warc's among them
     for key in choices:
-        section, name = key.split(".")
+        *sections, name = key.split(".")
         cfg = PipelineConfig()
-        setattr(getattr(cfg, section), name, "typo")
+        setattr(functools.reduce(getattr, sections, cfg), name, "typo")
         with pytest.raises(ConfigError, match=f"{key}='typo': use one of"):
             cfg.validate()
     PipelineConfig().validate()  # the defaults pass
