@@ -89,28 +89,35 @@ class RawUnit(NamedTuple):
     size: int
 
 
-class WebMeta(NamedTuple):
-    """Where a web document came from (a WARC response record); written into its sample's metadata.
+class DocMeta(NamedTuple):
+    """What a document carries besides its text, written into its sample's metadata (fields left
+    ``None`` are not written).
 
     Attributes:
-        url: the page's URL (``WARC-Target-URI``).
-        date: the crawl date (``WARC-Date``, ISO 8601).
+        url: a web page's URL (``WARC-Target-URI``).
+        date: its crawl date (``WARC-Date``, ISO 8601).
         language: ISO 639-1 code of the extracted text (py3langid).
+        quality_score: the quality classifier's probability of ``classifier.label``, in [0, 1].
     """
 
-    url: str
-    date: str
-    language: str
+    url: str | None = None
+    date: str | None = None
+    language: str | None = None
+    quality_score: float | None = None
+
+    def fields(self) -> dict:
+        """The fields that are set, as a JSON-able dict."""
+        return {k: v for k, v in self._asdict().items() if v is not None}
 
 
 class Doc(NamedTuple):
     """A parsed document. ``text`` is a Python ``str``; ``source`` names the corpus it came from;
-    ``meta`` says where a web document came from (``None`` for other inputs)."""
+    ``meta`` holds what a step learnt of it (a web page's origin, a quality score; ``None``: nothing)."""
 
     id: str
     text: str
     source: str
-    meta: WebMeta | None = None
+    meta: DocMeta | None = None
 
 
 class Filtered(NamedTuple):

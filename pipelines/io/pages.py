@@ -16,7 +16,7 @@ import codecs
 import re
 
 from pipelines.config import InputConfig, LanguageConfig, WarcConfig
-from pipelines.records import (RAW_EXCERPT_BYTES, DeadLetter, Doc, Filtered, RawUnit, WarcResponse, WebMeta,
+from pipelines.records import (RAW_EXCERPT_BYTES, DeadLetter, Doc, Filtered, RawUnit, WarcResponse, DocMeta,
                                file_stem, qualify_id)
 from pipelines.stages.language import LanguageFilter
 
@@ -111,7 +111,7 @@ class HtmlExtractor:
 
 
 class WarcPages:
-    """``warc`` units → :class:`~pipelines.records.Doc` (text, :class:`~pipelines.records.WebMeta`),
+    """``warc`` units → :class:`~pipelines.records.Doc` (text, :class:`~pipelines.records.DocMeta`),
     :class:`~pipelines.records.Filtered` (:func:`page_reason`, ``no_text``) or a
     :class:`~pipelines.records.DeadLetter` (``extract_failed``). The language model loads on first use.
 
@@ -155,4 +155,4 @@ class WarcPages:
         if not text.strip():
             return Filtered(stem, "no_text")
         doc_id = qualify_id(name, response.url) if response.url else qualify_id(name, None, f"@{unit.offset:012d}")
-        return Doc(doc_id, text, stem, WebMeta(response.url, response.date, self.language(text)))
+        return Doc(doc_id, text, stem, DocMeta(response.url, response.date, self.language(text)))

@@ -1,8 +1,8 @@
 """A model-based quality filter: a fastText classifier given by path (Joulin et al. 2017, "Bag of
 Tricks for Efficient Text Classification"), as DCLM (Li et al. 2024) and FineWeb-Edu filter with
 one. The document's probability of ``classifier.label`` is its score; a score below
-``classifier.threshold`` rejects it as ``quality_classifier``, a kept one counts in the score
-histogram (``quality_score:<bin>`` events, ``stats.json``'s ``quality_scores``). Needs
+``classifier.threshold`` rejects it as ``quality_classifier``; a kept one keeps its score in its
+metadata (``quality_score``, written into its sample) and counts in the score histogram (``quality_score:<bin>`` events, ``stats.json``'s ``quality_scores``). Needs
 ``pip install 'colaflow[curation]'``.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import fsspec
 
 from colaflow.config import ConfigError
 from pipelines.config import ClassifierConfig
-from pipelines.records import Doc
+from pipelines.records import Doc, DocMeta
 from pipelines.stages.step import DocumentStep, StepResult
 
 SCORE_BINS = 10  # histogram bins of width 0.1 over [0, 1]
@@ -38,8 +38,8 @@ def check_model(cfg: ClassifierConfig) -> None:
 
 class ClassifierStep(DocumentStep):
     """Rejects a document whose fastText score (the probability of ``cfg.label``) is below
-    ``cfg.threshold`` as ``quality_classifier``; keeps one scored at or above it with a
-    ``quality_score:<bin>`` event. Keeps every document unchanged when ``cfg.path`` is not set.
+    ``cfg.threshold`` as ``quality_classifier``; keeps one scored at or above it with its score in
+    its metadata and a ``quality_score:<bin>`` event. Keeps every document unchanged when ``cfg.path`` is not set.
     The model loads in :meth:`setup` (a local copy of a remote path)."""
 
     def __init__(self, cfg: ClassifierConfig):
@@ -75,11 +75,13 @@ class ClassifierStep(DocumentStep):
         return min(next((p for p, label in probs if label == self.cfg.label), 0.0), 1.0)
 
     def apply(self, doc: Doc) -> StepResult:
-        """Reject below the threshold, else keep unchanged with the score's histogram event."""
+        """Reject below the threshold, else keep it with its score (rounded to 4 places) in its
+        metadata and the score's histogram event."""
         if not self.cfg.path:
             return StepResult.keep(doc)
         score = self.score(doc.text)
         if score < self.cfg.threshold:
             return StepResult.reject(REASON)
-        return StepResult.keep(doc, {f"quality_score:{score_bin(score)}": 1})
+        meta = (doc.meta or DocMeta())._replace(quality_score=round(score, 4))
+        return StepResult.keep(doc._replace(meta=meta), {f"quality_score:{score_bin(score)}": 1})
 

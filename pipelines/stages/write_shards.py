@@ -38,14 +38,14 @@ def encode_sample(item: tuple[Doc, np.ndarray], store_text: bool = False, layout
     """``(doc, tokens)`` → its :class:`shards.format.layouts.EncodedDocument` for ``layout``.
 
     The key is :func:`shards.escape_key` of the id (a hashed key for over-long ids; the id is in
-    the metadata ``{"id", "source", "n_tokens", "n_bytes"}`` either way, plus ``url``, ``date`` and
-    ``language`` of a web document); ``store_text`` keeps the text.
+    the metadata ``{"id", "source", "n_tokens", "n_bytes"}`` either way, plus the set fields of
+    :class:`~pipelines.records.DocMeta`: ``url``, ``date``, ``language``, ``quality_score``); ``store_text`` keeps the text.
     """
     doc, tokens = item
     text_bytes = len(doc.text.encode("utf-8"))
     meta = {"id": doc.id, "source": doc.source, "n_tokens": int(tokens.size), "n_bytes": text_bytes}
-    if doc.meta is not None:  # a web document's url, date and language
-        meta.update(doc.meta._asdict())
+    if doc.meta is not None:  # a web document's url, date and language; a quality score
+        meta.update(doc.meta.fields())
     fields = get_layout(layout).encode(meta, tokens, doc.text if store_text else None)
     return EncodedDocument(escape_key(doc.id), fields, int(tokens.size), doc.source, text_bytes)
 

@@ -14,6 +14,7 @@ from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.classifier import ClassifierStep, score_bin
 from pipelines.stages.tokenize import train_sentencepiece
+from shards import Manifest, iter_documents
 
 fasttext = pytest.importorskip("fasttext")
 
@@ -52,6 +53,7 @@ def test_unseen_prose_scores_high_and_spam_low(model_path):
     assert all(step.score(spam(i)) < 0.1 for i in range(1000, 1010))
     kept = step.apply(Doc("a/1", prose(1000), "s"))
     assert kept.doc.text == prose(1000) and list(kept.events) == [f"quality_score:{score_bin(step.score(prose(1000)))}"]
+    assert kept.doc.meta.quality_score == round(step.score(prose(1000)), 4) and kept.doc.meta.url is None
     assert step.apply(Doc("a/2", spam(1000), "s")).reason == "quality_classifier"
     off = ClassifierStep(ClassifierConfig())
     off.setup()
@@ -74,6 +76,12 @@ def test_a_beam_run_filters_by_the_classifier_with_a_score_histogram(tmp_path, m
     assert "classifier score, kept documents:" in report_text(stats)
     assert report_panels(stats) == ["lengths", "removed", "scores"]
     assert report_png(stats).startswith(b"\x89PNG")
+    out = tmp_path / "out"
+    scores = {d["json"]["id"]: d["json"]["quality_score"] for info in Manifest.load(str(out)).shards
+              for d in iter_documents(str(out / info.name))}  # each kept document's score, in its metadata
+    step = ClassifierStep(cfg.classifier)
+    step.setup()
+    assert scores == {f"in.jsonl/p{i}": round(step.score(prose(i)), 4) for i in range(1000, 1012)}
 
 
 def test_a_missing_model_is_refused_before_the_run(tmp_path):

@@ -17,7 +17,7 @@ from pipelines.config import InputConfig, PipelineConfig, WarcConfig
 from pipelines.io.pages import HtmlExtractor, WarcPages, decode_html
 from pipelines.io.warc import warc_ranges, warc_units
 from pipelines.job import no_records_error, run
-from pipelines.records import Doc, WebMeta
+from pipelines.records import Doc, DocMeta
 from pipelines.stages.write_shards import encode_sample
 from shards import Manifest, iter_documents
 from tests.support.local_engines import child_env, start_dask
@@ -202,7 +202,7 @@ def test_extractor_options_from_the_config():
 
 
 def test_the_documents_layout_keeps_url_date_and_language_in_the_sample_json():
-    doc = Doc("c.warc.gz/https://a.example/", "text", "c", WebMeta("https://a.example/", "2024-03-01T12:00:00Z", "en"))
+    doc = Doc("c.warc.gz/https://a.example/", "text", "c", DocMeta("https://a.example/", "2024-03-01T12:00:00Z", "en"))
     meta = json.loads(encode_sample((doc, np.arange(3, dtype=np.uint16)), layout="documents").fields["json"])
     assert meta == {"id": doc.id, "source": "c", "n_tokens": 3, "n_bytes": 4, "url": "https://a.example/",
                     "date": "2024-03-01T12:00:00Z", "language": "en"}
