@@ -239,8 +239,10 @@ class BlockPacker:
             out = self.flush()
         self._docs.append((doc_id, source, tokens))
         self._metas.append(meta or {})
-        if text is not None:
-            self._texts = (self._texts or []) + [text]
+        if text is not None:  # appended in place: a copy per document made a block quadratic in its documents
+            if self._texts is None:
+                self._texts = []
+            self._texts.append(text)
         self._n += len(tokens)
         return out
 
