@@ -2,6 +2,7 @@
 is released by the kernel and its partial file is resumed with a Range request."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -125,6 +126,22 @@ def test_cache_used_in_forked_worker(tmp_path, http_server):
     cache.close()
 
 
+
+@contextlib.contextmanager
+def _frozen_holder(lock_path: str):
+    """A process that takes the file lock at ``lock_path`` and then sleeps (alive, never progressing);
+    yields its ``Popen``, killed on exit."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from cache.storage.locks import FileLock; "
+                               "lock = FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(120)",
+                               lock_path], stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_frozen_fetch_lock_holder_is_named_not_waited_on_forever(tmp_path, http_server):
     """Issue 37: a process holding a shard's fetch lock while it is alive but makes no progress (here
     it only holds the lock) made every other process wait for ever; now the wait ends after
@@ -137,16 +154,9 @@ def test_a_frozen_fetch_lock_holder_is_named_not_waited_on_forever(tmp_path, htt
     sha = _put(root, "s.tar", 64 * KIB)
     cache = ShardCache(CacheConfig(**_cfg(tmp_path, fetch_wait_s=0.3)), resolve=False)
     lock = cache.store.fetch_lock(cache.key(f"{base}/s.tar")).path
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from cache.storage.locks import FileLock; "
-                               "lock = FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(120)", lock],
-                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with _frozen_holder(lock) as holder:
         with pytest.raises(CacheLockError, match=f"held by pid {holder.pid} .*no progress for 0.3 s"):
             cache.get(f"{base}/s.tar", sha, 64 * KIB)
-    finally:
-        holder.kill()
-        holder.wait()
     assert open(cache.get(f"{base}/s.tar", sha, 64 * KIB), "rb").read() == (root / "s.tar").read_bytes()
 
 
@@ -162,16 +172,9 @@ def test_a_frozen_eviction_probe_is_named_not_waited_on_forever(tmp_path, http_s
     sha = _put(root, "s.tar", 64 * KIB)
     cache = ShardCache(CacheConfig(**_cfg(tmp_path, fetch_wait_s=1.0)), resolve=False)
     lock = cache.store.pin_lock(cache.key(f"{base}/s.tar")).path
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from cache.storage.locks import FileLock; "
-                               "lock = FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(120)", lock],
-                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with _frozen_holder(lock) as holder:
         with pytest.raises(CacheLockError, match=f"held by pid {holder.pid} "):
             with cache.pinned(f"{base}/s.tar", sha, 64 * KIB):
                 pass
-    finally:
-        holder.kill()
-        holder.wait()
     with cache.pinned(f"{base}/s.tar", sha, 64 * KIB) as path:
         assert open(path, "rb").read() == (root / "s.tar").read_bytes()
