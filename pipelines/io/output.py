@@ -6,6 +6,8 @@ Artifacts of a run: ``manifest.json`` (written last: a finished run), ``_tmp_buc
 unfinished one), shards and their indexes, ``val/``, ``stats.json``, ``tokenizer.model``, the
 reports, ``dead_letter/``, ``duplicates/``, Beam's ``beam-temp-*`` and ``*.partial`` files, and
 every shard and index an earlier ``manifest.json`` lists, whatever its ``shards.prefix``.
+``.work/`` (each finished input split's output, :mod:`pipelines.io.resume`) is none: a failed run
+keeps it for ``--resume``.
 """
 from __future__ import annotations
 

@@ -169,8 +169,8 @@ class WorkFolder:
 
 
 class SplitWorkFn(beam.DoFn):
-    """:class:`~pipelines.io.reading.Split` → the documents its records keep (main output), its
-    dead letters (tag ``dead``) and its events (tag ``events``).
+    """:class:`~pipelines.io.reading.Split` → the documents kept of it (main output), its dead
+    letters (tag ``dead``) and its events (tag ``events``).
 
     A split with a record in the :class:`WorkFolder` is read from it. Any other is read
     (:func:`~pipelines.io.reading.read_split`), parsed (:class:`~pipelines.io.read.ParseFn`) and
@@ -191,15 +191,9 @@ class SplitWorkFn(beam.DoFn):
     def process(self, split: Split):
         """Replay ``split``'s record, or compute and record it."""
         data = self.work.load(split)
-        if data is not None:
-            for tag, value in frames.decode(data):
-                if tag is None:
-                    yield value
-                elif tag == EVENTS:
-                    yield event(*value[0], value[1])  # bumps the Beam counter as the first run did
-                else:
-                    yield beam.pvalue.TaggedOutput(tag, value)
-            return
+        yield from (_replay(data) if data is not None else self._compute(split))
+
+    def _compute(self, split: Split):
         kept = frames.PartWriter()
         self.parse.start_bundle()
         self.filter.start_bundle()
@@ -217,6 +211,17 @@ class SplitWorkFn(beam.DoFn):
             kept.append((EVENTS, value))
             yield beam.pvalue.TaggedOutput(EVENTS, value)
         self.work.save(split, kept.getvalue())
+
+
+def _replay(data: bytes):
+    """The outputs of a split's record, as :meth:`SplitWorkFn._compute` emitted them."""
+    for tag, value in frames.decode(data):
+        if tag is None:
+            yield value
+        elif tag == EVENTS:
+            yield event(*value[0], value[1])  # bumps the Beam counter as the first run did
+        else:
+            yield beam.pvalue.TaggedOutput(tag, value)
 
 
 def _read_job(output_dir: str) -> dict | None:
