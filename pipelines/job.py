@@ -29,7 +29,8 @@ from pipelines.io.output import (
 )
 from pipelines.io.listing import InputFile, InputListing, ListingError, list_inputs
 from pipelines.io.read import DEAD, ReadRecords
-from pipelines.io.resume import JobIdentity, SplitWorkFn, WorkFolder, check_resume, finish_work, start_work
+from pipelines.io.resume import (JobIdentity, SplitWorkFn, WorkFolder, check_resume, keeps_work, remove_work,
+                                 start_work)
 from pipelines.records import file_format
 from pipelines.runners.selection import beam_options, make_runner
 from pipelines.stages.exact_dedup import ExactDedup, UniqueIds, key_by_hash
@@ -252,7 +253,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     is moved back as it was (:func:`pipelines.io.output.abort_output`), so a rerun needs no more
     ``overwrite`` than this one; so is the local ``output_dir`` itself when this run created it
     and it is left empty. The finished splits in ``output_dir/.work/`` are kept for ``resume``
-    when the run fails and removed when it succeeds.
+    when the run fails (but for an error that says to change the config or the input:
+    :func:`pipelines.io.resume.keeps_work`) and removed when it succeeds.
     """
     cfg = cfg or PipelineConfig()
     cfg.validate()
@@ -292,12 +294,14 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         if report:
             write_report(output_dir, stats)
     except BaseException as e:
+        if not keeps_work(e):
+            remove_work(output_dir)
         abort_output(prepared)
         if isinstance(e, NoRecordsError):
             raise no_records_error(input_glob, [m.path for m in matched], cfg) from e
         raise
     finish_output(prepared)
-    finish_work(work)
+    remove_work(output_dir)
     stats["seconds"] = time.perf_counter() - start
     stats["metrics"] = counters(result)
     return stats

@@ -10,7 +10,8 @@ shards, finalize) always run on the union, so the output is byte-identical to an
 
 ``OUT/.work/job.json`` holds the job's identity (:class:`JobIdentity`: every config value and each
 input file's size and modification time); ``--resume`` refuses a job whose identity differs
-(:func:`check_resume`). A run that fails keeps ``.work/``; one that succeeds removes it.
+(:func:`check_resume`). A run that fails keeps ``.work/`` (unless its error says to change the config
+or input, :func:`keeps_work`); one that succeeds removes it.
 """
 from __future__ import annotations
 
@@ -293,12 +294,26 @@ def start_work(output_dir: str, identity: JobIdentity, resume: bool) -> WorkFold
     return work
 
 
-def finish_work(work: WorkFolder) -> None:
-    """After a successful run: remove ``OUT/.work/``. Never raises: one warning line when it cannot."""
-    fs, root = fsspec.core.url_to_fs(work.url)
+def keeps_work(error: BaseException) -> bool:
+    """Whether a run that failed with ``error`` keeps ``OUT/.work/`` for ``--resume``: yes (Ctrl-C,
+    SIGTERM, a lost worker, an I/O error, a bug), unless ``error`` says to change the config or the
+    input (a ``ConfigError``, an ``EmptySampleError``: no document kept or no record read, a
+    ``TokenRangeError``), where ``--resume`` would refuse the corrected rerun."""
+    from colaflow.config import ConfigError
+    from pipelines.stages.tokenize import EmptySampleError
+    from shards.format.tokens import TokenRangeError
+
+    return not isinstance(error, (ConfigError, EmptySampleError, TokenRangeError))
+
+
+def remove_work(output_dir: str) -> None:
+    """Remove ``OUT/.work/`` (a run succeeded, or failed where :func:`keeps_work` says no). Never
+    raises: one warning line when it cannot."""
+    fs, root = fsspec.core.url_to_fs(f"{output_dir.rstrip('/')}/{WORK_DIR}")
     try:
+        fs.invalidate_cache()
         if fs.exists(root):
             fs.rm(root, recursive=True)
     except OSError as e:
-        print(f"warning: cannot delete {work.url}/ ({type(e).__name__}: {e}); delete it by hand",
-              file=sys.stderr, flush=True)
+        print(f"warning: cannot delete {output_dir.rstrip('/')}/{WORK_DIR}/ ({type(e).__name__}: {e}); delete it "
+              "by hand", file=sys.stderr, flush=True)

@@ -20,7 +20,7 @@ from examples.demo.corpus import write_corpus
 from pipelines.job import InputError, run
 from pipelines.io.output import (BACKUP_DIR, BACKUP_DONE, OutputExistsError, abort_output, finish_output,
                               prepare_output)
-from pipelines.io.resume import JOB_FILE, WORK_DIR
+from pipelines.io.resume import WORK_DIR
 from shards import Manifest
 
 
@@ -63,7 +63,7 @@ def test_a_failed_overwrite_run_leaves_the_earlier_run_byte_identical(inputs, tm
     with pytest.raises((ValueError, InputError), match=error):
         run(str(inputs / bad), str(out), _tiny_config(), overwrite=True)
     assert _local(out) == before and not (out / BACKUP_DIR).exists()
-    assert (out / WORK_DIR / JOB_FILE).exists()  # kept for --resume
+    assert not (out / WORK_DIR).exists()  # a data error: --resume could not help, nothing is kept for it
 
 
 def test_a_successful_overwrite_run_replaces_the_earlier_run_and_keeps_user_files(inputs, tmp_path):
