@@ -66,7 +66,8 @@ def split_args(argv: list[str], prog: str | None = None) -> tuple[argparse.Names
         SystemExit: (code 2, argparse's usage error) a required flag is missing, or a bare word
             that is neither ``key=value`` nor a ``--flag`` remains (an unquoted glob's extra files).
     """
-    ap = argparse.ArgumentParser(prog=prog, description="Preprocess JSONL/text/Parquet into tokenised WebDataset shards.",
+    ap = argparse.ArgumentParser(prog=prog,
+                                 description="Preprocess JSONL/text/Parquet/WARC into tokenised WebDataset shards.",
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", required=True, help="input file glob (local, gs://, s3://, hdfs://)")
     ap.add_argument("--output", required=True, help="output folder or fsspec URL")
@@ -120,14 +121,15 @@ class _QuietKnownErrors(logging.Filter):
     """Drops the traceback Beam logs (``apache_beam.runners.common``) for an error raised inside a
     step that says what to do next in its message, which :func:`_failure` prints in one line: a
     ``ConfigError`` (exit code 2), an :class:`~pipelines.stages.tokenize.EmptySampleError` (no
-    document reached the tokenizer, exit code 1) or a :class:`~shards.format.tokens.TokenRangeError`
-    (the tokenizer gave an id outside its vocabulary, exit code 1)."""
+    document reached the tokenizer, exit code 1), a :class:`~shards.format.tokens.TokenRangeError`
+    (the tokenizer gave an id outside its vocabulary, exit code 1) or an expected I/O failure (no
+    space, read-only, no permission: :func:`colaflow.errors.io_cause`, exit code 1)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """``False`` (drop) for a record carrying a :class:`colaflow.config.ConfigError` or an
-        :class:`~pipelines.stages.tokenize.EmptySampleError`."""
+        """``False`` (drop) for a record carrying one of the errors above."""
         known = (ConfigError, EmptySampleError, TokenRangeError)
-        return not (record.exc_info and isinstance(record.exc_info[1], known))
+        error = record.exc_info[1] if record.exc_info else None
+        return not (error is not None and (isinstance(error, known) or io_cause(error) is not None))
 
 
 class _Interrupt:
@@ -208,9 +210,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return 2
     quiet = _QuietKnownErrors()
     logging.getLogger("apache_beam.runners.common").addFilter(quiet)
-    if cfg.tokenizer.path is not None:  # read before the output folder is touched: one line naming the flag and file
+    tokenizer = None
+    if cfg.tokenizer.path is not None:  # read once, before the output folder is touched; one line names flag and file
         try:
-            given_tokenizer(cfg.tokenizer)
+            tokenizer = given_tokenizer(cfg.tokenizer)
         except TokenizerError as e:
             flag = "--tokenizer" if args.tokenizer is not None else "tokenizer.path"
             print(f"error: {flag} {cfg.tokenizer.path or repr('')}: {str(e).removeprefix(cfg.tokenizer.path + ': ')}",
@@ -222,7 +225,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
     try:
-        stats = run(args.input, args.output, cfg, beam_args, overwrite=args.overwrite, resume=args.resume)
+        stats = run(args.input, args.output, cfg, beam_args, overwrite=args.overwrite, tokenizer=tokenizer,
+                    resume=args.resume)
     except BaseException as e:  # noqa: B036 - Ctrl-C arrives wrapped in whatever Beam raises
         if interrupt.signum == signal.SIGTERM:
             print(f"terminated; removed this run's partial output from {args.output}{KEPT}", file=sys.stderr)

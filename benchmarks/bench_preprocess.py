@@ -48,8 +48,9 @@ from shards import Manifest, ShardInfo, TarShardWriter, shard_name  # noqa: E402
 
 
 def near_dedup(keepers: dict[str, Doc], cfg) -> dict[str, Doc]:
-    """MinHash-LSH as in :class:`pipelines.stages.near_dedup.NearDedup`: drop a document when the smallest id of
-    one of its band buckets is a different document with estimated Jaccard similarity >= threshold."""
+    """MinHash-LSH as in :class:`pipelines.stages.near_dedup.NearDedup`: a document and the smallest id of each
+    of its band buckets are an edge when their estimated Jaccard similarity is >= threshold; each connected
+    component keeps its smallest id."""
     docs = list(keepers.items())
     sigs = {}
     for i in range(0, len(docs), 512):
@@ -61,13 +62,19 @@ def near_dedup(keepers: dict[str, Doc], cfg) -> dict[str, Doc]:
         for key in keys:
             if key not in bucket_keeper or doc_id < bucket_keeper[key]:
                 bucket_keeper[key] = doc_id
-    losers = set()
+    parent = {doc_id: doc_id for doc_id in sigs}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
     for doc_id, keys in bands.items():
         for keeper in {bucket_keeper[k] for k in keys} - {doc_id}:
             if similarity(sigs[doc_id], sigs[keeper]) >= cfg.threshold:
-                losers.add(doc_id)
-                break
-    return {h: d for h, d in docs if d.id not in losers}
+                a, b = root(doc_id), root(keeper)
+                parent[max(a, b)] = min(a, b)
+    return {h: d for h, d in docs if root(d.id) == d.id}
 
 
 def plain_loop(paths: list[str], out: str, cfg: PipelineConfig) -> Manifest:

@@ -19,9 +19,13 @@ loader (document-aware packing, exact resume) on raw and zstd blocks, LitData
 its plain and zstd layouts (zstd: LitData decompresses each chunk to a second file on disk, kept
 for later epochs; each pass reads a fresh copy of the layout, so it decompresses as a first
 epoch does), and the ``numpy.memmap`` floor (in-process). Tokens/s counts document tokens
-delivered (LitData and memmap: B x T per batch).
+delivered (LitData and memmap: B x T per batch). ``--repeat N`` repeats each corpus N times (the
+default makes a demo pass about 100 M tokens, long enough for a stable ratio).
 
-    python benchmarks/bench_tokens.py [--work /tmp/colaflow-bench-tokens] [--rounds 3]
+Write time (``--rounds`` interleaved writes of the corpus once, median): colaflow raw and zstd
+token blocks with their indexes, LitData's ``optimize()``, and the flat file.
+
+    python benchmarks/bench_tokens.py [--work /tmp/colaflow-bench-tokens] [--rounds 5] [--repeat 26]
 """
 from __future__ import annotations
 
@@ -84,6 +88,28 @@ def long_corpus(ids, sources, tokens) -> tuple[list[str], list[str], list[np.nda
         out_src.append(out_src_pending)
         out_tok.append(np.concatenate(buf))
     return out_ids, out_src, out_tok
+
+
+def repeated(ids, sources, tokens, n: int) -> tuple[list[str], list[str], list[np.ndarray]]:
+    """The corpus ``n`` times over, each copy's ids suffixed ``/rK`` so they stay unique."""
+    if n == 1:
+        return ids, sources, tokens
+    return ([f"{i}/r{k}" for k in range(n) for i in ids], [s for _ in range(n) for s in sources],
+            [t for _ in range(n) for t in tokens])
+
+
+def write_seconds(writers: dict, rounds: int, work: str) -> dict[str, float]:
+    """Median wall seconds of each writer over ``rounds`` interleaved writes into fresh folders."""
+    times: dict[str, list[float]] = {}
+    for r in range(rounds):
+        for kind, write in writers.items():
+            out = os.path.join(work, f"write-{kind}-{r}")
+            shutil.rmtree(out, ignore_errors=True)
+            t0 = time.perf_counter()
+            write(out)
+            times.setdefault(kind, []).append(time.perf_counter() - t0)
+            shutil.rmtree(out, ignore_errors=True)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def dir_bytes(path: str) -> int:
@@ -170,6 +196,7 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", default="0,2")
+    ap.add_argument("--repeat", type=int, default=26, help="corpus copies per pass (26: about 100 M demo tokens)")
     ap.add_argument("--pass", dest="one_pass", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one_pass:
@@ -187,9 +214,15 @@ def main() -> int:
     ids, sources, tokens = demo_corpus(args.work)
     corpora = {"demo": (ids, sources, tokens), "long": long_corpus(ids, sources, tokens)}
     results: dict = {}
-    for name, (c_ids, c_src, c_tok) in corpora.items():
+    for name, once in corpora.items():
+        write_once = {"colaflow_raw": lambda d: write_colaflow(d, *once, "none"),
+                      "colaflow_zstd": lambda d: write_colaflow(d, *once, "zstd"), "flat": lambda d: write_flat(d, once[2])}
+        if have_litdata:
+            write_once["litdata"] = lambda d: write_litdata(d, once[2], None)
+        write_s = write_seconds(write_once, args.rounds, args.work)
+        c_ids, c_src, c_tok = repeated(*once, args.repeat)
         n_tok = sum(len(t) for t in c_tok)
-        base = os.path.join(args.work, name)
+        base = os.path.join(args.work, f"{name}-x{args.repeat}")
         dirs = {"colaflow_raw": f"{base}/colaflow-raw", "colaflow_zstd": f"{base}/colaflow-zstd",
                 "litdata": f"{base}/litdata", "litdata_zstd": f"{base}/litdata-zstd", "flat": f"{base}/flat"}
         if not have_litdata:
@@ -203,6 +236,7 @@ def main() -> int:
                 writers[kind](d)
         bpt = {k: dir_bytes(d) / n_tok for k, d in dirs.items()}
         res = results[name] = {"documents": len(c_tok), "tokens": n_tok, "mean_doc_tokens": n_tok / len(c_tok),
+                               "write_s": write_s, "write_vs_flat": {k: v / write_s["flat"] for k, v in write_s.items()},
                                "bytes_per_token": bpt, "vs_flat": {k: v / bpt["flat"] for k, v in bpt.items()},
                                "loader": {}}
         for workers in (int(w) for w in args.workers.split(",")):
@@ -227,13 +261,17 @@ def main() -> int:
               f"({res['mean_doc_tokens']:.1f} per document)")
         for k, v in res["bytes_per_token"].items():
             print(f"  {k:14s} {v:6.3f} bytes/token  {res['vs_flat'][k]:5.2f}x flat")
+        for k, v in res["write_s"].items():
+            print(f"  write {k:14s} {v:6.2f} s  {res['write_vs_flat'][k]:5.2f}x flat (corpus once)")
         for w, runs in res["loader"].items():
             ref = runs.get("litdata", runs.get("memmap", runs["colaflow_raw"]))["tokens_per_s"]
+            floor = res["loader"]["workers=0"].get("memmap") if "workers=0" in res["loader"] else None
             for k, v in runs.items():
+                vs_floor = f", {v['tokens_per_s'] / floor['tokens_per_s']:5.2f}x memmap" if floor else ""
                 same = runs.get("litdata_zstd") if k == "colaflow_zstd" else None  # zstd against zstd too
                 vs_zstd = f", {v['tokens_per_s'] / same['tokens_per_s']:5.2f}x litdata_zstd" if same else ""
                 print(f"  {w} {k:14s} {v['tokens_per_s'] / 1e6:7.2f} M tok/s ({v['tokens_per_s'] / ref:5.2f}x litdata"
-                      f"{vs_zstd})  first batch {v['first_batch_s']:.3f} s  peak RSS {v['peak_rss_mb']:.0f} MB"
+                      f"{vs_zstd}{vs_floor})  first batch {v['first_batch_s']:.3f} s  peak RSS {v['peak_rss_mb']:.0f} MB"
                       f" (+ workers {v['workers_peak_rss_mb']:.0f} MB)")
     return 0
 

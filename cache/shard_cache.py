@@ -85,7 +85,7 @@ class ShardCache:
             yield self._read_only_path(key, url, sha256, size)
             return
         pin = self.store.pin_lock(key)
-        pin.acquire()
+        pin.wait()  # an eviction's probe holds it for moments; a stuck one is named (CacheLockError)
         try:
             self._prefetcher.consumed(url)  # after our own pin: the prefetcher's hold on it can go
             t0 = time.monotonic()
@@ -270,5 +270,5 @@ class ShardCache:
         with self.store.pin_lock(key):
             if self._ready(key, url, sha256, size, hash_policy=False) is None:
                 self._materialise(key, url, sha256, size, prefetch=True)
-            hold.acquire()  # before the pin goes: the entry is never unprotected in between
+            hold.wait()  # before the pin goes: the entry is never unprotected in between
         return hold

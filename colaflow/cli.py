@@ -66,7 +66,7 @@ class Command:
 
 
 COMMANDS = {c.name: c for c in (  # each summary fits one line of an 80-column --help
-    Command("preprocess", "text/JSONL/Parquet -> tokenised shards (Apache Beam)", "beam_runner"),
+    Command("preprocess", "text/JSONL/Parquet/WARC -> tokenised shards (Beam)", "beam_runner"),
     Command("shards", "list, inspect, verify, index, reshard, extract shards", "shards.tools.cli"),
     Command("cache", "the node cache: status, warm, evict, verify, tune...", "cache.tools.cli"),
     Command("loaders", "sample keys per rank (keys), loader speed (bench)", "loaders.tools.cli"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from typing import Any, TypeVar
 
@@ -28,18 +29,23 @@ class ConfigError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Check:
     """The values one config field accepts (declared with :func:`setting`): bounds for a number
-    (``ge``/``gt`` below, ``le``/``lt`` above; ``None`` = unbounded) or a tuple of ``choices``."""
+    (``ge``/``gt`` below, ``le``/``lt`` above; ``None`` = unbounded), a tuple of ``choices``, or a
+    ``pattern`` (a regular expression the whole string must match)."""
 
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
     lt: float | None = None
     choices: tuple = ()
+    pattern: str = ""
 
     def describe(self) -> str:
-        """What to use, for a message: ``one of a, b``, ``a number >= 0``, ``a number in (0, 1]``."""
+        """What to use, for a message: ``one of a, b``, ``a number >= 0``, ``a number in (0, 1]``,
+        ``a string matching [a-z]+``."""
         if self.choices:
             return f"one of {', '.join(map(str, self.choices))}"
+        if self.pattern:
+            return f"a string matching {self.pattern}"
         low, high = (self.ge if self.ge is not None else self.gt), (self.le if self.le is not None else self.lt)
         if high is None:
             return f"a number {'>=' if self.ge is not None else '>'} {low}"
@@ -53,24 +59,27 @@ class Check:
             return True
         if self.choices:
             return value in self.choices
+        if self.pattern:
+            return isinstance(value, str) and re.fullmatch(self.pattern, value) is not None
         return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
                 and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
 
 
 def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
             ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
-            choices: tuple = ()) -> Any:
+            choices: tuple = (), pattern: str = "") -> Any:
     """A dataclass field whose accepted values are declared beside it (see :class:`Check`).
 
     Args:
         default / default_factory: as for ``dataclasses.field``.
         ge, gt, le, lt: bounds of a number (``>=``, ``>``, ``<=``, ``<``).
         choices: the values an enumerated field accepts.
+        pattern: a regular expression a string field must match whole.
     Returns:
         the ``dataclasses.field``, its :class:`Check` in ``metadata["check"]``.
     """
     return dataclasses.field(default=default, default_factory=default_factory,
-                             metadata={"check": Check(ge, gt, le, lt, tuple(choices))})
+                             metadata={"check": Check(ge, gt, le, lt, tuple(choices), pattern)})
 
 
 def declared_checks(config: Any, where: str = "") -> dict[str, Check]:
@@ -179,7 +188,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {p!r} is not a section")
-        node[last] = yaml.safe_load(raw)
+        try:
+            node[last] = yaml.safe_load(raw)
+        except yaml.YAMLError:  # '*', '[a': no YAML value; the text as typed is what was meant
+            node[last] = raw
     return data
 
 
@@ -188,10 +200,20 @@ def load_config(cls: type[T], path: str | None = None, overrides: list[str] | No
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ConfigError: unknown keys or malformed overrides.
+        ConfigError: ``path`` is not a YAML mapping (naming the line and column of a syntax error),
+            unknown keys or malformed overrides.
     """
     data: dict = {}
     if path:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+            try:
+                data = yaml.safe_load(f) or {}
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+                raise ConfigError(f"{path} is not valid YAML{where}: {getattr(e, 'problem', None) or e}; "
+                                  "fix the file") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} holds a YAML {type(data).__name__}, not a mapping of sections "
+                              "(optim: {lr: 3e-4}); fix the file")
     return from_dict(cls, apply_overrides(data, overrides or []))

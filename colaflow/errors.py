@@ -31,18 +31,39 @@ def explain(e: BaseException) -> str:
     if isinstance(e, TimeoutError):
         return (f"a network read timed out ({type(e).__name__}{f': {e}' if str(e) else ''}); check that the "
                 "server answers, or raise cache.timeout_s (COLAFLOW_CACHE_TIMEOUT_S)")
+    if isinstance(e, OSError) and e.errno is None and str(e):
+        return str(e)  # colaflow's own storage errors: their message already names the path and the cause
     io = io_cause(e)
     if io is not None:
-        return io_failure(io, io.filename or "")
+        return io_failure(io, "")
     return str(e) or type(e).__name__
 
 
 def io_failure(io: OSError, path: str) -> str:
     """``PATH: No space left on device; free space there or choose another folder``: the path (``io``'s
-    own file name when it has one, else ``path``), the cause and what to do, for an ``OSError`` of
-    :func:`io_cause`."""
-    where = io.filename or path or "?"
+    own file name; else the file being written where it failed, :func:`_open_file_of`; else ``path``),
+    the cause and what to do, for an ``OSError`` of :func:`io_cause`."""
+    where = io.filename or _open_file_of(io) or path or "?"
     return f"{where}: {os.strerror(io.errno)}; {_NEXT.get(io.errno, 'check that path')}"
+
+
+def _open_file_of(e: BaseException) -> str | None:
+    """The path of the open file a write or close failed on: an ``OSError`` from ``write``,
+    ``flush`` or ``close`` carries no file name, but the file object is a local of the frame it was
+    raised in or of a caller (the innermost one wins)."""
+    import io
+
+    tb, frames = e.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in list(frame.f_locals.values()):
+            if isinstance(value, io.IOBase):
+                name = getattr(value, "path", None) or getattr(value, "name", None)
+                if isinstance(name, str) and name:
+                    return name
+    return None
 
 
 def io_cause(e: BaseException) -> OSError | None:

@@ -1,8 +1,7 @@
 """Lightning on colaflow's loader: ``TokenDataset`` in torchdata's ``StatefulDataLoader``, whose position
-Lightning saves in its checkpoint and restores with ``fit(ckpt_path=...)``.
+Lightning saves in its checkpoint (one every ``--steps / 2``) and restores with ``fit(ckpt_path=...)``.
 
-    python -m examples.lightning_fit --shards runs/demo/shards --out /tmp/pl --steps 20
-    python -m examples.lightning_fit --shards runs/demo/shards --out /tmp/pl --steps 20 --resume /tmp/pl/step=10.ckpt
+    python -m examples.lightning_fit --shards runs/demo/shards --out /tmp/pl --steps 20 [--resume /tmp/pl/step=10.ckpt]
 """
 import argparse
 import json
@@ -14,28 +13,26 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from examples import run
-from loaders import DataConfig, TokenDataset, build_text_loader
+from loaders import DataConfig, TokenDataset
 
 
 class Bigram(L.LightningModule):
-    """A bigram language model; notes each step's loss and sample keys."""
+    """A bigram language model on ``loader`` (a TokenDataset, or a TextLoader); notes each step's loss and keys."""
 
-    def __init__(self, vocab: int, epochs):
+    def __init__(self, loader):
         super().__init__()
-        self.epochs = epochs  # what takes set_epoch: the TokenDataset, or the TextLoader itself
+        self.loader, vocab = loader, loader.sources.manifest.vocab_size
         self.net = torch.nn.Sequential(torch.nn.Embedding(vocab, 32), torch.nn.Linear(32, vocab))
         self.seen = {"losses": [], "keys": []}
 
     def on_train_epoch_start(self):
         """Tell the loader the epoch (a resumed state's epoch goes on where it was)."""
-        self.epochs.set_epoch(self.current_epoch)
+        self.loader.set_epoch(self.current_epoch)
 
     def training_step(self, dataloader_iter):
-        """One step on the next batch; the loss (scalar)."""
-        # fetched here, not by Lightning: it would fetch one batch ahead for a loader without len(), and
-        # the loader state in the checkpoint would then count that batch as trained on
-        batch, _, _ = next(dataloader_iter)
-        batch = batch.to(self.device)  # loaders.TokenBatch: labels shifted already, -100 where no loss
+        """One step on the next batch, fetched here: Lightning would fetch one ahead for a loader without
+        len(), and its checkpoint's loader state would count that batch as trained on."""
+        batch = next(dataloader_iter)[0].to(self.device)  # a TokenBatch: labels shifted already, -100: no loss
         loss = F.cross_entropy(self.net(batch.input_ids).flatten(0, 1), batch.labels.flatten(), ignore_index=-100)
         self.seen["losses"].append(loss.item())
         self.seen["keys"].append(list(batch.keys))
@@ -47,24 +44,19 @@ class Bigram(L.LightningModule):
 
 
 def main(argv=None) -> dict:
-    """Fit for ``--steps`` steps, a checkpoint every ``--save-every``; returns (and prints) what was seen."""
+    """Fit for ``--steps`` steps; returns (and prints) each step's loss and sample keys."""
     p = argparse.ArgumentParser(prog="python -m examples.lightning_fit",
                                 description="Lightning on colaflow's loader, resumed from Lightning's checkpoint.")
     p.add_argument("--shards", required=True, help="local shard folder (e.g. runs/demo/shards)")
-    p.add_argument("--out", required=True, help="folder for checkpoints")
+    p.add_argument("--out", required=True, help="folder for checkpoints (step=N.ckpt, N = steps / 2)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps in all")
-    p.add_argument("--save-every", type=int, default=10, help="checkpoint every N steps")
     p.add_argument("--resume", default=None, help="a checkpoint in --out")
-    p.add_argument("--text-loader", action="store_true", help="colaflow's own TextLoader, which Lightning takes as is")
     a = p.parse_args(argv)
-    cfg = DataConfig(manifest=a.shards, seq_len=64, micro_batch_size=2, pack_window=1)
-    epochs = build_text_loader(cfg) if a.text_loader else TokenDataset(cfg)
-    data = epochs if a.text_loader else StatefulDataLoader(epochs, batch_size=None, num_workers=2)
-    model = Bigram(epochs.sources.manifest.vocab_size, epochs)
-    keep = ModelCheckpoint(dirpath=a.out, filename="{step}", every_n_train_steps=a.save_every, save_top_k=-1)
+    model = Bigram(TokenDataset(DataConfig(manifest=a.shards, seq_len=64, micro_batch_size=2, pack_window=1)))
+    keep = ModelCheckpoint(dirpath=a.out, filename="{step}", every_n_train_steps=a.steps // 2, save_top_k=-1)
     trainer = L.Trainer(max_steps=a.steps, accelerator="cpu", devices=1, logger=False, callbacks=[keep],
                         enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(model, data, ckpt_path=a.resume)
+    trainer.fit(model, StatefulDataLoader(model.loader, batch_size=None, num_workers=2), ckpt_path=a.resume)
     print(json.dumps(model.seen))
     return model.seen
 

@@ -29,16 +29,14 @@ def main(argv=None) -> None:
     p.add_argument("--resume", action="store_true", help="go on from this rank's checkpoint in --out")
     a = p.parse_args(argv)
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
     dataset = TokenDataset(DataConfig(manifest=a.shards, seq_len=64, micro_batch_size=2, pack_window=1,
                                       format="torchtitan"))  # no rank given: torch.distributed's
     vocab = dataset.sources.manifest.vocab_size
-    torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Embedding(vocab, 32), torch.nn.Linear(32, vocab)))
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2)
-    ckpt_path, step = os.path.join(a.out, f"checkpoint-rank{rank}.pt"), 0
+    ckpt_path, step = os.path.join(a.out, f"checkpoint-rank{dataset.rank}.pt"), 0
     if a.resume:
         ckpt = torch.load(ckpt_path, weights_only=False)
         model.load_state_dict(ckpt["model"])
@@ -47,8 +45,7 @@ def main(argv=None) -> None:
         step = ckpt["step"]
     seen = {"losses": [], "inputs": [], "positions": []}
     for input_dict, labels in loader:  # labels shifted already (labels[t] is input[t]'s target), -100 = no loss
-        pred = model(input_dict["input"])
-        loss = F.cross_entropy(pred.flatten(0, 1), labels.flatten(0, 1), ignore_index=-100)
+        loss = F.cross_entropy(model(input_dict["input"]).flatten(0, 1), labels.flatten(0, 1), ignore_index=-100)
         optim.zero_grad()
         loss.backward()
         optim.step()
@@ -61,7 +58,7 @@ def main(argv=None) -> None:
                         "dataloader": loader.state_dict()}, ckpt_path)
         if step == a.steps:  # fewer than an epoch: every rank still has batches (no rank waits in DDP)
             break
-    with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
+    with open(os.path.join(a.out, f"rank{dataset.rank}.json"), "w") as f:
         json.dump(seen, f)
     dist.destroy_process_group()
 

@@ -5,6 +5,7 @@ on the demo corpus. Override from the command line, e.g. ``tokenizer.vocab_size=
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from colaflow.config import ConfigError, check_fields, setting
@@ -16,14 +17,37 @@ from shards.tokenizers import KINDS as TOKENIZER_KINDS
 TRAINED_KINDS = ("auto", "sentencepiece", "hf")
 
 @dataclass
+class WarcConfig:
+    """WARC input (``.warc``, ``.warc.gz``): how a response record's HTML becomes a document's text.
+
+    Attributes:
+        extractor: ``resiliparse`` (``resiliparse.extract.html2text.extract_plain_text``, fast) or
+            ``trafilatura`` (``trafilatura.extract``: slower, main text only, boilerplate removed).
+        main_content: resiliparse: keep only the main content (menus, footers, sidebars dropped).
+        include_tables: keep the text of tables (both extractors).
+        include_comments: trafilatura: keep the comment section of a page.
+        favor: trafilatura: ``balanced``, ``precision`` (less text, less noise) or ``recall``.
+        language: identify each page's language (py3langid, its first 2,000 characters) for the
+            document's metadata; about three quarters of the reading time (BENCHMARKS.md). Off: "".
+    """
+
+    extractor: str = setting("resiliparse", choices=("resiliparse", "trafilatura"))
+    main_content: bool = True
+    include_tables: bool = True
+    include_comments: bool = False
+    favor: str = setting("balanced", choices=("balanced", "precision", "recall"))
+    language: bool = True
+
+
+@dataclass
 class InputConfig:
     """How input files are read.
 
     Attributes:
         format: ``auto`` (by extension: ``.jsonl``/``.ndjson`` → jsonl, ``.txt``/``.text`` → text,
-            ``.parquet`` → parquet, anything else → ``unknown_files``), ``jsonl``, ``text`` or
-            ``parquet`` (every matched file read so). ``.gz``/``.bz2``/``.zst`` files are
-            decompressed by extension.
+            ``.parquet`` → parquet, ``.warc`` → warc, anything else → ``unknown_files``), ``jsonl``,
+            ``text``, ``parquet`` or ``warc`` (every matched file read so). ``.gz``/``.bz2``/``.zst``
+            files are decompressed by extension.
         unknown_files: what ``format: auto`` does with any other file (``README.md``, ``.csv``,
             ``.json``): ``skip`` (default: counted as ``skipped_files`` in ``stats.json`` and named
             in a warning), ``error`` (refuse the run before it starts) or ``text`` (read as text).
@@ -34,16 +58,17 @@ class InputConfig:
             row, 1-based), or ``sub/a.jsonl#@{byte offset:012d}`` for records of a split that does
             not start the file (line unknown there). See :func:`pipelines.records.qualify_id`.
         source_field: JSON field / Parquet column naming the source; missing → the file stem.
-        split_bytes: uncompressed JSONL files are read in byte ranges of this size (and Parquet in
-            row groups up to this size) by different workers; compressed and text files in one piece,
-            streamed.
+        split_bytes: uncompressed JSONL and ``.warc.gz`` files are read in byte ranges of this size (and
+            Parquet in row groups up to this size) by different workers; other compressed files and text
+            files in one piece, streamed.
         max_record_bytes: a line or paragraph longer than this (bytes) is skipped while reading,
             in 1 MiB steps (never held whole), and dead-lettered as ``too_large``.
         separator: text format only: a line equal to this ends a unit (e.g. ``%`` for fortune
             files); empty = units are paragraphs ended by blank lines.
+        warc: WARC input's HTML extraction (:class:`WarcConfig`).
     """
 
-    format: str = setting("auto", choices=("auto", "jsonl", "text", "parquet"))
+    format: str = setting("auto", choices=("auto", "jsonl", "text", "parquet", "warc"))
     unknown_files: str = setting("skip", choices=("skip", "error", "text"))
     text_field: str = "text"
     id_field: str = "id"
@@ -51,6 +76,7 @@ class InputConfig:
     split_bytes: int = setting(16_000_000, ge=1)
     max_record_bytes: int = setting(16_000_000, ge=1)
     separator: str = ""
+    warc: WarcConfig = field(default_factory=WarcConfig)
 
 
 @dataclass
@@ -160,7 +186,6 @@ class RepetitionConfig:
 class C4Config:
     """C4's rules (Raffel et al. 2020, "Exploring the Limits of Transfer Learning", section 2.2).
     Line rules drop the line and keep the rest of the document; document rules drop the document.
-    No bad-words rule: no maintained package ships C4's word list, and nothing is downloaded.
 
     Attributes:
         enabled: apply these rules (when ``quality.enabled``).
@@ -174,6 +199,9 @@ class C4Config:
         lorem_ipsum: drop documents holding "lorem ipsum" in a kept line (C4).
         curly_brace: drop documents holding ``{`` in a kept line (C4).
         min_sentences: drop documents with fewer sentences in their kept lines (C4: 5; 0 = off).
+        bad_words: a word list (one word or phrase per line, local path or fsspec URL; C4 used the
+            "List of Dirty, Naughty, Obscene and Otherwise Bad Words", ``en``): drop documents whose
+            kept lines hold one as a whole word, case ignored (C4). ``null`` = off (FineWeb leaves it out).
     """
 
     enabled: bool = True
@@ -185,6 +213,7 @@ class C4Config:
     lorem_ipsum: bool = True
     curly_brace: bool = True
     min_sentences: int = setting(5, ge=0)
+    bad_words: str | None = None
 
 
 @dataclass
@@ -230,6 +259,40 @@ class QualityConfig:
     repetition: RepetitionConfig = field(default_factory=RepetitionConfig)
     c4: C4Config = field(default_factory=C4Config)
     fineweb: FineWebConfig = field(default_factory=FineWebConfig)
+
+
+@dataclass
+class ClassifierConfig:
+    """A model-based quality filter: a fastText classifier (``pipelines.stages.classifier``), as DCLM
+    and FineWeb-Edu filter with one. Off unless ``path`` is given (``colaflow[curation]``).
+
+    Attributes:
+        path: the fastText ``.bin`` model (local path or fsspec URL); ``null`` = no classifier.
+        label: the label whose probability is the document's score (``__label__hq``).
+        threshold: documents scored below this are filtered as ``quality_classifier``.
+    """
+
+    path: str | None = None
+    label: str = "__label__hq"
+    threshold: float = setting(0.5, ge=0.0, le=1.0)
+
+
+@dataclass
+class DecontamConfig:
+    """Benchmark decontamination (``pipelines.stages.decontam``): n-gram overlap with evaluation sets,
+    as GPT-3 (Brown et al. 2020, appendix C). Off while ``eval_sets`` is empty.
+
+    Attributes:
+        eval_sets: ``{name: path or glob}`` of evaluation files (JSONL, Parquet or text, optionally
+            compressed; every string field of a record is evaluation text). The name appears in
+            reasons (``decontam_<name>``), so letters, digits, ``_``, ``-`` and ``.`` only.
+        ngram: words per n-gram (GPT-3: 13); words are lower-cased ``\\w+`` runs.
+        action: ``drop`` the matching documents, or ``cut`` the matching spans and keep the rest.
+    """
+
+    eval_sets: dict = field(default_factory=dict)
+    ngram: int = setting(13, ge=1)
+    action: str = setting("drop", choices=("drop", "cut"))
 
 
 @dataclass
@@ -329,7 +392,8 @@ class ShardsConfig:
     """Shard layout.
 
     Attributes:
-        prefix: shard file name prefix (``{prefix}-{index:06d}.tar``).
+        prefix: shard file name prefix (``{prefix}-{index:06d}.tar``): letters, digits, ``.``, ``_``
+            and ``-``, starting with a letter or digit (no folder, no glob character).
         target_bytes: approximate shard size; the shard count is derived from the total.
         num_shards: fixed shard count (0 = derive from ``target_bytes``).
         store_text: also store the cleaned text (``K.txt.zst``, or in a token block's metadata).
@@ -342,7 +406,7 @@ class ShardsConfig:
             65,536 for raw blocks and 1,048,576 for zstd (compresses far better).
     """
 
-    prefix: str = "shard"
+    prefix: str = setting("shard", pattern=r"[A-Za-z0-9][A-Za-z0-9._-]*")
     target_bytes: int = setting(8_000_000, ge=1)
     num_shards: int = setting(0, ge=0)
     store_text: bool = False
@@ -372,6 +436,8 @@ class PipelineConfig:
     clean: CleanConfig = field(default_factory=CleanConfig)
     language: LanguageConfig = field(default_factory=LanguageConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    decontam: DecontamConfig = field(default_factory=DecontamConfig)
     pii: PIIConfig = field(default_factory=PIIConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -393,6 +459,11 @@ class PipelineConfig:
                     type(n) is int and n >= 1 and isinstance(f, (int, float)) and 0 <= f <= 1 for n, f in table.items()):
                 raise ConfigError(f"quality.repetition.{key}={table!r}: use a mapping of n-gram sizes (integers >= 1) "
                                   "to fractions in [0, 1], e.g. {2: 0.2, 3: 0.18}")
+        sets = self.decontam.eval_sets
+        if not isinstance(sets, dict) or not all(isinstance(k, str) and re.fullmatch(r"[\w.-]+", k)
+                                                 and isinstance(v, str) and v for k, v in sets.items()):
+            raise ConfigError(f"decontam.eval_sets={sets!r}: use a mapping of names (letters, digits, _ - .) to paths "
+                              "or globs, e.g. {mmlu: evals/mmlu/*.jsonl}")
         if self.dedup.num_perm % self.dedup.bands:
             raise ConfigError(f"dedup.num_perm={self.dedup.num_perm} is not a multiple of dedup.bands="
                               f"{self.dedup.bands}: LSH needs num_perm = bands * rows")

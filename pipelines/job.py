@@ -20,6 +20,7 @@ from pipelines.accounting.stats import EVENTS, NAMESPACE
 from pipelines.config import PipelineConfig
 from pipelines.io.output import (
     DEAD_LETTER_DIR,
+    DECONTAMINATED_DIR,
     DUPLICATES_DIR,
     WriteJsonl,
     abort_output,
@@ -33,11 +34,16 @@ from pipelines.io.resume import (JobIdentity, SplitWorkFn, WorkFolder, check_res
                                  start_work)
 from pipelines.records import file_format
 from pipelines.runners.selection import beam_options, make_runner
+from pipelines.stages.classifier import check_model
 from pipelines.stages.exact_dedup import ExactDedup, UniqueIds, key_by_hash
+from pipelines.stages.decontam import load_eval_sets
+from pipelines.stages.filters import LISTED
+from pipelines.stages.quality.c4 import bad_words_pattern
 from pipelines.stages.near_dedup import NearDedup
 from pipelines.stages.split import VAL, VAL_DIR, SplitBatchFn, val_shard_config
 from pipelines.stages.tokenize import NoRecordsError, TokenizeFn, build_model
 from pipelines.stages.write_shards import WriteShards, finalize
+from shards.tokenizers import TokenizerFile
 
 
 @dataclass(frozen=True)
@@ -62,14 +68,17 @@ class InputError(ValueError):
 
 
 def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: PipelineConfig, work: WorkFolder,
-          total_bytes: int = 0) -> None:
+          total_bytes: int = 0, tokenizer: TokenizerFile | None = None) -> None:
     """Add the whole preprocessing graph to pipeline ``p``: it reads the files and counts the broken
     links of ``inputs`` (:func:`match_input`), its outputs go to ``output_dir``, each finished split's
-    documents to ``work`` (:mod:`pipelines.io.resume`); ``total_bytes`` of input sizes the progress bar."""
+    documents to ``work`` (:mod:`pipelines.io.resume`); ``total_bytes`` of input sizes the progress bar;
+    ``tokenizer``: the one at ``cfg.tokenizer.path``, read already."""
     out = output_dir.rstrip("/")
     read = p | "Read" >> ReadRecords(inputs, cfg.input)
     kept = read.splits | "Work" >> beam.ParDo(SplitWorkFn(work, cfg, inputs.root, total_bytes)).with_outputs(
-        DEAD, EVENTS, main="docs")
+        DEAD, EVENTS, LISTED, main="docs")
+    if cfg.decontam.eval_sets:  # the only step that lists
+        kept[LISTED] | "DecontaminatedWrite" >> WriteJsonl(f"{out}/{DECONTAMINATED_DIR}")
     summary = summarize([kept[EVENTS]], kept[DEAD])  # read only to explain an empty sample
     events, duplicates = [read.events, kept[EVENTS]], []
     hashed = kept.docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
@@ -90,7 +99,7 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
         duplicates | "AllDuplicates" >> beam.Flatten() | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}")
     # Trained on the kept documents before dedup (the sample counts a repeated text once), so
     # the model is ready before dedup ends and tokenising fuses with the last dedup stage.
-    model = build_model(hashed, cfg.tokenizer, summary=summary)
+    model = build_model(hashed, cfg.tokenizer, summary=summary, given=tokenizer)
     tokenized = (docs
                  | "BatchDocs" >> beam.BatchElements(min_batch_size=64, max_batch_size=1024)
                  | "Tokenize" >> beam.ParDo(TokenizeFn(cfg.tokenizer), beam.pvalue.AsSingleton(model)).with_outputs(
@@ -153,8 +162,8 @@ def match_input(input_glob: str, cfg: PipelineConfig) -> InputSelection:
     if skipped and cfg.input.unknown_files == "error":
         have = "has" if len(skipped) == 1 else "have"
         raise InputError(f"{count(len(skipped), 'input file')} {have} no known format (.jsonl, .ndjson, .txt, .text, "
-                         f".parquet, optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or set "
-                         "input.format=jsonl|text|parquet, or input.unknown_files=skip|text")
+                         f".parquet, .warc, optionally .gz/.bz2/.zst): {', '.join(skipped[:5])}; narrow --input, or "
+                         "set input.format=jsonl|text|parquet|warc, or input.unknown_files=skip|text")
     skip = set(skipped)
     to_read = [m for m in listing.files if m.path not in skip]
     if not to_read:
@@ -177,18 +186,21 @@ def _names(paths: list[str], limit: int = 5) -> str:
 def no_records_error(input_glob: str, paths: list[str], cfg: PipelineConfig) -> InputError:
     """The error for input files that hold no record, worded as :func:`match_input`'s empty-file
     error, naming the files and saying what each format holds: a Parquet file no rows, a JSONL or
-    text file only blank lines or whitespace, or nothing once decompressed (formats from
+    text file only blank lines or whitespace, or nothing once decompressed, a WARC file no response
+    record (formats from
     :func:`pipelines.records.file_format` under ``cfg.input``)."""
     one = len(paths) == 1
     which = "its one input file" if one else f"the {len(paths)} input files it matches"
     formats = {file_format(path, cfg.input) for path in paths}
-    lines = (f"only blank lines or whitespace, or {'decompresses' if one else 'decompress'} to nothing"
-             if formats - {"parquet"} else "")
-    rows = "no rows" if "parquet" in formats else ""
-    if rows and lines:
-        what = f"they hold {rows} (Parquet) or {lines} (JSONL, text)"
+    held = [(text, kind) for text, kind, present in (
+        ("no rows", "Parquet", "parquet" in formats),
+        (f"only blank lines or whitespace, or {'decompresses' if one else 'decompress'} to nothing", "JSONL, text",
+         bool(formats - {"parquet", "warc"})),
+        ("no WARC response record", "WARC", "warc" in formats)) if present]
+    if len(held) > 1:
+        what = "they hold " + " or ".join(f"{text} ({kind})" for text, kind in held)
     else:
-        what = f"{'it holds' if one else 'they hold'} {rows or lines}"
+        what = f"{'it holds' if one else 'they hold'} {held[0][0]}"
     return InputError(f"--input {input_glob!r}: no record was read from {which} ({_names(paths)}): {what}, so there "
                       "is nothing to preprocess; check those files and input.format, and point --input at the corpus "
                       "files")
@@ -211,19 +223,22 @@ def _warn_broken(links: list[str]) -> None:
 
 def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         beam_args: list[str] | None = None, overwrite: bool = False, report: bool = True,
-        resume: bool = False) -> dict:
+        tokenizer: TokenizerFile | None = None, resume: bool = False) -> dict:
     """Run the pipeline to completion and return the contents of ``stats.json``.
 
     Args:
         input_glob: file pattern (local path or ``gs://``/``s3://``/``hdfs://``): JSONL, text or
-            Parquet, optionally ``.gz``/``.bz2``/``.zst``; other files follow ``input.unknown_files``.
+            Parquet or WARC, optionally ``.gz``/``.bz2``/``.zst``; other files follow ``input.unknown_files``.
         output_dir: folder or fsspec URL receiving shards, ``manifest.json``, ``tokenizer.model``,
-            ``stats.json``, ``report.txt``/``report.png``, ``dead_letter/`` and ``duplicates/``.
+            ``stats.json``, ``report.txt``/``report.png``, ``dead_letter/``, ``duplicates/`` and
+            ``decontaminated/``.
         cfg: pipeline configuration (defaults when ``None``).
         beam_args: Beam pipeline options, e.g. ``["--direct_running_mode=multi_processing",
             "--direct_num_workers=2"]``; default runner is the DirectRunner.
         overwrite: replace an earlier run in ``output_dir`` instead of refusing.
         report: write ``report.txt`` and ``report.png`` (:mod:`pipelines.accounting.report`) at the end.
+        tokenizer: the tokenizer at ``cfg.tokenizer.path`` as the caller read it
+            (:func:`pipelines.stages.tokenize.given_tokenizer`), used as it is; ``None``: read here.
         resume: reuse the finished input splits of an unfinished run of the same job in ``output_dir``
             (:mod:`pipelines.io.resume`); a fresh run when there is none.
     Returns:
@@ -233,6 +248,9 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         colaflow.config.ConfigError: a bad config value (:meth:`PipelineConfig.validate`), an unknown
             Beam option (:func:`beam_options`), or a vocabulary too small for the tokenizer sample.
         FileNotFoundError: no file matches ``input_glob``.
+        colaflow.config.ConfigError: also ``classifier.path`` or ``quality.c4.bad_words`` names no file
+            (or an empty list), or a ``decontam.eval_sets`` entry matches no file, has a file of unknown
+            format, or holds no n-gram (``pipelines.stages.decontam.EvalSetError``).
         InputError: ``input_glob`` names a folder, unknown files are refused, or the files are all
             empty (see :func:`match_input`), or no record was read from them (no Parquet rows, only
             blank lines or whitespace, or nothing once decompressed: :func:`no_records_error`).
@@ -258,6 +276,11 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     """
     cfg = cfg or PipelineConfig()
     cfg.validate()
+    check_model(cfg.classifier)  # given files are checked here, each error in one line
+    c4 = cfg.quality.c4
+    if cfg.quality.enabled and c4.enabled and c4.bad_words:
+        bad_words_pattern(c4.bad_words)
+    load_eval_sets(cfg.decontam)
     options = beam_options(beam_args or [])
     FileSystems.set_options(options)  # the driver's own listing of s3:// inputs needs e.g. --s3_endpoint_url
     selection = match_input(input_glob, cfg)
@@ -284,7 +307,7 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     try:
         work = start_work(output_dir, identity, resume)
         p = beam.Pipeline(runner=runner, options=options)
-        build(p, selection.listing, output_dir, cfg, work, total_bytes)
+        build(p, selection.listing, output_dir, cfg, work, total_bytes, tokenizer)
         result = p.run()
         state = result.wait_until_finish()
         if state != PipelineState.DONE:

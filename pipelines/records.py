@@ -22,13 +22,16 @@ RAW_EXCERPT_BYTES = 200
 UNREADABLE = "unreadable"  # unit format of a read error: the unit's bytes are the error message
 TOO_LARGE = "too_large"  # unit format of a skipped over-long record: the unit's bytes are its head
 PARQUET = "parquet"  # unit format of a Parquet row: the payload is (text, id, source) as read
+WARC = "warc"  # unit format of a WARC response record: the payload is a WarcResponse
+WARC_OTHER = "warc_other"  # unit format of a WARC record that is no document: the unit's bytes are its type
 DUPLICATES = "duplicates"  # tag of the duplicate_record lines written to OUT/duplicates/
 UNREADABLE_FILE = "unreadable_file"  # dead-letter reason of a file read stopped (or could not start)
 BLANK_LINE = "blank_line"  # dead-letter reason of a blank JSONL line (counted, but no record)
 _COMPRESSED = (".gz", ".bz2", ".zst")
 UTF8_BOM = b"\xef\xbb\xbf"
 # by extension, in ``input.format: auto``; anything else is an unknown file (``input.unknown_files``)
-FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".text": "text", ".parquet": PARQUET}
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "text", ".text": "text", ".parquet": PARQUET,
+           ".warc": WARC}
 
 
 class ParquetRow(NamedTuple):
@@ -40,6 +43,26 @@ class ParquetRow(NamedTuple):
     source: object
 
 
+class WarcResponse(NamedTuple):
+    """The payload of a WARC unit: one response record as read (:mod:`pipelines.io.warc`).
+
+    Attributes:
+        url: ``WARC-Target-URI``.
+        date: ``WARC-Date`` as written (ISO 8601, e.g. ``2024-03-01T12:00:00Z``).
+        status: HTTP status code (0 when the record holds no HTTP status line).
+        content_type: HTTP ``Content-Type`` media type, lower case, without parameters ("" when absent).
+        charset: the ``charset`` parameter of the HTTP ``Content-Type`` ("" when absent).
+        body: the HTTP payload (transfer and content encodings undone).
+    """
+
+    url: str
+    date: str
+    status: int
+    content_type: str
+    charset: str
+    body: bytes
+
+
 class RawUnit(NamedTuple):
     """One input record as read (:func:`pipelines.io.reading.read_split`), before parsing.
 
@@ -49,26 +72,53 @@ class RawUnit(NamedTuple):
             (a unit of a byte-range split that does not start the file).
         offset: byte offset of the unit in the (decompressed) file; -1 for Parquet rows.
         raw: the unit's bytes (a JSONL line without its newline, a text paragraph); a
-            :class:`ParquetRow` for format ``parquet``; the head of the record for ``too_large``;
+            :class:`ParquetRow` for format ``parquet``; a :class:`WarcResponse` for ``warc``; the
+            record type (``request``, ...) for ``warc_other``; the head of the record for ``too_large``;
             the error message (UTF-8) for ``unreadable``.
-        fmt: ``jsonl``, ``text``, ``parquet``, or :data:`TOO_LARGE` / :data:`UNREADABLE`.
-        size: bytes the unit took in the file (newline included), 0 for ``unreadable``.
+        fmt: ``jsonl``, ``text``, ``parquet``, ``warc``, ``warc_other``, or :data:`TOO_LARGE` /
+            :data:`UNREADABLE`.
+        size: bytes the unit took in the file (newline included; a ``.warc.gz`` record: its gzip
+            member), 0 for ``unreadable``.
     """
 
     path: str
     line: int
     offset: int
-    raw: Union[bytes, ParquetRow]
+    raw: Union[bytes, ParquetRow, WarcResponse]
     fmt: str
     size: int
 
 
+class WebMeta(NamedTuple):
+    """Where a web document came from (a WARC response record); written into its sample's metadata.
+
+    Attributes:
+        url: the page's URL (``WARC-Target-URI``).
+        date: the crawl date (``WARC-Date``, ISO 8601).
+        language: ISO 639-1 code of the extracted text (py3langid).
+    """
+
+    url: str
+    date: str
+    language: str
+
+
 class Doc(NamedTuple):
-    """A parsed document. ``text`` is a Python ``str``; ``source`` names the corpus it came from."""
+    """A parsed document. ``text`` is a Python ``str``; ``source`` names the corpus it came from;
+    ``meta`` says where a web document came from (``None`` for other inputs)."""
 
     id: str
     text: str
     source: str
+    meta: WebMeta | None = None
+
+
+class Filtered(NamedTuple):
+    """An input record read but not made a document (a WARC response that is no HTML page, an HTTP
+    error, a page without text): counted as ``filtered:<reason>`` of ``source``."""
+
+    source: str
+    reason: str
 
 
 class TokenizedDoc(NamedTuple):
@@ -131,7 +181,7 @@ class DeadLetter(NamedTuple):
         return line
 
 
-Parsed = Union[Doc, DeadLetter]
+Parsed = Union[Doc, DeadLetter, Filtered]
 
 
 def duplicate_record(doc_id: str, source: str, keeper: str, kind: str) -> str:
@@ -151,13 +201,13 @@ def file_stem(path: str) -> str:
 
 
 def file_format(path: str, cfg: InputConfig) -> str | None:
-    """``jsonl``, ``text`` or ``parquet`` for ``path`` under ``cfg.format``, or ``None`` for a file
-    to skip.
+    """``jsonl``, ``text``, ``parquet`` or ``warc`` for ``path`` under ``cfg.format``, or ``None``
+    for a file to skip.
 
     ``auto`` looks at the extension under any ``.gz``/``.bz2``/``.zst``: ``.jsonl``/``.ndjson``
-    → jsonl, ``.txt``/``.text`` → text, ``.parquet``. Any other file (``README.md``, ``.csv``,
-    ``.json``: usually one JSON document, not JSON Lines) follows ``cfg.unknown_files``: ``skip``
-    → ``None``, ``text`` → read as text, ``error`` → ``None`` too (the driver refuses such a
+    → jsonl, ``.txt``/``.text`` → text, ``.parquet``, ``.warc`` (:data:`FORMATS`). Any other file
+    (``README.md``, ``.csv``, ``.json``: usually one JSON document, not JSON Lines) follows
+    ``cfg.unknown_files``: ``skip`` → ``None``, ``text`` → read as text, ``error`` → ``None`` too (the driver refuses such a
     run before it starts, see :func:`pipelines.job.run`).
     """
     if cfg.format != "auto":

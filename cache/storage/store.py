@@ -113,7 +113,7 @@ class Store:
 
     def hold_lock(self, key: str) -> FileLock:
         """Shared lock held on a prefetched, not-yet-read ``key``; other prefetches never evict it."""
-        return FileLock(os.path.join(self.root, "locks", key + ".hold"), shared=True)
+        return FileLock(os.path.join(self.root, "locks", key + ".hold"), shared=True, wait_s=self.wait_s)
 
     def fetch_lock(self, key: str) -> FileLock:
         """Exclusive lock taken by the one process downloading ``key``; a wait for it ends in

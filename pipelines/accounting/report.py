@@ -63,12 +63,24 @@ def report_text(stats: dict) -> str:
     if t.get("lines_removed"):
         lines += ["", "lines removed from kept documents (quality rules):"]
         lines += [f"  {rule:<24} {c:>10,}" for rule, c in sorted(t["lines_removed"].items(), key=lambda kv: -kv[1])]
+    if t.get("decontaminated"):
+        lines += ["", "documents cut by decontamination (evaluation set):"]
+        lines += [f"  {name:<24} {c:>10,}" for name, c in sorted(t["decontaminated"].items())]
+    if t.get("quality_scores"):
+        scores = t["quality_scores"]
+        peak = max(scores.values())
+        lines += ["", "classifier score, kept documents:"]
+        lines += [f"  {lo:>4}-{float(lo) + 0.1:.1f} {n:>10,}  {'#' * max(1, round(40 * n / peak))}"
+                  for lo, n in sorted(scores.items())]
     if t.get("skipped_files"):
         lines += ["", f"skipped files    {t['skipped_files']:>12,}  (unknown format; see input.unknown_files)"]
     if t.get("skipped_links"):
         lines += ["", f"skipped links    {t['skipped_links']:>12,}  (input links whose target does not exist)"]
     if t.get("empty_files"):
         lines += ["", f"empty files      {t['empty_files']:>12,}  (0 bytes: nothing to read)"]
+    if t.get("skipped_records"):
+        lines += ["", "WARC records that hold no document (not input records):"]
+        lines += [f"  {kind:<24} {c:>10,}" for kind, c in sorted(t["skipped_records"].items(), key=lambda kv: -kv[1])]
     if t["dead_letter_reasons"]:
         lines += ["", "dead-letter reasons:"]
         lines += [f"  {r:<24} {c:>10,}" for r, c in sorted(t["dead_letter_reasons"].items(), key=lambda kv: -kv[1])]
@@ -115,7 +127,8 @@ def redactions_per_source(stats: dict) -> dict[str, dict[str, int]]:
 def report_panels(stats: dict) -> list[str]:
     """The panels ``report.png`` draws, in order; a panel with nothing to show is left out:
     ``lengths`` (kept-document length histogram), ``removed`` (filter reasons and exact
-    duplicates), ``redactions`` (PII redactions per source and kind)."""
+    duplicates), ``redactions`` (PII redactions per source and kind), ``scores`` (the classifier's
+    score histogram of kept documents)."""
     t = stats["total"]
     panels = []
     if any(t.get("length_tokens", {}).values()):
@@ -124,6 +137,8 @@ def report_panels(stats: dict) -> list[str]:
         panels.append("removed")
     if redactions_per_source(stats):
         panels.append("redactions")
+    if any(t.get("quality_scores", {}).values()):
+        panels.append("scores")
     return panels
 
 
@@ -162,6 +177,17 @@ def _draw_redactions(ax, stats: dict) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(len(kinds), 4), fontsize=8, frameon=False)
 
 
+def _draw_scores(ax, stats: dict) -> None:
+    scores = stats["total"]["quality_scores"]
+    bins = sorted(scores)
+    ax.bar(range(len(bins)), [scores[b] for b in bins], color="#228833")
+    ax.set_xticks(range(len(bins)), bins, fontsize=8)
+    ax.set_xlabel("classifier score (bin lower edge)")
+    ax.set_ylabel("kept documents")
+    ax.set_title(f"quality classifier, {count(stats['total']['filtered'].get('quality_classifier', 0), 'document')} "
+                 "below the threshold")
+
+
 def report_png(stats: dict) -> bytes:
     """PNG bytes: one panel per entry of :func:`report_panels`, side by side (a note instead
     of axes when there is nothing at all to plot)."""
@@ -172,7 +198,8 @@ def report_png(stats: dict) -> bytes:
 
     panels = report_panels(stats)
     fig = Figure(figsize=(5.5 * max(len(panels), 1), 4), dpi=100)
-    draw = {"lengths": _draw_lengths, "removed": _draw_removed, "redactions": _draw_redactions}
+    draw = {"lengths": _draw_lengths, "removed": _draw_removed, "redactions": _draw_redactions,
+            "scores": _draw_scores}
     for i, name in enumerate(panels):
         draw[name](fig.add_subplot(1, len(panels), i + 1), stats)
     if not panels:

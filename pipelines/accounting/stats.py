@@ -3,10 +3,13 @@
 Each stage emits events ``((source, name), n)`` on a tagged output and bumps a Beam
 counter of the same name. Names: ``input``, ``kept``, ``duplicate``, ``filtered:<reason>``,
 ``dead:<reason>``, ``redacted:<kind>``, ``lines_removed:<rule>`` (lines a quality rule removed from
-a kept document, ``pipelines.stages.quality.c4``), ``tokens``, ``text_bytes``, ``length:<bin>`` (kept
+a kept document, ``pipelines.stages.quality.c4``), ``quality_score:<bin>`` (kept documents whose
+classifier score lies in the bin of width 0.1 starting at ``bin``), ``decontaminated:<set>`` (kept
+documents whose spans matching an evaluation set were cut), ``tokens``, ``text_bytes``, ``length:<bin>`` (kept
 documents whose token count lies in the power-of-two bin starting at ``bin``), ``skipped_file``
 (an input file of unknown format that was not read; not a record), ``empty_file`` (a 0-byte
 input file; not a record), ``skipped_link`` (an input link whose target does not exist; not a
+record), ``skipped_record:<type>`` (a WARC record that is no document, such as ``request``; not a
 record). The counts are summed
 with ``CombinePerKey`` and folded into ``stats.json``, whose invariant per source and in
 total is::
@@ -59,8 +62,9 @@ class EventTally:
 
 def _empty() -> dict:
     return {"input_records": 0, "kept": 0, "filtered": {}, "duplicates": 0, "dead_letter": 0,
-            "dead_letter_reasons": {}, "redactions": {}, "lines_removed": {}, "tokens": 0, "text_bytes": 0,
-            "length_tokens": {}, "skipped_files": 0, "empty_files": 0, "skipped_links": 0}
+            "dead_letter_reasons": {}, "redactions": {}, "lines_removed": {}, "quality_scores": {},
+            "decontaminated": {}, "tokens": 0, "text_bytes": 0,
+            "length_tokens": {}, "skipped_files": 0, "empty_files": 0, "skipped_links": 0, "skipped_records": {}}
 
 
 def _add(entry: dict, name: str, n: int) -> None:
@@ -72,7 +76,8 @@ def _add(entry: dict, name: str, n: int) -> None:
         return
     kind, _, reason = name.partition(":")
     section = {"filtered": "filtered", "dead": "dead_letter_reasons", "redacted": "redactions",
-               "lines_removed": "lines_removed", "length": "length_tokens"}.get(kind)
+               "lines_removed": "lines_removed", "quality_score": "quality_scores", "decontaminated": "decontaminated",
+               "length": "length_tokens", "skipped_record": "skipped_records"}.get(kind)
     if section is None:
         raise ValueError(f"unknown event name {name!r}")
     entry[section][reason] = entry[section].get(reason, 0) + n
@@ -84,10 +89,14 @@ def aggregate(events: list[tuple[tuple[str, str], int]]) -> dict:
     """Fold summed events into ``{"total": {...}, "sources": {source: {...}}}`` (keys sorted).
 
     Each entry: input_records, kept, filtered {reason: n}, duplicates, dead_letter,
-    dead_letter_reasons {reason: n}, redactions {kind: n}, lines_removed {rule: lines}, tokens,
+    dead_letter_reasons {reason: n}, redactions {kind: n}, lines_removed {rule: lines}, quality_scores
+    {bin lower edge: kept documents} (the classifier's score histogram), decontaminated {set: kept
+    documents cut}, tokens,
     text_bytes (UTF-8 bytes of kept documents), length_tokens {bin lower edge: kept documents},
     skipped_files (input files of unknown format not read), empty_files (0-byte input files),
-    skipped_links (input links without a target) and balanced (bool: the invariant above holds).
+    skipped_links (input links without a target), skipped_records {WARC record type: n} (WARC
+    records that are no documents: ``request``, ``warcinfo``, ``metadata``, ...; not input records)
+    and balanced (bool: the invariant above holds).
     """
     sources: dict[str, dict] = defaultdict(_empty)
     total = _empty()
@@ -96,7 +105,8 @@ def aggregate(events: list[tuple[tuple[str, str], int]]) -> dict:
         _add(total, name, n)
     out = {"total": total, "sources": {s: sources[s] for s in sorted(sources)}}
     for entry in [total, *out["sources"].values()]:
-        for section in ("filtered", "dead_letter_reasons", "redactions", "lines_removed"):
+        for section in ("filtered", "dead_letter_reasons", "redactions", "lines_removed", "quality_scores",
+                        "decontaminated", "skipped_records"):
             entry[section] = dict(sorted(entry[section].items()))
         entry["length_tokens"] = dict(sorted(entry["length_tokens"].items(), key=lambda kv: int(kv[0])))
         entry["balanced"] = is_balanced(entry)

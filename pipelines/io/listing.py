@@ -1,10 +1,11 @@
 """The one listing of ``--input``: which files a path or glob names, and which paths it skips, with why.
 
 An existing path is taken literally before it is read as a glob, so a folder or file named
-``data [v2] (old)/a.jsonl`` is found as it is. Otherwise the glob (Beam's syntax: ``*`` within
+``data [v2] (old)/a.jsonl`` is found as it is, and so are a glob's leading folders
+(``data [v2] (old)/*.jsonl`` globs inside that folder when it exists). Otherwise the glob (Beam's syntax: ``*`` within
 one folder, ``**`` across folders, ``?``, ``[...]``) is matched against a listing that follows
 links: a linked folder is walked like any other (once, however many links reach it), a linked
-file is read through its link's path, and a link whose target is missing is a skipped path, named
+file is read through its link's path, and a link whose target is missing (or a loop of links) is a skipped path, named
 and counted (``skipped_links`` in ``stats.json``), never dropped unseen. Object stores (``gs://``,
 ``s3://``) have no links; they are listed by Beam's filesystems.
 """
@@ -79,27 +80,48 @@ def _walk(top: str):
             path = os.path.join(folder, name)
             try:
                 yield path, os.path.getsize(path)
-            except FileNotFoundError:
-                yield path, None  # os.walk lists a link by its own name; its target is gone
+            except OSError:  # os.walk lists a link by its own name: its target is gone, or a loop of links
+                if not os.path.islink(path):
+                    raise
+                yield path, None
 
 
-def _list_local(pattern: str) -> tuple[list[InputFile], list[str]]:
-    head = _WILDCARDS.split(pattern, maxsplit=1)[0]
-    top = os.path.dirname(head) or "."
-    regex = re.compile(FileSystem.translate_pattern(pattern))
+def literal_folder(pattern: str) -> str:
+    """The longest run of ``pattern``'s leading folders that exists as written, wildcard characters
+    and all (``data [v2]`` of ``data [v2]/*.jsonl`` when that folder exists); ``""`` for none. The
+    rest of the pattern is the glob matched inside it."""
+    parts = pattern.split("/")
+    top = ""
+    for i in range(1, len(parts)):
+        folder = "/".join(parts[:i]) or "/"
+        if not os.path.isdir(folder):
+            break
+        top = folder
+    return top
+
+
+def _list_local(pattern: str) -> tuple[str, list[InputFile], list[str]]:
+    """The folder the matches are named relative to, the files ``pattern`` matches and its broken links."""
+    from pipelines.records import input_root
+
+    top = literal_folder(pattern)
+    rest = pattern[len(top):].lstrip("/") if top else pattern
+    root = top if _WILDCARDS.search(top) else input_root(pattern)  # a folder named like a glob is taken as it is
+    regex = re.compile(FileSystem.translate_pattern(rest))
     files, broken = [], []
-    if not os.path.isdir(top):
-        return files, broken
-    prefix = "" if os.path.dirname(head) else "./"  # os.walk(".") names files ./x; the pattern says x
-    for path, size in _walk(top):
-        name = path[len(prefix):] if prefix and path.startswith(prefix) else path
-        if not regex.match(name):
+    following = rest.split("/", 1)
+    if len(following) > 1 and not _WILDCARDS.search(following[0]):  # a plain folder that does not exist
+        return root, files, broken
+    for path, size in _walk(top or "."):
+        relative = os.path.relpath(path, top or ".")
+        if not regex.match(relative):
             continue
+        name = os.path.join(top, relative) if top else relative  # as the pattern spells it
         if size is None:
             broken.append(name)
         else:
             files.append(InputFile(name, size))
-    return files, broken
+    return root, files, broken
 
 
 def list_inputs(pattern: str) -> InputListing:
@@ -126,8 +148,8 @@ def list_inputs(pattern: str) -> InputListing:
                 return InputListing(os.path.dirname(path), (), (path,))
             if not _WILDCARDS.search(path):
                 return InputListing(os.path.dirname(path), ())
-            files, broken = _list_local(path)
-            return InputListing(input_root(path), tuple(sorted(files, key=lambda f: f.path)), tuple(sorted(broken)))
+            root, files, broken = _list_local(path)
+            return InputListing(root, tuple(sorted(files, key=lambda f: f.path)), tuple(sorted(broken)))
         if FileSystems.exists(path) and not path.endswith("/"):
             meta = FileSystems.match([path])[0].metadata_list
             literal = [m for m in meta if m.path == path]

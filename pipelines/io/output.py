@@ -4,7 +4,7 @@ write the JSONL side outputs (dead letters, duplicates). Everything goes through
 
 Artifacts of a run: ``manifest.json`` (written last: a finished run), ``_tmp_buckets/`` (an
 unfinished one), shards and their indexes, ``val/``, ``stats.json``, ``tokenizer.model``, the
-reports, ``dead_letter/``, ``duplicates/``, Beam's ``beam-temp-*`` and ``*.partial`` files, and
+reports, ``dead_letter/``, ``duplicates/``, ``decontaminated/``, Beam's ``beam-temp-*`` and ``*.partial`` files, and
 every shard and index an earlier ``manifest.json`` lists, whatever its ``shards.prefix``.
 ``.work/`` (each finished input split's output, :mod:`pipelines.io.resume`) is none: a failed run
 keeps it for ``--resume``.
@@ -24,6 +24,7 @@ from pipelines.stages.clean import stable_bucket
 
 DEAD_LETTER_DIR = "dead_letter"
 DUPLICATES_DIR = "duplicates"
+DECONTAMINATED_DIR = "decontaminated"
 JSONL_PARTS = 8  # side-output lines are spread over at most this many part files per folder
 BACKUP_DIR = ".previous-run"  # hidden: the earlier run while a --overwrite run is not done
 BACKUP_DONE = ".complete"  # in BACKUP_DIR once every artifact of the earlier run is in it
@@ -45,7 +46,7 @@ def _artifacts(fs, root: str, prefix: str) -> list[str]:
 
     fs.invalidate_cache()  # other processes (Beam workers) wrote here since the last listing
     names = ["manifest.json", "stats.json", *FOLDER_FILE_NAMES, "shardindex.json", REPORT_TXT, REPORT_PNG,
-             REPORT_HTML, TMP_DIR, DEAD_LETTER_DIR, DUPLICATES_DIR, VAL_DIR]
+             REPORT_HTML, TMP_DIR, DEAD_LETTER_DIR, DUPLICATES_DIR, DECONTAMINATED_DIR, VAL_DIR]
     found = [f"{root}/{n}" for n in names if fs.exists(f"{root}/{n}")]
     patterns = [f"{prefix}-*.tar", f"{prefix}-*.idx", "beam-temp-*", "*.partial", ".*.partial"]
     globbed = {p for pattern in patterns for p in fs.glob(f"{root}/{pattern}")}

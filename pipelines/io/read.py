@@ -9,8 +9,10 @@ import apache_beam as beam
 from pipelines.accounting.stats import EVENTS, EventTally, event
 from pipelines.config import InputConfig
 from pipelines.io.listing import InputFile, InputListing
+from pipelines.io.pages import WarcPages
 from pipelines.io.reading import plan_splits
-from pipelines.records import DeadLetter, RawUnit, file_format, file_stem, parse_unit, relative_name
+from pipelines.records import (WARC, WARC_OTHER, DeadLetter, Filtered, RawUnit, file_format, file_stem, parse_unit,
+                               relative_name)
 
 DEAD = "dead"  # ParseFn's tag of dead letters
 
@@ -64,29 +66,42 @@ def _plan(match: InputFile | str, cfg: InputConfig):
 
 class ParseFn(beam.DoFn):
     """:class:`~pipelines.records.RawUnit` → :class:`~pipelines.records.Doc` (main output) or
-    :class:`~pipelines.records.DeadLetter` (tag ``dead``); ``input`` and ``dead:<reason>`` events
-    (tag ``events``), one ``input`` per unit.
+    :class:`~pipelines.records.DeadLetter` (tag ``dead``); ``input``, ``dead:<reason>`` and
+    ``filtered:<reason>`` events (tag ``events``), one ``input`` per unit.
 
-    Ids are qualified by each file's path relative to ``root`` (:attr:`InputListing.root
-    <pipelines.io.listing.InputListing.root>`, :func:`pipelines.records.qualify_id`).
+    WARC response records are parsed by :class:`pipelines.io.pages.WarcPages` (a record that is no
+    page is ``filtered:<reason>``); other WARC records (``warc_other``: ``request``, ``warcinfo``, ...)
+    are no input records and count ``skipped_record:<type>`` only. Ids are qualified by each file's
+    path relative to ``root`` (:attr:`InputListing.root <pipelines.io.listing.InputListing.root>`,
+    :func:`pipelines.records.qualify_id`).
     """
 
     def __init__(self, cfg: InputConfig, root: str = ""):
         self.cfg, self.root = cfg, root
+        self.pages = WarcPages(cfg)
 
     def start_bundle(self):
         """A fresh event tally for the bundle."""
         self.tally = EventTally()
 
     def process(self, unit: RawUnit):
-        """Parse one unit (:func:`pipelines.records.parse_unit`): yields the document, or the dead
-        letter naming the file and position on tag ``dead``."""
-        parsed = parse_unit(unit.path, unit.line, unit.raw, unit.fmt, self.cfg, unit.offset, unit.size,
-                            relative_name(unit.path, self.root))
+        """Parse one unit (:func:`pipelines.records.parse_unit`, or :meth:`WarcPages.parse
+        <pipelines.io.pages.WarcPages.parse>`): yields the document, or the dead letter naming the
+        file and position on tag ``dead``."""
+        if unit.fmt == WARC_OTHER:
+            self.tally.add(file_stem(unit.path), f"skipped_record:{unit.raw.decode()}")
+            return
+        name = relative_name(unit.path, self.root)
+        if unit.fmt == WARC:
+            parsed = self.pages.parse(unit, name)
+        else:
+            parsed = parse_unit(unit.path, unit.line, unit.raw, unit.fmt, self.cfg, unit.offset, unit.size, name)
         self.tally.add(parsed.source, "input")
         if isinstance(parsed, DeadLetter):
             self.tally.add(parsed.source, f"dead:{parsed.reason}")
             yield beam.pvalue.TaggedOutput(DEAD, parsed)
+        elif isinstance(parsed, Filtered):
+            self.tally.add(parsed.source, f"filtered:{parsed.reason}")
         else:
             yield parsed
 

@@ -11,6 +11,10 @@ workers read (:func:`read_split`) into :class:`~pipelines.records.RawUnit` s:
   batches of the text/id/source columns only (pyarrow over Beam's filesystems, so ``gs://``
   and ``s3://`` work).
 * compressed files and text (paragraph) files: one split, streamed line by line.
+* WARC: ``.warc.gz`` in byte ranges of ``input.split_bytes`` cut at gzip member boundaries, any
+  other WARC file one split, one unit per record (:mod:`pipelines.io.warc`).
+
+Each format's planning and reading is one :class:`Reader` in :data:`READERS`.
 
 Lines are read with a length limit (``input.max_record_bytes``); a longer record is skipped
 in 1 MiB steps and becomes one ``too_large`` unit, so memory stays bounded by the limit
@@ -28,7 +32,7 @@ import io
 import re
 import sys
 import zlib
-from typing import BinaryIO, Iterator, NamedTuple
+from typing import BinaryIO, Callable, Iterator, NamedTuple
 
 import zstandard
 from apache_beam.io.filesystem import CompressionTypes
@@ -37,7 +41,9 @@ from tqdm import tqdm
 
 from colaflow.wording import count
 from pipelines.config import InputConfig
-from pipelines.records import PARQUET, RAW_EXCERPT_BYTES, TOO_LARGE, UNREADABLE, ParquetRow, RawUnit, file_format
+from pipelines.io.warc import warc_ranges, warc_units
+from pipelines.records import (PARQUET, RAW_EXCERPT_BYTES, TOO_LARGE, UNREADABLE, WARC, ParquetRow, RawUnit,
+                               file_format)
 
 CHUNK_BYTES = 1 << 20
 _COMPRESSED = (".gz", ".bz2", ".zst")
@@ -120,33 +126,47 @@ def _size(path: str) -> int:
         return -1
 
 
+def _row_groups(path: str, size: int, cfg: InputConfig) -> list[tuple[int, int]]:
+    """Parquet: groups of row groups up to ``cfg.split_bytes``; a file that cannot be opened as
+    Parquet is one split, which :func:`read_split` dead-letters whole."""
+    import pyarrow.parquet as pq
+
+    try:
+        with _open(path) as f:
+            meta = pq.ParquetFile(f).metadata
+    except (OSError, ValueError, EOFError):  # not Parquet (pyarrow's ArrowInvalid is a ValueError)
+        return [(0, -1)]  # read_split meets the same error: one unreadable_file dead letter
+    ranges, first, acc = [], 0, 0
+    for i in range(meta.num_row_groups):
+        acc += meta.row_group(i).total_byte_size
+        if acc >= cfg.split_bytes:
+            ranges.append((first, i + 1))
+            first, acc = i + 1, 0
+    if first < meta.num_row_groups or not ranges:
+        ranges.append((first, meta.num_row_groups))
+    return ranges
+
+
+def _byte_ranges(path: str, size: int, cfg: InputConfig) -> list[tuple[int, int]]:
+    """Uncompressed JSONL: byte ranges of ``cfg.split_bytes``; a compressed file is one split."""
+    if path.endswith(_COMPRESSED) or size <= cfg.split_bytes:
+        return [(0, -1)]
+    return [(s, min(s + cfg.split_bytes, size)) for s in range(0, size, cfg.split_bytes)]
+
+
+def _whole(path: str, size: int, cfg: InputConfig) -> list[tuple[int, int]]:
+    """Text: one split, streamed."""
+    return [(0, -1)]
+
+
 def plan_splits(path: str, size: int, cfg: InputConfig) -> list[Split]:
-    """Splits of one matched file of ``size`` bytes (see the module docstring for the rules);
-    none for a file of unknown format (``input.unknown_files``). Never raises on bad data: a file
-    that cannot be opened as Parquet is one split, which :func:`read_split` dead-letters whole."""
+    """Splits of one matched file of ``size`` bytes (its format's :attr:`Reader.plan`; see the module
+    docstring for the rules); none for a file of unknown format (``input.unknown_files``). Never
+    raises on bad data."""
     fmt = file_format(path, cfg)
     if fmt is None:
         return []
-    if fmt == PARQUET:
-        import pyarrow.parquet as pq
-
-        try:
-            with _open(path) as f:
-                meta = pq.ParquetFile(f).metadata
-        except (OSError, ValueError, EOFError):  # not Parquet (pyarrow's ArrowInvalid is a ValueError)
-            return [Split(path, fmt, 0, -1)]  # read_split meets the same error: one unreadable_file dead letter
-        splits, first, acc = [], 0, 0
-        for i in range(meta.num_row_groups):
-            acc += meta.row_group(i).total_byte_size
-            if acc >= cfg.split_bytes:
-                splits.append(Split(path, fmt, first, i + 1))
-                first, acc = i + 1, 0
-        if first < meta.num_row_groups or not splits:
-            splits.append(Split(path, fmt, first, meta.num_row_groups))
-        return splits
-    if fmt != "jsonl" or path.endswith(_COMPRESSED) or size <= cfg.split_bytes:
-        return [Split(path, fmt, 0, -1)]
-    return [Split(path, fmt, s, min(s + cfg.split_bytes, size)) for s in range(0, size, cfg.split_bytes)]
+    return [Split(path, fmt, start, end) for start, end in READERS[fmt].plan(path, size, cfg)]
 
 
 _EOL = re.compile(rb"[\r\n]")
@@ -290,6 +310,36 @@ def iter_units(stream: BinaryIO, path: str, fmt: str, cfg: InputConfig) -> Itera
     return (_jsonl_units if fmt == "jsonl" else _text_units)(stream, split, cfg)
 
 
+class Reader(NamedTuple):
+    """How one input format is planned and read.
+
+    Attributes:
+        plan: ``(path, size, cfg)`` → the file's ``(start, end)`` ranges (bytes, Parquet: row groups).
+        read: ``(raw, split, cfg)`` → the split's units, ``raw`` the file as stored.
+    """
+
+    plan: Callable[[str, int, InputConfig], list[tuple[int, int]]]
+    read: Callable[[BinaryIO, Split, InputConfig], Iterator[RawUnit]]
+
+
+def _read_warc(raw: BinaryIO, split: Split, cfg: InputConfig) -> Iterator[RawUnit]:
+    stream = raw if split.path.endswith(".gz") else _decompressed(raw, split.path)
+    return warc_units(stream, split.path, split.start, split.end, cfg)
+
+
+def _warc_ranges(path: str, size: int, cfg: InputConfig) -> list[tuple[int, int]]:
+    return warc_ranges(path, size, cfg.split_bytes)
+
+
+# every input format (``input.format``, :data:`pipelines.records.FORMATS`) and how it is read
+READERS: dict[str, Reader] = {
+    "jsonl": Reader(_byte_ranges, lambda raw, split, cfg: _jsonl_units(_decompressed(raw, split.path), split, cfg)),
+    "text": Reader(_whole, lambda raw, split, cfg: _text_units(_decompressed(raw, split.path), split, cfg)),
+    PARQUET: Reader(_row_groups, _parquet_units),
+    WARC: Reader(_warc_ranges, _read_warc),
+}
+
+
 class _Progress:
     """One tqdm bar per worker process and run over input bytes (updated from every reading DoFn).
 
@@ -323,11 +373,7 @@ def read_split(split: Split, cfg: InputConfig, total_bytes: int = 0, run_id: str
     raw_read = -1  # compressed bytes read when an error stops a compressed file
     try:
         with _open(split.path) as raw:
-            if split.fmt == PARQUET:
-                units = _parquet_units(raw, split, cfg)
-            else:
-                stream = _decompressed(raw, split.path)
-                units = (_jsonl_units if split.fmt == "jsonl" else _text_units)(stream, split, cfg)
+            units = READERS[split.fmt].read(raw, split, cfg)
             try:
                 for i, unit in enumerate(units):
                     last_offset, last_line = unit.offset + unit.size, unit.line

@@ -30,7 +30,7 @@ from pipelines.accounting.stats import EVENTS, event
 from pipelines.config import PipelineConfig
 from pipelines.io import frames
 from pipelines.io.listing import InputListing
-from pipelines.io.read import DEAD, ParseFn
+from pipelines.io.read import ParseFn
 from pipelines.io.reading import Split, read_split
 from pipelines.stages.filters import FilterFn, build_steps
 
@@ -171,7 +171,7 @@ class WorkFolder:
 
 class SplitWorkFn(beam.DoFn):
     """:class:`~pipelines.io.reading.Split` → the documents kept of it (main output), its dead
-    letters (tag ``dead``) and its events (tag ``events``).
+    letters (tag ``dead``), the steps' listing lines (tag ``listed``) and its events (tag ``events``).
 
     A split with a record in the :class:`WorkFolder` is read from it. Any other is read
     (:func:`~pipelines.io.reading.read_split`), parsed (:class:`~pipelines.io.read.ParseFn`) and
@@ -200,13 +200,10 @@ class SplitWorkFn(beam.DoFn):
         self.filter.start_bundle()
         for unit in read_split(split, self.input_cfg, self.total_bytes, self.run_id):
             for parsed in self.parse.process(unit):
-                if isinstance(parsed, beam.pvalue.TaggedOutput):  # a dead letter
-                    kept.append((DEAD, parsed.value))
-                    yield parsed
-                    continue
-                for doc in self.filter.process(parsed):
-                    kept.append((None, doc))
-                    yield doc
+                tagged = isinstance(parsed, beam.pvalue.TaggedOutput)  # a dead letter
+                for out in [parsed] if tagged else self.filter.process(parsed):
+                    kept.append((out.tag, out.value) if isinstance(out, beam.pvalue.TaggedOutput) else (None, out))
+                    yield out
         for tagged in [*self.parse.finish_bundle(), *self.filter.finish_bundle()]:
             value = tagged.value.value  # finish_bundle's events are windowed; here they go out of process
             kept.append((EVENTS, value))

@@ -9,7 +9,9 @@ import apache_beam as beam
 from pipelines.accounting.stats import EventTally
 from pipelines.config import PipelineConfig
 from pipelines.records import Doc
+from pipelines.stages.classifier import ClassifierStep
 from pipelines.stages.clean import CleanTextStep, LengthStep, RawLengthStep
+from pipelines.stages.decontam import DecontamStep
 from pipelines.stages.language import LanguageStep
 from pipelines.stages.pii import RedactStep
 from pipelines.stages.quality import quality_steps
@@ -20,9 +22,15 @@ def build_steps(cfg: PipelineConfig) -> list[DocumentStep]:
     """The document steps of ``cfg``, in the order they run: raw length (a huge document costs no
     cleaning), :func:`~pipelines.stages.clean.clean_text`, length, language, the quality steps
     (:func:`~pipelines.stages.quality.quality_steps`: Gopher quality, Gopher repetition, C4, FineWeb),
-    PII redaction (a step whose section is disabled keeps every document). The one place the list is built."""
+    the fastText classifier (after the cheap rules, on the lines C4 kept), decontamination (on the
+    text as it will be trained on, before placeholders replace PII), PII redaction (a step whose
+    section is disabled keeps every document). The one place the list is built."""
     return [RawLengthStep(cfg.clean), CleanTextStep(cfg.clean), LengthStep(cfg.clean),
-            LanguageStep(cfg.language), *quality_steps(cfg.quality), RedactStep(cfg.pii)]
+            LanguageStep(cfg.language), *quality_steps(cfg.quality),
+            ClassifierStep(cfg.classifier), DecontamStep(cfg.decontam), RedactStep(cfg.pii)]
+
+
+LISTED = "listed"  # tag of the steps' listing lines (OUT/decontaminated/)
 
 
 class FilterFn(beam.DoFn):
@@ -30,8 +38,8 @@ class FilterFn(beam.DoFn):
 
     Events (tag ``events``, per source): ``filtered:<reason>`` for a rejected document (once,
     by the first step that rejects it), and the event counts of the steps (``redacted:<kind>``)
-    for a kept one. Each step's :meth:`~pipelines.stages.step.DocumentStep.setup` runs once per
-    DoFn instance.
+    for a kept one. The result's listing line, if any, goes to tag ``listed``. Each step's
+    :meth:`~pipelines.stages.step.DocumentStep.setup` runs once per DoFn instance.
     """
 
     def __init__(self, steps: Sequence[DocumentStep]):
@@ -49,6 +57,8 @@ class FilterFn(beam.DoFn):
     def process(self, doc: Doc):
         """Apply the steps (:func:`~pipelines.stages.step.run_steps`); yields the kept document."""
         result = run_steps(doc, self.steps)
+        if result.listing is not None:
+            yield beam.pvalue.TaggedOutput(LISTED, result.listing)
         if result.doc is None:
             self.tally.add(doc.source, f"filtered:{result.reason}")
             return

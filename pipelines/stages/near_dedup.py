@@ -4,9 +4,12 @@ MinHash (Broder 1997, "On the resemblance and containment of documents") estimat
 Jaccard similarity of word-shingle sets; LSH banding (Leskovec, Rajaraman & Ullman, "Mining
 of Massive Datasets", section 3.4) makes documents that agree on all rows of some band
 candidates. Per band bucket, a combiner reduces the members' ids to the smallest (the
-keeper) without holding the bucket; members are then compared with their bucket's keeper
-only, so a document is dropped when some keeper with a smaller id has an
-estimated Jaccard similarity ≥ ``threshold``. The outcome is the same on every runner.
+keeper) without holding the bucket; the candidate pairs are each bucket's keeper with its other
+members (as datatrove pairs a bucket's first document with the rest). The pairs whose estimated
+Jaccard similarity is ≥ ``threshold`` are the edges of a graph whose connected components are the
+clusters (:class:`Components`, union-find): each cluster keeps its smallest id and drops the rest,
+so a chain of near-copies A~B~C goes whole even where A and C alone would not match. The outcome
+is the same on every runner.
 
 Signatures are computed with numpy for a batch of documents at once: each word is hashed
 once (CRC-32), shingle hashes are rolled from word hashes, and the ``num_perm`` hash
@@ -277,22 +280,74 @@ def _compare(item, threshold: float):
         yield member, keeper
 
 
+class Components(beam.CombineFn):
+    """Connected components of similar pairs ``(id, id)``, by union-find: the accumulator maps each
+    id to a parent, the smaller id of a union is the root, so every component's root is its smallest
+    id whatever the order of pairs and merges. Output: ``{id: its component's smallest id}`` for every
+    id in a pair. Memory: the documents that have a near-duplicate (ids only), never the whole corpus.
+    """
+
+    @staticmethod
+    def _root(parent: dict, x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]  # path halving
+            x = parent[x]
+        return x
+
+    def _union(self, parent: dict, a: str, b: str) -> None:
+        parent.setdefault(a, a)
+        parent.setdefault(b, b)
+        ra, rb = self._root(parent, a), self._root(parent, b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+
+    def create_accumulator(self):
+        """An empty forest ``{id: parent id}``."""
+        return {}
+
+    def add_input(self, acc, pair: tuple[str, str]):
+        """Join the components of the pair's two ids."""
+        self._union(acc, *pair)
+        return acc
+
+    def merge_accumulators(self, accumulators):
+        """Join every id of the other forests with its parent there."""
+        accumulators = iter(accumulators)
+        out = next(accumulators)
+        for acc in accumulators:
+            for x, parent in acc.items():
+                self._union(out, x, parent)
+        return out
+
+    def extract_output(self, acc):
+        """``{id: smallest id of its component}``."""
+        return {x: self._root(acc, x) for x in list(acc)}
+
+
+def _represented(clusters: dict):
+    """``(id, its cluster's kept representative)`` for each clustered id but the representatives."""
+    for doc_id, rep in clusters.items():
+        if doc_id != rep:
+            yield doc_id, rep
+
+
 def _drop_losers(item):
     _, grouped = item
-    keepers = sorted(grouped["loser"])  # at most 2 * bands: one per listed pair and per hot bucket
-    _held(len(keepers) + 1)
+    reps = list(grouped["rep"])  # at most 1: the document's cluster representative
+    _held(len(reps) + 1)
     for doc in grouped["doc"]:
-        if keepers:
+        if reps:
             yield event(doc.source, "filtered:near_duplicate")
-            yield beam.pvalue.TaggedOutput(DUPLICATES, duplicate_record(doc.id, doc.source, keepers[0], "near"))
+            yield beam.pvalue.TaggedOutput(DUPLICATES, duplicate_record(doc.id, doc.source, reps[0], "near"))
         else:
             yield doc
 
 
 class NearDedup(beam.PTransform):
-    """``PCollection[Doc]`` → :class:`~pipelines.records.DedupOutput`: the documents that are not
-    near-duplicates of a smaller-id document, ``filtered:near_duplicate`` events, and one
-    :func:`~pipelines.records.duplicate_record` line (kind ``near``) per dropped document.
+    """``PCollection[Doc]`` → :class:`~pipelines.records.DedupOutput`: one document per cluster of
+    near-duplicates (its smallest id), ``filtered:near_duplicate`` events, and one
+    :func:`~pipelines.records.duplicate_record` line (kind ``near``) per dropped document, naming
+    its cluster's kept representative.
 
     Shuffles carry ids, plus signatures where a comparison needs them:
     (1) ``(band partition, (bucket, id))`` per band; (2) ``CombinePerKey(BucketTable)`` → per
@@ -303,13 +358,16 @@ class NearDedup(beam.PTransform):
     joined to its hot buckets by the keeper's id, and that side input (hot buckets only: at most
     ``bands * documents / LIST_MAX`` entries) is read by a pass over all signatures that compares
     each member with the keeper directly, so a hot bucket's members are never grouped or paired;
-    (5) documents joined with the losers (and the smallest keeper they resemble) by id.
+    (5) the similar pairs of (3) and (4) combined into clusters (:class:`Components`, one global
+    combine holding the ids of the documents that have a near-duplicate); (6) documents joined with
+    their cluster's representative by id.
 
     Memory per key is bounded whatever the size of the largest bucket: every grouping holds at
     most ``bands * (LIST_MAX + 1) + 1`` elements for one key (a document is keeper or member of
     at most ``bands`` listed buckets of at most ``LIST_MAX`` members; a keeper of at most
-    ``bands`` hot buckets; a loser of at most ``2 * bands`` keepers). The largest count held is
-    reported as the Beam distribution ``colaflow/neardup_held``.
+    ``bands`` hot buckets; a dropped document has one representative). The largest count held is
+    reported as the Beam distribution ``colaflow/neardup_held``; the cluster combine of (5) is the
+    one step whose memory grows with the corpus, by the near-duplicated documents' ids.
     """
 
     def __init__(self, cfg: DedupConfig):
@@ -319,7 +377,7 @@ class NearDedup(beam.PTransform):
         self.cfg = cfg
 
     def expand(self, docs) -> DedupOutput:
-        """Drop, count and list the documents whose MinHash signature is near a smaller-id document's."""
+        """Drop, count and list every document of a near-duplicate cluster but its smallest id."""
         sigs = (docs
                 | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=512)
                 | "Signature" >> beam.FlatMap(_signatures, self.cfg))
@@ -340,8 +398,11 @@ class NearDedup(beam.PTransform):
                | "HotKeepers" >> beam.FlatMap(_hot_keepers))
         hot_losers = sigs | "HotLosers" >> beam.FlatMap(_hot_losers, self.cfg.bands, self.cfg.threshold,
                                                         beam.pvalue.AsDict(hot))
-        losers = (listed_losers, hot_losers) | "AllLosers" >> beam.Flatten()
-        out = ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d)), "loser": losers}
+        reps = ((listed_losers, hot_losers)
+                | "AllPairs" >> beam.Flatten()
+                | "Clusters" >> beam.CombineGlobally(Components())
+                | "Represented" >> beam.FlatMap(_represented))
+        out = ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d)), "rep": reps}
                | "JoinDoc" >> beam.CoGroupByKey()
                | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="docs"))
         return DedupOutput(docs=out.docs, events=out[EVENTS], duplicates=out[DUPLICATES])

@@ -22,21 +22,24 @@ class StepResult(NamedTuple):
         reason: why the document is rejected, counted as ``filtered:<reason>``; ``None`` when kept.
         events: counts of further events of a kept document, ``{name: n}`` in the order they are
             counted (e.g. ``{"redacted:email": 2}``); counted only for a document every step keeps.
+        listing: a JSON line naming what the step did to the document, written to
+            ``OUT/decontaminated/`` (only the decontamination step lists), or ``None``.
     """
 
     doc: Doc | None
     reason: str | None = None
     events: Mapping[str, int] = NO_EVENTS
+    listing: str | None = None
 
     @classmethod
-    def keep(cls, doc: Doc, events: Mapping[str, int] = NO_EVENTS) -> "StepResult":
-        """``doc`` passed on, with ``events`` (``{name: n}``) to count."""
-        return cls(doc, None, events)
+    def keep(cls, doc: Doc, events: Mapping[str, int] = NO_EVENTS, listing: str | None = None) -> "StepResult":
+        """``doc`` passed on, with ``events`` (``{name: n}``) to count and a ``listing`` line."""
+        return cls(doc, None, events, listing)
 
     @classmethod
-    def reject(cls, reason: str) -> "StepResult":
-        """The document dropped as ``filtered:<reason>``."""
-        return cls(None, reason)
+    def reject(cls, reason: str, listing: str | None = None) -> "StepResult":
+        """The document dropped as ``filtered:<reason>``, with a ``listing`` line."""
+        return cls(None, reason, NO_EVENTS, listing)
 
 
 class DocumentStep(Protocol):
@@ -53,14 +56,16 @@ class DocumentStep(Protocol):
 
 def run_steps(doc: Doc, steps: Iterable[DocumentStep]) -> StepResult:
     """Apply ``steps`` in order to ``doc``: the first rejection is the result (later steps do not
-    run, and events of earlier steps are not counted); else the last step's document with the
-    events of every step, summed per name in the order first counted."""
+    run, and events and listings of earlier steps are not counted); else the last step's document
+    with the events of every step, summed per name in the order first counted, and the last listing."""
     events: dict[str, int] = {}
+    listing = None
     for step in steps:
         result = step.apply(doc)
         if result.doc is None:
             return result
         doc = result.doc
+        listing = result.listing or listing
         for name, n in result.events.items():
             events[name] = events.get(name, 0) + n
-    return StepResult.keep(doc, events or NO_EVENTS)
+    return StepResult.keep(doc, events or NO_EVENTS, listing)

@@ -200,11 +200,12 @@ def trained_file(texts: list[str], cfg: TokenizerConfig, summary: ReadSummary | 
     return TokenizerFile(spm_kind.KIND, spm_kind.FILE_NAME, train_sentencepiece(texts, cfg, summary))
 
 
-def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer", summary=None):
-    """Singleton PCollection of the :class:`~shards.tokenizers.TokenizerFile`: the one at ``cfg.path``,
-    or one trained on ``hashed`` (:func:`trained_file`) (PCollection of ``(content hash, Doc)`` pairs). ``summary``,
-    an optional singleton PCollection of :class:`~pipelines.accounting.read_summary.ReadSummary`,
-    explains an empty sample in the error.
+def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer", summary=None,
+                given: TokenizerFile | None = None):
+    """Singleton PCollection of the :class:`~shards.tokenizers.TokenizerFile`: ``given`` (the one at
+    ``cfg.path``, read already), the one at ``cfg.path``, or one trained on ``hashed`` (:func:`trained_file`)
+    (PCollection of ``(content hash, Doc)`` pairs). ``summary``, an optional singleton PCollection of
+    :class:`~pipelines.accounting.read_summary.ReadSummary`, explains an empty sample in the error.
 
     The sample is taken in two steps, so no step holds more text than the sample: the
     :class:`~pipelines.stages.tokenizer_sample.SampleLimit` from hashes and sizes (:class:`SampleCutoff`, one
@@ -214,8 +215,10 @@ def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer", summary=
     Raises:
         shards.tokenizers.TokenizerError: the given tokenizer cannot be read or lacks BOS/EOS.
     """
-    if cfg.path:
-        return hashed.pipeline | f"{label}/Load" >> beam.Create([given_tokenizer(cfg)])
+    if given is None and cfg.path:
+        given = given_tokenizer(cfg)
+    if given is not None:
+        return hashed.pipeline | f"{label}/Load" >> beam.Create([given])
     limit = (hashed
              | f"{label}/Sizes" >> beam.Map(sample_key)
              | f"{label}/Cutoff" >> beam.CombineGlobally(SampleCutoff(cfg.sample_max_bytes, cfg.sample_fraction))

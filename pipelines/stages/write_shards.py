@@ -26,6 +26,7 @@ from pipelines.stages.clean import stable_bucket
 from pipelines.stages.split import VAL, VAL_DIR, split_entry
 from shards import Manifest, ShardIndex, ShardInfo, TarShardWriter, escape_key, shard_name
 from shards.format.layouts import EncodedDocument, check_settings, get_layout
+from shards.format.manifest import TokenizerIdentity
 from shards.io.index import WIDS_FILE, build_shard_index, dali_index_path, wids_index, write_dali_index
 from shards.tokenizers import TokenizerFile, build, folder_files
 
@@ -37,11 +38,14 @@ def encode_sample(item: tuple[Doc, np.ndarray], store_text: bool = False, layout
     """``(doc, tokens)`` → its :class:`shards.format.layouts.EncodedDocument` for ``layout``.
 
     The key is :func:`shards.escape_key` of the id (a hashed key for over-long ids; the id is in
-    the metadata ``{"id", "source", "n_tokens", "n_bytes"}`` either way); ``store_text`` keeps the text.
+    the metadata ``{"id", "source", "n_tokens", "n_bytes"}`` either way, plus ``url``, ``date`` and
+    ``language`` of a web document); ``store_text`` keeps the text.
     """
     doc, tokens = item
     text_bytes = len(doc.text.encode("utf-8"))
     meta = {"id": doc.id, "source": doc.source, "n_tokens": int(tokens.size), "n_bytes": text_bytes}
+    if doc.meta is not None:  # a web document's url, date and language
+        meta.update(doc.meta._asdict())
     fields = get_layout(layout).encode(meta, tokens, doc.text if store_text else None)
     return EncodedDocument(escape_key(doc.id), fields, int(tokens.size), doc.source, text_bytes)
 
@@ -198,17 +202,40 @@ class WriteBucketFn(beam.DoFn):
         yield WrittenShard(bucket, writer.info, index)
 
 
-def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, tokenizer: TokenizerFile,
-                  tokenizer_cfg: TokenizerConfig, splits: dict | None = None) -> Manifest:
-    """Commit one shard set: rename bucket tars (and their ``.idx``) to ``{prefix}-NNNNNN`` in bucket
-    order, remove stale shards of an earlier run, write the tokenizer's files
-    (:func:`shards.tokenizers.folder_files`), the wids ``shardindex.json`` (with ``cfg.write_index``)
-    and, last, ``manifest.json`` (with the tokenizer's identity as ``tokenizer_cfg`` used it, ``splits``,
-    and ``cfg.layout`` also when ``shards`` is empty); returns the manifest."""
-    from pipelines.stages.tokenize import identity, token_dtype
+class TokenizerOutput(NamedTuple):
+    """What every shard set of a run carries of its tokenizer, made once per run (:func:`tokenizer_output`).
+
+    Attributes:
+        name: the tokenizer file's name (the manifest's ``tokenizer``).
+        files: file name -> bytes written beside the shards (:func:`shards.tokenizers.folder_files`).
+        identity: the manifest's ``tokenizer_identity``.
+        vocab_size: ids are below it.
+    """
+
+    name: str
+    files: dict
+    identity: TokenizerIdentity
+    vocab_size: int
+
+
+def tokenizer_output(tokenizer: TokenizerFile, tokenizer_cfg: TokenizerConfig) -> TokenizerOutput:
+    """The :class:`TokenizerOutput` of ``tokenizer`` as ``tokenizer_cfg`` uses it (its identity); the
+    transformers files are converted and checked here, once for the training and validation sets."""
+    from pipelines.stages.tokenize import identity
 
     tok = build(tokenizer)
-    vocab_size = tok.vocab_size
+    return TokenizerOutput(tokenizer.name, folder_files(tokenizer, tok), identity(tok, tokenizer_cfg), tok.vocab_size)
+
+
+def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, tokenizer: TokenizerOutput,
+                  splits: dict | None = None) -> Manifest:
+    """Commit one shard set: rename bucket tars (and their ``.idx``) to ``{prefix}-NNNNNN`` in bucket
+    order, remove stale shards of an earlier run, write the tokenizer's files, the wids
+    ``shardindex.json`` (with ``cfg.write_index``) and, last, ``manifest.json`` (with the tokenizer's
+    identity, ``splits``, and ``cfg.layout`` also when ``shards`` is empty); returns the manifest."""
+    from pipelines.stages.tokenize import token_dtype
+
+    vocab_size = tokenizer.vocab_size
     fs, root = _fs(output_dir)
     fs.makedirs(root, exist_ok=True)
     infos, indexes = [], []
@@ -227,12 +254,12 @@ def commit_shards(output_dir: str, cfg: ShardsConfig, shards: list, tokenizer: T
             fs.rm(stale)
     if fs.exists(f"{root}/{TMP_DIR}"):
         fs.rm(f"{root}/{TMP_DIR}", recursive=True)
-    for name, data in folder_files(tokenizer, tok).items():
+    for name, data in tokenizer.files.items():
         fs.pipe_file(f"{root}/{name}", data)
     if indexes:
         fs.pipe_file(f"{root}/{WIDS_FILE}", (json.dumps(wids_index(indexes), indent=1) + "\n").encode("utf-8"))
     # the configured layout, not one read off the shards: a job that wrote none has no shard to tell
-    manifest = Manifest(shards=infos, tokenizer=tokenizer.name, tokenizer_identity=identity(tok, tokenizer_cfg),
+    manifest = Manifest(shards=infos, tokenizer=tokenizer.name, tokenizer_identity=tokenizer.identity,
                         vocab_size=vocab_size,
                         token_dtype=token_dtype(vocab_size).name, splits=splits or {}, layout=cfg.layout)
     fs.pipe_file(f"{root}/manifest.json", manifest.to_json().encode("utf-8"))
@@ -258,11 +285,11 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, tokenizer_cfg: TokenizerConf
     if not stats["total"]["kept"]:  # with --tokenizer no sample was trained, so nothing failed before
         raise empty_error(ReadSummary.from_total(stats["total"]), "no document was kept, so no shard was written",
                           "or the clean.* settings")
-    splits = {}
+    splits, output = {}, tokenizer_output(tokenizer, tokenizer_cfg)
     if val_shards is not None:
-        val = commit_shards(f"{output_dir}/{VAL_DIR}", cfg, val_shards, tokenizer, tokenizer_cfg)
+        val = commit_shards(f"{output_dir}/{VAL_DIR}", cfg, val_shards, output)
         splits[VAL] = split_entry(val, f"{VAL_DIR}/manifest.json", val.to_json().encode("utf-8"))
-    manifest = commit_shards(output_dir, cfg, shards, tokenizer, tokenizer_cfg, splits)
+    manifest = commit_shards(output_dir, cfg, shards, output, splits)
     fs, root = _fs(output_dir)
     index_bytes = sum(fs.size(p) for p in fs.glob(f"{root}/{cfg.prefix}-*.idx"))
     if fs.exists(f"{root}/{WIDS_FILE}"):

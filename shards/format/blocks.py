@@ -70,13 +70,15 @@ def is_block(suffixes: Iterable[str]) -> bool:
 
 
 def encode_block(docs: list[tuple[str, str, np.ndarray]], compression: str = "none",
-                 texts: list[str] | None = None) -> tuple[str, dict[str, bytes]]:
+                 texts: list[str] | None = None, metas: list[dict] | None = None) -> tuple[str, dict[str, bytes]]:
     """Encode documents ``(id, source, tokens)`` as one block: ``(key, {suffix: bytes})``.
 
     Args:
         docs: at least one document; tokens 1-D ``uint16``/``uint32``, all of one dtype.
         compression: ``none`` (raw ``.npy``, memory-mappable) or ``zstd`` (one frame).
         texts: optional source texts, kept in the metadata.
+        metas: optional further metadata per document (a web page's ``url``, ``date``, ``language``),
+            kept as ``metas``.
     Raises:
         ValueError: no documents, mixed or unsupported dtypes, or an unknown compression.
     """
@@ -93,6 +95,8 @@ def encode_block(docs: list[tuple[str, str, np.ndarray]], compression: str = "no
             "sources": [str(s) for _, s, _ in docs], "lengths": [len(t) for _, _, t in docs]}
     if texts is not None:
         meta["texts"] = texts
+    if metas is not None:
+        meta["metas"] = metas
     npy = encode_npy(tokens)
     meta_json = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()
     fields = {META_SUFFIX: zstd_compress(meta_json, BLOCK_ZSTD_LEVEL),
@@ -142,15 +146,18 @@ def block_documents(sample: dict) -> Iterator[dict]:
 
     Yields per document, in block order, the shape of a one-sample-per-document text sample:
     ``{"__key__": escaped id, "json": {"id", "source", "n_tokens", "block": block key},
-    "tokens": 1-D view}`` (plus ``"txt"`` when the block stored texts).
+    "tokens": 1-D view}`` (plus ``"txt"`` when the block stored texts, and the document's entry of
+    ``metas`` in its ``json``).
     Raises ``ValueError`` when the tokens do not match the metadata.
     """
     meta = decode_meta_dict(sample["json"], sample["__key__"])
     check_block(meta, sample["tokens"], sample["__key__"])
     off = meta.offsets
-    texts = sample["json"].get("texts")
+    texts, metas = sample["json"].get("texts"), sample["json"].get("metas")
     for i, (doc_id, source) in enumerate(zip(meta.ids, meta.sources)):
         meta_i = {"id": doc_id, "source": source, "n_tokens": int(off[i + 1] - off[i]), "block": sample["__key__"]}
+        if metas is not None:
+            meta_i.update(metas[i])
         doc = {"__key__": escape_key(doc_id), "json": meta_i, "tokens": sample["tokens"][off[i]:off[i + 1]]}
         if texts is not None:
             doc["txt"] = texts[i]
@@ -213,10 +220,13 @@ class BlockPacker:
         self.block_tokens, self.compression = block_tokens or DEFAULT_BLOCK_TOKENS[compression], compression
         self._docs: list[tuple[str, str, np.ndarray]] = []
         self._texts: list[str] | None = None
+        self._metas: list[dict] = []
         self._n = 0
 
-    def add(self, doc_id: str, source: str, tokens: np.ndarray, text: str | None = None) -> Block | None:
-        """Add one document; returns the block it finished, or ``None``.
+    def add(self, doc_id: str, source: str, tokens: np.ndarray, text: str | None = None,
+            meta: dict | None = None) -> Block | None:
+        """Add one document (``meta``: further metadata, see :func:`encode_block`); returns the block
+        it finished, or ``None``.
 
         Raises:
             ValueError: an empty ``doc_id`` (it could never be a sample key).
@@ -228,6 +238,7 @@ class BlockPacker:
         if self._docs and self._n + len(tokens) > self.block_tokens:
             out = self.flush()
         self._docs.append((doc_id, source, tokens))
+        self._metas.append(meta or {})
         if text is not None:
             self._texts = (self._texts or []) + [text]
         self._n += len(tokens)
@@ -237,9 +248,10 @@ class BlockPacker:
         """The block being filled, or ``None`` when empty."""
         if not self._docs:
             return None
-        key, fields = encode_block(self._docs, self.compression, self._texts)
+        key, fields = encode_block(self._docs, self.compression, self._texts,
+                                   self._metas if any(self._metas) else None)
         out = Block(key, fields, len(self._docs), self._n)
-        self._docs, self._texts, self._n = [], None, 0
+        self._docs, self._texts, self._metas, self._n = [], None, [], 0
         return out
 
 

@@ -122,6 +122,9 @@ class DocumentsLayout:
         return IndexedShard(path, info.samples, info.sha256, info.bytes, index_dir, token_dtype)
 
 
+_BLOCK_KEYS = ("id", "source", "n_tokens", "n_bytes")  # what a block holds per document in its own lists
+
+
 class _BlocksSink:
     def __init__(self, write: Write, compression: str, block_tokens: int):
         self.write, self.packer = write, BlockPacker(block_tokens, compression)
@@ -130,7 +133,8 @@ class _BlocksSink:
         meta = json.loads(doc.fields["json"])
         data = doc.fields["tokens"]
         tokens = np.frombuffer(data, dtype=f"<u{len(data) // doc.tokens}") if doc.tokens else np.zeros(0, np.uint16)
-        self._put(self.packer.add(meta["id"], meta["source"], tokens, doc.fields.get("text")))
+        extra = {k: v for k, v in meta.items() if k not in _BLOCK_KEYS}  # a web page's url, date, language
+        self._put(self.packer.add(meta["id"], meta["source"], tokens, doc.fields.get("text"), extra))
 
     def flush(self) -> None:
         self._put(self.packer.flush())

@@ -45,6 +45,9 @@ KINDS: dict[str, Kind] = {
                               tiktoken_ranks.TiktokenTokenizer, tiktoken_ranks.read, tiktoken_ranks.auto_files),
 }
 AUTO = "auto"
+# files of a Hugging Face folder that end like a tokenizer but hold none colaflow reads
+SIDE_FILES = ("config.json", "generation_config.json", "added_tokens.json", "vocab.json", *hf.CONFIG_FILES)
+SLOW_FILES = ("vocab.json", "merges.txt")  # a slow (GPT-2 style) BPE tokenizer, which has no tokenizer.json
 # every file name a shard folder may carry for its tokenizer (what a rerun's --overwrite replaces)
 FOLDER_FILE_NAMES = tuple(dict.fromkeys(n for k in KINDS.values() for n in (k.file_name, k.settings_name) if n))
 WHAT_WE_READ = ("a sentencepiece .model, a Hugging Face tokenizer.json (or a folder holding one), or a tiktoken "
@@ -151,9 +154,15 @@ def _missing(path: str, kind: str, bundled: bool) -> str:
 
 
 def _folder_advice(folder: str) -> str:
-    """What to give instead of ``folder``: the files in it that a kind's suffix matches, else the kinds."""
+    """What to give instead of ``folder``: a slow tokenizer saved as ``tokenizer.json``, the files in it that
+    a kind's suffix matches (not a model folder's other JSON files), else the kinds."""
+    names = os.listdir(folder)
+    if set(SLOW_FILES) <= set(names):
+        return (f"its {' and '.join(SLOW_FILES)} are a slow tokenizer: save it as tokenizer.json with transformers "
+                f"(AutoTokenizer.from_pretrained({folder!r}).save_pretrained({folder!r})), then give the folder")
     suffixes = tuple(s for k in KINDS.values() for s in k.suffixes)
-    files = sorted(n for n in os.listdir(folder) if n.endswith(suffixes) and not n.endswith(".tiktoken.json"))
+    files = sorted(n for n in names
+                   if n.endswith(suffixes) and not n.endswith(".tiktoken.json") and n not in SIDE_FILES)
     if files:
         return "give the file itself: " + ", ".join(os.path.join(folder, n) for n in files[:5])
     return f"give {_what_we_read()}"

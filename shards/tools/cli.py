@@ -45,16 +45,23 @@ def _size(text: str) -> int:
 
 
 def _tokenizer(arg: str | None, path: str):
-    """The tokenizer (:mod:`shards.tokenizers`) of ``--tokenizer`` or of the manifest beside ``path``, else None.
+    """The tokenizer (:mod:`shards.tokenizers`) of ``--tokenizer`` or of the manifest beside ``path``, else None;
+    a note on stderr when ``--tokenizer`` is not the file the manifest's sha256 names.
 
     Raises:
         shards.tokenizers.TokenizerError: no kind reads ``--tokenizer``, or the manifest's changed.
     """
     from shards.tokenizers import build, of_shards, read
 
-    if arg is not None:
-        return build(read(arg))
     [(_, _, manifest)] = resolve([path])
+    if arg is not None:
+        file = read(arg)
+        ident = None if manifest is None else manifest.tokenizer_identity
+        if ident is not None and ident.sha256 and ident.sha256 != file.sha256:
+            print(f"note: --tokenizer {arg} is not the tokenizer these shards were written with (sha256 "
+                  f"{file.sha256[:12]}..., the manifest says {ident.sha256[:12]}...): the text shown is what it makes "
+                  "of their ids; leave --tokenizer out to use the shards' own", file=sys.stderr)
+        return build(file)
     if manifest is None:
         return None
     file = of_shards(path if os.path.isdir(path) else os.path.dirname(path) or ".", manifest)

@@ -71,3 +71,16 @@ def test_two_nodes_from_the_recipe_read_disjoint_shards(tmp_path):
     plan = plan_nodes(order, 2, 2)
     for k in range(2):
         assert cached[k] <= {manifest.shards[s].name for s in plan.shards(order, k)}, (k, cached[k])
+
+
+def test_the_slurm_script_runs_the_tested_launch_line():
+    """docs/cluster.md's sbatch script starts the launch line tested above, with every variable it uses exported."""
+    text = (REPO / "docs" / "cluster.md").read_text()
+    m = re.search(r"## Slurm\s*```bash\n(.+?)\n```", text, re.S)
+    assert m, "docs/cluster.md lost its Slurm script"
+    script = m.group(1).replace("\\\n", " ")
+    command = re.search(r"bash -c '(.+?)'", script)
+    assert command and command.group(1).split() == launch_line().split()
+    exported = {name for line in script.splitlines() if line.startswith("export ")
+                for name in re.findall(r"\b([A-Z_]+)=", line)}
+    assert set(re.findall(r"\$(\w+)", launch_line())) <= exported

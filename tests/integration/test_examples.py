@@ -3,6 +3,7 @@ resume is checked: the steps after a resume see the batches (and losses) of the 
 torchtitan-style: 2 gloo ranks under torchrun, with no rank arguments, read disjoint documents."""
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import os
@@ -71,14 +72,40 @@ def test_hf_trainer_labels_are_the_next_token_not_the_one_after(counting):
         torch.testing.assert_close(out.loss, mine)
 
 
-@pytest.mark.parametrize("loader", ["token_dataset", "text_loader"])
-def test_lightning_resumes_from_its_checkpoint(counting, tmp_path, loader):
+def test_lightning_resumes_from_its_checkpoint(counting, tmp_path):
     from examples import lightning_fit
-    args = ["--shards", counting, "--out", str(tmp_path), "--steps", "8", "--save-every", "4"]
-    args += ["--text-loader"] if loader == "text_loader" else []
+    args = ["--shards", counting, "--out", str(tmp_path), "--steps", "8"]
     whole = lightning_fit.main(args)
     resumed = lightning_fit.main(args + ["--resume", str(tmp_path / "step=4.ckpt")])
     assert resumed == {"losses": whole["losses"][4:], "keys": whole["keys"][4:]}
+
+
+def test_lightning_takes_colaflow_text_loader_as_is_and_resumes(counting, tmp_path):
+    """Lightning given colaflow's own ``TextLoader`` (no DataLoader) stores its state in the checkpoint."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from examples.lightning_fit import Bigram
+    from loaders import build_text_loader
+
+    def fit(resume=None) -> dict:
+        model = Bigram(build_text_loader(DataConfig(manifest=counting, seq_len=64, micro_batch_size=2, pack_window=1)))
+        keep = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=4, save_top_k=-1)
+        L.Trainer(max_steps=8, accelerator="cpu", devices=1, logger=False, callbacks=[keep], enable_progress_bar=False,
+                  enable_model_summary=False).fit(model, model.loader, ckpt_path=resume)
+        return model.seen
+
+    whole = fit()
+    resumed = fit(str(tmp_path / "step=4.ckpt"))
+    assert resumed == {"losses": whole["losses"][4:], "keys": whole["keys"][4:]}
+
+
+def test_each_example_is_about_60_lines_of_code():
+    """Each example reads in one go: at most 60 lines after its docstring (which shows how to run it)."""
+    for name in ("plain_loop", "hf_trainer", "lightning_fit", "titan_loop"):
+        text = (REPO / "examples" / f"{name}.py").read_text()
+        code = len(text.splitlines()) - ast.parse(text).body[0].end_lineno
+        assert code <= 60, f"examples/{name}.py: {code} lines after its docstring"
 
 
 def _documents(seen: dict) -> set[tuple]:
@@ -109,3 +136,17 @@ def test_titan_loop_on_two_torchrun_ranks_reads_disjoint_documents_and_resumes(c
     resumed = torchrun("--resume")
     for w, r in zip(whole, resumed):
         assert r["inputs"] == w["inputs"][4:] and r["losses"] == pytest.approx(w["losses"][4:], abs=1e-6)
+
+
+@pytest.mark.parametrize("example,shards,status,message", [
+    ("plain_loop", "{tmp}/missing", 1, "error: not found or unreachable: {tmp}/missing; check the path or URL"),
+    ("hf_trainer --out {tmp}", "http://127.0.0.1:9/manifest.json", 2,
+     "error: data.manifest=http://127.0.0.1:9/manifest.json is remote and no cache was given: pass cache=")])
+def test_an_example_given_bad_shards_says_so_in_one_line(tmp_path, example, shards, status, message):
+    """examples.run: missing data exits 1, a bad setting 2, each in one line on stderr (no traceback)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    module, *args = example.format(tmp=tmp_path).split()
+    p = subprocess.run([sys.executable, "-m", f"examples.{module}", *args, "--shards", shards.format(tmp=tmp_path)],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == status and p.stderr.startswith(message.format(tmp=tmp_path)), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -34,7 +34,8 @@ class TokenizerFiles:
 
 def tokenizer_files(data: str | None) -> TokenizerFiles:
     """The tokenizer files and special ids of the dataset at ``data`` (manifest URL or folder; ``None``
-    when no data was reachable). The pad id falls back to the eos id."""
+    when no data was reachable), the files encoding a prompt as its documents began (:func:`framed`). The
+    pad id falls back to the eos id."""
     if data is None:
         return TokenizerFiles(note="no dataset reachable: exported without a tokenizer (pass --data DATASET)")
     from shards.format.manifest import Manifest
@@ -46,7 +47,38 @@ def tokenizer_files(data: str | None) -> TokenizerFiles:
     note = None if "tokenizer.json" in files else (
         f"{data} has no tokenizer.json (shards written before colaflow saved the transformers tokenizer "
         "files): exported without a tokenizer")
-    return TokenizerFiles(files if note is None else {}, ids, note)
+    if note is not None:
+        return TokenizerFiles({}, ids, note)
+    return TokenizerFiles(files if ident is None else framed(files, ident.bos_id if ident.add_bos else None), ids)
+
+
+def framed(files: dict[str, bytes], bos_id: int | None) -> dict[str, bytes]:
+    """``files`` (``tokenizer.json``, ``tokenizer_config.json``) set to encode a prompt as the training
+    documents began (``tokenizer.add_bos`` may differ from the tokenizer's own convention).
+
+    Args:
+        files: the shard folder's transformers files, by name.
+        bos_id: the id every document started with; ``None``: documents started with text.
+
+    Returns:
+        ``files`` whose ``tokenizer.json`` puts ``bos_id`` first and no EOS last (its post-processor is
+        replaced only where it did otherwise: transformers follows it, not ``add_bos_token``), and whose
+        ``tokenizer_config.json`` says the same in ``add_bos_token`` / ``add_eos_token``.
+    """
+    from tokenizers import Tokenizer, processors
+
+    config = json.loads(files.get("tokenizer_config.json", b"{}"))
+    files = {**files, "tokenizer_config.json": (json.dumps(
+        {**config, "add_bos_token": bos_id is not None, "add_eos_token": False}, indent=2, sort_keys=True,
+        ensure_ascii=False) + "\n").encode("utf-8")}
+    tok = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
+    if tok.encode("a").ids == ([] if bos_id is None else [bos_id]) + tok.encode("a", add_special_tokens=False).ids:
+        return files
+    bos = None if bos_id is None else tok.id_to_token(bos_id)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A" if bos else "$A", pair=f"{bos} $A {bos}:1 $B:1" if bos else "$A $B:1",
+        special_tokens=[(bos, bos_id)] if bos else [])
+    return {**files, "tokenizer.json": tok.to_str().encode("utf-8")}
 
 
 def write_folder(model, folder: str, tokenizer: TokenizerFiles, record: dict, max_shard_size: str) -> None:

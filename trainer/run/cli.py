@@ -82,7 +82,7 @@ def interrupt_advice(cfg) -> str:
 
 
 def dry_run(cfg) -> int:
-    """``--dry-run``: check data (manifest), run folder, checkpoint compatibility and the checkpoint's stored
+    """``--dry-run``: check data (manifest), run folder (free of a live run, :func:`trainer.run.folder.lock_run_folder`), checkpoint compatibility and the checkpoint's stored
     bytes against its checksums (one stored item in memory at a time); print the start line.
 
     Raises:
@@ -95,9 +95,10 @@ def dry_run(cfg) -> int:
     from trainer.checkpointing import read_meta
     from trainer.checkpointing.verify import check_stored
     from trainer.run.announce import check_runnable, data_summary, start_line
-    from trainer.run.folder import plan_run
+    from trainer.run.folder import lock_run_folder, plan_run
     from trainer.train import check_resume_tokenizer, resolve_model
     origins = resolve_model(cfg)
+    lock_run_folder(cfg.run_dir, probe=True)  # a live run there: say so, not what a later launch would find
     plan = plan_run(cfg)
     if plan.checkpoint:
         meta = read_meta(plan.checkpoint)
@@ -119,7 +120,7 @@ def main(argv: list[str], prog: str = "python -m trainer") -> int:
         _parser(prog).print_usage(sys.stderr)
         _say(f"error: give --config FILE and/or key=value overrides ({prog} --help for more)")
         return USAGE
-    args = _parser(prog).parse_args(argv)
+    args = _parser(prog).parse_intermixed_args(argv)  # --dry-run after the overrides too
     if args.config and "://" not in args.config and not os.path.isfile(args.config):
         _say(f"error: config file not found: {args.config}")
         return USAGE
@@ -148,7 +149,8 @@ def main(argv: list[str], prog: str = "python -m trainer") -> int:
         if not (isinstance(e, (ValueError, OSError, CacheError, NoDataError, RollbackError, TokenRangeError,
                                CheckpointVerifyError, CheckpointStorageError)) or io_cause(e) is not None):
             raise
-        where = "config" if cfg is None else "run" if isinstance(e, (ValueError, RollbackError)) else "data"
+        written = isinstance(e, (CheckpointStorageError, CheckpointVerifyError)) or io_cause(e) is not None
+        where = "config" if cfg is None else "run" if isinstance(e, (ValueError, RollbackError)) or written else "data"
         _say(f"error: {where}: {explain(e)}")
         return exit_status(e)
     finally:

@@ -42,22 +42,32 @@ class RunPlan:
 LOCK_FILE = ".colaflow-run.lock"  # in run_dir, locked by the live run's rank 0
 
 
-def lock_run_folder(run_dir: str):
+def lock_run_folder(run_dir: str, probe: bool = False):
     """Take the exclusive lock of ``run_dir`` for this run (rank 0; released by the kernel when the
     process ends, or by ``release()``); the folder is created if missing.
 
+    Args:
+        run_dir: the run folder.
+        probe: only check that no live run holds it (``--dry-run``): nothing is created, the lock is
+            released at once and ``None`` returned.
     Returns:
-        the held :class:`cache.storage.locks.FileLock`.
+        the held :class:`cache.storage.locks.FileLock` (``None`` with ``probe``).
     Raises:
         RunFolderError: another live run holds it; the message names its pid.
     """
     from cache.storage.locks import FileLock
+    path = os.path.join(run_dir, LOCK_FILE)
+    if probe and not os.path.exists(path):
+        return None
     os.makedirs(run_dir, exist_ok=True)
-    lock = FileLock(os.path.join(run_dir, LOCK_FILE))
+    lock = FileLock(path)
     if not lock.acquire(blocking=False):
         pid = lock.holder()
         raise RunFolderError(f"run_dir={run_dir} is in use by a live run (pid {pid if pid else '?'}): two runs "
                              "would train into it at once; wait for it to end (or stop it), or choose another run_dir")
+    if probe:
+        lock.release()
+        return None
     return lock
 
 
@@ -145,14 +155,25 @@ def remove_earlier_run(cfg: TrainConfig) -> None:
             os.remove(path)
 
 
+def _step_of(line: str) -> int | None:
+    """The ``step`` of one ``metrics.jsonl`` record (0 when it has none), ``None`` for a line that is
+    not a whole JSON record."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return int(record.get("step", 0)) if isinstance(record, dict) else None
+
+
 def truncate_metrics(path: str, step: int) -> int:
-    """Drop the records of ``metrics.jsonl`` at ``path`` whose ``step`` is after ``step``
-    (rewritten atomically); returns how many were dropped (0 when the file is absent)."""
+    """Drop the records of ``metrics.jsonl`` at ``path`` whose ``step`` is after ``step``, and a
+    record cut short (a run killed, or out of space, while it wrote it), rewritten atomically;
+    returns how many were dropped (0 when the file is absent)."""
     if not os.path.exists(path):
         return 0
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         lines = [line for line in f if line.strip()]
-    keep = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    keep = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
     if len(keep) < len(lines):
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:

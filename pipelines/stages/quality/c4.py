@@ -2,16 +2,18 @@
 Text-to-Text Transformer", section 2.2, and the rules of its TensorFlow Datasets code): lines
 without terminal punctuation, short lines, lines with an overlong word, "javascript" lines and
 policy lines are removed and the rest of the document kept; a document with "lorem ipsum" or a
-curly brace in a line it keeps, or with too few sentences left, is dropped. Thresholds: ``C4Config``.
-
-There is no bad-words rule: C4's list (the "List of Dirty, Naughty, Obscene and Otherwise Bad
-Words") is not shipped by any maintained package, and nothing may be downloaded at run time.
+curly brace in a line it keeps, with too few sentences left, or with a word of the bad-words list
+the user gives (``c4.bad_words``: no maintained package ships C4's list, and nothing is downloaded
+at run time) is dropped. Thresholds: ``C4Config``.
 """
 from __future__ import annotations
 
 import re
 from typing import Mapping, NamedTuple
 
+import fsspec
+
+from colaflow.config import ConfigError
 from pipelines.config import C4Config
 from pipelines.records import Doc
 from pipelines.stages.step import DocumentStep, StepResult
@@ -35,7 +37,7 @@ class C4Outcome(NamedTuple):
     Attributes:
         text: the text left (unchanged when no line was removed); ``None`` when dropped.
         reason: why the document is dropped (``c4_lorem_ipsum``, ``c4_curly_brace``, ``c4_no_lines``,
-            ``c4_few_sentences``); ``None`` when kept.
+            ``c4_few_sentences``, ``c4_bad_words``); ``None`` when kept.
         lines_removed: ``{rule: lines}`` removed from a kept text (``c4_long_word``,
             ``c4_no_terminal_punct``, ``c4_short_line``, ``c4_javascript``, ``c4_policy``).
     """
@@ -67,8 +69,28 @@ def _line_verdict(line: str, cfg: C4Config) -> str | None:
     return None
 
 
-def c4_filter(text: str, cfg: C4Config) -> C4Outcome:
-    """Apply C4's line rules to each line of ``text`` and then its document rules.
+def bad_words_pattern(path: str) -> re.Pattern:
+    """A pattern finding any word or phrase of the list at ``path`` (one per line, blank lines
+    skipped) as a whole word in lower-cased text, as C4's code matches its list.
+
+    Raises:
+        colaflow.config.ConfigError: no file at ``path``, or the list holds no word (one line saying
+            what to give).
+    """
+    fs, local = fsspec.core.url_to_fs(path)
+    if not fs.isfile(local):
+        raise ConfigError(f"quality.c4.bad_words={path}: no such file; give a word list (one word or phrase "
+                                "per line) or quality.c4.bad_words=null")
+    with fsspec.open(path, "rt", encoding="utf-8") as f:
+        words = sorted({w.strip().lower() for w in f if w.strip()}, key=lambda w: (-len(w), w))
+    if not words:
+        raise ConfigError(f"quality.c4.bad_words={path}: the list holds no word; give one word or phrase per line")
+    return re.compile(r"(?:\W|^)(?:" + "|".join(map(re.escape, words)) + r")(?:\W|$)")
+
+
+def c4_filter(text: str, cfg: C4Config, bad_words: re.Pattern | None = None) -> C4Outcome:
+    """Apply C4's line rules to each line of ``text`` and then its document rules (``bad_words``:
+    :func:`bad_words_pattern` of ``cfg.bad_words``, searched in the kept lines).
 
     The text left is the kept lines as they were (indentation kept) with the blank lines between
     them (a run of blank lines, or blank lines left at an end by removed lines, become one or none),
@@ -97,6 +119,8 @@ def c4_filter(text: str, cfg: C4Config) -> C4Outcome:
         return C4Outcome(None, "c4_no_lines", {})
     if sentences < cfg.min_sentences:
         return C4Outcome(None, "c4_few_sentences", {})
+    if bad_words is not None and bad_words.search("\n".join(out).lower()):
+        return C4Outcome(None, "c4_bad_words", {})
     if not removed:
         return C4Outcome(text, None, {})
     while out and not out[-1]:
@@ -116,12 +140,24 @@ class C4Step(DocumentStep):
     def __init__(self, cfg: C4Config, enabled: bool = True):
         self.cfg = cfg
         self.active = enabled and cfg.enabled
+        self._bad_words: re.Pattern | None = None
+
+    def setup(self) -> None:
+        """Read the bad-words list when active and ``cfg.bad_words`` is set."""
+        if self.active and self.cfg.bad_words:
+            self._bad_words = bad_words_pattern(self.cfg.bad_words)
 
     def apply(self, doc: Doc) -> StepResult:
-        """The document with C4's lines removed, or rejected; unchanged when inactive."""
+        """The document with C4's lines removed, or rejected; unchanged when inactive.
+
+        Raises:
+            RuntimeError: ``cfg.bad_words`` is set and :meth:`setup` has not read it.
+        """
         if not self.active:
             return StepResult.keep(doc)
-        outcome = c4_filter(doc.text, self.cfg)
+        if self.cfg.bad_words and self._bad_words is None:
+            raise RuntimeError("C4Step.apply before setup(): quality.c4.bad_words is not read")
+        outcome = c4_filter(doc.text, self.cfg, self._bad_words)
         if outcome.text is None:
             return StepResult.reject(f"quality_{outcome.reason}")
         if not outcome.lines_removed:

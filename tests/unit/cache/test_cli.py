@@ -90,6 +90,17 @@ def test_tune_prints_node_snippet(tmp_path, http_server, capsys):
     assert node["prefetch_shards"] >= 1 and node["max_bytes"].endswith("GiB")
 
 
+def test_tune_nodes_sizes_for_the_nodes_share(tmp_path, http_server, capsys):
+    """``tune --nodes N`` at the command line: the notes size the cache for one node's share."""
+    _, base, root = http_server
+    publish(root, n=8, size=256 * KIB)
+    args = ["tune", f"{base}/manifest.json", "--consume-mbps", "50", "--disk-bytes", "4MiB"]
+    rc, out, _ = run(capsys, tmp_path, *args, "--nodes", "4")
+    assert rc == 0 and "this node reads 1/4 of the dataset (2.0MiB) plus about 2 shards: 1.0MiB" in out, out
+    rc, _, err = run(capsys, tmp_path, *args, "--nodes", "0")
+    assert rc == 2 and "error: --nodes 0: give the training job's node count (>= 1)" in err
+
+
 def test_bad_setting_is_a_clear_error(tmp_path, capsys):
     rc, _, err = run(capsys, tmp_path, "--set", "verify=sometimes", "status")
     assert rc == 2 and "cache.verify='sometimes'" in err

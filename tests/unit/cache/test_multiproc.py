@@ -148,3 +148,30 @@ def test_a_frozen_fetch_lock_holder_is_named_not_waited_on_forever(tmp_path, htt
         holder.kill()
         holder.wait()
     assert open(cache.get(f"{base}/s.tar", sha, 64 * KIB), "rb").read() == (root / "s.tar").read_bytes()
+
+
+def test_a_frozen_eviction_probe_is_named_not_waited_on_forever(tmp_path, http_server):
+    """Issue 37: a reader pins its shard with a shared lock that an eviction probes exclusively for
+    moments; a probing process frozen there (here it only holds the probe) made the reader wait for
+    ever. Now that wait ends after cache.fetch_wait_s too, naming the holder's pid."""
+    import pytest
+
+    from cache import CacheLockError
+
+    server, base, root = http_server
+    sha = _put(root, "s.tar", 64 * KIB)
+    cache = ShardCache(CacheConfig(**_cfg(tmp_path, fetch_wait_s=1.0)), resolve=False)
+    lock = cache.store.pin_lock(cache.key(f"{base}/s.tar")).path
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from cache.storage.locks import FileLock; "
+                               "lock = FileLock(sys.argv[1]); lock.acquire(); print('held', flush=True); time.sleep(120)", lock],
+                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(CacheLockError, match=f"held by pid {holder.pid} "):
+            with cache.pinned(f"{base}/s.tar", sha, 64 * KIB):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with cache.pinned(f"{base}/s.tar", sha, 64 * KIB) as path:
+        assert open(path, "rb").read() == (root / "s.tar").read_bytes()

@@ -32,3 +32,29 @@ def test_every_command_line_ends_an_io_failure_in_one_line(capsys):
                                        "another folder\n")
     with pytest.raises(KeyError):  # a bug keeps its traceback
         guard(lambda: {}["x"])
+
+
+def test_a_failed_write_names_the_file_it_was_writing(capsys):
+    """A write or close that fails for lack of space raises an OSError with no file name (``?`` was
+    all the line said); the file being written is named."""
+    def main():
+        with open("/dev/full", "w") as f:  # every write here fails with ENOSPC, as on a full disk
+            f.write("x")
+        return 0
+    assert guard(main) == RUNTIME
+    assert capsys.readouterr().err == "error: /dev/full: No space left on device; free space there or choose another folder\n"
+
+
+def test_a_storage_error_of_colaflow_keeps_its_own_line():
+    """An error raised with its own one-line message from an I/O failure (a checkpoint save's
+    ``checkpoint.dir=...: saving step 2 failed: ...``) is said as it is, not replaced by its cause."""
+    from trainer.checkpointing.layout import CheckpointStorageError
+    try:
+        try:
+            with open("/dev/full", "w") as f:
+                f.write("x")
+        except OSError as e:
+            raise CheckpointStorageError("checkpoint.dir=/ck: saving step 2 failed: /ck/.step_2.partial: No space "
+                                         "left on device; free space there or choose another folder") from e
+    except CheckpointStorageError as e:
+        assert explain(e) == str(e)

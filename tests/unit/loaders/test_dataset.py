@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -71,6 +71,8 @@ def _stateful_ranks(d, world, workers, steps=None, saved=None, **kw):
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(old=st.tuples(st.sampled_from([1, 2, 3]), st.sampled_from([0, 2])),
        new=st.tuples(st.sampled_from([1, 2, 3]), st.sampled_from([0, 2])), steps=st.integers(0, 8))
+@example(old=(1, 0), new=(3, 2), steps=5)  # (ranks, workers): every count changes, both ways
+@example(old=(3, 2), new=(2, 0), steps=3)
 def test_stateful_dataloader_resume_at_another_worker_count_and_world_size(shards, old, new, steps):
     d, docs = shards
     before, states = _stateful_ranks(d, *old, steps=steps)

@@ -370,14 +370,16 @@ def test_pack_window_settings_are_named_in_errors_and_warnings(tmp_path, caplog)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(world=st.integers(1, 8), workers=st.integers(0, 4), steps=st.integers(1, 40))
-def test_resume_with_the_same_layout_repeats_the_batches_bit_for_bit(text_shards, world, workers, steps):
+@given(world=st.integers(1, 8), workers=st.integers(0, 4), steps=st.integers(1, 40), nodes=st.sampled_from([1, 2]))
+def test_resume_with_the_same_layout_repeats_the_batches_bit_for_bit(text_shards, world, workers, steps, nodes):
     """With pack_window=1 a resume at the same world size and worker count delivers exactly the batches
     the uninterrupted run would have: each consumer keeps the documents it was dealt (long ones
     too) and the workers' round-robin goes on where it was. It used to re-deal the documents left,
-    so ranks whose counts differed (a long document) or several workers changed the order."""
+    so ranks whose counts differed (a long document) or several workers changed the order. Also with
+    the ranks on 2 nodes (an even world size), each reading its own shards."""
     d, _ = text_shards
-    kw = dict(pack_window=1, micro_batch_size=1, num_workers=workers)
+    per_node = world // nodes if world % nodes == 0 else world
+    kw = dict(pack_window=1, micro_batch_size=1, num_workers=workers, ranks_per_node=per_node)
     _, whole = _run_ranks(d, world, **kw)
     steps = 1 + (steps - 1) % max(1, len(whole) // world - 1)  # stop inside the epoch (some rank has more)
     first, before = _run_ranks(d, world, steps=steps, **kw)

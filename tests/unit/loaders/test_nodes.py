@@ -52,13 +52,16 @@ def test_each_node_downloads_its_share(nodes, per_shard, per_node_shards, spare,
        per_node=st.integers(1, 3), block=st.integers(1, 60), remainder=st.sampled_from(["uneven", "drop", "pad"]))
 def test_prefetch_list_is_what_the_node_reads(counts, nodes, per_node, block, remainder):
     """The cache prefetches the shards its node reads and no other (``pad``'s few repeated documents
-    are fetched when read)."""
+    are fetched when read), in the order the node first reads them (by shuffle block: a block's
+    documents are read together)."""
     order = SampleOrder(counts, 4, 0, block=block)
     plan = plan_nodes(order, nodes, nodes * per_node, remainder=remainder)
     reads = _node_reads(order, nodes, per_node, remainder=remainder)
     for node, node_reads in enumerate(reads):
-        listed, read = set(plan.shards(order, node)), _shards_of(node_reads)
-        assert listed == read if remainder != "pad" else listed <= read
+        listed, read = plan.shards(order, node), _shards_of(node_reads)
+        assert set(listed) == read if remainder != "pad" else set(listed) <= read
+        first_block = {s: min(p // block for cons in node_reads for p, t, _ in cons if t == s) for s in listed}
+        assert [first_block[s] for s in listed] == sorted(first_block.values())
 
 
 def test_equal_shards_divide_without_shared_shards():

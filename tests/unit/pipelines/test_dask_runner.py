@@ -24,6 +24,10 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 RUNNERS = [ColaflowDaskRunner,
            pytest.param(DaskRunner, marks=pytest.mark.xfail(strict=True, reason="Beam 2.77's Dask translation"))]
+# Whether Beam's runner loses a bundle's last batch depends on how dask cuts the input into
+# partitions, which varies with the machine's load: on a busy CI machine it once kept them all
+RUNNERS_LOAD_DEPENDENT = [ColaflowDaskRunner, pytest.param(DaskRunner, marks=pytest.mark.xfail(
+    strict=False, reason="Beam 2.77's Dask translation (loses the batch only when dask splits the bundle)"))]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +79,7 @@ def test_fault1_main_and_tagged_outputs_stay_apart(runner_cls, dask_cluster, tmp
     assert sorted(out) == [["main", x] for x in range(6)] + [["odd", -5], ["odd", -3], ["odd", -1]]
 
 
-@pytest.mark.parametrize("runner_cls", RUNNERS)
+@pytest.mark.parametrize("runner_cls", RUNNERS_LOAD_DEPENDENT)
 def test_fault2_finish_bundle_outputs_are_kept(runner_cls, dask_cluster, tmp_path):
     def build(p, batches_dir):
         (p | beam.Create(range(300))

@@ -13,7 +13,9 @@ from pipelines.accounting.stats import EVENTS
 from pipelines.config import CleanConfig, GopherQualityConfig, LanguageConfig, PIIConfig, PipelineConfig
 from pipelines.job import run
 from pipelines.records import Doc
+from pipelines.stages.classifier import ClassifierStep
 from pipelines.stages.clean import CleanTextStep, LengthStep, RawLengthStep
+from pipelines.stages.decontam import DecontamStep
 from pipelines.stages.filters import FilterFn, build_steps
 from pipelines.stages.language import LanguageStep
 from pipelines.stages.pii import RedactStep
@@ -109,7 +111,8 @@ def _set_up(steps):
 def test_the_first_failing_rule_is_the_reason_and_later_steps_do_not_run():
     steps = _set_up(build_steps(_cfg()))
     assert [type(s) for s in steps] == [RawLengthStep, CleanTextStep, LengthStep, LanguageStep, GopherQualityStep,
-                                        RepetitionStep, C4Step, FineWebStep, RedactStep]
+                                        RepetitionStep, C4Step, FineWebStep, ClassifierStep, DecontamStep,
+                                        RedactStep]
     assert run_steps(_doc(FRENCH_SHORT), steps) == StepResult(None, "too_short")  # too short and French: once
     assert run_steps(_doc(FRENCH), steps) == StepResult(None, "lang_fr")
     kept = run_steps(_doc(f"  {ENGLISH} Write to bob@example.org.  "), steps)

@@ -8,7 +8,7 @@ import tracemalloc
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipelines.config import InputConfig, LanguageConfig, PipelineConfig, TokenizerConfig
@@ -125,11 +125,14 @@ def test_parquet_in_row_group_splits_with_columns_and_language(tmp_path, model_p
 @given(st.lists(st.binary(max_size=20).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b"")), min_size=1,
                 max_size=30),
        st.lists(st.sampled_from([b"\n", b"\r\n", b"\r"]), min_size=30, max_size=30), st.integers(1, 80))
+@example(lines=[b""] * 6, ends=[b"\n", b"\n", b"\n", b"\r", b"\r", b"\n"] + [b"\n"] * 24, split_bytes=1)
 def test_lines_end_at_lf_crlf_or_a_lone_cr_in_every_split(tmp_path_factory, lines, ends, split_bytes):
     """Issue 37: a lone CR ends a line as LF and CRLF do (it used to make one record of a whole file)."""
     path = tmp_path_factory.mktemp("eol") / "in.jsonl"
     ends = ends[:len(lines)]
-    for i in range(len(lines) - 1):  # a CR, an empty line and its LF read as one CRLF: not what is meant here
+    # a CR, an empty line and its LF read as one CRLF: not what is meant here. Backwards, so that an
+    # end made LF here is seen when the line before it is checked (CR, CR, LF on empty lines)
+    for i in reversed(range(len(lines) - 1)):
         if ends[i] == b"\r" and not lines[i + 1] and ends[i + 1] == b"\n":
             ends[i] = b"\n"
     data = b"".join(line + end for line, end in zip(lines, ends))

@@ -48,3 +48,20 @@ def test_only_broken_links_is_one_clear_error(tree):
         match_input(f"{tree}/gone*", PipelineConfig())
     with pytest.raises(FileNotFoundError, match="no input file matches"):
         match_input(f"{tree}/none*", PipelineConfig())
+
+
+def test_a_glob_inside_a_folder_named_with_glob_characters_globs_inside_it(tree):
+    """``odd [v2] (x)/*.jsonl``: the folder exists as written, so only the file name is a glob
+    (``[v2]`` used to be read as a character class and nothing matched)."""
+    listing = list_inputs(f"{tree}/odd [v2] (x)/*.jsonl")
+    assert [f.path for f in listing.files] == [f"{tree}/odd [v2] (x)/o (1).jsonl"]
+    assert listing.root == f"{tree}/odd [v2] (x)"
+
+
+def test_a_loop_of_links_is_a_skipped_link_not_a_failed_listing(tree):
+    """A link to itself has no target either; it used to end the whole listing in ELOOP."""
+    (tree / "self.jsonl").symlink_to(tree / "self.jsonl")
+    listing = list_inputs(f"{tree}/**")
+    assert listing.broken_links == (f"{tree}/gone.jsonl", f"{tree}/self.jsonl")
+    assert f"{tree}/a.jsonl" in [f.path for f in listing.files]
+    assert list_inputs(f"{tree}/self.jsonl").broken_links == (f"{tree}/self.jsonl",)

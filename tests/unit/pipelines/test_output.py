@@ -15,7 +15,7 @@ from pipelines.config import ShardsConfig, TokenizerConfig
 from pipelines.records import Doc
 from pipelines.io.frames import Blob, decode_list, encode
 from pipelines.stages.write_shards import (TMP_DIR, AssignBucketsFn, WriteBucketFn, assign_bucket, commit_shards, encode_sample,
-                                encoded_size, finalize, num_buckets, sample_order)
+                                encoded_size, finalize, num_buckets, sample_order, tokenizer_output)
 from pipelines.stages.tokenize import train_sentencepiece, trained_file
 from shards import iter_samples
 
@@ -170,8 +170,31 @@ def test_an_empty_shard_set_is_committed_with_the_configured_layout():
     model = trained_file(["alpha beta gamma"] * 50, TokenizerConfig(vocab_size=300))
     fs = fsspec.filesystem("memory")
     for layout in ("documents", "token_blocks"):
-        manifest = commit_shards(f"memory://colaflow-empty-{layout}", ShardsConfig(layout=layout), [], model,
-                                 TokenizerConfig())
+        manifest = commit_shards(f"memory://colaflow-empty-{layout}", ShardsConfig(layout=layout), [],
+                                 tokenizer_output(model, TokenizerConfig()))
         saved = json.loads(fs.cat_file(f"/colaflow-empty-{layout}/manifest.json"))
         assert manifest.layout == saved["layout"] == layout
         fs.rm(f"/colaflow-empty-{layout}", recursive=True)
+
+
+def test_the_tokenizer_files_are_made_once_for_the_training_and_validation_sets(tmp_path, monkeypatch):
+    """transformers' conversion of a tokenizer takes tens of seconds for a 100k vocabulary: made once a run."""
+    import pipelines.stages.write_shards as write_shards
+    from pipelines.config import PipelineConfig
+    from pipelines.job import run
+
+    made = []
+    real = write_shards.folder_files
+    monkeypatch.setattr(write_shards, "folder_files", lambda *a: made.append(1) or real(*a))  # the real one, counted
+    texts = [f"document {i} tells of the river that ran past {i % 7} old stone walls" for i in range(40)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n"
+                                               for i, t in enumerate(texts)))
+    (tmp_path / "tok.model").write_bytes(train_sentencepiece(texts, TokenizerConfig(vocab_size=400)))
+    cfg = PipelineConfig()
+    cfg.tokenizer.path, cfg.split.val_fraction = str(tmp_path / "tok.model"), 0.3
+    run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
+    assert len(made) == 1
+    for name in ("tokenizer.model", "tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "out" / "val" / name).read_bytes()
+    assert json.loads((tmp_path / "out" / "val" / "manifest.json").read_text())["tokenizer_identity"] == json.loads(
+        (tmp_path / "out" / "manifest.json").read_text())["tokenizer_identity"]

@@ -17,7 +17,7 @@ from pipelines.config import (C4Config, FineWebConfig, GopherQualityConfig, Pipe
 from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.quality import quality_steps
-from pipelines.stages.quality.c4 import C4Step, c4_filter, count_sentences
+from pipelines.stages.quality.c4 import C4Step, bad_words_pattern, c4_filter, count_sentences
 from pipelines.stages.quality.fineweb import FineWebStep
 from pipelines.stages.quality.gopher import GopherQualityStep
 from pipelines.stages.quality.repetition import RepetitionStep, dup_ngram_fraction, top_ngram_fraction
@@ -185,6 +185,27 @@ def test_c4_terminal_punctuation_and_long_words():
 ])
 def test_c4_document_rules(cfg, text, reason):
     assert _reason(C4Step(cfg), text) == reason
+
+
+def test_c4_bad_words_drop_a_document_holding_a_listed_word_in_a_kept_line(tmp_path):
+    (tmp_path / "words.txt").write_text("barley\nstone walls\n\nzz-top\n", encoding="utf-8")
+    cfg = C4Config(bad_words=str(tmp_path / "words.txt"))
+    step = C4Step(cfg)
+    step.setup()
+    assert _reason(step, GOOD) == "quality_c4_bad_words"  # "barley", and "stone walls" as a phrase
+    assert _reason(step, GOOD.replace("barley", "BARLEY")) == "quality_c4_bad_words"  # case ignored
+    clean = GOOD.replace("barley", "barleycorn").replace("stone walls", "stone wall")
+    assert _reason(step, clean) is None  # whole words only
+    # in a line C4 removes, a listed word does not drop the page
+    assert _reason(step, clean + "\nEnable javascript for barley.") is None
+    assert _reason(step, clean + "\nWe sell zz-top here every day.") == "quality_c4_bad_words"
+    with pytest.raises(RuntimeError, match="before setup"):
+        C4Step(cfg).apply(Doc("t/1", GOOD, "s"))
+    (tmp_path / "empty.txt").write_text("\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="the list holds no word; give one word"):
+        bad_words_pattern(str(tmp_path / "empty.txt"))
+    with pytest.raises(ConfigError, match=r"quality.c4.bad_words=.*none.txt: no such file; give a word list"):
+        bad_words_pattern(str(tmp_path / "none.txt"))
 
 
 def test_count_sentences():

@@ -131,3 +131,23 @@ def test_the_byte_level_bpe_is_the_same_file_at_any_thread_count(tmp_path):
                                                                  "PYTHONPATH": str(REPO)},
                               capture_output=True, text=True, check=True).stdout.split()[-1] for n in (1, 2)}
     assert digests == {hashlib.sha256(train_byte_level_bpe(texts, TokenizerConfig(vocab_size=400))).hexdigest()}
+
+
+def test_a_tokenizer_read_up_front_is_the_one_the_job_uses_not_read_again(tmp_path):
+    """The command line reads ``--tokenizer`` once (to refuse a bad one before the output folder is
+    touched) and hands that file to the job: the job does not read the path a second time."""
+    from pipelines.stages.tokenize import given_tokenizer
+    from shards.format.manifest import Manifest
+
+    texts = [f"line {i} of the river that ran past {i % 7} old stone walls" for i in range(60)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n"
+                                               for i, t in enumerate(texts)))
+    (tmp_path / "tok.model").write_bytes(train_sentencepiece(texts, TokenizerConfig(vocab_size=400)))
+    cfg = PipelineConfig()
+    cfg.tokenizer.path = str(tmp_path / "tok.model")
+    read_once = given_tokenizer(cfg.tokenizer)
+    (tmp_path / "tok.model").write_bytes(train_sentencepiece(texts, TokenizerConfig(vocab_size=350)))  # changed since
+    run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False, tokenizer=read_once)
+    manifest = Manifest.load(str(tmp_path / "out"))
+    assert manifest.tokenizer_identity.sha256 == read_once.sha256 and manifest.vocab_size == 400
+    assert (tmp_path / "out" / "tokenizer.model").read_bytes() == read_once.data

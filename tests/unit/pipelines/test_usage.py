@@ -3,6 +3,7 @@ Beam traceback (a too-small vocabulary, a misspelled enum value, an out-of-range
 misspelled Beam option)."""
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -46,6 +47,8 @@ def test_too_small_vocab_is_one_line_and_exit_2(corpus, tmp_path):
     ("tokenizer.sample_fraction=0", ["tokenizer.sample_fraction", "(0.0, 1.0]"]),
     ("input.max_record_bytes=0", ["input.max_record_bytes=0", ">= 1"]),  # issue 37: ranges beside every field
     ("quality.gopher.max_words=10", ["quality.gopher.min_words=50", "max_words=10"]),  # and relations between fields
+    ("shards.prefix=a/b", ["shards.prefix='a/b'", "matching [A-Za-z0-9][A-Za-z0-9._-]*"]),  # it names files: no folder
+    ("shards.prefix=*", ["shards.prefix='*'"]),  # nor a glob (--overwrite sets aside {prefix}-*.tar)
 ])
 def test_bad_config_values_are_refused_up_front(corpus, tmp_path, capsys, override, words):
     out = tmp_path / "out"
@@ -55,13 +58,28 @@ def test_bad_config_values_are_refused_up_front(corpus, tmp_path, capsys, overri
     assert not out.exists()  # refused before the run touched the output
 
 
+@pytest.mark.parametrize("overrides, words", [
+    (["classifier.path=NOPE/q.bin"], ["classifier.path=", "q.bin: no such file", "give a fastText"]),
+    (["quality.enabled=true", "quality.c4.bad_words=NOPE/w.txt"], ["quality.c4.bad_words=", "give a word list"]),
+    (["decontam.eval_sets={mmlu: NOPE/*.jsonl}"], ["decontam evaluation set", "no file matches", "quoted glob"]),
+])
+def test_missing_curation_files_are_refused_up_front(corpus, tmp_path, capsys, overrides, words):
+    out = tmp_path / "out"
+    overrides = [o.replace("NOPE", str(tmp_path / "nope")) for o in overrides]
+    assert beam_runner.main(["--input", str(corpus), "--output", str(out), *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("error:")]
+    assert len(errors) == 1 and all(w in errors[0] for w in words) and "--input" not in errors[0], err
+    assert not out.exists()  # refused before the run touched the output
+
+
 def test_every_enum_knob_rejects_a_typo():
     choices = [key for key, check in declared_checks(PipelineConfig()).items() if check.choices]
-    assert len(choices) == 9
+    assert len(choices) == 12  # decontam.action and input.warc's among them
     for key in choices:
-        section, name = key.split(".")
+        *sections, name = key.split(".")
         cfg = PipelineConfig()
-        setattr(getattr(cfg, section), name, "typo")
+        setattr(functools.reduce(getattr, sections, cfg), name, "typo")
         with pytest.raises(ConfigError, match=f"{key}='typo': use one of"):
             cfg.validate()
     PipelineConfig().validate()  # the defaults pass
@@ -420,3 +438,33 @@ def test_tokenizer_kind_applies_to_the_tokenizer_flag(tmp_path, capsys):
     assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out"),
                              "--tokenizer", str(tok), "tokenizer.kind=hf"]) == 0
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer_identity"]["kind"] == "hf"
+
+
+@pytest.mark.parametrize("given, says", [
+    (["--tokenizer", ""], "error: --tokenizer '': an empty tokenizer name; give a sentencepiece .model, "),
+    (["--tokenizer", "cl100k_base", "tokenizer.kind=sentencepiece"],
+     "error: --tokenizer cl100k_base: a bundled tiktoken encoding, but tokenizer.kind=sentencepiece; set "
+     "tokenizer.kind=tiktoken or auto"),
+])
+def test_an_empty_or_mismatched_tokenizer_flag_is_refused_not_trained_around(corpus, tmp_path, capsys, given, says):
+    assert beam_runner.main(["--input", str(corpus), "--output", str(tmp_path / "out"), *given]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(says) and "\n" not in err and not (tmp_path / "out").exists()
+
+
+def test_an_output_that_cannot_be_written_is_one_line_without_beams_traceback(corpus, tmp_path):
+    """Issue 37: a write that failed for lack of space inside a Beam step was said in one line, but
+    after the traceback Beam logs for it (20 lines). Here a file size limit fails the writes, as a
+    full disk does."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))  # Python ignores SIGXFSZ: writes fail with EFBIG
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    p = subprocess.run([sys.executable, "beam_runner.py", "--input", str(corpus), "--output", str(tmp_path / "out"),
+                        "tokenizer.vocab_size=320"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                       preexec_fn=limit)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr and "ERROR" not in p.stderr, p.stderr[-3000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and ": File too large; " in errors[0] and str(tmp_path / "out") in errors[0], errors

@@ -192,7 +192,7 @@ def test_verify_help_describes_paths_schema_and_exit_codes(capsys):
     assert "dataset folders (holding manifest.json" in text and "auto (default): text when" in text
 
 
-def test_verify_fails_a_dataset_whose_tokenizer_changed_and_inspect_will_not_decode_with_a_smaller_one(
+def test_verify_fails_a_changed_tokenizer_and_inspect_refuses_a_smaller_one_and_notes_another(
         dataset, tmp_path, capsys):
     import shutil
 
@@ -221,3 +221,15 @@ def test_verify_fails_a_dataset_whose_tokenizer_changed_and_inspect_will_not_dec
     rc, out = run(capsys, "inspect", dataset / "shard-000000.tar", "-n", "1", "--tokenizer", small)
     assert rc == 0 and "tokens (detokenised): not shown: id " in out
     assert "ids, so it is not the tokenizer these shards were written with" in out
+    other = tmp_path / "other.model"  # ids in range, but another tokenizer's: the text is said to be its reading
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(LINES + [line.upper() for line in LINES]),
+                                   model_writer=model, vocab_size=90, model_type="bpe", minloglevel=2)
+    other.write_bytes(model.getvalue())
+    (d / "tok.model").write_bytes(dataset.joinpath("tok.model").read_bytes())
+    rc, out = run(capsys, "inspect", d / "shard-000000.tar", "-n", "1", "--tokenizer", other)
+    assert rc == 0 and "tokens (detokenised): " in out
+    assert (f"note: --tokenizer {other} is not the tokenizer these shards were written with (sha256 "
+            f"{build(read(str(other))).file.sha256[:12]}..., the manifest says {tok.file.sha256[:12]}...)") in out
+    rc, out = run(capsys, "inspect", d / "shard-000000.tar", "-n", "1", "--tokenizer", d / "tok.model")
+    assert rc == 0 and "note:" not in out

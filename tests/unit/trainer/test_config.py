@@ -120,3 +120,10 @@ def test_every_out_of_range_value_is_one_named_error(override, words):
     with pytest.raises(ValueError) as e:
         load_config(TrainConfig, CONFIGS[0], [override]).validate()
     assert all(w in str(e.value) for w in words) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_trainer_flags_may_follow_the_overrides(capsys):
+    """``colaflow train key=value --dry-run key=value`` was refused as ``unrecognized arguments``."""
+    from trainer.run.cli import main
+    assert main(["steps=2", "--dry-run", "log_every=0"]) == 2
+    assert "log_every=0: use a number >= 1" in capsys.readouterr().err

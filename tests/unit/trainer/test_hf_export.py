@@ -206,3 +206,34 @@ def test_checkpoint_pt_and_hf_forms_give_init_from_the_same_weights(exported, tm
         assert all(torch.equal(got[k].float(), want[k].float()) for k in want), kind
         assert len(source.fingerprint()["sha256"]) == 64
     assert sources["hf"].architecture == {**sources["checkpoint"].architecture, "max_seq_len": 32}
+
+
+@pytest.mark.parametrize("add_bos", [True, False], ids=["documents-began-with-bos", "documents-began-with-text"])
+def test_the_exported_tokenizer_begins_a_prompt_as_the_training_documents_began(tmp_path, add_bos):
+    """The shards' tokenizer.json adds BOS by its own post-processor when ``add_bos`` is false, and adds
+    none when it is true (``tokenizer.add_bos`` overrode the convention either way)."""
+    import dataclasses
+
+    from tokenizers import Tokenizer, processors
+    from transformers import AutoTokenizer
+
+    from shards.format.manifest import Manifest
+    from trainer.export.hf import tokenizer_files
+
+    data = write_dataset_with_val_split(str(tmp_path / "data"), VOCAB, tokenizer=True)
+    bos = VOCAB - 2
+    if not add_bos:
+        tok = Tokenizer.from_file(os.path.join(data, "tokenizer.json"))
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+        tok.save(os.path.join(data, "tokenizer.json"))
+    manifest = Manifest.load(data)
+    manifest.tokenizer_identity = dataclasses.replace(manifest.tokenizer_identity, add_bos=add_bos, add_eos=True)
+    manifest.save(data)
+    out = tmp_path / "tok"
+    out.mkdir()
+    for name, content in tokenizer_files(data).files.items():
+        (out / name).write_bytes(content)
+    auto = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert auto("t3 t4")["input_ids"] == ([bos] if add_bos else []) + [3, 4]
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert (config["add_bos_token"], config["add_eos_token"]) == (add_bos, False)

@@ -82,6 +82,15 @@ def test_truncate_metrics_drops_steps_after_the_checkpoint(tmp_path):
     assert truncate_metrics(str(tmp_path / "absent.jsonl"), 0) == 0
 
 
+def test_truncate_metrics_drops_a_record_cut_short(tmp_path):
+    """Issue 37: a run killed or out of space while it wrote a record left half a line, and the resume
+    ended in a JSONDecodeError; the cut record is dropped with the undone steps."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 3)) + '{"step": 6, "lo')
+    assert truncate_metrics(str(path), 6) == 1
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 3]
+
+
 def _train(args, tmp_path, **kw):
     return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=str(tmp_path), env=ENV,
                           capture_output=True, text=True, timeout=300, **kw)
@@ -192,6 +201,9 @@ def test_ctrl_c_ends_in_one_line_with_exit_130(tmp_path, common):
     lines = [line for line in second.stderr.splitlines() if line.strip()]
     assert second.returncode == 2 and len(lines) == 1, second.stderr[-3000:]
     assert f"is in use by a live run (pid {proc.pid})" in lines[0], lines
+    dry = _train(common + ["--dry-run"], tmp_path)  # and a dry run says so (it said: use checkpoint.overwrite=true)
+    lines = [line for line in dry.stderr.splitlines() if line.strip()]
+    assert dry.returncode == 2 and len(lines) == 1 and f"is in use by a live run (pid {proc.pid})" in lines[0], lines
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
@@ -304,3 +316,12 @@ def test_the_summary_line_counts_the_documents_of_skipped_shards(tmp_path, commo
     last = p.stdout.strip().splitlines()[-1]
     assert last.startswith("trained 2 steps") and "skipped 30 unreadable document(s) of corrupt or missing shards" in last
     assert json.loads((tmp_path / "run" / "train_summary.json").read_text())["skipped_documents"] == 30
+
+
+def test_a_run_folder_that_cannot_be_written_ends_in_one_line_naming_the_file(tmp_path, common):
+    """Issue 37: a write into the run folder that failed (here ``config.json``, the first file written)
+    said ``error: data: ?: ...``: no file, and the wrong part blamed."""
+    p = _train(common + ["steps=2"], tmp_path, preexec_fn=_file_size_limit(1000))
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-3000:]
+    assert lines[0].startswith(f"error: run: {tmp_path / 'run' / 'config.json'}: File too large;"), lines
