@@ -2,7 +2,7 @@
 
 Usage::
 
-    python beam_runner.py --input 'data/corpus/*.jsonl' --output data/shards [--overwrite] \\
+    python beam_runner.py --input 'data/corpus/*.jsonl' --output data/shards [--overwrite] [--resume] \\
         [--tokenizer PATH] [--config configs/pipeline.yaml] [section.key=value ...] [Beam options]
 
 Quote the --input glob, so the shell does not expand it into many files. A ``section.key=value``
@@ -16,7 +16,9 @@ Exit codes: 0 done, 1 runtime/data error, 2 usage/config error, 130 interrupted 
 terminated (SIGTERM, as sent by ``timeout``, Slurm, ``docker stop`` or Kubernetes). An
 output folder that holds an earlier run is refused unless ``--overwrite`` is given, which
 replaces it only once the new run succeeds; a run that fails or is interrupted removes what it
-wrote and keeps the earlier run as it was.
+wrote and keeps the earlier run as it was. It keeps the work of its finished input splits in
+OUT/.work/: a rerun of the same job with ``--resume`` reuses it and recomputes the rest, with the
+same output as an uninterrupted run (other config or inputs: refused, exit 2).
 
 A ``--flag`` no Beam ``PipelineOptions`` declares (a typo such as ``--runer``) is refused with
 exit 2, as are a ``--runner`` colaflow does not run on (``--runner=DaskRuner``, a Beam runner it
@@ -42,6 +44,7 @@ from colaflow.wording import help_text, plural  # noqa: E402
 from pipelines.accounting.report import REPORT_PNG, REPORT_TXT, report_text  # noqa: E402
 from pipelines.config import PipelineConfig  # noqa: E402
 from pipelines.io.output import OutputExistsError, OutputNotWritableError  # noqa: E402
+from pipelines.io.resume import ResumeError  # noqa: E402
 from pipelines.job import InputError, run  # noqa: E402
 from pipelines.records import input_root  # noqa: E402
 from pipelines.runners.selection import beam_options  # noqa: E402
@@ -74,6 +77,11 @@ def split_args(argv: list[str], prog: str | None = None) -> tuple[argparse.Names
     ap.add_argument("--config", default=None, help="YAML config (pipelines.config.PipelineConfig)")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace an earlier run in --output (default: refuse to touch it)")
+    ap.add_argument("--resume", action="store_true",
+                    help="reuse the finished input splits of an unfinished run of the same job in --output (kept in "
+                    "OUT/.work/ when a run fails or is killed) and compute only the rest; the output is the same as "
+                    "an uninterrupted run's. Refused (exit 2) when the config or an input file changed; without an "
+                    "unfinished run, a fresh run")
     args, rest = ap.parse_known_args(argv)
     stray = [a for i, a in enumerate(rest) if _is_stray(a, rest[i - 1] if i else "", args.input)]
     if stray:
@@ -144,6 +152,7 @@ class _Interrupt:
         raise KeyboardInterrupt
 
 
+KEPT = " (its finished input splits are kept for --resume)"  # what an interrupted run leaves
 _STEP_SUFFIX = re.compile(r" \[while running '.*?'\]")  # what Beam appends to an error raised in a step
 
 
@@ -157,7 +166,7 @@ def one_line(e: BaseException) -> str:
 def _failure(e: BaseException, args: argparse.Namespace) -> int:
     """Print the one-line error for an exception of :func:`pipelines.job.run`; return the exit code
     (2 usage, 1 runtime/data). Re-raises exceptions it does not know (a bug: keep the traceback)."""
-    if isinstance(e, (OutputExistsError, InputError, ConfigError)):
+    if isinstance(e, (OutputExistsError, InputError, ConfigError, ResumeError)):
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     if isinstance(e, FileNotFoundError) and e.filename is None:  # nothing matches the glob
@@ -216,13 +225,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
     try:
-        stats = run(args.input, args.output, cfg, beam_args, overwrite=args.overwrite, tokenizer=tokenizer)
+        stats = run(args.input, args.output, cfg, beam_args, overwrite=args.overwrite, tokenizer=tokenizer,
+                    resume=args.resume)
     except BaseException as e:  # noqa: B036 - Ctrl-C arrives wrapped in whatever Beam raises
         if interrupt.signum == signal.SIGTERM:
-            print(f"terminated; removed this run's partial output from {args.output}", file=sys.stderr)
+            print(f"terminated; removed this run's partial output from {args.output}{KEPT}", file=sys.stderr)
             return 128 + signal.SIGTERM
         if interrupt.signum is not None or isinstance(e, KeyboardInterrupt):
-            print(f"interrupted; removed this run's partial output from {args.output}", file=sys.stderr)
+            print(f"interrupted; removed this run's partial output from {args.output}{KEPT}", file=sys.stderr)
             return 130
         return _failure(e, args)
     finally:

@@ -29,13 +29,15 @@ from pipelines.io.output import (
     refuse_inputs_in_artifacts,
 )
 from pipelines.io.listing import InputFile, InputListing, ListingError, list_inputs
-from pipelines.io.read import DEAD, ParseFn, ReadRecords
+from pipelines.io.read import DEAD, ReadRecords
+from pipelines.io.resume import (JobIdentity, SplitWorkFn, WorkFolder, check_resume, keeps_work, remove_work,
+                                 start_work)
 from pipelines.records import file_format
 from pipelines.runners.selection import beam_options, make_runner
 from pipelines.stages.classifier import check_model
 from pipelines.stages.exact_dedup import ExactDedup, UniqueIds, key_by_hash
 from pipelines.stages.decontam import load_eval_sets
-from pipelines.stages.filters import LISTED, FilterFn, build_steps
+from pipelines.stages.filters import LISTED
 from pipelines.stages.quality.c4 import bad_words_pattern
 from pipelines.stages.near_dedup import NearDedup
 from pipelines.stages.split import VAL, VAL_DIR, SplitBatchFn, val_shard_config
@@ -65,20 +67,20 @@ class InputError(ValueError):
     says what to pass instead."""
 
 
-def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: PipelineConfig, total_bytes: int = 0,
-          tokenizer: TokenizerFile | None = None) -> None:
+def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: PipelineConfig, work: WorkFolder,
+          total_bytes: int = 0, tokenizer: TokenizerFile | None = None) -> None:
     """Add the whole preprocessing graph to pipeline ``p``: it reads the files and counts the broken
-    links of ``inputs`` (:func:`match_input`), its outputs go to ``output_dir``; ``total_bytes`` of
-    input sizes the progress bar; ``tokenizer``: the one at ``cfg.tokenizer.path``, read already."""
+    links of ``inputs`` (:func:`match_input`), its outputs go to ``output_dir``, each finished split's
+    documents to ``work`` (:mod:`pipelines.io.resume`); ``total_bytes`` of input sizes the progress bar;
+    ``tokenizer``: the one at ``cfg.tokenizer.path``, read already."""
     out = output_dir.rstrip("/")
-    read = p | "Read" >> ReadRecords(inputs, cfg.input, total_bytes)
-    parsed = read.units | "Parse" >> beam.ParDo(ParseFn(cfg.input, inputs.root)).with_outputs(
-        DEAD, EVENTS, main="docs")
-    kept = parsed.docs | "Steps" >> beam.ParDo(FilterFn(build_steps(cfg))).with_outputs(EVENTS, LISTED, main="docs")
+    read = p | "Read" >> ReadRecords(inputs, cfg.input)
+    kept = read.splits | "Work" >> beam.ParDo(SplitWorkFn(work, cfg, inputs.root, total_bytes)).with_outputs(
+        DEAD, EVENTS, LISTED, main="docs")
     if cfg.decontam.eval_sets:  # the only step that lists
         kept[LISTED] | "DecontaminatedWrite" >> WriteJsonl(f"{out}/{DECONTAMINATED_DIR}")
-    summary = summarize([parsed[EVENTS], kept[EVENTS]], parsed[DEAD])  # read only to explain an empty sample
-    events, duplicates = [read.events, parsed[EVENTS], kept[EVENTS]], []
+    summary = summarize([kept[EVENTS]], kept[DEAD])  # read only to explain an empty sample
+    events, duplicates = [read.events, kept[EVENTS]], []
     hashed = kept.docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
     unique = hashed | "UniqueIds" >> UniqueIds()
     dedups = []
@@ -113,7 +115,7 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
     written = tokenized | "Shards" >> WriteShards(out, cfg.shards)
     events.append(written[EVENTS])
     counts = events | "AllEvents" >> beam.Flatten() | "SumEvents" >> beam.CombinePerKey(sum)
-    (parsed[DEAD]
+    (kept[DEAD]
      | "DeadJson" >> beam.Map(lambda d: d.to_json())
      | "DeadWrite" >> WriteJsonl(f"{out}/{DEAD_LETTER_DIR}"))
     (p
@@ -221,7 +223,7 @@ def _warn_broken(links: list[str]) -> None:
 
 def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         beam_args: list[str] | None = None, overwrite: bool = False, report: bool = True,
-        tokenizer: TokenizerFile | None = None) -> dict:
+        tokenizer: TokenizerFile | None = None, resume: bool = False) -> dict:
     """Run the pipeline to completion and return the contents of ``stats.json``.
 
     Args:
@@ -237,6 +239,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         report: write ``report.txt`` and ``report.png`` (:mod:`pipelines.accounting.report`) at the end.
         tokenizer: the tokenizer at ``cfg.tokenizer.path`` as the caller read it
             (:func:`pipelines.stages.tokenize.given_tokenizer`), used as it is; ``None``: read here.
+        resume: reuse the finished input splits of an unfinished run of the same job in ``output_dir``
+            (:mod:`pipelines.io.resume`); a fresh run when there is none.
     Returns:
         the stats dict (see :func:`pipelines.accounting.stats.aggregate`) plus ``seconds`` (wall time) and
         ``metrics`` (Beam counters, see :func:`counters`).
@@ -254,6 +258,8 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             or with ``overwrite`` an input file or the tokenizer lies inside that earlier run
             (:func:`pipelines.io.output.refuse_inputs_in_artifacts`).
         pipelines.io.output.OutputNotWritableError: ``output_dir`` cannot be written.
+        pipelines.io.resume.ResumeError: ``resume``, and the unfinished run in ``output_dir`` had
+            another config or other input files (:func:`pipelines.io.resume.check_resume`).
         ValueError / RuntimeError: the tokenizer cannot be trained (e.g. nothing survived cleaning),
             no document was kept with a given tokenizer (``EmptySampleError``, raised by
             :func:`pipelines.stages.write_shards.finalize` before it commits anything), or the pipeline did
@@ -264,7 +270,9 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
     output folder was prepared, the artifacts this run wrote are removed first and the earlier run
     is moved back as it was (:func:`pipelines.io.output.abort_output`), so a rerun needs no more
     ``overwrite`` than this one; so is the local ``output_dir`` itself when this run created it
-    and it is left empty.
+    and it is left empty. The finished splits in ``output_dir/.work/`` are kept for ``resume``
+    when the run fails (but for an error that says to change the config or the input:
+    :func:`pipelines.io.resume.keeps_work`) and removed when it succeeds.
     """
     cfg = cfg or PipelineConfig()
     cfg.validate()
@@ -288,14 +296,18 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
               "in stats.json", file=sys.stderr, flush=True)
     if overwrite:
         refuse_inputs_in_artifacts(output_dir, cfg.shards.prefix, [m.path for m in matched], cfg.tokenizer.path)
-    prepared = prepare_output(output_dir, cfg.shards.prefix, overwrite)
+    identity = JobIdentity.of(cfg, selection.listing)
+    if resume:
+        check_resume(output_dir, identity)
+    prepared = prepare_output(output_dir, cfg.shards.prefix, overwrite, resume)
     total_bytes = sum(m.size_in_bytes for m in matched)
     runner = make_runner(options, total_bytes)
     print(f"reading {count(len(matched), 'file')}, {total_bytes / 1e6:,.1f} MB", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
+        work = start_work(output_dir, identity, resume)
         p = beam.Pipeline(runner=runner, options=options)
-        build(p, selection.listing, output_dir, cfg, total_bytes, tokenizer)
+        build(p, selection.listing, output_dir, cfg, work, total_bytes, tokenizer)
         result = p.run()
         state = result.wait_until_finish()
         if state != PipelineState.DONE:
@@ -305,11 +317,14 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
         if report:
             write_report(output_dir, stats)
     except BaseException as e:
+        if not keeps_work(e):
+            remove_work(output_dir)
         abort_output(prepared)
         if isinstance(e, NoRecordsError):
             raise no_records_error(input_glob, [m.path for m in matched], cfg) from e
         raise
     finish_output(prepared)
+    remove_work(output_dir)
     stats["seconds"] = time.perf_counter() - start
     stats["metrics"] = counters(result)
     return stats

@@ -6,6 +6,8 @@ Artifacts of a run: ``manifest.json`` (written last: a finished run), ``_tmp_buc
 unfinished one), shards and their indexes, ``val/``, ``stats.json``, ``tokenizer.model``, the
 reports, ``dead_letter/``, ``duplicates/``, ``decontaminated/``, Beam's ``beam-temp-*`` and ``*.partial`` files, and
 every shard and index an earlier ``manifest.json`` lists, whatever its ``shards.prefix``.
+``.work/`` (each finished input split's output, :mod:`pipelines.io.resume`) is none: a failed run
+keeps it for ``--resume``.
 """
 from __future__ import annotations
 
@@ -141,7 +143,7 @@ def _move_to_backup(fs, root: str, found: list[str]) -> None:
         raise
 
 
-def prepare_output(output_dir: str, prefix: str, overwrite: bool = False) -> PreparedOutput:
+def prepare_output(output_dir: str, prefix: str, overwrite: bool = False, resume: bool = False) -> PreparedOutput:
     """Create ``output_dir``, check it is writable, and refuse an earlier run's files in it, or with
     ``overwrite`` move them into ``OUT/.previous-run/`` (kept until the run succeeds).
 
@@ -154,6 +156,8 @@ def prepare_output(output_dir: str, prefix: str, overwrite: bool = False) -> Pre
         output_dir: folder or fsspec URL.
         prefix: shard name prefix (``shards.prefix``).
         overwrite: set the earlier run aside (replaced on success) instead of refusing.
+        resume: remove the partial artifacts of an unfinished earlier run instead of refusing
+            (``--resume`` recomputes them; a finished run is still refused).
     Returns:
         a :class:`PreparedOutput` for :func:`finish_output` (success) or :func:`abort_output`.
     Raises:
@@ -182,18 +186,25 @@ def prepare_output(output_dir: str, prefix: str, overwrite: bool = False) -> Pre
         for path in found:  # the killed run's partial output
             fs.rm(path, recursive=True)
         return PreparedOutput(output_dir, prefix, created, backup=True)
+    names = [p.rsplit("/", 1)[-1] for p in found]
+    if resume and "manifest.json" not in names:
+        for path in found:  # the unfinished run's partial output, recomputed from its finished splits
+            fs.rm(path, recursive=True)
+        return PreparedOutput(output_dir, prefix, created)
     if not found:
         return PreparedOutput(output_dir, prefix, created)
     if not overwrite:
+        from pipelines.io.resume import WORK_DIR
         from pipelines.stages.write_shards import TMP_DIR
 
-        names = [p.rsplit("/", 1)[-1] for p in found]
         state = ("a finished run (manifest.json)" if "manifest.json" in names else
                  "an unfinished run (_tmp_buckets/)" if TMP_DIR in names else "leftovers of an earlier run")
+        reuse = (", --resume to reuse its finished input splits" if "manifest.json" not in names
+                 and fs.exists(f"{root}/{WORK_DIR}") else "")
         raise OutputExistsError(
             f"{output_dir} already holds {state}: {', '.join(names[:6])}"
             f"{f' and {len(names) - 6} more' if len(names) > 6 else ''}. "
-            "Pass --overwrite to replace it, or choose a new --output folder.")
+            f"Pass --overwrite to replace it{reuse}, or choose a new --output folder.")
     _move_to_backup(fs, root, found)
     return PreparedOutput(output_dir, prefix, created, backup=True)
 

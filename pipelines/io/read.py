@@ -1,8 +1,7 @@
-"""Beam transforms of the input: files → raw units (:class:`ReadRecords`) → documents or dead
-letters (:class:`ParseFn`)."""
+"""Beam transforms of the input: files → splits (:class:`ReadRecords`), each read into raw units
+(:class:`pipelines.io.resume.SplitWorkFn`) → documents or dead letters (:class:`ParseFn`)."""
 from __future__ import annotations
 
-import uuid
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -11,7 +10,7 @@ from pipelines.accounting.stats import EVENTS, EventTally, event
 from pipelines.config import InputConfig
 from pipelines.io.listing import InputFile, InputListing
 from pipelines.io.pages import WarcPages
-from pipelines.io.reading import plan_splits, read_split
+from pipelines.io.reading import plan_splits
 from pipelines.records import (WARC, WARC_OTHER, DeadLetter, Filtered, RawUnit, file_format, file_stem, parse_unit,
                                relative_name)
 
@@ -22,41 +21,36 @@ class ReadOutput(NamedTuple):
     """The outputs of :class:`ReadRecords`, each a ``PCollection``.
 
     Attributes:
-        units: the :class:`~pipelines.records.RawUnit` s of every file read.
+        splits: the :class:`~pipelines.io.reading.Split` s of every file to read, spread over workers.
         events: ``((file stem, name), 1)`` per path not read: ``skipped_file`` (unknown format under
             ``input.unknown_files: skip``), ``empty_file`` (0 bytes) or ``skipped_link`` (a link
             whose target does not exist).
     """
 
-    units: beam.PCollection
+    splits: beam.PCollection
     events: beam.PCollection
 
 
 class ReadRecords(beam.PTransform):
-    """``PBegin`` → :class:`ReadOutput`: the raw units of every file of ``inputs`` (listed once, on
+    """``PBegin`` → :class:`ReadOutput`: the splits of every file of ``inputs`` (listed once, on
     the driver, by :func:`pipelines.io.listing.list_inputs`).
 
-    Files are planned into splits (:func:`pipelines.io.reading.plan_splits`), the splits are
-    redistributed (``Reshuffle``) and each is read by one worker (:func:`pipelines.io.reading.read_split`),
-    so a large file is read by many workers and never held whole. ``total_bytes`` (of all input
-    files) sizes the progress bar.
+    Files are planned into splits (:func:`pipelines.io.reading.plan_splits`) and the splits are
+    redistributed (``Reshuffle``), so each is read by one worker (:class:`pipelines.io.resume.SplitWorkFn`)
+    and a large file is read by many workers and never held whole.
     """
 
-    def __init__(self, inputs: InputListing, cfg: InputConfig, total_bytes: int = 0):
+    def __init__(self, inputs: InputListing, cfg: InputConfig):
         super().__init__()
-        self.inputs, self.cfg, self.total_bytes = inputs, cfg, total_bytes
-        self.run_id = uuid.uuid4().hex  # one progress bar per run, even when runs share a process
+        self.inputs, self.cfg = inputs, cfg
 
     def expand(self, pbegin) -> ReadOutput:
-        """Plan the listed files' splits and read them; count the broken links."""
+        """Plan the listed files' splits and spread them; count the broken links."""
         paths = [*self.inputs.files, *self.inputs.broken_links]
         planned = (pbegin
                    | "Files" >> beam.Create(paths, reshuffle=False)
                    | "Plan" >> beam.FlatMap(_plan, self.cfg).with_outputs(EVENTS, main="splits"))
-        units = (planned.splits
-                 | "Spread" >> beam.Reshuffle()
-                 | "ReadSplit" >> beam.FlatMap(read_split, self.cfg, self.total_bytes, self.run_id))
-        return ReadOutput(units=units, events=planned[EVENTS])
+        return ReadOutput(splits=planned.splits | "Spread" >> beam.Reshuffle(), events=planned[EVENTS])
 
 
 def _plan(match: InputFile | str, cfg: InputConfig):

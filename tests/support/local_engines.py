@@ -93,14 +93,15 @@ def dask_spill_env(target: float = SPILL_TARGET) -> dict[str, str]:
 
 
 def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, timeout_s: float = 60.0,
-               memory_limit: str = "0") -> Engine:
+               memory_limit: str = "0", preload: str | None = None) -> Engine:
     """A ``dask scheduler`` and ``workers`` single-threaded ``dask worker`` processes (no nanny, so
     each worker is one process, with :func:`dask_worker_env`) on 127.0.0.1; returns once all
     workers have registered.
 
     ``memory_limit`` is each worker's ``--memory-limit`` (e.g. ``"500MB"``); with a limit the
     workers get :func:`dask_spill_env` (results beyond ``SPILL_TARGET`` of the limit are spilled
-    to ``log_dir/worker-N.spill``); ``"0"``: no limit, nothing spilled.
+    to ``log_dir/worker-N.spill``); ``"0"``: no limit, nothing spilled. ``preload``: a module each
+    worker imports at start (``dask worker --preload``), e.g. :mod:`tests.support.split_faults`.
 
     ``env`` is the processes' environment (default: this one); they need colaflow importable.
     Raises ``TimeoutError`` (and stops what started) when the workers do not register in time.
@@ -113,7 +114,7 @@ def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, t
     logs = [log_dir / "scheduler.log"] + [log_dir / f"worker-{i}.log" for i in range(workers)]
     procs = [_spawn([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
                      address.rsplit(":", 1)[1], "--no-dashboard", "--no-show"], logs[0], env)]
-    procs += [start_dask_worker(address, log, env, memory_limit) for log in logs[1:]]
+    procs += [start_dask_worker(address, log, env, memory_limit, preload) for log in logs[1:]]
     engine = Engine(address, procs, logs)
     try:
         with Client(address, timeout=timeout_s) as client:
@@ -124,18 +125,20 @@ def start_dask(log_dir: str | Path, workers: int = 2, env: dict | None = None, t
     return engine
 
 
-def start_dask_worker(address: str, log: Path, env: dict | None = None, memory_limit: str = "0") -> subprocess.Popen:
+def start_dask_worker(address: str, log: Path, env: dict | None = None, memory_limit: str = "0",
+                      preload: str | None = None) -> subprocess.Popen:
     """One single-threaded ``dask worker`` process (no nanny) on 127.0.0.1 for the scheduler at
     ``address``, with :func:`dask_worker_env` (and :func:`dask_spill_env` when ``memory_limit``,
     its ``--memory-limit``, is not ``"0"``; spilled results go to ``log`` with suffix ``.spill``);
-    its output goes to the file ``log``. ``env``: its environment (default: this one). Returns at
-    once, before the worker has registered."""
+    its output goes to the file ``log``. ``env``: its environment (default: this one); ``preload``: a
+    module it imports at start (``--preload``). Returns at once, before the worker has registered."""
     worker_env = dict(os.environ if env is None else env, **dask_worker_env())
     if memory_limit != "0":
         worker_env.update(dask_spill_env())
     return _spawn([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1", "--no-nanny",
                    "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", memory_limit,
-                   "--local-directory", str(log.with_suffix(".spill"))], log, worker_env)
+                   "--local-directory", str(log.with_suffix(".spill")),
+                   *(["--preload", preload] if preload else [])], log, worker_env)
 
 
 def start_worker_pool(log_dir: str | Path, python: list[str], boot: str, env: dict | None = None,

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import beam_runner
 from pipelines.config import PipelineConfig, TokenizerConfig
 from examples.demo.corpus import write_corpus
+from pipelines.io.resume import WORK_DIR
 from pipelines.job import run
 from pipelines.records import Doc, qualify_id
 from pipelines.stages.tokenize import SmallestHashSample, TokenizeFn, train_sentencepiece, trained_file
@@ -234,7 +235,7 @@ def test_failed_run_cleans_up_so_the_rerun_needs_no_overwrite(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(ValueError, match="tokenizer sample is empty"):
         run(str(tmp_path / "bad.jsonl"), str(out), _tiny_config())
-    assert not out.exists()  # no beam-temp-*, dead_letter/, _tmp_buckets/, nor the empty folder left behind
+    assert not out.exists()  # no beam-temp-*, dead_letter/, _tmp_buckets/, .work/, nor the empty folder left behind
     _jsonl(tmp_path / "good.jsonl", [{"id": str(i), "text": f"good line {i} {WORDS[i]}"} for i in range(5)])
     assert run(str(tmp_path / "good.jsonl"), str(out), _tiny_config())["total"]["kept"] == 5
 
@@ -253,7 +254,7 @@ def test_ctrl_c_exits_130_with_one_line_and_no_leftovers(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert err.rstrip().splitlines()[-1].startswith("interrupted; removed this run's partial output")
-    assert not out.exists()  # the run created it; nothing is left in it
+    assert [p.name for p in out.iterdir()] == [WORK_DIR]  # nothing but the finished input splits, for --resume
 
 
 def test_output_to_s3(s3_server, tmp_path):
