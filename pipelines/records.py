@@ -202,7 +202,7 @@ def file_stem(path: str) -> str:
     """``data/shakespeare.jsonl.gz`` → ``shakespeare`` (compression and format suffixes removed)."""
     name = path.rstrip("/").rsplit("/", 1)[-1]
     for suffix in _COMPRESSED:
-        if name.endswith(suffix):
+        if name.lower().endswith(suffix):  # A.JSONL.GZ too, as file_format reads it
             name = name[: -len(suffix)]
     return os.path.splitext(name)[0] or name
 

@@ -110,6 +110,7 @@ def _decompressed(raw: BinaryIO, path: str) -> BinaryIO:
     Python's own gzip and bz2 readers (and :class:`ZstdReader`) are used instead of Beam's,
     because Beam's stop silently at a truncated stream while these raise ``EOFError``.
     """
+    path = path.lower()  # A.JSONL.GZ is as compressed as a.jsonl.gz
     if path.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if path.endswith(".bz2"):
@@ -149,7 +150,7 @@ def _row_groups(path: str, size: int, cfg: InputConfig) -> list[tuple[int, int]]
 
 def _byte_ranges(path: str, size: int, cfg: InputConfig) -> list[tuple[int, int]]:
     """Uncompressed JSONL: byte ranges of ``cfg.split_bytes``; a compressed file is one split."""
-    if path.endswith(_COMPRESSED) or size <= cfg.split_bytes:
+    if path.lower().endswith(_COMPRESSED) or size <= cfg.split_bytes:
         return [(0, -1)]
     return [(s, min(s + cfg.split_bytes, size)) for s in range(0, size, cfg.split_bytes)]
 
@@ -323,7 +324,7 @@ class Reader(NamedTuple):
 
 
 def _read_warc(raw: BinaryIO, split: Split, cfg: InputConfig) -> Iterator[RawUnit]:
-    stream = raw if split.path.endswith(".gz") else _decompressed(raw, split.path)
+    stream = raw if split.path.lower().endswith(".gz") else _decompressed(raw, split.path)
     return warc_units(stream, split.path, split.start, split.end, cfg)
 
 
@@ -389,7 +390,7 @@ def read_split(split: Split, cfg: InputConfig, total_bytes: int = 0, run_id: str
                 _Progress.update(raw.tell() - max(split.start, 0) - done, total_bytes, run_id)
     except (OSError, EOFError, ValueError, zlib.error, zstandard.ZstdError) as e:  # gzip.BadGzipFile is an OSError
         where = f"reading stopped at {f'row {last_line}' if split.fmt == PARQUET else f'byte {last_offset}'}"
-        if split.path.endswith(_COMPRESSED) and raw_read >= 0:
+        if split.path.lower().endswith(_COMPRESSED) and raw_read >= 0:
             where += f" of the decompressed data, after {raw_read:,} of {count(_size(split.path), 'compressed byte')}"
         message = f"{where}: {type(e).__name__}: {e}"
         yield RawUnit(split.path, last_line + 1 if last_line else 0, last_offset, message.encode("utf-8"),

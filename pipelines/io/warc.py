@@ -68,7 +68,7 @@ def warc_ranges(path: str, size: int, split_bytes: int) -> list[tuple[int, int]]
     Returns:
         ``split_bytes``-long ranges of a larger ``.warc.gz``, else ``[(0, -1)]``.
     """
-    if not path.endswith(".gz") or size <= split_bytes:
+    if not path.lower().endswith(".gz") or size <= split_bytes:
         return [(0, -1)]
     return [(s, min(s + split_bytes, size)) for s in range(0, size, split_bytes)]
 
@@ -197,7 +197,7 @@ def warc_units(stream: BinaryIO, path: str, start: int, end: int, cfg: InputConf
     Returns:
         an iterator of units; a broken member is one ``unreadable`` unit naming its byte offset.
     """
-    if not path.endswith(".gz"):
+    if not path.lower().endswith(".gz"):
         for record in ArchiveIterator(stream, parse_http=True, auto_decode="all"):
             if record.content_length > cfg.max_record_bytes:
                 yield RawUnit(path, 0, record.stream_pos, b"", TOO_LARGE, record.content_length)

@@ -34,6 +34,34 @@ def check_model(cfg: ClassifierConfig) -> None:
         if not fs.isfile(path):
             raise ConfigError(f"classifier.path={cfg.path}: no such file; give a fastText .bin model "
                                     "(fasttext.train_supervised(...).save_model) or classifier.path=null")
+        if "://" not in cfg.path:  # a local model is loaded once here (a remote one on the workers)
+            load_model(cfg)
+
+
+def load_model(cfg: ClassifierConfig):
+    """Load ``cfg.path`` (a local copy of a remote path) and check that it gives ``cfg.label``: a
+    model without that label would score every document 0 and filter them all.
+
+    Raises:
+        ImportError: fastText is not installed (one line saying what to install).
+        colaflow.config.ConfigError: the file is not a fastText model, or lacks ``cfg.label``.
+    """
+    try:
+        import fasttext
+    except ImportError as e:
+        raise ImportError("classifier.path needs fastText: pip install 'colaflow[curation]'") from e
+    path = cfg.path
+    try:
+        model = fasttext.load_model(fsspec.open_local(f"simplecache::{path}") if "://" in path else path)
+    except ValueError as e:  # fastText: "<path> has wrong file format!"
+        raise ConfigError(f"classifier.path={path}: not a fastText model ({e}); give a .bin saved by "
+                          "fasttext.train_supervised(...).save_model") from None
+    labels = list(model.get_labels())
+    if cfg.label not in labels:
+        shown = ", ".join(labels[:10]) + (", ..." if len(labels) > 10 else "")
+        raise ConfigError(f"classifier.label={cfg.label}: the model {path} has no such label (its labels: "
+                          f"{shown or 'none'}); set classifier.label to one of them")
+    return model
 
 
 class ClassifierStep(DocumentStep):
@@ -51,15 +79,11 @@ class ClassifierStep(DocumentStep):
 
         Raises:
             ImportError: fastText is not installed (one line saying what to install).
+            colaflow.config.ConfigError: not a fastText model, or one without ``cfg.label``.
         """
         if not self.cfg.path:
             return
-        try:
-            import fasttext
-        except ImportError as e:
-            raise ImportError("classifier.path needs fastText: pip install 'colaflow[curation]'") from e
-        path = self.cfg.path
-        self._model = fasttext.load_model(fsspec.open_local(f"simplecache::{path}") if "://" in path else path)
+        self._model = load_model(self.cfg)
 
     def score(self, text: str) -> float:
         """The probability of ``cfg.label`` for ``text`` (newlines read as spaces: fastText

@@ -175,8 +175,10 @@ def identity(tok: Tokenizer, cfg: TokenizerConfig) -> TokenizerIdentity:
     add_bos = tok.adds_bos if cfg.add_bos is None else cfg.add_bos
     for key, asked, token_id in (("add_eos", cfg.add_eos, tok.special.eos), ("add_bos", add_bos, tok.special.bos)):
         if asked and token_id is None:
+            hint = tok.special_hint(f"{key[4:]}_token") if hasattr(tok, "special_hint") else ""
             raise TokenizerError(f"this {tok.kind} tokenizer has no {key[4:].upper()} token, so tokenizer.{key} "
-                                 f"cannot mark documents: give a tokenizer that has one, or set tokenizer.{key}=false")
+                                 f"cannot mark documents: give a tokenizer that has one"
+                                 f"{f' ({hint})' if hint else ''}, or set tokenizer.{key}=false")
     return TokenizerIdentity(kind=tok.kind, sha256=tok.file.sha256, bos_id=tok.special.bos, eos_id=tok.special.eos,
                              pad_id=tok.special.pad, add_bos=bool(add_bos), add_eos=cfg.add_eos)
 

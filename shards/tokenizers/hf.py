@@ -51,6 +51,16 @@ class HFTokenizer:
         self.special = SpecialIds(*ids)
         self.adds_bos = bool(file.extra.get("add_bos_token", False)) and self.special.bos is not None
 
+    def special_hint(self, key: str) -> str:
+        """How to name this tokenizer's ``key`` (``bos_token``, ``eos_token``) when none was found: the
+        names a bare ``tokenizer.json``'s are looked for under, the config file that names another,
+        and the special tokens it holds."""
+        specials = [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
+        held = ", ".join(specials[:10]) + (", ..." if len(specials) > 10 else "") if specials else "none"
+        return (f"a tokenizer.json alone has its {key} found only as {' or '.join(CONVENTIONAL[key])}; name another "
+                f"in a {CONFIG_FILES[0]} beside it, {{\"{key}\": \"...\"}}, and give the folder; its special "
+                f"tokens: {held}")
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Ids of each text, no special token added (``encode_batch_fast``: Rust threads, no offsets)."""
         return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]

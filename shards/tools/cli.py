@@ -18,6 +18,7 @@ import numpy as np
 
 from colaflow.errors import exit_status, explain
 from colaflow.wording import count, help_text, plural
+from shards.format.keys import escape_key
 from shards.format.blocks import BLOCK_LAYOUT, META_SUFFIX, block_documents, decode_meta, is_block
 from shards.format.sample import count_tokens, zstd_decompress
 from shards.io.index import (
@@ -186,15 +187,17 @@ def cmd_inspect(args) -> int:
             _show(doc, sp, sys.stdout)
         return 0
     shown = 0
+    # the sample key, or the document id it escapes (a WARC page's id is its URL: a long one's key is a hash)
+    keys = {args.key, escape_key(args.key)} if args.key else set()
     for sample in _documents(iter_samples(args.shard)):
-        if args.key and sample["__key__"] != args.key:
+        if args.key and sample["__key__"] not in keys:
             continue
         _show(sample, sp, sys.stdout)
         shown += 1
         if shown >= args.limit:
             break
     if args.key and not shown:
-        print(f"error: {args.shard} has no document with key {args.key!r}; colaflow shards inspect "
+        print(f"error: {args.shard} has no document with key or id {args.key!r}; colaflow shards inspect "
               f"{args.shard} lists its keys", file=sys.stderr)
         return 1
     return 0
@@ -356,7 +359,7 @@ def build_parser(prog: str = "python -m shards") -> argparse.ArgumentParser:
     s.add_argument("shard", help="shard .tar, or a dataset folder / manifest.json (inspects its first shard)")
     s.add_argument("-n", "--limit", type=_at_least_one, default=5,
                    help="samples to print, 1 or more (default 5; 0 or negative is a usage error)")
-    s.add_argument("--key", help="print only the sample with this key")
+    s.add_argument("--key", help="print only the document with this sample key or document id")
     s.add_argument("--at", type=int, help="random access: print sample number AT (uses the .idx beside the shard)")
     s.add_argument("--tokenizer", help="tokenizer file, folder or bundled encoding name (default: the manifest's)")
     s.set_defaults(fn=cmd_inspect)

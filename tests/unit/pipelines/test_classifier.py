@@ -91,3 +91,24 @@ def test_a_missing_model_is_refused_before_the_run(tmp_path):
     with pytest.raises(ConfigError, match=r"classifier.path=.*nope.bin: no such file; give a fastText"):
         run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_file_that_is_no_model_is_refused_before_the_run(tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"id": 1, "text": "hello"}\n', encoding="utf-8")
+    (tmp_path / "train.txt").write_text("__label__hq some text\n", encoding="utf-8")
+    cfg = PipelineConfig()
+    cfg.classifier.path = str(tmp_path / "train.txt")
+    with pytest.raises(ConfigError, match=r"classifier.path=.*train.txt: not a fastText model"):
+        run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_label_the_model_lacks_is_refused_before_the_run(tmp_path, model_path):
+    """`classifier.label=hq` (without `__label__`) used to score every document 0 and filter all."""
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": 1, "text": prose(1)}) + "\n", encoding="utf-8")
+    cfg = PipelineConfig()
+    cfg.classifier.path = model_path
+    cfg.classifier.label = "hq"
+    with pytest.raises(ConfigError, match=r"classifier.label=hq: .* no such label \(its labels: __label__(hq|lq), __label__(hq|lq)\)"):
+        run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
+    assert not (tmp_path / "out").exists()

@@ -408,7 +408,10 @@ def test_add_eos_with_a_tokenizer_that_has_no_eos_is_one_line_naming_tokenizer_a
     assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(out), "--tokenizer", tok]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"error: --tokenizer {tok}: this hf tokenizer has no EOS token, so tokenizer.add_eos cannot mark "
-                   "documents: give a tokenizer that has one, or set tokenizer.add_eos=false")
+                   "documents: give a tokenizer that has one (a tokenizer.json alone has its eos_token found only as "
+                   "<|end_of_text|> or <|endoftext|> or </s> or <eos>; name another in a tokenizer_config.json beside "
+                   'it, {"eos_token": "..."}, and give the folder; its special tokens: <unk>), '
+                   "or set tokenizer.add_eos=false")
     assert not out.exists()
     assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(out), "--tokenizer", tok,
                              "tokenizer.add_eos=false"]) == 0

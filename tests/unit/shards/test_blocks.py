@@ -117,7 +117,19 @@ def test_cat_of_a_key_not_in_the_shard_is_an_error(blocks, capfdbinary):
     err = capfdbinary.readouterr().err.decode()
     assert "no sample, document or member 'no-such-document'" in err
     assert main(["inspect", shard, "--key", "no-such-document"]) == 1
-    assert "no document with key 'no-such-document'" in capfdbinary.readouterr().err.decode()
+    assert "no document with key or id 'no-such-document'" in capfdbinary.readouterr().err.decode()
+
+
+def test_inspect_finds_a_document_by_its_id_too(blocks, capsys):
+    """`--key` with the id printed in a sample's json (`a.jsonl/cont`, a URL) found nothing: only the
+    escaped key (`a%2Ejsonl%2Fcont`, or a hash for a long id) matched."""
+    d, docs, m, _ = blocks
+    shard = str(d / m.shards[0].name)
+    doc_id = docs[2][0]
+    assert escape_key(doc_id) != doc_id
+    assert main(["inspect", shard, "--key", doc_id]) == 0
+    out = capsys.readouterr().out
+    assert out.count("== ") == 1 and f"== {escape_key(doc_id)}" in out and f'"id": "{doc_id}"' in out
 
 
 def test_verify_catches_metadata_that_disagrees_with_tokens(tmp_path):

@@ -69,6 +69,21 @@ def test_an_hf_tokenizer_without_eos_refuses_add_eos_in_one_line(tmp_path):
     assert identity(tok, TokenizerConfig(add_eos=False)).eos_id is None
 
 
+def test_an_eos_under_another_name_is_named_in_the_refusal_and_found_through_a_config_beside_it(tmp_path):
+    """A tokenizer.json trained with `<|eos|>` was refused as having no EOS, with no word of how to name it."""
+    path = bpe(tmp_path / "tok", specials=("<|eos|>", "<|bos|>"))
+    with pytest.raises(TokenizerError) as refused:
+        identity(build(read(path)), TokenizerConfig())
+    assert str(refused.value) == (
+        "this hf tokenizer has no EOS token, so tokenizer.add_eos cannot mark documents: give a tokenizer that has "
+        "one (a tokenizer.json alone has its eos_token found only as <|end_of_text|> or <|endoftext|> or </s> or "
+        '<eos>; name another in a tokenizer_config.json beside it, {"eos_token": "..."}, and give the folder; its '
+        "special tokens: <|eos|>, <|bos|>), or set tokenizer.add_eos=false")
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eos|>"}))
+    ends = identity(build(read(str(tmp_path / "tok"))), TokenizerConfig())
+    assert (ends.eos_id, ends.add_eos, ends.bos_id) == (0, True, None)
+
+
 def test_tiktoken_by_name_and_by_its_rank_file_are_the_same_tokenizer(tmp_path):
     assert "cl100k_base" in bundled_names()
     by_name = read("cl100k_base")
