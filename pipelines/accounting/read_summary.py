@@ -52,6 +52,18 @@ class ReadSummary:
             said += f"; cannot read {path} ({error.rstrip('.')})"
         return said
 
+    def what_to_check(self) -> str:
+        """Where to look, from what became of the records: the input settings when records were
+        dead-lettered, the filtering steps' settings when they were filtered."""
+        dead = any(r != BLANK_LINE for r in self.dead)
+        steps = ("the settings of the steps that filtered them (the reasons name them: clean.*, language.*, "
+                 "quality.*, classifier.*, decontam.*)")
+        if self.filtered and not dead:
+            return f"check {steps}"
+        if self.filtered:
+            return f"check --input, input.format and input.text_field, and {steps}"
+        return "check --input, input.format and input.text_field"
+
 
 class MergeSummaries(beam.CombineFn):
     """Combine :class:`ReadSummary` parts into one (sums of counts, the smallest unreadable paths)."""

@@ -79,12 +79,14 @@ class NoRecordsError(EmptySampleError):
 
 def empty_error(summary: ReadSummary | None, what: str, instead: str) -> EmptySampleError:
     """The error for a run that kept no document: ``what`` happened, then why (``summary``'s
-    dead-letter and filter reasons, :meth:`ReadSummary.why_empty`), then what to check, ending
-    with ``instead``. A :class:`NoRecordsError` when ``summary`` counts no record read at all."""
+    dead-letter and filter reasons, :meth:`ReadSummary.why_empty`), then what to check
+    (:meth:`ReadSummary.what_to_check`), ending with ``instead``. A :class:`NoRecordsError` when ``summary`` counts no record read at all."""
     if summary is not None and summary.records == 0:
         return NoRecordsError("no record was read from the input files; check --input and input.format")
-    why = summary.why_empty() if summary is not None else "every record was dead-lettered or filtered"
-    return EmptySampleError(f"{what}; {why}; check --input, input.format and input.text_field, {instead}")
+    if summary is None:
+        return EmptySampleError(f"{what}; every record was dead-lettered or filtered; check --input, input.format, "
+                                f"input.text_field and the filtering steps' settings, {instead}")
+    return EmptySampleError(f"{what}; {summary.why_empty()}; {summary.what_to_check()}, {instead}")
 
 
 def train_sentencepiece(texts: list[str], cfg: TokenizerConfig, summary: ReadSummary | None = None) -> bytes:

@@ -216,13 +216,17 @@ def test_a_given_tokenizer_and_no_document_kept_is_one_line_and_exit_1(tmp_path,
     tok = _tokenizer_model(tmp_path / "tok.model")
     (tmp_path / "notext.jsonl").write_text("".join(json.dumps({"id": str(i), "body": "no text field"}) + "\n"
                                               for i in range(3)))
-    for args, why in [([str(tmp_path / "notext.jsonl")], "of 3 records read: 3 dead-lettered (missing_text: 3)"),
-                      ([str(corpus), "clean.min_chars=100000"], "of 30 records read: 30 filtered (too_short: 30)")]:
+    for args, why, check in [
+            ([str(tmp_path / "notext.jsonl")], "of 3 records read: 3 dead-lettered (missing_text: 3)",
+             "; check --input, input.format and input.text_field,"),
+            ([str(corpus), "clean.min_chars=100000"], "of 30 records read: 30 filtered (too_short: 30)",
+             "; check the settings of the steps that filtered them (the reasons name them: clean.*,")]:
         p = _cli(["--input", args[0], "--output", str(tmp_path / "out"), "--tokenizer", str(tok), *args[1:]])
         assert p.returncode == 1
         line = _one_error_line(p)
         assert line.startswith("error: no document was kept, so no shard was written; ") and why in line
-        assert "input.text_field" in line and "committed" not in p.stderr
+        assert check in line and "committed" not in p.stderr
+        assert ("input.text_field" in line) == ("dead-lettered" in why)  # filtered records: the input was read fine
         assert not (tmp_path / "out").exists()
 
 
