@@ -160,7 +160,7 @@ def test_a_job_with_a_given_tokenizer_that_keeps_no_document_fails_and_commits_n
     cfg.tokenizer.path = str(tmp_path / "tok.model")
     cfg.clean.min_chars = 10_000  # every document filtered
     with pytest.raises(EmptySampleError, match=r"no document was kept, so no shard was written; of 5 records read: "
-                                               r"5 filtered \(too_short: 5\); check --input"):
+                                               r"5 filtered \(too_short: 5\); check the settings of the steps"):
         run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg)
     assert "committed" not in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
