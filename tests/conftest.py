@@ -1,6 +1,7 @@
 """Shared pytest fixtures (keep small: several test files use these)."""
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -31,6 +32,19 @@ def _transformers_logs_to_a_live_stream():
     """Each test's transformers warnings go to the live ``sys.stderr`` (see :func:`tests.support.hf.relink_logs`)."""
     relink_logs()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _root_log_handlers_restored():
+    """A command line run in process (``beam_runner.main`` calls ``logging.basicConfig(force=True)``)
+    leaves a root handler on that test's ``capsys`` stream; closed after the test, it would print
+    ``--- Logging error ---`` into a later test's stderr for every record that reaches the root
+    logger (transformers' records do where ``CI`` is set: it then propagates them)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture

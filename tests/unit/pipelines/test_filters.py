@@ -7,7 +7,7 @@ import pytest
 from apache_beam.runners.direct.direct_runner import DirectRunner
 from apache_beam.testing.util import assert_that, equal_to
 
-import pipelines.job
+import pipelines.io.resume
 from examples.demo.corpus import write_corpus
 from pipelines.accounting.stats import EVENTS
 from pipelines.config import CleanConfig, GopherQualityConfig, LanguageConfig, PIIConfig, PipelineConfig
@@ -156,7 +156,8 @@ def test_a_step_added_to_the_job_changes_only_its_counter_in_stats_json(tmp_path
     cfg.shards.num_shards = 2
     glob = str(tmp_path / "in" / "*.jsonl")
     before = run(glob, str(tmp_path / "before"), cfg, report=False)
-    monkeypatch.setattr(pipelines.job, "build_steps", lambda c: build_steps(c) + [RejectWord("LORD")])
+    # the job runs the document steps in its per-split Work stage (pipelines.io.resume.SplitWorkFn)
+    monkeypatch.setattr(pipelines.io.resume, "build_steps", lambda c: build_steps(c) + [RejectWord("LORD")])
     after = run(glob, str(tmp_path / "after"), cfg, report=False)
     rejected = after["total"]["filtered"].get("has_LORD", 0)
     assert rejected > 0 and before["total"]["kept"] - after["total"]["kept"] == rejected

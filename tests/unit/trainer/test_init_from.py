@@ -142,8 +142,9 @@ def test_a_non_llama_architecture_is_refused(data, tmp_path, capsys):
 
     from trainer.export.hf import quiet
     with quiet():
-        GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=2)).save_pretrained(
-            str(tmp_path / "gpt2"))
+        GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=2, bos_token_id=0,
+                                   eos_token_id=0)).save_pretrained(str(tmp_path / "gpt2"))
+    capsys.readouterr()  # what building the model said is not the command's output
     assert _dry_run(data, tmp_path, f"model.init_from={tmp_path / 'gpt2'}") == 2
     err = _one_error_line(capsys)
     assert "model_type 'gpt2' (GPT2LMHeadModel) is not a Llama model" in err
