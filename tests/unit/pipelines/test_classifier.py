@@ -84,21 +84,14 @@ def test_a_beam_run_filters_by_the_classifier_with_a_score_histogram(tmp_path, m
     assert scores == {f"in.jsonl/p{i}": round(step.score(prose(i)), 4) for i in range(1000, 1012)}
 
 
-def test_a_missing_model_is_refused_before_the_run(tmp_path):
+@pytest.mark.parametrize("name, says", [("nope.bin", "nope.bin: no such file; give a fastText"),
+                                        ("train.txt", "train.txt: not a fastText model")])
+def test_a_missing_file_or_one_that_is_no_model_is_refused_before_the_run(tmp_path, name, says):
     (tmp_path / "in.jsonl").write_text('{"id": 1, "text": "hello"}\n', encoding="utf-8")
+    (tmp_path / "train.txt").write_text("__label__hq some text\n", encoding="utf-8")  # fastText's training format
     cfg = PipelineConfig()
-    cfg.classifier.path = str(tmp_path / "nope.bin")
-    with pytest.raises(ConfigError, match=r"classifier.path=.*nope.bin: no such file; give a fastText"):
-        run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
-    assert not (tmp_path / "out").exists()
-
-
-def test_a_file_that_is_no_model_is_refused_before_the_run(tmp_path):
-    (tmp_path / "in.jsonl").write_text('{"id": 1, "text": "hello"}\n', encoding="utf-8")
-    (tmp_path / "train.txt").write_text("__label__hq some text\n", encoding="utf-8")
-    cfg = PipelineConfig()
-    cfg.classifier.path = str(tmp_path / "train.txt")
-    with pytest.raises(ConfigError, match=r"classifier.path=.*train.txt: not a fastText model"):
+    cfg.classifier.path = str(tmp_path / name)
+    with pytest.raises(ConfigError, match=f"classifier.path=.*{says}"):
         run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
     assert not (tmp_path / "out").exists()
 
