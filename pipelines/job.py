@@ -31,7 +31,7 @@ from pipelines.io.output import (
 from pipelines.io.listing import InputFile, InputListing, ListingError, list_inputs
 from pipelines.io.read import DEAD, ReadRecords
 from pipelines.io.resume import (JobIdentity, SplitWorkFn, WorkFolder, check_resume, keeps_work, remove_work,
-                                 start_work)
+                                 split_id, start_work)
 from pipelines.records import file_format
 from pipelines.runners.selection import beam_options, make_runner
 from pipelines.stages.classifier import check_model
@@ -40,8 +40,10 @@ from pipelines.stages.decontam import load_eval_sets
 from pipelines.stages.filters import LISTED
 from pipelines.stages.quality.c4 import bad_words_pattern
 from pipelines.stages.near_dedup import NearDedup
-from pipelines.stages.split import VAL, VAL_DIR, SplitBatchFn, val_shard_config
-from pipelines.stages.tokenize import NoRecordsError, TokenizeFn, build_model
+from pipelines.stages.payload import KEPT, SPLIT, PayloadFn, SampleTexts
+from pipelines.stages.split import VAL, VAL_DIR, val_shard_config
+from pipelines.stages.tokenize import NoRecordsError, build_model
+from pipelines.stages.tokenizer_sample import SampleSize
 from pipelines.stages.write_shards import WriteShards, finalize
 from shards.tokenizers import TokenizerFile
 
@@ -81,6 +83,7 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
         kept[LISTED] | "DecontaminatedWrite" >> WriteJsonl(f"{out}/{DECONTAMINATED_DIR}")
     summary = summarize([kept[EVENTS]], kept[DEAD])  # read only to explain an empty sample
     events, duplicates = [read.events, kept[EVENTS]], []
+    # From here on the documents are DocKeys: their text stays in the split records of OUT/.work/
     hashed = kept.docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
     unique = hashed | "UniqueIds" >> UniqueIds()
     dedups = []
@@ -98,21 +101,26 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
     if duplicates and cfg.dedup.write_duplicates:
         duplicates | "AllDuplicates" >> beam.Flatten() | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}")
     # Trained on the kept documents before dedup (the sample counts a repeated text once), so
-    # the model is ready before dedup ends and tokenising fuses with the last dedup stage.
-    model = build_model(hashed, cfg.tokenizer, summary=summary, given=tokenizer)
-    tokenized = (docs
-                 | "BatchDocs" >> beam.BatchElements(min_batch_size=64, max_batch_size=1024)
-                 | "Tokenize" >> beam.ParDo(TokenizeFn(cfg.tokenizer), beam.pvalue.AsSingleton(model)).with_outputs(
-                     EVENTS, main="batches"))
-    events.append(tokenized[EVENTS])
-    tokenized, val_shards = tokenized.batches, None
+    # the model is ready before dedup ends; its texts are read back from the records.
+    sizes = hashed | "SampleSizes" >> beam.MapTuple(lambda h, key: SampleSize(h, key.digest, key.size))
+    model = build_model(
+        sizes, lambda limit: read.splits | "Tokenizer/Select" >> beam.ParDo(
+            SampleTexts(work), limit, cfg.tokenizer.sample_fraction),
+        cfg.tokenizer, summary=summary, given=tokenizer)
+    # The final pass: each split's kept documents read back from its record, tokenised and spilled.
+    payload = ({SPLIT: read.splits | "SplitById" >> beam.Map(lambda s: (split_id(s), s)),
+                KEPT: docs | "BySplit" >> beam.Map(lambda key: (key.split, (key.index, key.id)))}
+               | "JoinKept" >> beam.CoGroupByKey()
+               | "Payload" >> beam.ParDo(PayloadFn(work, cfg), beam.pvalue.AsSingleton(model)).with_outputs(
+                   EVENTS, VAL, main="train"))
+    events.append(payload[EVENTS])
+    tokenized, val_shards = payload.train, None
     if cfg.split.val_fraction > 0:
-        parts = tokenized | "Split" >> beam.ParDo(SplitBatchFn(cfg.split.val_fraction)).with_outputs(VAL, main="train")
-        tokenized = parts.train
-        val_written = parts[VAL] | "ValShards" >> WriteShards(f"{out}/{VAL_DIR}", val_shard_config(cfg.shards))
+        val_written = payload[VAL] | "ValShards" >> WriteShards(f"{out}/{VAL_DIR}", val_shard_config(cfg.shards),
+                                                                work.spill)
         events.append(val_written[EVENTS])
         val_shards = beam.pvalue.AsList(val_written.shards)
-    written = tokenized | "Shards" >> WriteShards(out, cfg.shards)
+    written = tokenized | "Shards" >> WriteShards(out, cfg.shards, work.spill)
     events.append(written[EVENTS])
     counts = events | "AllEvents" >> beam.Flatten() | "SumEvents" >> beam.CombinePerKey(sum)
     (kept[DEAD]

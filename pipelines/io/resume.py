@@ -3,10 +3,15 @@ and reused by the next run of the same job, which recomputes only the rest.
 
 Each :class:`~pipelines.io.reading.Split` goes through the per-document stages as one unit
 (:class:`SplitWorkFn`: ReadSplit → Parse → Steps); what it made of the split (the kept documents,
-the dead letters and the events) is written at the end of the split, atomically (a ``.partial``
-file renamed into place), to ``OUT/.work/<split id>.<job fingerprint>.split``. A split whose record
-exists is read from it instead of from the input. The global stages (tokenizer, dedup, tokenize,
-shards, finalize) always run on the union, so the output is byte-identical to an uninterrupted run.
+the dead letters, the events, then each kept document's
+:class:`~pipelines.stages.keys.DocKey`) is written at the end of the split, atomically (a
+``.partial`` file renamed into place), to ``OUT/.work/<split id>.<job fingerprint>.split``. A split
+whose record exists is read from it instead of from the input. The global stages (tokenizer, dedup,
+tokenize, shards, finalize) always run on the union, so the output is byte-identical to an
+uninterrupted run. The records are also where the job's text lives after Work: the global stages
+move keys only, and the tokenizer sample and the final pass read the text back from here
+(:func:`~pipelines.stages.keys.record_docs`); ``OUT/.work/spill/`` holds the encoded samples on
+their way to the shards (:class:`pipelines.stages.write_shards.WriteShards`).
 
 ``OUT/.work/job.json`` holds the job's identity (:class:`JobIdentity`: every config value and each
 input file's size and modification time); ``--resume`` refuses a job whose identity differs
@@ -33,10 +38,12 @@ from pipelines.io.listing import InputListing
 from pipelines.io.read import ParseFn
 from pipelines.io.reading import Split, read_split
 from pipelines.stages.filters import FilterFn, build_steps
+from pipelines.stages.keys import KEY_BATCH, KEYS, doc_keys
 
 WORK_DIR = ".work"  # hidden: readers of OUT never list it
 JOB_FILE = "job.json"
-RECORD_SUFFIX = ".split"
+RECORD_SUFFIX = ".v2.split"  # v2: the record ends with its documents' keys; a v1 record is recomputed
+SPILL_DIR = "spill"  # under WORK_DIR: encoded samples between the final pass and the shard writer
 _SHOWN = 3  # changes named in a refusal before "and N more"
 
 
@@ -149,6 +156,11 @@ class WorkFolder:
         """``OUT/.work``."""
         return f"{self.output_dir.rstrip('/')}/{WORK_DIR}"
 
+    @property
+    def spill(self) -> str:
+        """``OUT/.work/spill``: the encoded samples of the final pass (always stale at a run's start)."""
+        return f"{self.url}/{SPILL_DIR}"
+
     def record(self, split: Split) -> str:
         """The URL of ``split``'s record."""
         return f"{self.url}/{split_id(split)}.{self.fingerprint}{RECORD_SUFFIX}"
@@ -170,18 +182,19 @@ class WorkFolder:
 
 
 class SplitWorkFn(beam.DoFn):
-    """:class:`~pipelines.io.reading.Split` → the documents kept of it (main output), its dead
-    letters (tag ``dead``), the steps' listing lines (tag ``listed``) and its events (tag ``events``).
+    """:class:`~pipelines.io.reading.Split` → the :class:`~pipelines.stages.keys.DocKey` of each
+    document kept of it (main output), its dead letters (tag ``dead``), the steps' listing lines
+    (tag ``listed``) and its events (tag ``events``). The documents themselves stay in the record.
 
     A split with a record in the :class:`WorkFolder` is read from it. Any other is read
     (:func:`~pipelines.io.reading.read_split`), parsed (:class:`~pipelines.io.read.ParseFn`) and
     filtered (:class:`~pipelines.stages.filters.FilterFn`) as one bundle of those two DoFns, its
-    outputs emitted as they come and kept as frames (one split's output in memory, as bytes), and
-    recorded once the split is done.
+    outputs emitted as they come and kept as frames (one split's output in memory, as bytes, bounded
+    by ``input.split_bytes``), and recorded once the split is done.
     """
 
     def __init__(self, work: WorkFolder, cfg: PipelineConfig, root: str, total_bytes: int = 0):
-        self.work, self.input_cfg, self.total_bytes = work, cfg.input, total_bytes
+        self.work, self.input_cfg, self.dedup, self.total_bytes = work, cfg.input, cfg.dedup, total_bytes
         self.parse, self.filter = ParseFn(cfg.input, root), FilterFn(build_steps(cfg))
         self.run_id = uuid.uuid4().hex  # one progress bar per run, even when runs share a process
 
@@ -195,26 +208,43 @@ class SplitWorkFn(beam.DoFn):
         yield from (_replay(data) if data is not None else self._compute(split))
 
     def _compute(self, split: Split):
-        kept = frames.PartWriter()
+        kept, keys = frames.PartWriter(), frames.PartWriter()
+        sid, pending, first = split_id(split), [], 0
         self.parse.start_bundle()
         self.filter.start_bundle()
         for unit in read_split(split, self.input_cfg, self.total_bytes, self.run_id):
             for parsed in self.parse.process(unit):
                 tagged = isinstance(parsed, beam.pvalue.TaggedOutput)  # a dead letter
                 for out in [parsed] if tagged else self.filter.process(parsed):
-                    kept.append((out.tag, out.value) if isinstance(out, beam.pvalue.TaggedOutput) else (None, out))
-                    yield out
+                    if isinstance(out, beam.pvalue.TaggedOutput):
+                        kept.append((out.tag, out.value))
+                        yield out
+                        continue
+                    kept.append((None, out))
+                    pending.append(out)
+                    if len(pending) >= KEY_BATCH:
+                        yield from self._keys(pending, sid, first, keys)
+                        first, pending = first + len(pending), []
+        yield from self._keys(pending, sid, first, keys)
         for tagged in [*self.parse.finish_bundle(), *self.filter.finish_bundle()]:
             value = tagged.value.value  # finish_bundle's events are windowed; here they go out of process
             kept.append((EVENTS, value))
             yield beam.pvalue.TaggedOutput(EVENTS, value)
-        self.work.save(split, kept.getvalue())
+        self.work.save(split, kept.getvalue() + keys.getvalue())  # two frame lists joined are one
+
+    def _keys(self, docs: list, sid: str, first: int, keys: frames.PartWriter):
+        for key in doc_keys(docs, sid, first, self.dedup):
+            keys.append((KEYS, key))
+            yield key
 
 
 def _replay(data: bytes):
-    """The outputs of a split's record, as :meth:`SplitWorkFn._compute` emitted them."""
+    """The outputs of a split's record, as :meth:`SplitWorkFn._compute` emitted them (the keys, not
+    the documents, on the main output)."""
     for tag, value in frames.decode(data):
         if tag is None:
+            continue
+        if tag == KEYS:
             yield value
         elif tag == EVENTS:
             yield event(*value[0], value[1])  # bumps the Beam counter as the first run did
@@ -274,8 +304,8 @@ def start_work(output_dir: str, identity: JobIdentity, resume: bool) -> WorkFold
     out = output_dir.rstrip("/")
     if resume and JOB_FILE in names:
         for name in names:
-            if name.endswith(".partial"):
-                fs.rm(f"{root}/{name}")
+            if name.endswith(".partial") or name == SPILL_DIR:  # spilled samples belong to the run that died
+                fs.rm(f"{root}/{name}", recursive=True)
         print(f"resuming the unfinished run in {out}: reusing {count(len(reused), 'finished input split')}",
               file=sys.stderr, flush=True)
     else:

@@ -1,5 +1,6 @@
 """Exact dedup: one document per distinct normalised text (:class:`ExactDedup`), after ids made
-unique per text (:class:`UniqueIds`). Keys are :func:`pipelines.stages.clean.content_hash`."""
+unique per text (:class:`UniqueIds`). Keys are :func:`pipelines.stages.clean.content_hash`; the
+documents are :class:`~pipelines.stages.keys.DocKey` s (their text stays in ``OUT/.work/``)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -7,17 +8,17 @@ from typing import NamedTuple
 import apache_beam as beam
 
 from pipelines.accounting.stats import EVENTS, event
-from pipelines.records import DUPLICATES, DedupOutput, Doc, disambiguate_id, duplicate_record
-from pipelines.stages.clean import content_hash
+from pipelines.records import DUPLICATES, DedupOutput, disambiguate_id, duplicate_record
+from pipelines.stages.keys import DocKey
 
 LIST_MAX = 64  # members a combiner accumulator lists before a key counts as a hot key
 HOT = "hot"  # tag of the (content hash, keeper id) of each hot key
 IDS = "ids"  # tag of ExactDedup's stream of DocHash, one per document
 
 
-def key_by_hash(doc: Doc) -> tuple[str, Doc]:
-    """``(content_hash(doc.text), doc)``: the exact-dedup key, also the tokenizer sample's order."""
-    return content_hash(doc.text), doc
+def key_by_hash(doc: DocKey) -> tuple[str, DocKey]:
+    """``(doc.hash, doc)``: the exact-dedup key (the content hash), also the tokenizer sample's order."""
+    return doc.hash, doc
 
 
 class TwoTexts(beam.CombineFn):
@@ -45,7 +46,7 @@ class TwoTexts(beam.CombineFn):
         return acc
 
 
-def _disambiguate(pair: tuple[str, Doc], shared: dict):
+def _disambiguate(pair: tuple[str, DocKey], shared: dict):
     text_hash, doc = pair
     if doc.id in shared:
         doc = doc._replace(id=disambiguate_id(doc.id, text_hash))
@@ -64,7 +65,7 @@ class UniqueIds(beam.PTransform):
     """
 
     def expand(self, hashed):
-        """``(hash, Doc)`` pairs → the same pairs, colliding ids made unique."""
+        """``(hash, DocKey)`` pairs → the same pairs, colliding ids made unique."""
         shared = (hashed
                   | "IdHash" >> beam.MapTuple(lambda h, d: (d.id, h))
                   | "TwoTexts" >> beam.CombinePerKey(TwoTexts())
@@ -77,20 +78,21 @@ class ExactGroup(NamedTuple):
     accumulator and its output).
 
     Attributes:
-        keeper: the document with the smallest ``(id, text)``; ``None`` before the first document.
+        keeper: the document with the smallest ``(id, split, index)``; ``None`` before the first document.
         counts: documents per source, ``{source: n}``.
         members: ``(id, source)`` of every document, while there are at most ``list_max`` (sorted
             in the output); ``None`` for a hot key.
     """
 
-    keeper: Doc | None
+    keeper: DocKey | None
     counts: dict[str, int]
     members: list[tuple[str, str]] | None
 
 
-def _smaller(a: Doc | None, b: Doc | None) -> Doc | None:
-    """The document with the smaller ``(id, text)`` (``None`` loses)."""
-    if a is None or (b is not None and (b.id, b.text) < (a.id, a.text)):
+def _smaller(a: DocKey | None, b: DocKey | None) -> DocKey | None:
+    """The document with the smaller ``(id, split, index)`` (``None`` loses): the smallest id, and
+    among copies under one id the first in input order, whatever the arrival order."""
+    if a is None or (b is not None and (b.id, b.split, b.index) < (a.id, a.split, a.index)):
         return b
     return a
 
@@ -98,7 +100,7 @@ def _smaller(a: Doc | None, b: Doc | None) -> Doc | None:
 class KeepSmallestId(beam.CombineFn):
     """Combine documents sharing a content hash into an :class:`ExactGroup`.
 
-    The keeper is the document with the smallest ``(id, text)``, so the choice does not depend
+    The keeper is the document with the smallest ``(id, split, index)``, so the choice does not depend
     on arrival order or partitioning. Members are listed while there are at most ``list_max``
     (more make a hot key; :class:`ExactDedup` lists those through a side input instead). The
     accumulator holds one document, one count per source and at most ``list_max`` ids, so memory
@@ -112,8 +114,8 @@ class KeepSmallestId(beam.CombineFn):
         """No document yet: ``ExactGroup(None, {}, [])``."""
         return ExactGroup(None, {}, [])
 
-    def add_input(self, acc: ExactGroup, doc: Doc) -> ExactGroup:
-        """Add one copy: keep the smaller ``(id, text)``, count its source, list it while the list is short."""
+    def add_input(self, acc: ExactGroup, doc: DocKey) -> ExactGroup:
+        """Add one copy: keep the smaller ``(id, split, index)``, count its source, list it while the list is short."""
         counts, members = acc.counts, acc.members
         counts[doc.source] = counts.get(doc.source, 0) + 1
         if members is not None:
@@ -162,7 +164,7 @@ class DocHash(NamedTuple):
     source: str
 
 
-def _with_ids(pair: tuple[str, Doc]):
+def _with_ids(pair: tuple[str, DocKey]):
     text_hash, doc = pair
     yield beam.pvalue.TaggedOutput(IDS, DocHash(text_hash, doc.id, doc.source))
     yield pair
@@ -175,8 +177,8 @@ def _list_hot(item: DocHash, hot: dict):
 
 
 class ExactDedup(beam.PTransform):
-    """``PCollection[Doc]`` (or ``(content hash, Doc)`` pairs with ``keyed_input``) →
-    :class:`~pipelines.records.DedupOutput`: one :class:`Doc` per distinct normalised text,
+    """``PCollection[DocKey]`` (or ``(content hash, DocKey)`` pairs with ``keyed_input``) →
+    :class:`~pipelines.records.DedupOutput`: one :class:`DocKey` per distinct normalised text,
     ``duplicate`` events, and with ``list_duplicates`` one
     :func:`~pipelines.records.duplicate_record` line (kind ``exact``) per dropped copy.
 

@@ -29,7 +29,7 @@ from apache_beam.metrics import Metrics
 
 from pipelines.accounting.stats import EVENTS, NAMESPACE, event
 from pipelines.config import DedupConfig
-from pipelines.records import DUPLICATES, DedupOutput, Doc, duplicate_record
+from pipelines.records import DUPLICATES, DedupOutput, duplicate_record
 
 LIST_MAX = 64  # bucket members listed by the combiner before a bucket counts as hot
 PARTITION_DOCS = 50_000  # documents whose band buckets share one BucketTable accumulator
@@ -197,12 +197,6 @@ def similarity(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
     return float(np.mean(sig_a == sig_b))
 
 
-def _signatures(batch: list[Doc], cfg: DedupConfig):
-    sigs = minhash_batch([d.text for d in batch], cfg)
-    for doc, sig in zip(batch, sigs):
-        yield doc.id, sig.tobytes()
-
-
 def _memberships(item: tuple[str, bytes], bands: int, num_docs: int):
     doc_id, sig = item
     parts = partitions(num_docs)
@@ -344,7 +338,8 @@ def _drop_losers(item):
 
 
 class NearDedup(beam.PTransform):
-    """``PCollection[Doc]`` → :class:`~pipelines.records.DedupOutput`: one document per cluster of
+    """``PCollection[DocKey]`` (:class:`~pipelines.stages.keys.DocKey` s with their MinHash signature,
+    :func:`~pipelines.stages.keys.doc_keys`) → :class:`~pipelines.records.DedupOutput`: one per cluster of
     near-duplicates (its smallest id), ``filtered:near_duplicate`` events, and one
     :func:`~pipelines.records.duplicate_record` line (kind ``near``) per dropped document, naming
     its cluster's kept representative.
@@ -378,9 +373,7 @@ class NearDedup(beam.PTransform):
 
     def expand(self, docs) -> DedupOutput:
         """Drop, count and list every document of a near-duplicate cluster but its smallest id."""
-        sigs = (docs
-                | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=512)
-                | "Signature" >> beam.FlatMap(_signatures, self.cfg))
+        sigs = docs | "Signature" >> beam.Map(lambda d: (d.id, d.signature))  # computed in Work
         num_docs = docs | "Count" >> beam.combiners.Count.Globally()
         buckets = (sigs
                    | "Bands" >> beam.FlatMap(_memberships, self.cfg.bands, beam.pvalue.AsSingleton(num_docs))
@@ -402,7 +395,7 @@ class NearDedup(beam.PTransform):
                 | "AllPairs" >> beam.Flatten()
                 | "Clusters" >> beam.CombineGlobally(Components())
                 | "Represented" >> beam.FlatMap(_represented))
-        out = ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d)), "rep": reps}
+        out = ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d._replace(signature=None))), "rep": reps}
                | "JoinDoc" >> beam.CoGroupByKey()
                | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="docs"))
         return DedupOutput(docs=out.docs, events=out[EVENTS], duplicates=out[DUPLICATES])

@@ -28,7 +28,7 @@ from pipelines.accounting.read_summary import ReadSummary
 from pipelines.accounting.stats import EventTally
 from pipelines.config import TokenizerConfig
 from pipelines.records import Doc, TokenizedDoc
-from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
+from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample
 from shards.format.manifest import TokenizerIdentity
 from shards.format.tokens import check_token_ids
 from shards.tokenizers import Tokenizer, TokenizerError, TokenizerFile, build, read
@@ -204,31 +204,40 @@ def trained_file(texts: list[str], cfg: TokenizerConfig, summary: ReadSummary | 
     return TokenizerFile(spm_kind.KIND, spm_kind.FILE_NAME, train_sentencepiece(texts, cfg, summary))
 
 
-def build_model(hashed, cfg: TokenizerConfig, label: str = "Tokenizer", summary=None,
+def build_model(sizes, select, cfg: TokenizerConfig, label: str = "Tokenizer", summary=None,
                 given: TokenizerFile | None = None):
     """Singleton PCollection of the :class:`~shards.tokenizers.TokenizerFile`: ``given`` (the one at
-    ``cfg.path``, read already), the one at ``cfg.path``, or one trained on ``hashed`` (:func:`trained_file`)
-    (PCollection of ``(content hash, Doc)`` pairs). ``summary``, an optional singleton PCollection of
-    :class:`~pipelines.accounting.read_summary.ReadSummary`, explains an empty sample in the error.
+    ``cfg.path``, read already), the one at ``cfg.path``, or one trained on a sample of the documents
+    (:func:`trained_file`).
 
     The sample is taken in two steps, so no step holds more text than the sample: the
     :class:`~pipelines.stages.tokenizer_sample.SampleLimit` from hashes and sizes (:class:`SampleCutoff`, one
     side input), then :class:`SmallestHashSample` over the texts it admits. The sample, hence the model, is the
     one :class:`SmallestHashSample` gives over every text (``tests/unit/pipelines/test_tokenizer_sample.py``).
 
+    Args:
+        sizes: PCollection of :class:`~pipelines.stages.tokenizer_sample.SampleSize`, one per document.
+        select: ``select(limit)``: the PCollection of ``(content hash, text)`` of the documents that
+            ``limit`` (a singleton side input of the :class:`SampleLimit`) admits (the job reads them
+            back from the split records: the texts never cross a global step in full).
+        cfg: the tokenizer settings.
+        label: prefix of the steps' labels.
+        summary: optional singleton PCollection of :class:`~pipelines.accounting.read_summary.ReadSummary`,
+            which explains an empty sample in the error.
+        given: the tokenizer at ``cfg.path``, read already.
+    Returns:
+        the singleton PCollection.
     Raises:
         shards.tokenizers.TokenizerError: the given tokenizer cannot be read or lacks BOS/EOS.
     """
     if given is None and cfg.path:
         given = given_tokenizer(cfg)
     if given is not None:
-        return hashed.pipeline | f"{label}/Load" >> beam.Create([given])
-    limit = (hashed
-             | f"{label}/Sizes" >> beam.Map(sample_key)
+        return sizes.pipeline | f"{label}/Load" >> beam.Create([given])
+    limit = (sizes
              | f"{label}/Cutoff" >> beam.CombineGlobally(SampleCutoff(cfg.sample_max_bytes, cfg.sample_fraction))
              .with_fanout(SAMPLE_FANOUT))
-    return (hashed
-            | f"{label}/Select" >> beam.FlatMap(sample_text, beam.pvalue.AsSingleton(limit), cfg.sample_fraction)
+    return (select(beam.pvalue.AsSingleton(limit))
             | f"{label}/Sample" >> beam.CombineGlobally(SmallestHashSample(cfg.sample_max_bytes, cfg.sample_fraction))
             | f"{label}/Train" >> beam.Map(trained_file, cfg,
                                            None if summary is None else beam.pvalue.AsSingleton(summary)))

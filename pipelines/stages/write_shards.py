@@ -1,5 +1,5 @@
 """Writing shards deterministically (:class:`WriteShards`: bucket by a stable hash of the key,
-one tar per bucket), then the commit (:func:`finalize`): shard names, manifest, tokenizer and
+one tar per bucket, the samples passed between the steps as files in ``OUT/.work/spill/``), then the commit (:func:`finalize`): shard names, manifest, tokenizer and
 ``stats.json``. ``pipelines/README.md`` says why every runner writes the same bytes."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import tempfile
+import uuid
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -20,7 +21,7 @@ from fsspec.implementations.local import LocalFileSystem
 from colaflow.wording import count
 from pipelines.accounting.stats import EVENTS, aggregate, event
 from pipelines.config import ShardsConfig, TokenizerConfig
-from pipelines.io.frames import Blob, decode, encode
+from pipelines.io.frames import decode, encode
 from pipelines.records import Doc
 from pipelines.stages.clean import stable_bucket
 from pipelines.stages.split import VAL, VAL_DIR, split_entry
@@ -76,39 +77,66 @@ RUN_FRAME_SAMPLES = 32  # samples per frame of a run: the writer holds one frame
 RUN_BUFFER_BYTES = 32 << 20  # encoded bytes a bundle buffers before it emits its runs early
 
 
-class AssignBucketsFn(beam.DoFn):
-    """Batches of :func:`encode_sample` documents (frames, :func:`_encode_batch`) → ``(bucket, run)``
-    per bucket, once per bundle: the bundle's samples of that bucket (:func:`assign_bucket`) sorted by
-    :func:`sample_order`, encoded as frames of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.io.frames.encode`) in a
-    :class:`pipelines.io.frames.Blob`, which the writer reads in place on Dask. A bundle that
-    buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`, plus stored text) emits its
-    runs early and starts new ones, so a runner with large bundles (the DirectRunner's can be the whole
-    corpus) never holds more than that as objects here.
+class SpilledSamples(NamedTuple):
+    """Encoded samples (frames of :class:`shards.format.layouts.EncodedDocument`) in a file of the
+    spill folder (:func:`spill`): its ``path`` (fsspec URL) and their ``size`` (:func:`encoded_size`, summed)."""
 
-    Why runs: :class:`WriteBucketFn` merges a bucket's runs, reading one frame of each at a
-    time, so it holds the bucket as bytes, not as one object tree per sample (a shard of
-    52,000 short documents as objects was a Dask worker's largest task at 16× the demo
-    corpus), and the group moves one element per bundle and bucket instead of one per
-    document. Process arguments: ``total_bytes`` (the side input of encoded bytes) and ``cfg``.
+    path: str
+    size: int
+
+
+def spill(folder: str, data: bytes) -> str:
+    """Write ``data`` to a new file (a random name) under ``folder``; returns its URL."""
+    path = f"{folder.rstrip('/')}/{uuid.uuid4().hex}.frames"
+    fs, local = _fs(path)
+    fs.makedirs(local.rsplit("/", 1)[0], exist_ok=True)
+    fs.pipe_file(local, data)
+    return path
+
+
+def read_spilled(path: str) -> bytes:
+    """The bytes of a file :func:`spill` wrote."""
+    fs, local = _fs(path)
+    return fs.cat_file(local)
+
+
+class AssignBucketsFn(beam.DoFn):
+    """:class:`SpilledSamples` → ``(bucket, path of a run)`` per bucket, once per bundle: the bundle's
+    samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`, encoded as frames
+    of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.io.frames.encode`) into a file of ``folder``
+    (:func:`spill`). A bundle that buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`,
+    plus stored text) writes its runs early and starts new ones, so a runner with large bundles (the
+    DirectRunner's can be the whole corpus) never holds more than that as objects here.
+
+    Why runs, and why in files: :class:`WriteBucketFn` merges a bucket's runs, reading one frame of
+    each at a time, so it holds the bucket as bytes, not as one object tree per sample; and the group
+    moves one path per bundle and bucket, so what the runner buffers between the steps (the
+    DirectRunner buffers a whole grouping) is paths, not the corpus's tokens.
+
+    Args:
+        folder: the spill folder (fsspec URL) the runs go to.
     """
+
+    def __init__(self, folder: str):
+        self.folder = folder
 
     def start_bundle(self):
         """Start empty runs."""
         self._runs: dict[int, list] = {}
         self._buffered = 0
 
-    def process(self, batch: bytes, total_bytes: int, cfg: ShardsConfig):
-        """Add each document of ``batch`` (frames of :class:`shards.format.layouts.EncodedDocument`) to its
-        bucket's run; emits runs only past ``RUN_BUFFER_BYTES``."""
-        for doc in decode(batch):
+    def process(self, spilled: SpilledSamples, total_bytes: int, cfg: ShardsConfig):
+        """Add each document of ``spilled`` to its bucket's run (``total_bytes``: the side input of
+        encoded bytes; ``cfg``: the shard settings); writes runs only past ``RUN_BUFFER_BYTES``."""
+        for doc in decode(read_spilled(spilled.path)):
             bucket, _ = assign_bucket(doc, total_bytes, cfg)
             self._runs.setdefault(bucket, []).append(doc)
             self._buffered += encoded_size(doc, cfg.layout) + len(doc.fields.get("text", ""))  # stored text is held too
-        if self._buffered > RUN_BUFFER_BYTES:
-            yield from self._emit()
+            if self._buffered > RUN_BUFFER_BYTES:
+                yield from self._emit()
 
     def finish_bundle(self):
-        """Emit the runs left, in bucket order."""
+        """Write the runs left, in bucket order."""
         for run in self._emit():
             yield beam.transforms.window.GlobalWindows.windowed_value(run)
 
@@ -117,7 +145,7 @@ class AssignBucketsFn(beam.DoFn):
         for bucket in sorted(runs):
             samples = runs.pop(bucket)
             samples.sort(key=sample_order)
-            yield bucket, Blob(encode(samples, RUN_FRAME_SAMPLES))
+            yield bucket, spill(self.folder, encode(samples, RUN_FRAME_SAMPLES))
 
 
 def bucket_name(bucket: int) -> str:
@@ -145,10 +173,10 @@ class WrittenShard(NamedTuple):
 
 
 class WriteBucketFn(beam.DoFn):
-    """``(bucket, runs)`` → the :class:`WrittenShard` of a tar under ``OUT/_tmp_buckets/``.
+    """``(bucket, paths of its runs)`` → the :class:`WrittenShard` of a tar under ``OUT/_tmp_buckets/``.
 
-    ``runs`` are :class:`pipelines.io.frames.Blob` s of encoded samples, each run sorted by
-    :func:`sample_order` (:class:`AssignBucketsFn`); they are merged, so samples are written sorted by key and only
+    The runs are files of encoded samples, each sorted by :func:`sample_order`
+    (:class:`AssignBucketsFn`); they are read (one bucket's bytes: about ``shards.target_bytes``) and merged, so samples are written sorted by key and only
     one frame of each run exists as objects at a time. A key seen twice (two documents with the
     same id but different text) keeps the first in sort order and emits ``filtered:duplicate_id`` for the
     other. Emits ``kept``, ``tokens`` and ``text_bytes`` events per source. With ``write_index``
@@ -164,8 +192,8 @@ class WriteBucketFn(beam.DoFn):
     def process(self, item):
         """Write one bucket's runs, merged by key, into one tar (token blocks or one sample per
         document); yields ``(bucket, ShardInfo, index)`` and ``kept``/``tokens``/length events."""
-        bucket, runs = item
-        docs = heapq.merge(*(decode(run.data) for run in runs), key=sample_order)
+        bucket, paths = item
+        docs = heapq.merge(*(decode(read_spilled(path)) for path in paths), key=sample_order)
         fs, root = _fs(self.output_dir)
         name = bucket_name(bucket)
         local = isinstance(fs, LocalFileSystem)
@@ -308,30 +336,29 @@ def finalize(_, output_dir: str, cfg: ShardsConfig, tokenizer_cfg: TokenizerConf
     return stats
 
 
-def _encode_batch(batch: list, store_text: bool, layout: str) -> bytes:
-    """A batch's documents encoded (:func:`encode_sample`), as frames: Beam then moves one ``bytes``
-    per batch instead of pickling each record (it encodes only plain tuples natively)."""
-    return encode([encode_sample(item, store_text, layout) for item in batch], RUN_FRAME_SAMPLES)
-
-
 class WriteShards(beam.PTransform):
-    """``PCollection[list[(Doc, tokens)]]`` (batches) → a :class:`WrittenShard` per
-    bucket (tag ``events``). Samples travel in batches up to the bucket assignment, which needs the
-    total size as a side input, so the runner materialises a few large elements, not one per sample."""
+    """``PCollection[SpilledSamples]`` → a :class:`WrittenShard` per bucket (tag ``events``). The
+    samples stay in files of the spill folder until :class:`WriteBucketFn` writes them: what the steps
+    pass (and a runner buffers until the total size, a side input, is known) is paths and sizes.
 
-    def __init__(self, output_dir: str, cfg: ShardsConfig):
+    Args:
+        output_dir: the folder of the shard set.
+        cfg: the shard settings.
+        folder: the spill folder (fsspec URL) of the bucket runs.
+    """
+
+    def __init__(self, output_dir: str, cfg: ShardsConfig, folder: str):
         super().__init__()
         check_settings(cfg.layout, cfg.compression, cfg.block_tokens)
-        self.output_dir, self.cfg = output_dir, cfg
+        self.output_dir, self.cfg, self.folder = output_dir, cfg, folder
 
-    def expand(self, tokenized):
-        """Tokenized batches → written shards (main output) and events: encode, size the dataset,
-        assign buckets, group and write one tar per bucket."""
-        samples = tokenized | "Encode" >> beam.Map(_encode_batch, self.cfg.store_text, self.cfg.layout)
-        total = (samples | "Size" >> beam.Map(lambda batch: sum(encoded_size(s, self.cfg.layout) for s in decode(batch)))
+    def expand(self, spilled):
+        """Spilled samples → written shards (main output) and events: size the dataset, assign
+        buckets, group the runs' paths and write one tar per bucket."""
+        total = (spilled | "Size" >> beam.Map(lambda s: s.size)
                  | "TotalSize" >> beam.CombineGlobally(sum))
-        return (samples
-                | "Assign" >> beam.ParDo(AssignBucketsFn(), beam.pvalue.AsSingleton(total), self.cfg)
+        return (spilled
+                | "Assign" >> beam.ParDo(AssignBucketsFn(self.folder), beam.pvalue.AsSingleton(total), self.cfg)
                 | "GroupBucket" >> beam.GroupByKey()
                 | "WriteBucket" >> beam.ParDo(WriteBucketFn(self.output_dir, self.cfg.write_index, self.cfg.compression,
                                                             self.cfg.block_tokens, self.cfg.layout)).with_outputs(EVENTS, main="shards"))
