@@ -116,6 +116,28 @@ def decode(part):
         yield from chunk
 
 
+def decode_stream(stream):
+    """The elements of frames read from ``stream`` (a binary file object), a frame at a time
+    (a generator): only one frame's bytes and elements exist at once, never the whole file.
+
+    Raises:
+        ValueError: the file ends inside a frame.
+    """
+    while True:
+        head = stream.read(_HEADER.size)
+        if not head:
+            return
+        if len(head) < _HEADER.size:
+            raise ValueError("frame header cut short")
+        size, count = _HEADER.unpack(head)
+        lengths = struct.unpack(f"<{count}Q", stream.read(8 * count))
+        data = stream.read(size)
+        buffers = [stream.read(length) for length in lengths]
+        if len(data) < size or any(len(b) < n for b, n in zip(buffers, lengths)):
+            raise ValueError("frame runs past the end of the file")
+        yield from pickle.loads(data, buffers=buffers)
+
+
 def decode_list(part: bytes) -> list:
     """All elements of :func:`encode` bytes as one list."""
     return list(decode(part))

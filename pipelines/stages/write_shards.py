@@ -3,6 +3,7 @@ one tar per bucket, the samples passed between the steps as files in ``OUT/.work
 ``stats.json``. ``pipelines/README.md`` says why every runner writes the same bytes."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 import json
@@ -21,7 +22,7 @@ from fsspec.implementations.local import LocalFileSystem
 from colaflow.wording import count
 from pipelines.accounting.stats import EVENTS, aggregate, event
 from pipelines.config import ShardsConfig, TokenizerConfig
-from pipelines.io.frames import decode, encode
+from pipelines.io.frames import decode, decode_stream, encode
 from pipelines.records import Doc
 from pipelines.stages.clean import stable_bucket
 from pipelines.stages.split import VAL, VAL_DIR, split_entry
@@ -94,12 +95,6 @@ def spill(folder: str, data: bytes) -> str:
     return path
 
 
-def read_spilled(path: str) -> bytes:
-    """The bytes of a file :func:`spill` wrote."""
-    fs, local = _fs(path)
-    return fs.cat_file(local)
-
-
 class AssignBucketsFn(beam.DoFn):
     """:class:`SpilledSamples` → ``(bucket, path of a run)`` per bucket, once per bundle: the bundle's
     samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`, encoded as frames
@@ -128,12 +123,13 @@ class AssignBucketsFn(beam.DoFn):
     def process(self, spilled: SpilledSamples, total_bytes: int, cfg: ShardsConfig):
         """Add each document of ``spilled`` to its bucket's run (``total_bytes``: the side input of
         encoded bytes; ``cfg``: the shard settings); writes runs only past ``RUN_BUFFER_BYTES``."""
-        for doc in decode(read_spilled(spilled.path)):
-            bucket, _ = assign_bucket(doc, total_bytes, cfg)
-            self._runs.setdefault(bucket, []).append(doc)
-            self._buffered += encoded_size(doc, cfg.layout) + len(doc.fields.get("text", ""))  # stored text is held too
-            if self._buffered > RUN_BUFFER_BYTES:
-                yield from self._emit()
+        with fsspec.open(spilled.path, "rb") as f:
+            for doc in decode_stream(f):
+                bucket, _ = assign_bucket(doc, total_bytes, cfg)
+                self._runs.setdefault(bucket, []).append(doc)
+                self._buffered += encoded_size(doc, cfg.layout) + len(doc.fields.get("text", ""))  # stored text too
+                if self._buffered > RUN_BUFFER_BYTES:
+                    yield from self._emit()
 
     def finish_bundle(self):
         """Write the runs left, in bucket order."""
@@ -176,7 +172,7 @@ class WriteBucketFn(beam.DoFn):
     """``(bucket, paths of its runs)`` → the :class:`WrittenShard` of a tar under ``OUT/_tmp_buckets/``.
 
     The runs are files of encoded samples, each sorted by :func:`sample_order`
-    (:class:`AssignBucketsFn`); they are read (one bucket's bytes: about ``shards.target_bytes``) and merged, so samples are written sorted by key and only
+    (:class:`AssignBucketsFn`); they are read a frame at a time and merged, so samples are written sorted by key and only
     one frame of each run exists as objects at a time. A key seen twice (two documents with the
     same id but different text) keeps the first in sort order and emits ``filtered:duplicate_id`` for the
     other. Emits ``kept``, ``tokens`` and ``text_bytes`` events per source. With ``write_index``
@@ -193,7 +189,11 @@ class WriteBucketFn(beam.DoFn):
         """Write one bucket's runs, merged by key, into one tar (token blocks or one sample per
         document); yields ``(bucket, ShardInfo, index)`` and ``kept``/``tokens``/length events."""
         bucket, paths = item
-        docs = heapq.merge(*(decode(read_spilled(path)) for path in paths), key=sample_order)
+        with contextlib.ExitStack() as files:
+            runs = [decode_stream(files.enter_context(fsspec.open(path, "rb"))) for path in paths]
+            yield from self._write(bucket, heapq.merge(*runs, key=sample_order))
+
+    def _write(self, bucket: int, docs):
         fs, root = _fs(self.output_dir)
         name = bucket_name(bucket)
         local = isinstance(fs, LocalFileSystem)

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.runners.dask.combine import CombineTable, LiftedCombine, _merge
-from pipelines.records import Doc
 from pipelines.stages.exact_dedup import KeepSmallestId
+from pipelines.stages.keys import DocKey
 
 
 def _bundle(fn: CombineTable, elements) -> tuple[list, int]:
@@ -48,9 +48,9 @@ def test_oldest_tenth_is_evicted_when_full():
 
 
 def test_exact_dedup_keepers_across_evictions():
-    docs = [Doc(id=f"d{i:03d}", text=f"text {i % 40}", source="s") for i in range(200)]
+    docs = [DocKey(f"text {i % 40}", f"d{i:03d}", "s", "split", i, 0, 7) for i in range(200)]
     fn = CombineTable(KeepSmallestId(), 8)
-    out, _ = _bundle(fn, [(d.text, d) for d in docs])
+    out, _ = _bundle(fn, [(d.hash, d) for d in docs])
     grouped: dict = {}
     for key, acc in out:
         grouped.setdefault(key, []).append(acc)

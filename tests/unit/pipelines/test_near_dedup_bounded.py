@@ -8,6 +8,7 @@ from apache_beam.runners.direct.direct_runner import DirectRunner
 from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
 
 from pipelines.config import DedupConfig
+from pipelines.stages.keys import doc_keys
 from pipelines.stages.near_dedup import HELD_METRIC, LIST_MAX, NearDedup
 from pipelines.records import Doc
 from pipelines.accounting.stats import NAMESPACE
@@ -16,9 +17,9 @@ COPIES = 50_000
 BASE = " ".join(f"w{i % 37} x{i % 11}" for i in range(50))  # 100 words
 
 
-def _copies(start: int, n: int):
-    for i in range(start, start + n):
-        yield Doc(f"d{i:05d}", f"{BASE} variant {i}", "s")
+def _copies(start: int, n: int, cfg: DedupConfig):
+    yield from doc_keys([Doc(f"d{i:05d}", f"{BASE} variant {i}", "s") for i in range(start, start + n)], f"s{start}", 0,
+                        cfg)
 
 
 def matches_all_but_few(actual):
@@ -32,7 +33,7 @@ def test_50k_near_copies_hold_a_bounded_number_per_key():
     runner = DirectRunner()
     runner.is_interactive()  # skip the Prism download attempt (offline)
     p = beam.Pipeline(runner=runner)
-    docs = p | beam.Create(range(0, COPIES, 1000)) | beam.FlatMap(_copies, 1000)
+    docs = p | beam.Create(range(0, COPIES, 1000)) | beam.FlatMap(_copies, 1000, cfg)
     out = docs | NearDedup(cfg)
     kept = out.docs | beam.Map(lambda d: d.id) | beam.combiners.ToList() | beam.Map(sorted)
     # a few copies escape: 16 MinHash values estimate Jaccard 0.9 coarsely (LSH is approximate)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pipelines.config import DedupConfig, PipelineConfig, TokenizerConfig
 from pipelines.job import run
 from pipelines.records import Doc
+from pipelines.stages.keys import doc_keys
 from pipelines.stages.near_dedup import Components, NearDedup, minhash, similarity
 from pipelines.stages.tokenize import train_sentencepiece
 
@@ -78,7 +79,7 @@ def test_a_chain_is_one_cluster_kept_by_its_smallest_id():
     runner = DirectRunner()
     runner.is_interactive()  # skip the Prism download attempt (offline)
     with beam.Pipeline(runner=runner) as p:
-        out = p | beam.Create(docs) | NearDedup(CFG)
+        out = p | beam.Create(doc_keys(docs, "s0", 0, CFG)) | NearDedup(CFG)
         assert_that(out.docs | beam.Map(lambda d: d.id), equal_to(["a", "d"]), label="Kept")
         assert_that(out.duplicates | beam.Map(lambda line: (json.loads(line)["id"], json.loads(line)["duplicate_of"])),
                     equal_to([("b", "a"), ("c", "a")]), label="Listed")

@@ -13,11 +13,20 @@ from hypothesis import strategies as st
 
 from pipelines.config import ShardsConfig, TokenizerConfig
 from pipelines.records import Doc
-from pipelines.io.frames import Blob, decode_list, encode
-from pipelines.stages.write_shards import (TMP_DIR, AssignBucketsFn, WriteBucketFn, assign_bucket, commit_shards, encode_sample,
+from pipelines.io.frames import decode_list, encode
+from pipelines.stages.write_shards import (TMP_DIR, AssignBucketsFn, SpilledSamples, WriteBucketFn, assign_bucket,
+                                           commit_shards, encode_sample, spill,
                                 encoded_size, finalize, num_buckets, sample_order, tokenizer_output)
 from pipelines.stages.tokenize import train_sentencepiece, trained_file
 from shards import iter_samples
+
+
+SPILL = "memory://colaflow-test-spill"  # the runs' folder, outside the output folder
+
+
+def _read(path: str) -> list:
+    with fsspec.open(path, "rb") as f:
+        return decode_list(f.read())
 
 
 def _write(output_dir, docs):
@@ -25,7 +34,7 @@ def _write(output_dir, docs):
     fn = WriteBucketFn(output_dir, write_index=True)
     shards, events = [], []
     for bucket, group in ((1, samples[:2]), (0, samples[2:])):
-        for out in fn.process((bucket, [Blob(encode(sorted(group, key=sample_order)))])):
+        for out in fn.process((bucket, [spill(SPILL, encode(sorted(group, key=sample_order)))])):
             (events if isinstance(out, beam.pvalue.TaggedOutput) else shards).append(
                 out.value if isinstance(out, beam.pvalue.TaggedOutput) else out)
     return shards, events
@@ -61,6 +70,7 @@ def test_remote_output_commits_shards_manifest_and_stats(tmp_path):
     [block] = list(iter_samples(str(local)))
     assert block["json"]["ids"] == ["a", "b"] and block["tokens"].tolist() == list(range(5)) + list(range(9))
     wids = json.loads(fs.cat_file("/colaflow-test/shardindex.json"))
+    fs.rm("/colaflow-test-spill", recursive=True)
     assert [(s["url"], s["nsamples"], s["dali_index"]) for s in wids["shardlist"]] == [
         ("shard-000000.tar", 1, "shard-000000.idx"), ("shard-000001.tar", 1, "shard-000001.idx")]
     assert wids["shardlist"][1]["sha256"] == manifest["shards"][1]["sha256"]
@@ -88,22 +98,24 @@ def test_a_bucket_written_from_sorted_runs_equals_the_bucket_written_from_one(tm
     runs, so any split of the bucket into runs writes the same shard bytes."""
     samples = _bucket_samples(n, seed)
     edges = sorted({0, len(samples), *[min(c, len(samples)) for c in cuts]})
-    runs = [Blob(encode(sorted(samples[a:b], key=sample_order))) for a, b in zip(edges, edges[1:])]
-    one, docs = _tar(tmp_path_factory.mktemp("one"), [Blob(encode(sorted(samples, key=sample_order)))])
+    folder = str(tmp_path_factory.mktemp("runs"))
+    runs = [spill(folder, encode(sorted(samples[a:b], key=sample_order))) for a, b in zip(edges, edges[1:])]
+    one, docs = _tar(tmp_path_factory.mktemp("one"), [spill(folder, encode(sorted(samples, key=sample_order)))])
     split, docs_split = _tar(tmp_path_factory.mktemp("split"), runs)
     assert split == one and docs == docs_split == n
 
 
-def test_assign_buckets_emits_one_sorted_run_per_bucket_and_bundle():
+def test_assign_buckets_emits_one_sorted_run_per_bucket_and_bundle(tmp_path):
     samples = _bucket_samples(300, 1)
-    fn = AssignBucketsFn()
+    fn = AssignBucketsFn(str(tmp_path))
     fn.start_bundle()
     total = sum(encoded_size(s) for s in samples)
     cfg = ShardsConfig(target_bytes=total // 3)
-    assert list(fn.process(encode(samples[:100]), total, cfg)) == [] and list(fn.process(encode(samples[100:]), total, cfg)) == []
+    for part in (samples[:100], samples[100:]):
+        assert list(fn.process(SpilledSamples(spill(str(tmp_path), encode(part)), 0), total, cfg)) == []
     out = [wv.value for wv in fn.finish_bundle()]
     assert [b for b, _ in out] == list(range(num_buckets(total, cfg)))  # each bucket once, in order
-    runs = {b: decode_list(run.data) for b, run in out}
+    runs = {b: _read(path) for b, path in out}
     assert sum(len(r) for r in runs.values()) == len(samples)
     for b, run in runs.items():
         assert run == sorted(run, key=sample_order) and {assign_bucket(s, total, cfg)[0] for s in run} == {b}
@@ -115,19 +127,19 @@ def test_the_writer_holds_one_frame_per_run_not_the_bucket_as_objects(tmp_path):
     rng = np.random.default_rng(0)
     samples = [encode_sample((Doc(f"src/f.jsonl:{i}", "x" * 200, "src"), rng.integers(0, 8000, 60).astype(np.uint16)))
                for i in range(20_000)]
-    runs = [Blob(encode(sorted(samples[k::8], key=sample_order))) for k in range(8)]
+    runs = [spill(str(tmp_path / "runs"), encode(sorted(samples[k::8], key=sample_order))) for k in range(8)]
     del samples
-    run_bytes = sum(len(run.data) for run in runs)
+    run_bytes = sum((tmp_path / "runs" / path.rsplit("/", 1)[-1]).stat().st_size for path in runs)
     tracemalloc.start()
     try:
         list(WriteBucketFn(str(tmp_path), write_index=False).process((0, runs)))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 0.6 * run_bytes, (peak, run_bytes)
+    assert peak < 0.6 * run_bytes, (peak, run_bytes)  # the runs are read from their files a frame at a time
 
 
-def test_a_large_bundle_emits_its_runs_early(monkeypatch):
+def test_a_large_bundle_emits_its_runs_early(monkeypatch, tmp_path):
     """The DirectRunner may run the whole corpus as one bundle: past RUN_BUFFER_BYTES the runs
     are emitted, so AssignBucketsFn never holds more than that as objects."""
     import pipelines.stages.write_shards as sharding
@@ -135,12 +147,13 @@ def test_a_large_bundle_emits_its_runs_early(monkeypatch):
     samples = _bucket_samples(400, 2)
     total = sum(encoded_size(s) for s in samples)
     monkeypatch.setattr(sharding, "RUN_BUFFER_BYTES", total // 4)
-    fn, cfg = AssignBucketsFn(), ShardsConfig(target_bytes=total // 2)
+    fn, cfg = AssignBucketsFn(str(tmp_path)), ShardsConfig(target_bytes=total // 2)
     fn.start_bundle()
-    early = [run for k in range(0, len(samples), 20) for run in fn.process(encode(samples[k:k + 20]), total, cfg)]
+    early = [run for k in range(0, len(samples), 20)
+             for run in fn.process(SpilledSamples(spill(str(tmp_path), encode(samples[k:k + 20])), 0), total, cfg)]
     late = [wv.value for wv in fn.finish_bundle()]
     assert len(early) >= 3 * num_buckets(total, cfg)  # emitted at least three times before the bundle's end
-    runs = [decode_list(run.data) for _, run in early + late]
+    runs = [_read(path) for _, path in early + late]
     assert sorted(map(repr, (s for run in runs for s in run))) == sorted(map(repr, samples))
     assert all(run == sorted(run, key=sample_order) for run in runs)
 

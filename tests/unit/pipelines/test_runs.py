@@ -16,9 +16,9 @@ from pipelines.config import PipelineConfig, TokenizerConfig
 from examples.demo.corpus import write_corpus
 from pipelines.job import run
 from pipelines.io.output import OutputExistsError
-from pipelines.records import Doc
 from pipelines.stages.tokenize import train_sentencepiece
 from pipelines.stages.exact_dedup import KeepSmallestId
+from pipelines.stages.keys import DocKey
 from tests.support.paths import REPO
 
 ROOT = str(REPO)
@@ -63,7 +63,7 @@ def test_keeper_accumulator_is_bounded():
     fn = KeepSmallestId()
     acc = fn.create_accumulator()
     for i in range(100_000):
-        acc = fn.add_input(acc, Doc(f"d{i:06d}", "the same small text", f"s{i % 3}"))
+        acc = fn.add_input(acc, DocKey("h", f"d{i:06d}", f"s{i % 3}", "split", i, 0, 19))
     assert len(pickle.dumps(acc)) < 300  # one document and three counts, no member list
     assert fn.extract_output(acc)[0].id == "d000000" and fn.extract_output(acc)[2] is None
 

@@ -17,6 +17,7 @@ from pipelines.records import DeadLetter, Doc, file_format, file_stem, parse_uni
 from pipelines.accounting.stats import aggregate
 from pipelines.stages.tokenize import SmallestHashSample, token_dtype
 from pipelines.stages.exact_dedup import KeepSmallestId
+from pipelines.stages.keys import doc_keys
 from tests.support.paths import REPO
 
 CLEAN = CleanConfig()
@@ -72,10 +73,11 @@ def _combine(fn, items, split):
 
 
 def test_keeper_is_smallest_id_whatever_the_partitioning():
-    docs = [Doc("b/2", "Exit.", "s1"), Doc("a/9", "exit.", "s2"), Doc("c/1", "EXIT.", "s1")]
+    docs = doc_keys([Doc("b/2", "Exit.", "s1"), Doc("a/9", "exit.", "s2"), Doc("c/1", "EXIT.", "s1")], "s0", 0,
+                    DedupConfig())
     for split in range(4):
         keeper, counts, members = _combine(KeepSmallestId(), docs, split)
-        assert keeper == Doc("a/9", "exit.", "s2")
+        assert keeper == docs[1]
         assert counts == {"s1": 2, "s2": 1}
         assert members == [("a/9", "s2"), ("b/2", "s1"), ("c/1", "s1")]
         assert _combine(KeepSmallestId(list_max=2), docs, split)[2] is None  # a hot key lists nothing

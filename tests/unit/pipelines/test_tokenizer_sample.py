@@ -17,7 +17,7 @@ from pipelines.stages.clean import content_hash
 from pipelines.config import PipelineConfig, TokenizerConfig
 from pipelines.job import run
 from pipelines.records import Doc
-from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key
+from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 from pipelines.stages.tokenize import build_model, train_byte_level_bpe, train_sentencepiece, trained_file
 
 
@@ -80,7 +80,8 @@ def test_job_combines_only_the_admitted_texts_and_trains_the_same_model():
     expected = reference.extract_output(_combine(reference, pairs, []))
     with beam.Pipeline(runner=DirectRunner()) as p:
         hashed = p | beam.Create([(content_hash(d.text), d) for d in docs])
-        model = build_model(hashed, cfg)
+        model = build_model(hashed | beam.Map(sample_key), lambda limit: hashed | "Tokenizer/Select" >> beam.FlatMap(
+            sample_text, limit, cfg.sample_fraction), cfg)
         select = next(t for t in p.transforms_stack[0].parts if t.full_label == "Tokenizer/Select")
         combined = select.outputs[None] | beam.combiners.Count.Globally()
         assert_that(combined, equal_to([len(expected) + 1]), label="CountAdmitted")
