@@ -1,8 +1,10 @@
 """Benchmark: how the preprocessing job's cost grows with the corpus, on the DirectRunner
-(the baseline) and on a Dask cluster (a scheduler and 2 worker processes on 127.0.0.1).
+(the baseline; in memory, or ``multi`` for its multi_processing mode), on a Dask cluster (a
+scheduler and 2 worker processes on 127.0.0.1), and for datatrove's equivalent steps
+(``benchmarks/datatrove_baseline.py``: cleaning, PII, MinHash; run with ``--near``).
 
-    python benchmarks/bench_scale.py [--scales 1,4,16] [--fraction 0.25]
-        [--runners direct,dask[,dask-spill][,dask-weak]] [--workers 2] [--memory-limit 250MB]
+    python benchmarks/bench_scale.py [--scales 1,4,16] [--fraction 0.25] [--near]
+        [--runners direct,multi,datatrove,dask[,dask-spill][,dask-weak]] [--workers 2] [--memory-limit 250MB]
         [--out data/bench_scale]
 
 Scale ``k`` is ``k`` copies of the demo corpus (``--fraction`` of it per copy): copy 0 is the
@@ -19,9 +21,15 @@ each worker's share of the corpus does. A first run on a tiny
 corpus (``FIXED_FRACTION`` of the demo corpus, about 0.1 MB) measures each runner's fixed cost
 (process start, imports, graph construction and submission, tokenizer training on a tiny sample).
 
-Printed per runner and scale: input MB, wall s, CPU s per input MB (driver plus workers, user +
-system), marginal CPU s per MB (CPU above the fixed run's, per MB above its input), peak RSS per
-worker process (the DirectRunner's worker is its own process), and for Dask the bag partitions,
+``--near`` turns MinHash near-dedup on (``dedup.near=true``), the steps datatrove's baseline also
+runs. ``multi`` is ``--direct_running_mode=multi_processing --direct_num_workers=W`` (``--workers``);
+``datatrove`` runs :func:`datatrove_baseline.run_datatrove` in a child process. The runners take
+turns at each scale (interleaved), so a slower hour on the shared machine hits them alike.
+
+Printed per runner and scale: input MB, wall s, CPU s per input MB and MB per CPU-s (driver plus
+workers, user + system), marginal CPU s per MB (CPU above the fixed run's, per MB above its input),
+peak RSS per worker process (the DirectRunner's worker is its own process; for ``multi`` and
+``datatrove`` the largest process of the run's tree, ``ru_maxrss`` of the child), and for Dask the bag partitions,
 the MB the workers spilled to disk, and the stages whose partitions the scheduler held in
 memory at the run's peak (by dask's size estimate, both workers together). Then the 1x→largest ratios and the CPU slope between scales.
 """
@@ -72,12 +80,12 @@ def make_corpus(base: Path, out: Path, copies: int, fraction: float) -> int:
     return sum(p.stat().st_size for p in out.glob("*.jsonl"))
 
 
-def run_job(corpus: Path, out: Path, beam_args: list[str], env: dict):
-    """``beam_runner.py`` on ``corpus`` in a child process; returns (wall seconds, the child's
-    ``resource.struct_rusage``: CPU times and peak RSS in KiB). Raises ``RuntimeError`` with the
-    end of its stderr when it fails."""
-    cmd = [sys.executable, str(ROOT / "beam_runner.py"), "--input", f"{corpus}/*.jsonl", "--output", str(out),
-           "--overwrite"] + beam_args
+def run_job(corpus: Path, out: Path, beam_args: list[str], env: dict, cmd: list[str] | None = None):
+    """``beam_runner.py`` on ``corpus`` in a child process (or ``cmd``); returns (wall seconds, the child's
+    ``resource.struct_rusage``: CPU times of it and its children, peak RSS of the largest in KiB).
+    Raises ``RuntimeError`` with the end of its stderr when it fails."""
+    cmd = cmd or [sys.executable, str(ROOT / "beam_runner.py"), "--input", f"{corpus}/*.jsonl", "--output", str(out),
+                  "--overwrite"] + beam_args
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = proc.stderr.read()
@@ -133,21 +141,34 @@ def _spilled_bytes(dask_worker) -> float:
     return metrics.get(("disk-write", "bytes"), 0.0)
 
 
-def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path, memory_limit: str = "0") -> dict:
+DATATROVE = ("import sys; sys.path.insert(0, sys.argv[3]); import datatrove_baseline as d; "
+             "d.run_datatrove(sys.argv[1], '*.jsonl', sys.argv[2])")
+
+
+def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path, memory_limit: str = "0",
+            settings: list[str] | None = None) -> dict:
     """One run; returns wall_s, cpu_s (driver plus Dask workers), peak RSS (MB) per worker
     process (the DirectRunner's worker is the driver process itself) and, for Dask, ``held``:
     MB held in worker memory per stage at the peak (the 3 largest) and ``spilled_mb``: MB the
-    workers wrote to disk (with a ``memory_limit``, e.g. ``"500MB"``, per worker)."""
-    env = child_env()
-    if runner == "direct":
-        wall, usage = run_job(corpus, out, [], env)
+    workers wrote to disk (with a ``memory_limit``, e.g. ``"500MB"``, per worker). ``settings``:
+    config overrides (``dedup.near=true``) of every colaflow run."""
+    env, settings = child_env(), settings or []
+    if runner in ("direct", "multi", "datatrove"):
+        if runner == "datatrove":
+            subprocess.run(["rm", "-rf", str(out)], check=True)  # datatrove skips the tasks it finds done
+            cmd = [sys.executable, "-c", DATATROVE, str(corpus), str(out), str(ROOT / "benchmarks")]
+            wall, usage = run_job(corpus, out, [], env, cmd)
+        else:
+            multi = ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
+            wall, usage = run_job(corpus, out, settings + (multi if runner == "multi" else []), env)
         return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mb": [usage.ru_maxrss / 1024]}
     engine = start_dask(logs, workers=workers, env=env, timeout_s=60.0 + 5 * workers, memory_limit=memory_limit)
     try:
         cpu0 = sum(_cpu_s(p) for p in engine.worker_pids())
         sampler = HeldSampler(engine.address)
         sampler.start()
-        wall, usage = run_job(corpus, out, ["--runner=DaskRunner", f"--dask_client_address={engine.address}"], env)
+        wall, usage = run_job(corpus, out, settings + ["--runner=DaskRunner", f"--dask_client_address={engine.address}"],
+                              env)
         held = sampler.stop()
         from distributed import Client
 
@@ -170,8 +191,8 @@ def _row(r: dict) -> str:
             f"{name} {mb:.0f}" for name, mb in r["held"].items())
     marginal = f"{r['marginal_cpu_s_per_mb']:6.2f}" if "marginal_cpu_s_per_mb" in r else "     -"
     scale = "fixed" if r["scale"] == "fixed" else f"{r['scale']}x"
-    return (f"{r['runner']:9s} {scale:>5s} {r['mb']:8.1f} MB  wall {r['wall_s']:7.1f} s  "
-            f"CPU {r['cpu_s_per_mb']:6.2f} s/MB  marginal {marginal} s/MB  "
+    return (f"{r['runner']:9s} {scale:>5s} {r['mb']:8.1f} MB  wall {r['wall_s']:7.1f} s  CPU {r['cpu_s']:7.1f} s  "
+            f"{1 / r['cpu_s_per_mb']:5.2f} MB/CPU-s  CPU {r['cpu_s_per_mb']:6.2f} s/MB  marginal {marginal} s/MB  "
             f"peak RSS/worker {max(r['rss_mb']):6.0f} MB{held}")
 
 
@@ -185,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scales", default="1,4,16", help="comma-separated copies of the corpus")
     ap.add_argument("--fraction", type=float, default=0.25, help="fraction of the demo corpus per copy")
     ap.add_argument("--runners", default="direct,dask",
-                    help="direct, dask, dask-spill (dask with --memory-limit) and/or dask-weak (2 x scale "
-                         "workers: 32 processes at 16x)")
+                    help="direct, multi (DirectRunner multi_processing, --workers processes), datatrove, dask, "
+                         "dask-spill (dask with --memory-limit) and/or dask-weak (2 x scale workers: 32 processes at 16x)")
+    ap.add_argument("--near", action="store_true", help="MinHash near-dedup on in colaflow's runs (dedup.near=true)")
     ap.add_argument("--workers", type=int, default=2, help="dask worker processes")
     ap.add_argument("--memory-limit", default=SPILL_LIMIT,
                     help="each dask-spill worker's --memory-limit; results beyond "
@@ -208,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         for runner in runners:
             workers = args.workers * (scale if runner == "dask-weak" and scale != "fixed" else 1)
             r = measure(runner, corpus, out / f"shards-{runner}-{scale}x", workers, out / f"logs-{scale}x-{runner}",
-                        args.memory_limit if runner == "dask-spill" else "0")
+                        args.memory_limit if runner == "dask-spill" else "0", ["dedup.near=true"] if args.near else [])
             r.update(runner=runner, scale=scale, mb=size / 1e6, cpu_s_per_mb=r["cpu_s"] / (size / 1e6), workers=workers)
-            if runner != "direct":
+            if runner.startswith("dask"):
                 r["partitions"] = partition_count(None, workers, size)
             if scale == "fixed":
                 fixed[runner] = r
@@ -233,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("dask", "dask-spill", "dask-weak"):
             if {"direct", name} <= pair.keys():
                 print(f"{scale}x: {name}/direct wall ratio {pair[name]['wall_s'] / pair['direct']['wall_s']:.2f}")
+        for name in ("direct", "multi"):
+            if {"datatrove", name} <= pair.keys():  # the same input, so the CPU ratio is the MB/CPU-s ratio
+                print(f"{scale}x: {name} MB/CPU-s over datatrove's {pair['datatrove']['cpu_s'] / pair[name]['cpu_s']:.2f}")
     return 0
 
 
