@@ -8,7 +8,7 @@ A~B and B~C pass the threshold while A~C does not; the three ids are dealt at ra
 middle's id is the largest in a third of the chains. Truth is the exact Jaccard similarity of the same
 word 5-gram sets MinHash estimates (lower-cased, whitespace words): a pair is a duplicate when it is
 >= ``dedup.threshold``, and a chain's truth clusters are the connected components of those pairs.
-``NearDedup`` runs on the DirectRunner with the default settings (112 permutations, 14 bands) and
+``NearDedup`` runs on the DirectRunner (on the documents' keys with their signatures, as Work makes them) with the default settings (112 permutations, 14 bands) and
 its clusters are read from its duplicates listing (each dropped id with its representative).
 
     .venv/bin/python benchmarks/bench_near_dedup.py [--pairs 400] [--chains 200]
@@ -48,13 +48,16 @@ def clusters(docs: dict[str, str]) -> dict[str, str]:
 
     from pipelines.config import DedupConfig
     from pipelines.records import Doc
+    from pipelines.stages.keys import doc_keys
     from pipelines.stages.near_dedup import NearDedup
 
     runner = DirectRunner()
     runner.is_interactive()  # skip the Prism download attempt (offline)
     with tempfile.TemporaryDirectory() as tmp:
         with beam.Pipeline(runner=runner) as p:
-            out = p | beam.Create([Doc(k, v, "s") for k, v in docs.items()]) | NearDedup(DedupConfig(near=True))
+            cfg = DedupConfig(near=True)
+            keys = doc_keys([Doc(k, v, "s") for k, v in docs.items()], "bench", 0, cfg)  # as Work makes them
+            out = p | beam.Create(keys) | NearDedup(cfg)
             out.duplicates | beam.io.WriteToText(f"{tmp}/duplicates", shard_name_template="")
         with open(f"{tmp}/duplicates", encoding="utf-8") as f:
             found = [json.loads(line) for line in f]
