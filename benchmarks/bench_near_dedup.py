@@ -8,8 +8,9 @@ A~B and B~C pass the threshold while A~C does not; the three ids are dealt at ra
 middle's id is the largest in a third of the chains. Truth is the exact Jaccard similarity of the same
 word 5-gram sets MinHash estimates (lower-cased, whitespace words): a pair is a duplicate when it is
 >= ``dedup.threshold``, and a chain's truth clusters are the connected components of those pairs.
-``NearDedup`` runs on the DirectRunner (on the documents' keys with their signatures, as Work makes them) with the default settings (112 permutations, 14 bands) and
-its clusters are read from its duplicates listing (each dropped id with its representative).
+``NearDedup`` runs on the DirectRunner (on the documents' keys, as Work makes them) with the
+default settings (112 permutations, 14 bands) and its clusters are read from its duplicates
+listing (each dropped id with its representative).
 
     .venv/bin/python benchmarks/bench_near_dedup.py [--pairs 400] [--chains 200]
 """

@@ -167,8 +167,8 @@ def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path, memo
         cpu0 = sum(_cpu_s(p) for p in engine.worker_pids())
         sampler = HeldSampler(engine.address)
         sampler.start()
-        wall, usage = run_job(corpus, out, settings + ["--runner=DaskRunner", f"--dask_client_address={engine.address}"],
-                              env)
+        dask = ["--runner=DaskRunner", f"--dask_client_address={engine.address}"]
+        wall, usage = run_job(corpus, out, settings + dask, env)
         held = sampler.stop()
         from distributed import Client
 
@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fraction", type=float, default=0.25, help="fraction of the demo corpus per copy")
     ap.add_argument("--runners", default="direct,dask",
                     help="direct, multi (DirectRunner multi_processing, --workers processes), datatrove, dask, "
-                         "dask-spill (dask with --memory-limit) and/or dask-weak (2 x scale workers: 32 processes at 16x)")
+                         "dask-spill (dask with --memory-limit) and/or dask-weak (2 x scale workers: 32 processes "
+                         "at 16x)")
     ap.add_argument("--near", action="store_true", help="MinHash near-dedup on in colaflow's runs (dedup.near=true)")
     ap.add_argument("--workers", type=int, default=2, help="dask worker processes")
     ap.add_argument("--memory-limit", default=SPILL_LIMIT,
@@ -257,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{scale}x: {name}/direct wall ratio {pair[name]['wall_s'] / pair['direct']['wall_s']:.2f}")
         for name in ("direct", "multi"):
             if {"datatrove", name} <= pair.keys():  # the same input, so the CPU ratio is the MB/CPU-s ratio
-                print(f"{scale}x: {name} MB/CPU-s over datatrove's {pair['datatrove']['cpu_s'] / pair[name]['cpu_s']:.2f}")
+                ratio = pair["datatrove"]["cpu_s"] / pair[name]["cpu_s"]
+                print(f"{scale}x: {name} MB/CPU-s over datatrove's {ratio:.2f}")
     return 0
 
 

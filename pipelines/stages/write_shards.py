@@ -1,6 +1,6 @@
 """Writing shards deterministically (:class:`WriteShards`: bucket by a stable hash of the key,
-one tar per bucket, the samples passed between the steps as files in ``OUT/.work/spill/``), then the commit (:func:`finalize`): shard names, manifest, tokenizer and
-``stats.json``. ``pipelines/README.md`` says why every runner writes the same bytes."""
+one tar per bucket, the samples passed between the steps as files in ``OUT/.work/spill/``), then
+the commit (:func:`finalize`): shard names, manifest, tokenizer and ``stats.json``. ``pipelines/README.md`` says why every runner writes the same bytes."""
 from __future__ import annotations
 
 import contextlib
@@ -172,8 +172,8 @@ class WriteBucketFn(beam.DoFn):
     """``(bucket, paths of its runs)`` → the :class:`WrittenShard` of a tar under ``OUT/_tmp_buckets/``.
 
     The runs are files of encoded samples, each sorted by :func:`sample_order`
-    (:class:`AssignBucketsFn`); they are read a frame at a time and merged, so samples are written sorted by key and only
-    one frame of each run exists as objects at a time. A key seen twice (two documents with the
+    (:class:`AssignBucketsFn`); they are read a frame at a time and merged, so samples are written
+    sorted by key and only one frame of each run exists as objects at a time. A key seen twice (two documents with the
     same id but different text) keeps the first in sort order and emits ``filtered:duplicate_id`` for the
     other. Emits ``kept``, ``tokens`` and ``text_bytes`` events per source. With ``write_index``
     the DALI ``.idx`` is built here, in parallel, from the file just written. Documents encoded
