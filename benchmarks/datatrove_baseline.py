@@ -7,22 +7,40 @@ buckets (one task per band, as datatrove requires) → clusters → filter → J
 one worker (one core, like the in-memory DirectRunner). It neither trains a tokenizer nor writes shards, which our pipeline
 also does, so the ratio understates our speed. Words are split on whitespace (datatrove's
 default English tokenizer needs NLTK data downloads).
+
+Where datatrove's optional speed-ups are not installed, the baseline says so (:func:`substitutes`)
+and runs without them: without ``xxhash`` MinHash hashes each shingle with datatrove's own
+``sha1`` hash function (``HashConfig(hash_fc="sha1")``), and without ``orjson`` its JSONL reader
+and writer are subclasses that read and write each line with the standard library's ``json``
+(``_StdlibJsonl*`` in :func:`run_datatrove`). Both make datatrove slower than with them installed.
 """
 from __future__ import annotations
 
 import gzip
 import importlib.util
+import json
 import os
 import time
 
 
 def available() -> str | None:
     """``None`` when datatrove can run, else why not (printed by the benchmark)."""
-    missing = [m for m in ("datatrove", "regex", "tokenizers", "xxhash", "orjson") if importlib.util.find_spec(m) is None]
+    missing = [m for m in ("datatrove", "regex", "tokenizers") if importlib.util.find_spec(m) is None]
     if missing:
         return (f"datatrove baseline skipped: {', '.join(missing)} not installed "
                 "(pip install datatrove regex tokenizers 'xxhash<4' orjson; none pulls torch)")
     return None
+
+
+def substitutes() -> list[str]:
+    """What the baseline runs in place of datatrove's optional packages that are not installed
+    (empty when ``xxhash`` and ``orjson`` are): say it beside any number it gives."""
+    out = []
+    if importlib.util.find_spec("xxhash") is None:
+        out.append("MinHash with sha1 (xxhash not installed)")
+    if importlib.util.find_spec("orjson") is None:
+        out.append("JSONL through the standard library's json (orjson not installed)")
+    return out
 
 
 def run_datatrove(input_dir: str, glob_pattern: str, work: str) -> tuple[float, int]:
@@ -46,11 +64,40 @@ def run_datatrove(input_dir: str, glob_pattern: str, work: str) -> tuple[float, 
         def span_tokenize(self, text: str) -> list[tuple[int, int]]:
             raise NotImplementedError
 
-    cfg = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8)
+    from datatrove.utils.hashing import HashConfig
+
+    hashing = HashConfig(hash_fc="xxhash" if importlib.util.find_spec("xxhash") else "sha1")
+    cfg = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8, hash_config=hashing)
     words = SplitTokenizer()
 
+    class _StdlibJsonlReader(JsonlReader):
+        """datatrove's reader, lines parsed by :mod:`json` (its own check refuses to build without orjson)."""
+
+        def __new__(cls, *args, **kwargs):
+            return object.__new__(cls)
+
+        def read_file(self, filepath: str):
+            with self.data_folder.open(filepath, "r", compression=self.compression) as f:
+                for li, line in enumerate(f):
+                    with self.track_time():
+                        document = self.get_document_from_dict(json.loads(line), filepath, li)
+                    if document:
+                        yield document
+
+    class _StdlibJsonlWriter(JsonlWriter):
+        """datatrove's writer, lines written by :mod:`json`."""
+
+        def __new__(cls, *args, **kwargs):
+            return object.__new__(cls)
+
+        def _write(self, document: dict, file_handler, _filename: str):
+            file_handler.write((json.dumps(document, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    std = importlib.util.find_spec("orjson") is None
+    reader_class, writer_class = (_StdlibJsonlReader, _StdlibJsonlWriter) if std else (JsonlReader, JsonlWriter)
+
     def reader():
-        return JsonlReader(input_dir, glob_pattern=glob_pattern, text_key="text", id_key="id")
+        return reader_class(input_dir, glob_pattern=glob_pattern, text_key="text", id_key="id")
 
     def executor(steps, name, depends=None, tasks=1):
         return LocalPipelineExecutor(steps, tasks=tasks, workers=1, logging_dir=os.path.join(work, "logs", name),
@@ -62,7 +109,7 @@ def run_datatrove(input_dir: str, glob_pattern: str, work: str) -> tuple[float, 
     stage2 = executor([MinhashDedupBuckets(sigs, buckets, config=cfg)], "buckets", stage1, tasks=cfg.num_buckets)
     stage3 = executor([MinhashDedupCluster(buckets, clusters, config=cfg)], "clusters", stage2)
     stage4 = executor([reader(), FTFYFormatter(), PIIFormatter(), LambdaFilter(lambda d: 0 < len(d.text) <= 5_000_000),
-                       MinhashDedupFilter(clusters), JsonlWriter(os.path.join(work, "out"))], "filter", stage3)
+                       MinhashDedupFilter(clusters), writer_class(os.path.join(work, "out"))], "filter", stage3)
     start = time.perf_counter()
     stage4.run()
     seconds = time.perf_counter() - start
