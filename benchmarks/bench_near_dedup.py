@@ -57,8 +57,10 @@ def clusters(docs: dict[str, str]) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         with beam.Pipeline(runner=runner) as p:
             cfg = DedupConfig(near=True)
-            keys = doc_keys([Doc(k, v, "s") for k, v in docs.items()], "bench", 0, cfg)  # as Work makes them
-            out = p | beam.Create(keys) | NearDedup(cfg)
+            pairs = doc_keys([Doc(k, v, "s") for k, v in docs.items()], "bench", 0, cfg)  # as Work makes them
+            sigs = dict((key.id, sig) for key, sig in pairs)
+            out = (p | beam.Create([key for key, _ in pairs])
+                   | NearDedup(cfg, lambda keys: keys | beam.Map(lambda key: (key.id, sigs[key.id]))))
             out.duplicates | beam.io.WriteToText(f"{tmp}/duplicates", shard_name_template="")
         with open(f"{tmp}/duplicates", encoding="utf-8") as f:
             found = [json.loads(line) for line in f]

@@ -31,7 +31,7 @@ from pipelines.io.output import (
 from pipelines.io.listing import InputFile, InputListing, ListingError, list_inputs
 from pipelines.io.read import DEAD, ReadRecords
 from pipelines.io.resume import (JobIdentity, SplitWorkFn, WorkFolder, check_resume, keeps_work, remove_work,
-                                 split_id, start_work)
+                                 start_work)
 from pipelines.records import file_format
 from pipelines.runners.selection import beam_options, make_runner
 from pipelines.stages.classifier import check_model
@@ -40,7 +40,7 @@ from pipelines.stages.decontam import load_eval_sets
 from pipelines.stages.filters import LISTED
 from pipelines.stages.quality.c4 import bad_words_pattern
 from pipelines.stages.near_dedup import NearDedup
-from pipelines.stages.payload import KEPT, SPLIT, PayloadFn, SampleTexts
+from pipelines.stages.payload import PayloadFn, SampleTexts, SplitSignatures, by_split
 from pipelines.stages.split import VAL, VAL_DIR, val_shard_config
 from pipelines.stages.tokenize import NoRecordsError, build_model
 from pipelines.stages.tokenizer_sample import SampleSize
@@ -93,7 +93,10 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
     else:
         docs = unique | "Docs" >> beam.Values()
     if cfg.dedup.near:
-        dedups.append(docs | "NearDedup" >> NearDedup(cfg.dedup))
+        def signatures(near_docs):  # read from the records, where Work put them
+            return by_split(read.splits, near_docs, "JoinNear") | "Signatures" >> beam.ParDo(SplitSignatures(work))
+
+        dedups.append(docs | "NearDedup" >> NearDedup(cfg.dedup, signatures))
         docs = dedups[-1].docs
     for dedup in dedups:
         events.append(dedup.events)
@@ -108,9 +111,7 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
             SampleTexts(work), limit, cfg.tokenizer.sample_fraction),
         cfg.tokenizer, summary=summary, given=tokenizer)
     # The final pass: each split's kept documents read back from its record, tokenised and spilled.
-    payload = ({SPLIT: read.splits | "SplitById" >> beam.Map(lambda s: (split_id(s), s)),
-                KEPT: docs | "BySplit" >> beam.Map(lambda key: (key.split, (key.index, key.id)))}
-               | "JoinKept" >> beam.CoGroupByKey()
+    payload = (by_split(read.splits, docs, "JoinKept")
                | "Payload" >> beam.ParDo(PayloadFn(work, cfg), beam.pvalue.AsSingleton(model)).with_outputs(
                    EVENTS, VAL, main="train"))
     events.append(payload[EVENTS])

@@ -4,7 +4,7 @@ and reused by the next run of the same job, which recomputes only the rest.
 Each :class:`~pipelines.io.reading.Split` goes through the per-document stages as one unit
 (:class:`SplitWorkFn`: ReadSplit → Parse → Steps); what it made of the split (the kept documents,
 the dead letters, the events, then each kept document's
-:class:`~pipelines.stages.keys.DocKey`) is written at the end of the split, atomically (a
+:class:`~pipelines.stages.keys.DocKey` and MinHash signature) is written at the end of the split, atomically (a
 ``.partial`` file renamed into place), to ``OUT/.work/<split id>.<job fingerprint>.split``. A split
 whose record exists is read from it instead of from the input. The global stages (tokenizer, dedup,
 tokenize, shards, finalize) always run on the union, so the output is byte-identical to an
@@ -233,9 +233,9 @@ class SplitWorkFn(beam.DoFn):
         self.work.save(split, kept.getvalue() + keys.getvalue())  # two frame lists joined are one
 
     def _keys(self, docs: list, sid: str, first: int, keys: frames.PartWriter):
-        for key in doc_keys(docs, sid, first, self.dedup):
-            keys.append((KEYS, key))
-            yield key
+        for pair in doc_keys(docs, sid, first, self.dedup):
+            keys.append((KEYS, pair))
+            yield pair[0]
 
 
 def _replay(data: bytes):
@@ -245,7 +245,7 @@ def _replay(data: bytes):
         if tag is None:
             continue
         if tag == KEYS:
-            yield value
+            yield value[0]  # the key; its signature stays in the record
         elif tag == EVENTS:
             yield event(*value[0], value[1])  # bumps the Beam counter as the first run did
         else:

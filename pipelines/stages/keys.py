@@ -30,7 +30,6 @@ class DocKey(NamedTuple):
         index: its position among the kept documents of that record.
         digest: 64-bit BLAKE2b digest of its text (:func:`pipelines.stages.tokenizer_sample.sample_key`).
         size: its text's UTF-8 size in bytes.
-        signature: its MinHash signature (uint32 bytes) with ``dedup.near``, else ``None``.
     """
 
     hash: str
@@ -40,32 +39,35 @@ class DocKey(NamedTuple):
     index: int
     digest: int
     size: int
-    signature: bytes | None = None
 
 
-def doc_keys(docs: list[Doc], split: str, first: int, dedup: DedupConfig) -> list[DocKey]:
-    """The :class:`DocKey` of each of ``docs``, the kept documents ``first, first + 1, ...`` of ``split``.
+def doc_keys(docs: list[Doc], split: str, first: int, dedup: DedupConfig) -> list[tuple[DocKey, bytes | None]]:
+    """The :class:`DocKey` of each of ``docs``, the kept documents ``first, first + 1, ...`` of ``split``,
+    with its MinHash signature.
 
     Args:
         docs: consecutive kept documents of one split.
         split: the split's id.
         first: the index of ``docs[0]`` among the split's kept documents.
-        dedup: with ``near``, each key carries the document's MinHash signature.
+        dedup: with ``near``, the signatures are computed (uint32 bytes; else ``None``). They stay
+            in the split's record, out of the keys: only near dedup reads them
+            (:class:`SplitSignatures`), so no other global step holds them.
     Returns:
-        one key per document, in order.
+        ``(key, signature)`` per document, in order.
     """
     sigs = minhash_batch([d.text for d in docs], dedup) if dedup.near else [None] * len(docs)
     out = []
     for i, (doc, sig) in enumerate(zip(docs, sigs)):
         h = content_hash(doc.text)
         size = sample_key((h, doc))
-        out.append(DocKey(h, doc.id, doc.source, split, first + i, size.digest, size.size,
-                          None if sig is None else sig.tobytes()))
+        out.append((DocKey(h, doc.id, doc.source, split, first + i, size.digest, size.size),
+                    None if sig is None else sig.tobytes()))
     return out
 
 
-def record_docs(data: bytes) -> tuple[list[Doc], list[DocKey]]:
-    """A split record's kept documents (in order) and their keys (:mod:`pipelines.io.resume`)."""
+def record_docs(data: bytes) -> tuple[list[Doc], list[tuple[DocKey, bytes | None]]]:
+    """A split record's kept documents (in order) and their ``(key, signature)`` pairs
+    (:mod:`pipelines.io.resume`)."""
     docs, keys = [], []
     for tag, value in frames.decode(data):
         if tag is None:

@@ -338,9 +338,8 @@ def _drop_losers(item):
 
 
 class NearDedup(beam.PTransform):
-    """``PCollection[DocKey]`` (:class:`~pipelines.stages.keys.DocKey` s with their MinHash signature,
-    :func:`~pipelines.stages.keys.doc_keys`) → :class:`~pipelines.records.DedupOutput`: one per cluster of
-    near-duplicates (its smallest id), ``filtered:near_duplicate`` events, and one
+    """``PCollection[DocKey]`` (:class:`~pipelines.stages.keys.DocKey` s) → :class:`~pipelines.records.DedupOutput`:
+    one per cluster of near-duplicates (its smallest id), ``filtered:near_duplicate`` events, and one
     :func:`~pipelines.records.duplicate_record` line (kind ``near``) per dropped document, naming
     its cluster's kept representative.
 
@@ -363,17 +362,23 @@ class NearDedup(beam.PTransform):
     ``bands`` hot buckets; a dropped document has one representative). The largest count held is
     reported as the Beam distribution ``colaflow/neardup_held``; the cluster combine of (5) is the
     one step whose memory grows with the corpus, by the near-duplicated documents' ids.
+
+    Args:
+        cfg: the dedup settings (``num_perm``, ``bands``, ``threshold``).
+        signatures: ``signatures(docs)``: the PCollection of ``(id, MinHash signature as uint32
+            bytes)`` of the documents ``docs`` (the job reads them from the split records, where
+            Work put them, so they cross no global step before this one).
     """
 
-    def __init__(self, cfg: DedupConfig):
+    def __init__(self, cfg: DedupConfig, signatures):
         super().__init__()
         if cfg.num_perm % cfg.bands:
             raise ValueError(f"dedup.num_perm={cfg.num_perm} must be a multiple of dedup.bands={cfg.bands}")
-        self.cfg = cfg
+        self.cfg, self.signatures = cfg, signatures
 
     def expand(self, docs) -> DedupOutput:
         """Drop, count and list every document of a near-duplicate cluster but its smallest id."""
-        sigs = docs | "Signature" >> beam.Map(lambda d: (d.id, d.signature))  # computed in Work
+        sigs = self.signatures(docs)
         num_docs = docs | "Count" >> beam.combiners.Count.Globally()
         buckets = (sigs
                    | "Bands" >> beam.FlatMap(_memberships, self.cfg.bands, beam.pvalue.AsSingleton(num_docs))
@@ -395,7 +400,7 @@ class NearDedup(beam.PTransform):
                 | "AllPairs" >> beam.Flatten()
                 | "Clusters" >> beam.CombineGlobally(Components())
                 | "Represented" >> beam.FlatMap(_represented))
-        out = ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d._replace(signature=None))), "rep": reps}
+        out = ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d)), "rep": reps}
                | "JoinDoc" >> beam.CoGroupByKey()
                | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="docs"))
         return DedupOutput(docs=out.docs, events=out[EVENTS], duplicates=out[DUPLICATES])

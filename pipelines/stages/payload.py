@@ -10,7 +10,7 @@ import apache_beam as beam
 from pipelines.config import PipelineConfig
 from pipelines.io.frames import PartWriter
 from pipelines.io.reading import Split
-from pipelines.io.resume import WorkFolder
+from pipelines.io.resume import WorkFolder, split_id
 from pipelines.stages.keys import record_docs
 from pipelines.stages.split import VAL, SplitBatchFn
 from pipelines.stages.tokenize import TokenizeFn
@@ -45,8 +45,42 @@ class SampleTexts(beam.DoFn):
     def process(self, split: Split, limit: SampleLimit, fraction: float):
         """Yield the admitted ``(hash, text)`` pairs of ``split`` (``fraction``: ``tokenizer.sample_fraction``)."""
         docs, keys = record_docs(_load(self.work, split))
-        for key in keys:
+        for key, _ in keys:
             yield from sample_text((key.hash, docs[key.index]), limit, fraction)
+
+
+class SplitSignatures(beam.DoFn):
+    """``(split id, {"split": [Split], "kept": [(index, id), ...]})`` → ``(id, MinHash signature)``
+    of each listed document, read from the split's record (computed by Work): near dedup's input,
+    so the signatures cross no other global step.
+
+    Args:
+        work: the job's work folder.
+    """
+
+    def __init__(self, work: WorkFolder):
+        self.work = work
+
+    def process(self, item):
+        """Yield ``(id, signature bytes)`` of the listed documents of one split."""
+        _, grouped = item
+        kept = list(grouped[KEPT])
+        if not kept:
+            return
+        (split,) = grouped[SPLIT]
+        _, keys = record_docs(_load(self.work, split))
+        for index, doc_id in kept:
+            yield doc_id, keys[index][1]
+
+
+def by_split(splits, docs, label: str):
+    """The CoGroupByKey of each split (a PCollection of :class:`~pipelines.io.reading.Split`) with
+    the ``(index, id)`` of its documents among ``docs`` (:class:`~pipelines.stages.keys.DocKey` s),
+    under the steps ``{label}/SplitById``, ``{label}/BySplit`` and ``{label}`` (the join): what
+    :class:`SplitSignatures` and :class:`PayloadFn` read."""
+    return ({SPLIT: splits | f"{label}/SplitById" >> beam.Map(lambda s: (split_id(s), s)),
+             KEPT: docs | f"{label}/BySplit" >> beam.Map(lambda key: (key.split, (key.index, key.id)))}
+            | label >> beam.CoGroupByKey())
 
 
 class PayloadFn(beam.DoFn):

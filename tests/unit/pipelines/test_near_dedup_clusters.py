@@ -79,7 +79,10 @@ def test_a_chain_is_one_cluster_kept_by_its_smallest_id():
     runner = DirectRunner()
     runner.is_interactive()  # skip the Prism download attempt (offline)
     with beam.Pipeline(runner=runner) as p:
-        out = p | beam.Create(doc_keys(docs, "s0", 0, CFG)) | NearDedup(CFG)
+        pairs = doc_keys(docs, "s0", 0, CFG)
+        sigs = dict((key.id, sig) for key, sig in pairs)
+        out = (p | beam.Create([key for key, _ in pairs])
+               | NearDedup(CFG, lambda keys: keys | beam.Map(lambda key: (key.id, sigs[key.id]))))
         assert_that(out.docs | beam.Map(lambda d: d.id), equal_to(["a", "d"]), label="Kept")
         assert_that(out.duplicates | beam.Map(lambda line: (json.loads(line)["id"], json.loads(line)["duplicate_of"])),
                     equal_to([("b", "a"), ("c", "a")]), label="Listed")

@@ -73,8 +73,8 @@ def _combine(fn, items, split):
 
 
 def test_keeper_is_smallest_id_whatever_the_partitioning():
-    docs = doc_keys([Doc("b/2", "Exit.", "s1"), Doc("a/9", "exit.", "s2"), Doc("c/1", "EXIT.", "s1")], "s0", 0,
-                    DedupConfig())
+    docs = [key for key, _ in doc_keys([Doc("b/2", "Exit.", "s1"), Doc("a/9", "exit.", "s2"), Doc("c/1", "EXIT.", "s1")],
+                                       "s0", 0, DedupConfig())]
     for split in range(4):
         keeper, counts, members = _combine(KeepSmallestId(), docs, split)
         assert keeper == docs[1]
