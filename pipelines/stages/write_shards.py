@@ -22,7 +22,7 @@ from fsspec.implementations.local import LocalFileSystem
 from colaflow.wording import count
 from pipelines.accounting.stats import EVENTS, aggregate, event
 from pipelines.config import ShardsConfig, TokenizerConfig
-from pipelines.io.frames import decode, decode_stream, encode
+from pipelines.io.frames import decode_stream, encode
 from pipelines.records import Doc
 from pipelines.stages.clean import stable_bucket
 from pipelines.stages.split import VAL, VAL_DIR, split_entry
