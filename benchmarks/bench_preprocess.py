@@ -177,8 +177,8 @@ def main() -> int:
                 results["datatrove 0.10 (1 task, 1 worker)"] = seconds
                 cpu["datatrove 0.10 (1 task, 1 worker)"] = cpu_seconds() - c
                 stand_ins = "".join(f"; {s}" for s in datatrove_baseline.substitutes())  # slower than datatrove's own
-                datatrove_note = (f"datatrove kept {kept:,} documents (no exact dedup, no tokenizer/shards{stand_ins}); "
-                                  f"colaflow kept {beam_manifest.total_samples:,}")
+                datatrove_note = (f"datatrove kept {kept:,} documents (no exact dedup, no tokenizer/shards"
+                                  f"{stand_ins}); colaflow kept {beam_manifest.total_samples:,}")
     print(f"\ninput: {len(paths)} files, {mb:.1f} MB ({args.input}); near-dedup {'on' if args.near else 'off'}")
     base, base_cpu = results["plain Python loop"], cpu["plain Python loop"]
     print(f"{'':<50} {'wall':>7}    {'MB/s':>6}       {'cpu':>7}    {'MB/cpu-s':>8}  loop/this (wall, cpu)")
