@@ -248,3 +248,25 @@ def test_a_dask_cluster_reading_byte_ranges_writes_the_same_shards(crawl, whole,
     assert dask_stats["total"] == stats["total"] and dask_stats["sources"] == stats["sources"]
     for info in Manifest.load(str(out)).shards:
         assert (tmp_path / "out" / info.name).read_bytes() == (out / info.name).read_bytes()
+
+
+def test_an_uncompressed_file_cut_anywhere_in_its_last_record_ends_in_a_dead_unit_naming_it(tmp_path):
+    """FastWARC reads a cut-off record of a plain .warc as far as it goes; it was kept as a short page."""
+    write_warc(tmp_path / "whole.warc", _pages()[:2], compress=False)
+    data = (tmp_path / "whole.warc").read_bytes()
+    whole = [u._replace(path=str(tmp_path / "cut.warc")) for u in _units(tmp_path / "whole.warc")]
+    last = whole[-1].offset
+    assert whole[-1].fmt == "warc" and all(u.fmt != "unreadable" for u in whole)
+    cut = tmp_path / "cut.warc"
+    for end in range(last + 1, len(data) - 4):  # the last 4 bytes are the record's closing blank lines
+        cut.write_bytes(data[:end])
+        try:
+            units = _units(cut)
+        except OSError:  # FastWARC refused the header: the reader makes that the split's dead letter
+            continue
+        assert units[:-1] == whole[:-1], end
+        assert units[-1].fmt == "unreadable" and units[-1].offset == last, end
+        assert f"WARC record at byte {last:,}".encode() in units[-1].raw and b"truncated" in units[-1].raw
+    for end in range(len(data) - 4, len(data) + 1):
+        cut.write_bytes(data[:end])
+        assert _units(cut) == whole
