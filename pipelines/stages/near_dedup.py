@@ -7,9 +7,10 @@ candidates. Per band bucket, a combiner reduces the members' ids to the smallest
 keeper) without holding the bucket; the candidate pairs are each bucket's keeper with its other
 members (as datatrove pairs a bucket's first document with the rest). The pairs whose estimated
 Jaccard similarity is ≥ ``threshold`` are the edges of a graph whose connected components are the
-clusters (:class:`Components`, union-find): each cluster keeps its smallest id and drops the rest,
-so a chain of near-copies A~B~C goes whole even where A and C alone would not match. The outcome
-is the same on every runner.
+clusters (:class:`Clusters`: alternating large-star and small-star rounds, Kiveris et al. 2014,
+"Connected Components in MapReduce and Beyond"): each cluster keeps its smallest id and drops the
+rest, so a chain of near-copies A~B~C goes whole even where A and C alone would not match. The
+outcome is the same on every runner.
 
 Signatures are computed with numpy for a batch of documents at once: each word is hashed
 once (CRC-32), shingle hashes are rolled from word hashes, and the ``num_perm`` hash
@@ -285,8 +286,8 @@ def _compare(item, threshold: float):
 
 
 def large_star(node: str, neighbours) -> Iterator[tuple[str, str]]:
-    """The large-star step of Kiveris et al. 2014 ("Connected Components in MapReduce and Beyond",
-    section 3) at one node: each neighbour larger than ``node`` is linked to the smallest id of the
+    """The large-star step of Kiveris et al. 2014 ("Connected Components in MapReduce and Beyond")
+    at one node: each neighbour larger than ``node`` is linked to the smallest id of the
     neighbourhood, ``node`` included.
 
     Args:
@@ -415,8 +416,13 @@ def settle(pairs: set[tuple[str, str]]) -> dict[str, str]:
 
 def _resolve(capped, rounds: int, cap: int):
     """The disagreeing pairs after the rounds → ``{label: its component's smallest id}``, logged and
-    counted (``near_unresolved``, ``stats.json``'s ``near_dedup.unresolved_pairs``) when not empty.
+    counted (``near_unresolved``, ``stats.json``'s ``run.near_unresolved_pairs``) when not empty.
 
+    Args:
+        capped: ``(pairs or None, count)`` from :class:`_CappedPairs`.
+        rounds, cap: ``dedup.near_rounds`` and ``dedup.near_resolve_max``, for the messages.
+    Returns:
+        ``{label: its component's smallest id}`` for the labels that are not that id (empty when converged).
     Raises:
         UnconvergedError: more than ``cap`` pairs.
     """
@@ -445,12 +451,6 @@ def _settled(item: tuple[str, str], settled: dict):
     yield node, settled.get(label, label)
 
 
-def _settled_roots(settled: dict):
-    """Roots of the last round that the settling joined to a smaller root: ``(id, representative)``
-    (a node both child and settled label arrives twice, with the same representative)."""
-    yield from settled.items()
-
-
 class Clusters(beam.PTransform):
     """``PCollection[(id, id)]`` (the similar pairs) → ``(id, representative)`` for every id of a
     cluster but its representative, the cluster's smallest id, and events (tag ``events``).
@@ -464,6 +464,14 @@ class Clusters(beam.PTransform):
     the rounds did not finish. Their label pairs, when at most ``resolve_max``, are settled in one
     place (:func:`settle`) and counted as ``near_unresolved``; more raise :class:`UnconvergedError`.
     The largest neighbourhood held is the Beam distribution ``colaflow/neardup_neighbours``.
+
+    Args:
+        rounds: large-star/small-star rounds (``dedup.near_rounds``).
+        resolve_max: the most disagreeing label pairs settled after them (``dedup.near_resolve_max``).
+    Returns:
+        (from ``expand``) the representatives ``(id, smallest id of its cluster)`` and the events.
+    Raises:
+        UnconvergedError: in the run, more than ``resolve_max`` pairs disagree after the rounds.
     """
 
     def __init__(self, rounds: int, resolve_max: int):
@@ -485,12 +493,15 @@ class Clusters(beam.PTransform):
                     | "Parents" >> beam.GroupByKey()
                     | "Labels" >> beam.FlatMap(_labels).with_outputs("label", main="child"))
         capped = ({"label": labelled.label, "child": labelled.child}
-                   | "JoinLabels" >> beam.CoGroupByKey()
-                   | "Disagree" >> beam.FlatMap(_disagreements)
-                   | "Unresolved" >> beam.CombineGlobally(_CappedPairs(self.resolve_max)))
+                  | "JoinLabels" >> beam.CoGroupByKey()
+                  | "Disagree" >> beam.FlatMap(_disagreements)
+                  | "Unresolved" >> beam.CombineGlobally(_CappedPairs(self.resolve_max)))
         settled = capped | "Settle" >> beam.Map(_resolve, self.rounds, self.resolve_max)
+        # A root of the last round that the settling joined to a smaller root has no label, so it
+        # is represented from the settled map; a node with a label and in the map arrives twice,
+        # with the same representative (both are its cluster's smallest id).
         reps = ((labelled.label | "Represent" >> beam.FlatMap(_settled, beam.pvalue.AsSingleton(settled)),
-                 settled | "SettledRoots" >> beam.FlatMap(_settled_roots))
+                 settled | "SettledRoots" >> beam.FlatMap(dict.items))
                 | "AllReps" >> beam.Flatten())
         events = (capped | "UnresolvedEvent" >> beam.FlatMap(_unresolved_event).with_outputs(EVENTS))[EVENTS]
         return reps, events
@@ -523,16 +534,24 @@ class NearDedup(beam.PTransform):
     joined to its hot buckets by the keeper's id, and that side input (hot buckets only: at most
     ``bands * documents / LIST_MAX`` entries) is read by a pass over all signatures that compares
     each member with the keeper directly, so a hot bucket's members are never grouped or paired;
-    (5) the similar pairs of (3) and (4) combined into clusters (:class:`Components`, one global
-    combine holding the ids of the documents that have a near-duplicate); (6) documents joined with
-    their cluster's representative by id.
+    (5) the similar pairs of (3) and (4) are the edges of :class:`Clusters` (``dedup.near_rounds``
+    rounds of two groupings by node, then a check that every edge's ends agree on their label,
+    what disagrees settled up to ``dedup.near_resolve_max`` pairs and counted as the run-level
+    event ``near_unresolved``); (6) documents joined with their cluster's representative by id.
 
     Memory per key is bounded whatever the size of the largest bucket: every grouping holds at
     most ``bands * (LIST_MAX + 1) + 1`` elements for one key (a document is keeper or member of
     at most ``bands`` listed buckets of at most ``LIST_MAX`` members; a keeper of at most
-    ``bands`` hot buckets; a dropped document has one representative). The largest count held is
-    reported as the Beam distribution ``colaflow/neardup_held``; the cluster combine of (5) is the
-    one step whose memory grows with the corpus, by the near-duplicated documents' ids.
+    ``bands`` hot buckets; a dropped document has at most two copies of its representative). The
+    largest count held is reported as the Beam distribution ``colaflow/neardup_held``. The
+    clustering of (5) holds one node's neighbourhood (ids) per key, at most the node's cluster,
+    never the corpus (``colaflow/neardup_neighbours``); the settling after it holds at most
+    ``dedup.near_resolve_max`` pairs.
+
+    Raises:
+        ValueError: ``num_perm`` is not a multiple of ``bands`` (at construction).
+        UnconvergedError: in the run, when the clustering leaves more than ``dedup.near_resolve_max``
+            label pairs unjoined.
     """
 
     def __init__(self, cfg: DedupConfig):
