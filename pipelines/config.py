@@ -325,6 +325,13 @@ class DedupConfig:
         num_perm: MinHash permutations (= bands * rows).
         bands: LSH bands; rows per band = num_perm / bands.
         threshold: estimated Jaccard similarity at or above which a candidate is a near-duplicate.
+        near_rounds: large-star/small-star rounds of the near-duplicate clustering (connected
+            components, Kiveris et al. 2014). A chain of ``n`` near-copies whose ids are in chain
+            order, the slowest case measured, needs ``ceil(log2(n - 1))`` (the default, 8, settles
+            such chains of up to 257 documents; chains in random id order of 1,000 measured).
+        near_resolve_max: label pairs still disagreeing after the last round (clusters the rounds did
+            not finish) that are settled in one place and reported in ``stats.json``; more fail the
+            run with a message to raise ``near_rounds``.
     """
 
     exact: bool = True
@@ -334,6 +341,8 @@ class DedupConfig:
     num_perm: int = setting(112, ge=1)
     bands: int = setting(14, ge=1)
     threshold: float = setting(0.8, gt=0.0, le=1.0)
+    near_rounds: int = setting(8, ge=1)
+    near_resolve_max: int = setting(100_000, ge=0)
 
 
 @dataclass

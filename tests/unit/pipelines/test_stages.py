@@ -5,6 +5,7 @@ import io
 import json
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,7 @@ from pipelines.stages.near_dedup import band_keys, minhash, similarity
 from pipelines.stages.pii import redact
 from pipelines.io.reading import iter_units
 from pipelines.records import DeadLetter, Doc, file_format, file_stem, parse_unit
-from pipelines.accounting.stats import aggregate
+from pipelines.accounting.stats import RUN_SOURCE, aggregate
 from pipelines.stages.tokenize import SmallestHashSample, token_dtype
 from pipelines.stages.exact_dedup import KeepSmallestId
 from tests.support.paths import REPO
@@ -175,6 +176,15 @@ def test_stats_aggregate_balances():
     assert stats["sources"]["a"]["redactions"] == {"email": 3}
     assert stats["total"]["balanced"] and stats["sources"]["b"]["balanced"]
     assert not aggregate([(("a", "input"), 2), (("a", "kept"), 1)])["total"]["balanced"]
+    assert stats["run"] == {"near_unresolved_pairs": 0}
+
+
+def test_run_level_events_count_in_the_run_section_only():
+    stats = aggregate([(("a", "input"), 1), (("a", "kept"), 1), ((RUN_SOURCE, "near_unresolved"), 3)])
+    assert stats["run"] == {"near_unresolved_pairs": 3} and list(stats["sources"]) == ["a"]
+    assert stats["total"]["balanced"] and stats["total"]["input_records"] == 1
+    with pytest.raises(ValueError, match="unknown run-level event name 'kept'"):
+        aggregate([((RUN_SOURCE, "kept"), 1)])
 
 
 @settings(max_examples=300, deadline=None)
