@@ -120,8 +120,7 @@ def dir_bytes(path: str) -> int:
 def write_colaflow(out: str, ids, sources, tokens, compression: str) -> None:
     """Write ``tokens`` as colaflow token-block shards (``compression`` none|zstd) with their indexes."""
     w = TokenBlockWriter(out, max_bytes=256 << 20, compression=compression)
-    for i, s, t in zip(ids, sources, tokens):
-        w.add(i, s, t)
+    w.add_many(ids, sources, tokens)
     Manifest(shards=w.close(), layout="token_blocks", vocab_size=4096).save(out)
     assert shards_cli(["index", out]) == 0
 

@@ -13,7 +13,7 @@ import io
 import os
 import tarfile
 import uuid
-from typing import BinaryIO
+from typing import BinaryIO, Sequence
 
 import numpy as np
 
@@ -260,17 +260,33 @@ class TokenBlockWriter:
         self.shards_writer = ShardSequenceWriter(directory, prefix, max_samples, max_bytes, start_index)
 
     def add(self, doc_id: str, source: str, tokens: np.ndarray, text: str | None = None) -> None:
-        """Append one document (1-D ``uint16``/``uint32`` tokens). Raises ``ValueError`` as
-        :meth:`ShardSequenceWriter.write` and :func:`shards.format.blocks.encode_block` do."""
-        self._write(self.packer.add(doc_id, source, tokens, text))
+        """Append one document (1-D ``uint16``/``uint32`` tokens): :meth:`add_many` of one.
 
-    def _write(self, block) -> None:
-        if block is not None:
+        Raises ``ValueError`` as :meth:`add_many` does."""
+        self._write(self.packer.add_many([doc_id], [source], [tokens], None, None if text is None else [text]))
+
+    def add_many(self, ids: Sequence, sources: Sequence, tokens: np.ndarray | Sequence[np.ndarray],
+                 lengths: np.ndarray | Sequence[int] | None = None, texts: Sequence[str] | None = None) -> None:
+        """Append documents in order; the blocks are the same however they are batched.
+
+        Args:
+            ids, sources: ``[documents]`` document ids (none empty) and source names.
+            tokens: one 1-D ``uint16``/``uint32`` array of every document's tokens concatenated (with
+                ``lengths``: ``[documents]`` token counts), or one 1-D array per document (without).
+            texts: ``[documents]`` source texts to keep, or ``None``.
+        Raises:
+            ValueError: as :meth:`shards.format.blocks.BlockPacker.add_many` and :meth:`ShardSequenceWriter.write`.
+        """
+        self._write(self.packer.add_many(ids, sources, tokens, lengths, texts))
+
+    def _write(self, blocks) -> None:
+        for block in blocks:
             self.shards_writer.write(block.key, block.fields, block.tokens, block.documents)
 
     def close(self) -> list[ShardInfo]:
         """Write the last block, commit the last shard; returns every shard's :class:`ShardInfo`."""
-        self._write(self.packer.flush())
+        block = self.packer.flush()
+        self._write([block] if block else [])
         return self.shards_writer.close()
 
     def abort(self) -> None:
