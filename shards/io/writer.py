@@ -9,7 +9,6 @@ filesystem) never write into the same file: the last rename wins, and both wrote
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import tarfile
 import uuid
@@ -31,7 +30,7 @@ DEFAULT_BLOCK_SHARD_BYTES = 256 << 20  # TokenBlockWriter's shard size when no l
 
 
 class _HashingFile:
-    """File wrapper that hashes and counts every byte written (tarfile writes sequentially)."""
+    """File wrapper that hashes and counts every byte written."""
 
     def __init__(self, f: BinaryIO):
         self._f = f
@@ -42,9 +41,6 @@ class _HashingFile:
         self.sha256.update(b)
         self.size += len(b)
         return self._f.write(b)
-
-    def tell(self) -> int:
-        return self.size
 
 
 def sample_tar_bytes(fields: dict[str, bytes]) -> int:
@@ -87,7 +83,6 @@ class TarShardWriter:
         self.tmp_path = f"{path}.{uuid.uuid4().hex[:16]}{TMP_SUFFIX}"
         self._raw = open(self.tmp_path, "wb")
         self._out = _HashingFile(self._raw)
-        self._tar = tarfile.open(fileobj=self._out, mode="w", format=tarfile.GNU_FORMAT)
         self._keys: set[str] = set()
         self.samples = 0
         self.tokens = 0
@@ -124,8 +119,13 @@ class TarShardWriter:
                              " use ShardSequenceWriter(max_bytes=...) to roll over to a new shard")
         self._keys.add(key)
         for suffix in sorted(fields):  # members of a sample adjacent and sorted
+            # the bytes tarfile.addfile writes, without its copy through a BytesIO in 16 KiB pieces
             data = fields[suffix]
-            self._tar.addfile(_tarinfo(names[suffix], len(data)), io.BytesIO(data))
+            self._out.write(_tarinfo(names[suffix], len(data)).tobuf(tarfile.GNU_FORMAT, tarfile.ENCODING,
+                                                                      "surrogateescape"))
+            self._out.write(data)
+            if len(data) % tarfile.BLOCKSIZE:
+                self._out.write(tarfile.NUL * (tarfile.BLOCKSIZE - len(data) % tarfile.BLOCKSIZE))
         self.samples += 1
         self.tokens += tokens
         self.documents += documents
@@ -136,7 +136,9 @@ class TarShardWriter:
 
         Raises ``ValueError`` when no sample was written (an empty shard is never left behind).
         """
-        self._tar.close()
+        # end of archive as tarfile.close writes it: two zero blocks, then zeros up to a whole record
+        self._out.write(tarfile.NUL * (2 * tarfile.BLOCKSIZE))
+        self._out.write(tarfile.NUL * (final_size(self._out.size - 2 * tarfile.BLOCKSIZE) - self._out.size))
         self._raw.flush()
         os.fsync(self._raw.fileno())
         self._raw.close()
@@ -150,7 +152,6 @@ class TarShardWriter:
 
     def abort(self) -> None:
         """Drop the partial file."""
-        self._tar.close()
         self._raw.close()
         if os.path.exists(self.tmp_path):
             os.unlink(self.tmp_path)
