@@ -17,6 +17,7 @@ from shards import (Manifest, ReadStats, ShardError, ShardSequenceWriter, TarSha
 from colaflow.config import ConfigError, apply_overrides, from_dict
 from shards.io.index import build_shard_index, dali_index_path, read_dali_index, write_dali_index
 from shards.format.keys import MAX_KEY_CHARS, MAX_NAME_BYTES, escape_keys, is_hashed_key, member_name
+from shards.format.sample import encode_npy
 from shards.io.writer import TMP_SUFFIX
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
@@ -155,6 +156,16 @@ def test_writer_bytes_are_what_tarfile_writes(tmp_path_factory, samples):
     ours = (d / "ours.tar").read_bytes()
     assert ours == (d / "tarfile.tar").read_bytes()
     assert w.info.bytes == len(ours) and w.info.sha256 == hashlib.sha256(ours).hexdigest()
+
+
+@pytest.mark.parametrize("dtype", ["<u2", ">u2", "<u4", ">u4", "<i8", "<f4", "|u1", "|b1"])
+@pytest.mark.parametrize("shape", [(0,), (1,), (70001,), (3, 4)])
+def test_encode_npy_is_what_np_save_writes(dtype, shape):
+    array = (np.arange(int(np.prod(shape))) % 251).astype(dtype).reshape(shape)
+    for a in (array, array[::2]):  # contiguous and strided
+        buf = io.BytesIO()
+        np.save(buf, a, allow_pickle=False)
+        assert encode_npy(a) == buf.getvalue()
 
 
 def test_streaming_and_random_access_agree(tmp_path):
