@@ -30,6 +30,7 @@ META_SUFFIX = "json.zst"
 RAW_SUFFIX = "tokens.npy"
 ZSTD_SUFFIX = "tokens.npy.zst"
 COMPRESSIONS = ("none", "zstd")
+TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))  # native byte order, as block metadata declares
 # Tokens per block when none is given (block_tokens=0): raw blocks stay small (a consumer maps only
 # what it reads); zstd compresses far better over large blocks (demo corpus: 1.18 bytes per token
 # at 64 Ki tokens and level 3, 0.96 at 1 Mi tokens and level 9), decompressed once per block.
@@ -101,7 +102,7 @@ def _encode(ids: list, sources: list, lengths: list[int], pieces: list[np.ndarra
     if compression not in COMPRESSIONS:
         raise ValueError(f"shards.compression={compression!r}: use one of {COMPRESSIONS}")
     dtypes = {p.dtype for p in pieces}
-    if len(dtypes) != 1 or next(iter(dtypes)) not in (np.uint16, np.uint32):
+    if len(dtypes) != 1 or next(iter(dtypes)) not in TOKEN_DTYPES:
         raise ValueError(f"block tokens must be 1-D and all uint16 or all uint32, got {sorted(map(str, dtypes))}")
     dtype = next(iter(dtypes))
     tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
@@ -277,14 +278,20 @@ class BlockPacker:
 
     def add(self, doc_id: str, source: str, tokens: np.ndarray, text: str | None = None,
             meta: dict | None = None) -> Block | None:
-        """Add one document (``meta``: further metadata, see :func:`encode_block`); returns the block
-        it finished, or ``None`` (one document finishes at most one block).
+        """Add one document (``meta``: further metadata, see :func:`encode_block`): :meth:`add_many` of one.
 
+        Returns:
+            The block it finished, or ``None`` (one document finishes at most one block).
         Raises:
             ValueError: as :meth:`add_many`.
         """
-        blocks = self.add_many([doc_id], [source], [tokens], None, None if text is None else [text],
-                               None if meta is None else [meta])
+        if tokens.ndim != 1 or tokens.dtype not in TOKEN_DTYPES:
+            raise ValueError(f"tokens must be a 1-D uint16/uint32 array, got {tokens.dtype}{list(tokens.shape)}")
+        if not str(doc_id):
+            raise ValueError(f"document {len(self._ids)} of the block being filled has an empty id; "
+                             "every document needs an id (its sample key)")
+        blocks = self._hold([doc_id], [source], [len(tokens)], tokens, None if text is None else [text],
+                            None if meta is None else [meta])
         return blocks[0] if blocks else None
 
     def add_many(self, ids: Sequence, sources: Sequence, tokens: np.ndarray | Sequence[np.ndarray],
@@ -321,24 +328,28 @@ class BlockPacker:
         if not len(ids) == len(sources) == n or any(c is not None and len(c) != n for c in (texts, metas)):
             raise ValueError(f"{len(ids)} ids, {len(sources)} sources and {n} token counts (and texts or metas"
                              " of another length?): give one of each per document")
-        if tokens.ndim != 1 or tokens.dtype not in (np.uint16, np.uint32) or len(tokens) != total \
+        if tokens.ndim != 1 or tokens.dtype not in TOKEN_DTYPES or len(tokens) != total \
                 or min(lengths, default=0) < 0:
             raise ValueError(f"tokens must be one 1-D uint16/uint32 array of the documents' {total} tokens "
                              f"(non-negative lengths), got {tokens.dtype}{list(tokens.shape)}")
         if "" in ids:
             raise ValueError(f"document {len(self._ids) + ids.index('')} of the block being filled has an empty "
                              "id; every document needs an id (its sample key)")
-        if not n:
-            return []
+        return self._hold(ids, list(sources), lengths, tokens, texts, metas) if n else []
+
+    def _hold(self, ids: list, sources: list, lengths: list[int], tokens: np.ndarray, texts, metas) -> list[Block]:
+        """Hold checked documents (``tokens``: theirs, concatenated); emit the blocks they finished."""
         held = len(self._ids)
         self._ids += ids
         self._sources += sources
         self._lengths += lengths
         self._chunk_first.append(held)
         self._chunks.append(tokens)
-        self._texts = _extend(self._texts, texts, held, n, None)
-        self._metas = _extend(self._metas, None if metas is None else [m or {} for m in metas], held, n, {})
-        self._n += total
+        if texts is not None or self._texts is not None:
+            self._texts = _extend(self._texts, texts, held, len(ids), None)
+        if metas is not None or self._metas is not None:
+            self._metas = _extend(self._metas, None if metas is None else [m or {} for m in metas], held, len(ids), {})
+        self._n += len(tokens)
         if self._n <= self.block_tokens:  # no document can have crossed the block size yet
             return []
         return self._emit(block_ends(np.asarray(self._lengths), self.block_tokens)[:-1])  # the last stays open
@@ -374,17 +385,17 @@ class BlockPacker:
         return out
 
     def _pieces(self, start: int, end: int, doc_at: list[int]) -> list[np.ndarray]:
-        """Views of the chunks holding the tokens of held documents ``[start, end)`` (every chunk
-        that holds one of them, so a zero-length document's dtype is checked too)."""
-        firsts = self._chunk_first + [len(self._ids)]
-        out = []
-        for i in range(max(bisect.bisect_right(firsts, start) - 1, 0), len(self._chunks)):
-            if firsts[i] >= end:
-                break
-            base = doc_at[firsts[i]]
-            lo, hi = doc_at[max(firsts[i], start)] - base, doc_at[min(firsts[i + 1], end)] - base
-            out.append(self._chunks[i][lo:hi])
-        return out
+        """Views of the chunks holding the tokens of held documents ``[start, end)`` (``end > start``;
+        every chunk holding one of them, so a zero-length document's dtype is checked too)."""
+        first = bisect.bisect_right(self._chunk_first, start) - 1
+        stop = bisect.bisect_left(self._chunk_first, end)  # chunks first..stop-1 hold the documents
+        pieces = self._chunks[first:stop]  # whole chunks in between; only the two ends may be cut
+        last_end = self._chunk_first[stop] if stop < len(self._chunk_first) else len(self._ids)
+        if end < last_end:
+            pieces[-1] = pieces[-1][:doc_at[end] - doc_at[self._chunk_first[stop - 1]]]
+        if start > self._chunk_first[first]:
+            pieces[0] = pieces[0][doc_at[start] - doc_at[self._chunk_first[first]]:]
+        return pieces
 
 
 def _extend(column: list | None, values, held: int, n: int, empty) -> list | None:
