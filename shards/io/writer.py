@@ -264,7 +264,8 @@ class TokenBlockWriter:
         """Append one document (1-D ``uint16``/``uint32`` tokens): :meth:`add_many` of one.
 
         Raises ``ValueError`` as :meth:`add_many` does."""
-        self._write(self.packer.add_many([doc_id], [source], [tokens], None, None if text is None else [text]))
+        block = self.packer.add(doc_id, source, tokens, text)
+        self._write([block] if block else [])
 
     def add_many(self, ids: Sequence, sources: Sequence, tokens: np.ndarray | Sequence[np.ndarray],
                  lengths: np.ndarray | Sequence[int] | None = None, texts: Sequence[str] | None = None) -> None:
