@@ -18,7 +18,7 @@ from colaflow.config import ConfigError, apply_overrides, from_dict
 from shards.io.index import build_shard_index, dali_index_path, read_dali_index, write_dali_index
 from shards.format.keys import MAX_KEY_CHARS, MAX_NAME_BYTES, escape_keys, is_hashed_key, member_name
 from shards.format.sample import encode_npy
-from shards.io.writer import TMP_SUFFIX
+from shards.io.writer import TMP_SUFFIX, _member_header
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
 JPG = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 3
@@ -156,6 +156,14 @@ def test_writer_bytes_are_what_tarfile_writes(tmp_path_factory, samples):
     ours = (d / "ours.tar").read_bytes()
     assert ours == (d / "tarfile.tar").read_bytes()
     assert w.info.bytes == len(ours) and w.info.sha256 == hashlib.sha256(ours).hexdigest()
+
+
+@pytest.mark.parametrize("name", ["a", "doc%2E1.tokens.npy", "x" * 100])
+@pytest.mark.parametrize("size", [0, 511, 512, 4 << 30, 8 ** 11 - 1])
+def test_member_header_is_tarfiles_gnu_header(name, size):
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o444, 0, 0, "", ""
+    assert _member_header(name, size) == ti.tobuf(tarfile.GNU_FORMAT, tarfile.ENCODING, "surrogateescape")
 
 
 @pytest.mark.parametrize("dtype", ["<u2", ">u2", "<u4", ">u4", "<i8", "<f4", "|u1", "|b1"])
