@@ -352,17 +352,20 @@ class BlockPacker:
         self._n += len(tokens)
         if self._n <= self.block_tokens:  # no document can have crossed the block size yet
             return []
-        return self._emit(block_ends(np.asarray(self._lengths), self.block_tokens)[:-1])  # the last stays open
+        lengths = np.asarray(self._lengths, dtype=np.int64)
+        return self._emit(block_ends(lengths, self.block_tokens)[:-1], lengths)  # the last block stays open
 
     def flush(self) -> Block | None:
         """The block being filled, or ``None`` when empty."""
-        return self._emit([len(self._ids)])[0] if self._ids else None
+        return self._emit([len(self._ids)], np.asarray(self._lengths, dtype=np.int64))[0] if self._ids else None
 
-    def _emit(self, ends: list[int]) -> list[Block]:
-        """Encode the held documents up to each of ``ends`` as blocks; keep the ones after the last."""
+    def _emit(self, ends: list[int], lengths: np.ndarray) -> list[Block]:
+        """Encode the held documents up to each of ``ends`` as blocks; keep the ones after the last.
+        ``lengths``: ``int64 [held documents]``, their token counts."""
         if not ends:
             return []
-        doc_at = np.concatenate([[0], np.cumsum(self._lengths, dtype=np.int64)]).tolist()
+        # token offset of each held document (an array: only a few entries per block are read)
+        doc_at = np.concatenate([[0], np.cumsum(lengths)])
         out, start = [], 0
         for end in ends:
             texts = None if self._texts is None else [t for t in self._texts[start:end] if t is not None]
@@ -370,7 +373,7 @@ class BlockPacker:
             key, fields = _encode(self._ids[start:end], self._sources[start:end], self._lengths[start:end],
                                   self._pieces(start, end, doc_at), self.compression, texts or None,
                                   metas if metas and any(metas) else None)
-            out.append(Block(key, fields, end - start, doc_at[end] - doc_at[start]))
+            out.append(Block(key, fields, end - start, int(doc_at[end] - doc_at[start])))
             start = end
         if start == len(self._ids):
             self._reset()
@@ -381,10 +384,10 @@ class BlockPacker:
         self._ids, self._sources, self._lengths = self._ids[start:], self._sources[start:], self._lengths[start:]
         self._texts = None if self._texts is None else self._texts[start:]
         self._metas = None if self._metas is None else self._metas[start:]
-        self._n -= doc_at[start]
+        self._n -= int(doc_at[start])
         return out
 
-    def _pieces(self, start: int, end: int, doc_at: list[int]) -> list[np.ndarray]:
+    def _pieces(self, start: int, end: int, doc_at: np.ndarray) -> list[np.ndarray]:
         """Views of the chunks holding the tokens of held documents ``[start, end)`` (``end > start``;
         every chunk holding one of them, so a zero-length document's dtype is checked too)."""
         first = bisect.bisect_right(self._chunk_first, start) - 1
