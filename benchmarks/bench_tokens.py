@@ -26,8 +26,9 @@ Write time (``--rounds`` interleaved writes of the corpus once, median): colaflo
 token blocks (``TokenBlockWriter.add_many`` + manifest: tokens, per-block metadata of ids, sources and
 lengths, tar headers, sha256, fsync), their ``shards index`` step apart (``*_index``: DALI ``.idx`` and
 ``shardindex.json`` for other readers), LitData's ``optimize()``, the flat file (``flat``: tokens and
-int64 offsets, no fsync) and the flat file with the documents' ids and sources as JSON, fsynced
-(``flat_meta``: the information a shard holds). ``--write-only`` times only the writes (no LitData).
+int64 offsets, no fsync; ``flat_fsync``: fsynced) and the flat file with the documents' ids and sources
+as JSON, fsynced (``flat_meta``: the information a shard holds). ``--write-only`` times only the
+writes (no LitData).
 
     python benchmarks/bench_tokens.py [--work /tmp/colaflow-bench-tokens] [--rounds 5] [--repeat 26] [--write-only]
 """
@@ -155,11 +156,14 @@ def write_litdata(out: str, tokens, compression: str | None) -> None:
              **({"compression_level": "chunk"} if compression else {}))  # zstd per chunk (whole-file)
 
 
-def write_flat(out: str, tokens) -> None:
-    """Write the flat floor: one uint16 ``tokens.bin`` plus int64 document offsets ``tokens.idx``."""
+def write_flat(out: str, tokens, fsync: bool = False) -> None:
+    """Write the flat floor: one uint16 ``tokens.bin`` plus int64 document offsets ``tokens.idx``
+    (``fsync``: then flushed to disk, as the shard writer does with each shard)."""
     os.makedirs(out, exist_ok=True)
     np.concatenate(tokens).astype(np.uint16).tofile(os.path.join(out, "tokens.bin"))
     np.concatenate([[0], np.cumsum([len(t) for t in tokens])]).astype(np.int64).tofile(os.path.join(out, "tokens.idx"))
+    if fsync:
+        _fsync(out, "tokens.bin", "tokens.idx")
 
 
 def write_flat_meta(out: str, ids, sources, tokens) -> None:
@@ -169,19 +173,24 @@ def write_flat_meta(out: str, ids, sources, tokens) -> None:
     write_flat(out, tokens)
     with open(os.path.join(out, "docs.json"), "w", encoding="utf-8") as f:
         json.dump({"ids": ids, "sources": sources}, f, ensure_ascii=False, separators=(",", ":"))
-    for name in ("tokens.bin", "tokens.idx", "docs.json"):
-        with open(os.path.join(out, name), "rb+") as f:
+    _fsync(out, "tokens.bin", "tokens.idx", "docs.json")
+
+
+def _fsync(folder: str, *names: str) -> None:
+    for name in names:
+        with open(os.path.join(folder, name), "rb+") as f:
             os.fsync(f.fileno())
 
 
 def write_once(corpus, with_litdata: bool) -> dict:
     """The writers timed on ``corpus`` (``(ids, sources, tokens)``) once: colaflow raw and zstd (each
-    with its ``shards index`` step timed apart), the flat file, the flat file with ids and sources, and
-    LitData's ``optimize()`` when ``with_litdata``."""
+    with its ``shards index`` step timed apart), the flat file (also fsynced), the flat file with ids and
+    sources, and LitData's ``optimize()`` when ``with_litdata``."""
     ids, sources, tokens = corpus
     writers = {"colaflow_raw": lambda d: write_colaflow(d, ids, sources, tokens, "none"),
                "colaflow_zstd": lambda d: write_colaflow(d, ids, sources, tokens, "zstd"),
-               "flat": lambda d: write_flat(d, tokens), "flat_meta": lambda d: write_flat_meta(d, ids, sources, tokens)}
+               "flat": lambda d: write_flat(d, tokens), "flat_fsync": lambda d: write_flat(d, tokens, fsync=True),
+               "flat_meta": lambda d: write_flat_meta(d, ids, sources, tokens)}
     if with_litdata:
         writers["litdata"] = lambda d: write_litdata(d, tokens, None)
     return writers
