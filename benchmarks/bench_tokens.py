@@ -201,7 +201,8 @@ def print_writes(name: str, corpus, write_s: dict[str, float]) -> None:
     if corpus is not None:
         print(f"== {name}: {len(corpus[2]):,} documents, {sum(map(len, corpus[2])):,} tokens, written once")
     for k, v in write_s.items():
-        print(f"  write {k:20s} {v:7.3f} s  {v / write_s['flat']:6.2f}x flat  {v / write_s['flat_meta']:5.2f}x flat_meta")
+        print(f"  write {k:20s} {v:7.3f} s  {v / write_s['flat']:6.2f}x flat  "
+              f"{v / write_s['flat_meta']:5.2f}x flat_meta")
 
 
 def litdata_pass(spec: dict) -> dict:

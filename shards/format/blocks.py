@@ -312,9 +312,12 @@ class BlockPacker:
             The finished :class:`Block` s in order (often none).
         Raises:
             ValueError: lists of different lengths, an empty id, tokens that are not 1-D ``uint16``/``uint32``
-                of one dtype, or ``lengths`` that do not add up to the tokens.
+                of one dtype, ``lengths`` that do not add up to the tokens, or one array without ``lengths``
+                (a list of arrays with them).
         """
         ids = list(ids)
+        if (lengths is None) == isinstance(tokens, np.ndarray):
+            raise ValueError("give one concatenated token array with lengths, or a list of arrays without")
         if lengths is None:
             dtypes = {t.dtype for t in tokens}
             if len(dtypes) > 1:  # concatenating would quietly widen them

@@ -94,6 +94,8 @@ def test_add_is_add_many_of_one():
     ((["a", "b"], ["s", "s"], np.zeros(5, np.uint16), [2, 2]), "documents' 4 tokens"),
     ((["a"], ["s"], np.zeros(2, np.int64), [2]), "1-D uint16/uint32"),
     ((["a"], ["s"], [np.zeros((2, 2), np.uint16)]), "1-D uint16/uint32"),
+    ((["a"], ["s"], np.zeros(2, np.uint16)), "with lengths, or a list of arrays without"),
+    ((["a"], ["s"], [np.zeros(2, np.uint16)], [2]), "with lengths, or a list of arrays without"),
 ])
 def test_add_many_refuses_inconsistent_batches(args, message):
     packer = BlockPacker(10)
