@@ -94,8 +94,14 @@ def encode_block(docs: list[tuple[str, str, np.ndarray]], compression: str = "no
 
 def _encode(ids: list, sources: list, lengths: list[int], pieces: list[np.ndarray], compression: str,
             texts: list[str] | None, metas: list[dict] | None) -> tuple[str, dict[str, bytes]]:
-    """The one block encoder: ``pieces`` (1-D arrays) concatenated are the documents' tokens.
+    """The one block encoder (:func:`encode_block`, :class:`BlockPacker`).
 
+    Args:
+        ids, sources, lengths: ``[documents]`` per document, in block order (``lengths``: Python ints).
+        pieces: 1-D arrays whose concatenation is the documents' tokens (views of the caller's arrays).
+        compression, texts, metas: as :func:`encode_block`.
+    Returns:
+        ``(key, {suffix: bytes})``.
     Raises:
         ValueError: mixed or unsupported dtypes, or an unknown compression.
     """
