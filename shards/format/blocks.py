@@ -297,7 +297,7 @@ class BlockPacker:
             raise ValueError(f"document {len(self._ids)} of the block being filled has an empty id; "
                              "every document needs an id (its sample key)")
         blocks = self._hold([doc_id], [source], [len(tokens)], tokens, None if text is None else [text],
-                            None if meta is None else [meta])
+                            [meta] if meta else None)  # an empty meta is no meta (the pipeline passes {})
         return blocks[0] if blocks else None
 
     def add_many(self, ids: Sequence, sources: Sequence, tokens: np.ndarray | Sequence[np.ndarray],
