@@ -4,7 +4,7 @@ A block with key ``K`` (the escaped id of its first document) is two adjacent me
 
 * ``K.json.zst`` — zstd-compressed UTF-8 JSON ``{"layout": "token_block", "dtype": "uint16",
   "ids": [...], "sources": [...], "lengths": [...]}``: per document its original id, source and
-  token count, in block order (optionally ``"texts"``);
+  token count, in block order (optionally ``"texts"``, ``null`` for a document stored without one);
 * ``K.tokens.npy`` (raw: a ``.npy`` array whose data starts 64-byte aligned, so the tokens can be
   memory-mapped straight out of the tar) or ``K.tokens.npy.zst`` (one zstd frame): the
   documents' tokens concatenated, 1-D little-endian ``uint16``/``uint32``.
@@ -181,7 +181,7 @@ def block_documents(sample: dict) -> Iterator[dict]:
         if metas is not None:
             meta_i.update(metas[i])
         doc = {"__key__": escape_key(doc_id), "json": meta_i, "tokens": sample["tokens"][off[i]:off[i + 1]]}
-        if texts is not None:
+        if texts is not None and texts[i] is not None:
             doc["txt"] = texts[i]
         yield doc
 
@@ -377,10 +377,12 @@ class BlockPacker:
         doc_at = np.concatenate([[0], np.cumsum(lengths)])
         out, start = [], 0
         for end in ends:
-            texts = None if self._texts is None else [t for t in self._texts[start:end] if t is not None]
+            # a document without a text keeps its place as null: texts pair with ids by position
+            texts = None if self._texts is None else self._texts[start:end]
             metas = None if self._metas is None else self._metas[start:end]
             key, fields = _encode(self._ids[start:end], self._sources[start:end], self._lengths[start:end],
-                                  self._pieces(start, end, doc_at), self.compression, texts or None,
+                                  self._pieces(start, end, doc_at), self.compression,
+                                  texts if texts and any(t is not None for t in texts) else None,
                                   metas if metas and any(metas) else None)
             out.append(Block(key, fields, end - start, int(doc_at[end] - doc_at[start])))
             start = end

@@ -3,6 +3,7 @@ shard bytes as one document at a time, and as the shards written before the batc
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import numpy as np
@@ -11,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shards import TarShardWriter, TokenBlockWriter, escape_key
-from shards.format.blocks import BlockPacker, block_ends, encode_block
+from shards.format.blocks import META_SUFFIX, BlockPacker, block_documents, block_ends, encode_block
+from shards.format.sample import zstd_decompress
 from shards.format.layouts import EncodedDocument, get_layout
 
 
@@ -55,10 +57,11 @@ def test_batches_give_the_blocks_of_the_documented_rule(docs, block_tokens, batc
 
     expected = []
     for g in reference_groups([len(t) for t in tokens], block_tokens):
-        kept_texts = [texts[i] for i in g if texts[i] is not None]  # a block keeps the texts it was given
+        kept_texts = [texts[i] for i in g]  # in place, null where a document has none
+        kept_texts = kept_texts if any(t is not None for t in kept_texts) else None
         kept_metas = [metas[i] or {} for i in g]
         expected.append((*encode_block([(ids[i], sources[i], tokens[i]) for i in g], compression,
-                                       kept_texts or None, kept_metas if any(kept_metas) else None),
+                                       kept_texts, kept_metas if any(kept_metas) else None),
                          len(g), sum(len(tokens[i]) for i in g)))
 
     packer, got, at, b = BlockPacker(block_tokens, compression), [], 0, 0
@@ -162,3 +165,15 @@ def test_pipeline_sink_shards_are_byte_identical_to_before(tmp_path, layout):
         sink.flush()
     with open(path, "rb") as f:
         assert hashlib.sha256(f.read()).hexdigest() == GOLDEN[os.path.basename(path)]
+
+
+def test_a_block_with_texts_for_some_documents_pairs_each_text_with_its_own_document():
+    """The packer kept only the texts it was given, so a reader paired them with the wrong documents."""
+    packer = BlockPacker(0, "none")
+    packer.add_many(["a", "b", "c"], ["s"] * 3, [np.arange(2, dtype=np.uint16)] * 3, None, [None, "text of b", None])
+    block = packer.flush()
+    meta = json.loads(zstd_decompress(block.fields[META_SUFFIX]))
+    assert meta["texts"] == [None, "text of b", None]
+    docs = list(block_documents({"__key__": block.key, "json": meta,
+                                 "tokens": np.concatenate([np.arange(2, dtype=np.uint16)] * 3)}))
+    assert [d.get("txt") for d in docs] == [None, "text of b", None]
