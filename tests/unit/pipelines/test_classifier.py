@@ -9,12 +9,13 @@ import pytest
 
 from colaflow.config import ConfigError
 from pipelines.accounting.report import report_panels, report_png, report_text
-from pipelines.config import ClassifierConfig, PipelineConfig, TokenizerConfig
+from pipelines.config import ClassifierConfig, TokenizerConfig
 from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.classifier import ClassifierStep, score_bin
 from pipelines.stages.tokenize import train_sentencepiece
 from shards import Manifest, iter_documents
+from tests.support.pipeline import synthetic_config
 
 fasttext = pytest.importorskip("fasttext")
 
@@ -66,7 +67,7 @@ def test_a_beam_run_filters_by_the_classifier_with_a_score_histogram(tmp_path, m
     (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     sample = ["alpha beta gamma"] * 50
     (tmp_path / "tok.model").write_bytes(train_sentencepiece(sample, TokenizerConfig(vocab_size=300)))
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.classifier.path = model_path
     cfg.tokenizer.path = str(tmp_path / "tok.model")
     stats = run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
@@ -89,7 +90,7 @@ def test_a_beam_run_filters_by_the_classifier_with_a_score_histogram(tmp_path, m
 def test_a_missing_file_or_one_that_is_no_model_is_refused_before_the_run(tmp_path, name, says):
     (tmp_path / "in.jsonl").write_text('{"id": 1, "text": "hello"}\n', encoding="utf-8")
     (tmp_path / "train.txt").write_text("__label__hq some text\n", encoding="utf-8")  # fastText's training format
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.classifier.path = str(tmp_path / name)
     with pytest.raises(ConfigError, match=f"classifier.path=.*{says}"):
         run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
@@ -99,7 +100,7 @@ def test_a_missing_file_or_one_that_is_no_model_is_refused_before_the_run(tmp_pa
 def test_a_label_the_model_lacks_is_refused_before_the_run(tmp_path, model_path):
     """`classifier.label=hq` (without `__label__`) used to score every document 0 and filter all."""
     (tmp_path / "in.jsonl").write_text(json.dumps({"id": 1, "text": prose(1)}) + "\n", encoding="utf-8")
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.classifier.path = model_path
     cfg.classifier.label = "hq"
     with pytest.raises(ConfigError, match=r"classifier.label=hq: .* no such label \(its labels: __label__(hq|lq), __label__(hq|lq)\)"):

@@ -24,6 +24,7 @@ from pipelines.stages.quality.fineweb import FineWebStep
 from pipelines.stages.quality.gopher import GopherQualityStep
 from pipelines.stages.quality.repetition import RepetitionStep
 from pipelines.stages.step import DocumentStep, StepResult, run_steps
+from tests.support.pipeline import synthetic_config
 
 FRENCH_SHORT = "Bonjour tout le monde, ceci est un texte."  # 41 characters, classified fr (0.996)
 FRENCH = "Bonjour, ceci est un texte en français pour le test de la langue, merci beaucoup."
@@ -95,7 +96,7 @@ def test_redact_step_counts_each_kind_and_keeps_the_document():
 
 
 def _cfg() -> PipelineConfig:
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.clean.min_chars = 60
     cfg.language.enabled = True
     cfg.language.allowed = ["en"]
@@ -151,7 +152,7 @@ def test_a_step_added_to_the_list_changes_only_its_own_counter():
 
 def test_a_step_added_to_the_job_changes_only_its_counter_in_stats_json(tmp_path, monkeypatch):
     write_corpus(str(tmp_path / "in"), limit_per_source=60)
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.vocab_size = 500
     cfg.shards.num_shards = 2
     glob = str(tmp_path / "in" / "*.jsonl")

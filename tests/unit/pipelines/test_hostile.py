@@ -11,9 +11,9 @@ import sentencepiece as spm
 import zstandard
 
 import beam_runner
-from pipelines.config import PipelineConfig
 from pipelines.job import run
 from shards import Manifest, iter_documents
+from tests.support.pipeline import synthetic_config
 
 GOOD_LINES = [
     b'{"id": "g1", "text": "The first good document about the sea and the sky.", "source": "web"}',
@@ -115,7 +115,7 @@ def test_text_field_quality_and_near_dup(hostile, tmp_path):
              {"key": "d", "text": "no body field"}]
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.input.text_field, cfg.input.id_field = "body", "key"
     cfg.quality.enabled, cfg.quality.gopher.min_words = True, 5
     # the long text repeats a 17-word sentence on one line: Gopher's repetition and FineWeb's line rules would drop it

@@ -26,6 +26,7 @@ from pipelines.records import Doc, qualify_id
 from pipelines.stages.tokenize import SmallestHashSample, TokenizeFn, train_sentencepiece, trained_file
 from shards import Manifest, iter_documents
 from tests.support.paths import REPO
+from tests.support.pipeline import synthetic_config
 
 ROOT = str(REPO)
 CODE = ["std::vector<int> v; v.push_back(1);", "use std::io::Read;", "For example::\n\n   x = a[1::2]",
@@ -203,7 +204,7 @@ def test_tiny_corpus_sample_is_never_empty(tmp_path, capsys):
 
 
 def _tiny_config(**tokenizer) -> PipelineConfig:
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.vocab_size = 300
     for k, v in tokenizer.items():
         setattr(cfg.tokenizer, k, v)

@@ -12,11 +12,12 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.config import DedupConfig, PipelineConfig, TokenizerConfig
+from pipelines.config import DedupConfig, TokenizerConfig
 from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.near_dedup import Components, NearDedup, minhash, similarity
 from pipelines.stages.tokenize import train_sentencepiece
+from tests.support.pipeline import synthetic_config
 
 CFG = DedupConfig(near=True, num_perm=128, bands=32)
 BASE = [f"w{i}" for i in range(300)]
@@ -88,7 +89,7 @@ def test_the_ledger_and_listing_on_a_job_run(tmp_path):
     rows = [{"id": "a", "text": A}, {"id": "c", "text": B}, {"id": "b", "text": C}, {"id": "d", "text": OTHER}]
     (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     (tmp_path / "tok.model").write_bytes(train_sentencepiece([A, OTHER] * 20, TokenizerConfig(vocab_size=300)))
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.dedup.near, cfg.dedup.num_perm, cfg.dedup.bands = True, CFG.num_perm, CFG.bands
     cfg.tokenizer.path = str(tmp_path / "tok.model")
     total = run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)["total"]

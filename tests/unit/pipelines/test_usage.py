@@ -17,6 +17,7 @@ from pipelines.config import PipelineConfig
 from pipelines.runners.selection import beam_options
 from colaflow.config import ConfigError, declared_checks
 from tests.support.paths import REPO
+from tests.support.pipeline import synthetic_config
 
 ROOT = str(REPO)
 
@@ -60,7 +61,9 @@ def test_bad_config_values_are_refused_up_front(corpus, tmp_path, capsys, overri
 
 @pytest.mark.parametrize("overrides, words", [
     (["classifier.path=NOPE/q.bin"], ["classifier.path=", "q.bin: no such file", "give a fastText"]),
-    (["quality.enabled=true", "quality.c4.bad_words=NOPE/w.txt"], ["quality.c4.bad_words=", "give a word list"]),
+    (["quality.c4.bad_words=NOPE/w.txt"], ["quality.c4.bad_words=", "give a word list"]),
+    (["quality.c4.bad_words=ldnoobw"], ["quality.c4.bad_words=ldnoobw: no such file and no named list",
+                                        "one of better-profanity"]),
     (["decontam.eval_sets={mmlu: NOPE/*.jsonl}"], ["decontam evaluation set", "no file matches", "quoted glob"]),
 ])
 def test_missing_curation_files_are_refused_up_front(corpus, tmp_path, capsys, overrides, words):
@@ -267,7 +270,7 @@ def test_a_file_that_is_not_parquet_among_parquet_files_is_dead_lettered_by_name
     texts = [f"Quick brown fox {i} jumps; zebra quartz {i * 7}!" for i in range(30)]
     pq.write_table(pa.table({"id": [str(i) for i in range(30)], "text": texts}), tmp_path / "good.parquet")
     (tmp_path / "bad.parquet").write_bytes(corpus.read_bytes())  # JSONL under a .parquet name
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.vocab_size = 300
     stats = run(str(tmp_path / "*.parquet"), str(tmp_path / "out"), cfg, report=False)
     assert stats["total"]["kept"] == 30 and stats["total"]["dead_letter_reasons"] == {"unreadable_file": 1}
