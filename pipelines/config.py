@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from colaflow.config import ConfigError, check_fields, setting
+from pipelines.stages.scorers import SCORERS
 from shards.format.blocks import COMPRESSIONS
 from shards.format.layouts import LAYOUTS
 from shards.tokenizers import KINDS as TOKENIZER_KINDS
@@ -266,18 +267,27 @@ class QualityConfig:
 
 @dataclass
 class ClassifierConfig:
-    """A model-based quality filter: a fastText classifier (``pipelines.stages.classifier``), as DCLM
-    and FineWeb-Edu filter with one. Off unless ``path`` is given (``colaflow[curation]``).
+    """A model-based quality filter (``pipelines.stages.classifier``), as DCLM and FineWeb-Edu filter
+    with one. Off unless ``path`` is given.
 
     Attributes:
-        path: the fastText ``.bin`` model (local path or fsspec URL); ``null`` = no classifier.
-        label: the label whose probability is the document's score (``__label__hq``).
+        kind: the model (:data:`pipelines.stages.scorers.SCORERS`): ``fasttext`` (a ``.bin``,
+            ``colaflow[curation]``) or ``hf`` (a Hugging Face sequence-classification model, torch).
+        path: the model: a fastText ``.bin`` (local path or fsspec URL), or a local folder saved by
+            ``save_pretrained`` (the model and its tokenizer) for ``hf``; ``null`` = no classifier.
+        label: the label whose probability is the document's score (``__label__hq`` for fastText;
+            one of the model's ``id2label`` names for ``hf``).
         threshold: documents scored below this are filtered as ``quality_classifier``.
+        batch_size: ``hf``: texts per forward pass.
+        max_tokens: ``hf``: each text's first this many tokens are scored.
     """
 
+    kind: str = setting("fasttext", choices=tuple(SCORERS))
     path: str | None = None
     label: str = "__label__hq"
     threshold: float = setting(0.5, ge=0.0, le=1.0)
+    batch_size: int = setting(32, ge=1)
+    max_tokens: int = setting(512, ge=1)
 
 
 @dataclass

@@ -43,7 +43,7 @@ def _reason(step, text: str) -> str | None:
 def test_good_prose_passes_every_rule_unchanged():
     doc = Doc("t/1", GOOD, "s")
     assert run_steps(doc, quality_steps(QualityConfig(enabled=True))) == StepResult(doc)
-    assert run_steps(doc, quality_steps(QualityConfig())) == StepResult(doc)  # off: nothing runs
+    assert run_steps(doc, quality_steps(QualityConfig(enabled=False))) == StepResult(doc)  # off: nothing runs
 
 
 LOW = GopherQualityConfig(min_words=5)

@@ -78,7 +78,7 @@ def test_missing_curation_files_are_refused_up_front(corpus, tmp_path, capsys, o
 
 def test_every_enum_knob_rejects_a_typo():
     choices = [key for key, check in declared_checks(PipelineConfig()).items() if check.choices]
-    assert len(choices) == 12  # decontam.action and input.warc's among them
+    assert len(choices) == 13  # decontam.action, classifier.kind and input.warc's among them
     for key in choices:
         *sections, name = key.split(".")
         cfg = PipelineConfig()
