@@ -20,14 +20,14 @@ from pipelines.records import Doc
 from pipelines.stages.tokenize import train_sentencepiece
 from pipelines.stages.exact_dedup import KeepSmallestId
 from tests.support.paths import REPO
-from tests.support.pipeline import synthetic_config
+from tests.support.pipeline import SYNTHETIC, synthetic_config
 
 ROOT = str(REPO)
 
 
 def _runner(inp, out, *extra):
     return subprocess.Popen([sys.executable, "beam_runner.py", "--input", inp, "--output", str(out),
-                             "tokenizer.vocab_size=500", "shards.num_shards=8", *extra],
+                             "tokenizer.vocab_size=500", "shards.num_shards=8", *SYNTHETIC, *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

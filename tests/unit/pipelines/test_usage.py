@@ -17,7 +17,7 @@ from pipelines.config import PipelineConfig
 from pipelines.runners.selection import beam_options
 from colaflow.config import ConfigError, declared_checks
 from tests.support.paths import REPO
-from tests.support.pipeline import synthetic_config
+from tests.support.pipeline import SYNTHETIC, synthetic_config
 
 ROOT = str(REPO)
 
@@ -33,7 +33,7 @@ def corpus(tmp_path):
 def test_too_small_vocab_is_one_line_and_exit_2(corpus, tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
     p = subprocess.run([sys.executable, "beam_runner.py", "--input", str(corpus), "--output", str(tmp_path / "out"),
-                        "tokenizer.vocab_size=20"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                        "tokenizer.vocab_size=20", *SYNTHETIC], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and "ERROR" not in p.stderr
     errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
@@ -107,8 +107,8 @@ def test_declared_beam_options_pass():
 
 def _cli(args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "beam_runner.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "beam_runner.py", *args, *SYNTHETIC], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
 def _one_error_line(p: subprocess.CompletedProcess) -> str:
@@ -386,7 +386,8 @@ def test_an_empty_file_beside_a_good_one_is_named_and_counted(tmp_path, capsys):
                                                            f"the lazy dog {i * 3}."}) + "\n" for i in range(40)))
     (folder / "empty.jsonl").write_bytes(b"")
     out = tmp_path / "out"
-    assert beam_runner.main(["--input", str(folder / "*.jsonl"), "--output", str(out), "tokenizer.vocab_size=300"]) == 0
+    assert beam_runner.main(["--input", str(folder / "*.jsonl"), "--output", str(out), "tokenizer.vocab_size=300",
+                             *SYNTHETIC]) == 0
     assert "note: 1 input file is empty (0 bytes: empty.jsonl); nothing is read from it" in capsys.readouterr().err
     stats = json.loads((out / "stats.json").read_text())
     assert (stats["total"]["empty_files"], stats["total"]["input_records"]) == (1, 40)
@@ -472,7 +473,7 @@ def test_an_output_that_cannot_be_written_is_one_line_without_beams_traceback(co
         resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))  # Python ignores SIGXFSZ: writes fail with EFBIG
     env = {**os.environ, "PYTHONPATH": ROOT}
     p = subprocess.run([sys.executable, "beam_runner.py", "--input", str(corpus), "--output", str(tmp_path / "out"),
-                        "tokenizer.vocab_size=320"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                        "tokenizer.vocab_size=320", *SYNTHETIC], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
                        preexec_fn=limit)
     assert p.returncode == 1, p.stderr[-3000:]
     assert "Traceback" not in p.stderr and "ERROR" not in p.stderr, p.stderr[-3000:]
