@@ -1,7 +1,8 @@
 """Configuration of the preprocessing pipeline (``configs/pipeline.yaml``).
 
-Loaded with :func:`colaflow.config.load_config`; every default works on a laptop and
-on the demo corpus. Override from the command line, e.g. ``tokenizer.vocab_size=8192``.
+Loaded with :func:`colaflow.config.load_config`; every default works on a laptop, and the
+curation defaults are FineWeb's (the demo corpus, verse, runs with ``quality.enabled=false``).
+Override from the command line, e.g. ``tokenizer.vocab_size=8192``.
 """
 from __future__ import annotations
 

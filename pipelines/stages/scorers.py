@@ -111,7 +111,6 @@ class HFScorer:
         except ImportError as e:
             raise ImportError("classifier.kind=hf needs torch: pip install 'colaflow[train]'") from e
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
-        self.torch = torch
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.path, local_files_only=True)
         model = AutoModelForSequenceClassification.from_pretrained(cfg.path, local_files_only=True)
@@ -122,16 +121,18 @@ class HFScorer:
             model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model = model.to(self.device).eval()
         self.index = labels.index(cfg.label)
-        self.batch_size, self.max_tokens = cfg.batch_size, cfg.max_tokens
+        # a tokenizer that knows its model's length caps it (an unknown one says 1e30)
+        self.batch_size, self.max_tokens = cfg.batch_size, min(cfg.max_tokens, self.tokenizer.model_max_length)
 
     def scores(self, texts: Sequence[str]) -> list[float]:
-        """The softmax probability of the label for each text (its first ``max_tokens`` tokens),
-        ``batch_size`` texts per forward pass."""
+        """The softmax probability of the label for each text (its first ``max_tokens`` tokens, fewer
+        where the tokenizer's ``model_max_length`` is lower), ``batch_size`` texts per forward pass."""
+        import torch  # loaded by __init__; not imported at module level, where workers may lack it
         out: list[float] = []
         for start in range(0, len(texts), self.batch_size):
             batch = self.tokenizer(list(texts[start:start + self.batch_size]), truncation=True,
                                    max_length=self.max_tokens, padding=True, return_tensors="pt").to(self.device)
-            with self.torch.inference_mode():
+            with torch.inference_mode():
                 logits = self.model(**batch).logits.float()
             out.extend(logits.softmax(-1)[:, self.index].tolist())
         return out

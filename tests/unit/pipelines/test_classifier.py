@@ -80,6 +80,8 @@ def test_unseen_prose_scores_high_and_spam_low(classifier):
     assert step.apply(Doc("a/2", spam(1000), "s")).reason == "quality_classifier"
     docs = [Doc("a/3", spam(1001), "s"), Doc("a/4", prose(1001), "s")]
     assert [r.reason for r in step.apply_batch(docs)] == ["quality_classifier", None]
+    # hf: a text longer than the model's 64 positions is scored on its first tokens
+    assert step.scores([" ".join(prose(i) for i in range(2000, 2010))])[0] > 0.9
     off = ClassifierStep(ClassifierConfig())
     off.setup()
     assert off.apply(Doc("a/2", spam(1000), "s")).doc is not None  # no path: every document kept
