@@ -422,7 +422,7 @@ def test_add_eos_with_a_tokenizer_that_has_no_eos_is_one_line_naming_tokenizer_a
                    "or set tokenizer.add_eos=false")
     assert not out.exists()
     assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(out), "--tokenizer", tok,
-                             "tokenizer.add_eos=false"]) == 0
+                             "tokenizer.add_eos=false", *SYNTHETIC]) == 0
     assert json.loads((out / "manifest.json").read_text())["tokenizer_identity"]["add_eos"] is False
 
 
@@ -447,7 +447,7 @@ def test_tokenizer_kind_applies_to_the_tokenizer_flag(tmp_path, capsys):
     tok = tmp_path / "mytok.bin"
     os.rename(bpe(tmp_path / "tok"), tok)
     assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out"),
-                             "--tokenizer", str(tok), "tokenizer.kind=hf"]) == 0
+                             "--tokenizer", str(tok), "tokenizer.kind=hf", *SYNTHETIC]) == 0
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer_identity"]["kind"] == "hf"
 
 
