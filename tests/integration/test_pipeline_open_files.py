@@ -12,7 +12,6 @@ import sys
 
 import pytest
 from tests.support.paths import REPO
-from tests.support.pipeline import synthetic_config
 
 ROOT = str(REPO)
 NOFILE = 100  # soft limit of the child: well above what the job needs at once (8), below its shard count
@@ -20,6 +19,7 @@ NOFILE = 100  # soft limit of the child: well above what the job needs at once (
 _JOB = """
 import json, resource, sys
 from pipelines.job import run
+from tests.support.pipeline import synthetic_config
 
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[3]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 cfg = synthetic_config()
