@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import pytest
+
 from examples.demo.corpus import write_corpus
 from pipelines.job import run as run_pipeline
 from tests.support.paths import REPO
