@@ -38,6 +38,9 @@ WORK_DIR = ".work"  # hidden: readers of OUT never list it
 JOB_FILE = "job.json"
 RECORD_SUFFIX = ".split"
 _SHOWN = 3  # changes named in a refusal before "and N more"
+# documents filtered together, so that a model step (classifier.kind=hf) scores them in batches; a
+# split's whole output is held in memory anyway (its record), this adds at most 256 parsed documents
+FILTER_BATCH = 256
 
 
 class ResumeError(ValueError):
@@ -175,9 +178,9 @@ class SplitWorkFn(beam.DoFn):
 
     A split with a record in the :class:`WorkFolder` is read from it. Any other is read
     (:func:`~pipelines.io.reading.read_split`), parsed (:class:`~pipelines.io.read.ParseFn`) and
-    filtered (:class:`~pipelines.stages.filters.FilterFn`) as one bundle of those two DoFns, its
-    outputs emitted as they come and kept as frames (one split's output in memory, as bytes), and
-    recorded once the split is done.
+    filtered (:class:`~pipelines.stages.filters.FilterFn`, :data:`FILTER_BATCH` documents at a time)
+    as one bundle of those two DoFns, its outputs emitted as they come and kept as frames (one
+    split's output in memory, as bytes), and recorded once the split is done.
     """
 
     def __init__(self, work: WorkFolder, cfg: PipelineConfig, root: str, total_bytes: int = 0):
@@ -198,12 +201,23 @@ class SplitWorkFn(beam.DoFn):
         kept = frames.PartWriter()
         self.parse.start_bundle()
         self.filter.start_bundle()
+        batch: list = []
+
+        def emit(outs):
+            for out in outs:
+                kept.append((out.tag, out.value) if isinstance(out, beam.pvalue.TaggedOutput) else (None, out))
+                yield out
+
         for unit in read_split(split, self.input_cfg, self.total_bytes, self.run_id):
             for parsed in self.parse.process(unit):
-                tagged = isinstance(parsed, beam.pvalue.TaggedOutput)  # a dead letter
-                for out in [parsed] if tagged else self.filter.process(parsed):
-                    kept.append((out.tag, out.value) if isinstance(out, beam.pvalue.TaggedOutput) else (None, out))
-                    yield out
+                if isinstance(parsed, beam.pvalue.TaggedOutput):  # a dead letter
+                    yield from emit([parsed])
+                    continue
+                batch.append(parsed)
+                if len(batch) == FILTER_BATCH:
+                    yield from emit(self.filter.filter_batch(batch))
+                    batch = []
+        yield from emit(self.filter.filter_batch(batch))
         for tagged in [*self.parse.finish_bundle(), *self.filter.finish_bundle()]:
             value = tagged.value.value  # finish_bundle's events are windowed; here they go out of process
             kept.append((EVENTS, value))

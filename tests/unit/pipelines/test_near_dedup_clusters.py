@@ -28,6 +28,7 @@ from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.near_dedup import NEIGHBOURS_METRIC, Clusters, NearDedup, minhash, settle, similarity
 from pipelines.stages.tokenize import train_sentencepiece
+from tests.support.pipeline import synthetic_config
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the Dask workers cannot import this module
 
@@ -215,7 +216,7 @@ def _job_input(tmp_path):
 
 
 def _job_config(tmp_path, rounds: int) -> PipelineConfig:
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.dedup.near, cfg.dedup.num_perm, cfg.dedup.bands, cfg.dedup.near_rounds = True, CFG.num_perm, CFG.bands, rounds
     cfg.tokenizer.path = str(tmp_path / "tok.model")
     return cfg

@@ -210,5 +210,17 @@ def test_yaml_config_mirrors_defaults_and_overrides():
 
     path = REPO / "configs" / "pipeline.yaml"
     assert load_config(PipelineConfig, str(path)) == PipelineConfig()
-    cfg = load_config(PipelineConfig, str(path), ["tokenizer.vocab_size=8192", "dedup.near=true"])
-    assert cfg.tokenizer.vocab_size == 8192 and cfg.dedup.near is True
+    cfg = load_config(PipelineConfig, str(path), ["tokenizer.vocab_size=8192", "dedup.near=false"])
+    assert cfg.tokenizer.vocab_size == 8192 and cfg.dedup.near is False
+
+
+def test_defaults_are_finewebs_curation():
+    """Issue 35: the default run applies FineWeb's rules (Gopher quality and repetition, C4 without
+    its terminal-punctuation rule and bad words, FineWeb's own) and MinHash near dedup with its settings."""
+    from pipelines.config import PipelineConfig
+
+    cfg = PipelineConfig()
+    q = cfg.quality
+    assert q.enabled and q.gopher.enabled and q.repetition.enabled and q.c4.enabled and q.fineweb.enabled
+    assert q.c4.terminal_punct is False and q.c4.bad_words is None
+    assert (cfg.dedup.near, cfg.dedup.ngram, cfg.dedup.num_perm, cfg.dedup.bands) == (True, 5, 112, 14)

@@ -21,6 +21,7 @@ from pipelines.records import Doc, DocMeta
 from pipelines.stages.write_shards import encode_sample
 from shards import Manifest, iter_documents
 from tests.support.local_engines import child_env, start_dask
+from tests.support.pipeline import synthetic_config
 from tests.support.warc import PARAGRAPHS, Page, article, write_warc
 
 RUSSIAN = ("Река текла мимо старых каменных стен города, где мельница стояла триста лет. "
@@ -75,7 +76,7 @@ def crawl(tmp_path_factory):
 
 
 def _run(folder, out, split_bytes: int) -> dict:
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.input.split_bytes = split_bytes
     cfg.tokenizer.vocab_size = 400
     cfg.shards.store_text, cfg.shards.num_shards = True, 2  # the default layout: token blocks
@@ -236,7 +237,7 @@ def test_every_split_count_reads_every_member_once_broken_headers_included(tmp_p
 def test_a_dask_cluster_reading_byte_ranges_writes_the_same_shards(crawl, whole, tmp_path):
     pytest.importorskip("distributed")
     out, stats = whole
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.input.split_bytes, cfg.tokenizer.vocab_size = 1500, 400
     cfg.shards.store_text, cfg.shards.num_shards = True, 2
     engine = start_dask(tmp_path / "logs", workers=2, env=child_env())
