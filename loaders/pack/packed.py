@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
+from shards.access.doc_table import gather_segments
 from shards.format.keys import escape_keys
 
 IGNORE = -100
@@ -46,10 +47,37 @@ class _Keys(Sequence):
 class KeyTable(Protocol):
     """Sample keys of a group of documents, looked up in bulk when a batch's keys are read."""
 
-    has_ids: bool  # whether ``take(..., escaped=False)`` gives raw document ids (escaped later, on read)
+    has_ids: bool  # whether :meth:`take_bytes` gives raw document ids (escaped later, on read) rather than keys
 
-    def take(self, index: np.ndarray, escaped: bool = True) -> list[str]:
-        """Keys (``escaped``) or raw ids of documents ``index`` (``int64``)."""
+    def take(self, index: np.ndarray) -> list[str]:
+        """Sample keys of documents ``index`` (``int64``)."""
+
+    def take_bytes(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw ids (``has_ids``) or keys of documents ``index`` as UTF-8 ``(uint8 data, int64 offsets
+        [len(index) + 1])`` (:func:`encode_strings`' form)."""
+
+
+def encode_strings(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as their UTF-8 bytes concatenated (``uint8``) and where each starts (``int64 [len + 1]``)."""
+    encoded = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return np.frombuffer(b"".join(encoded), np.uint8), offsets
+
+
+def _interleave(parts: list[tuple[np.ndarray, np.ndarray]], part: np.ndarray, at: list[np.ndarray]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Encoded strings of several sources in one order: item ``i`` is item ``k`` of source ``part[i]``,
+    ``at[part[i]]`` listing, for each source, the items (positions in the result) it gives, in order.
+    Sources and result are :func:`encode_strings`' ``(data, offsets)``; one gather, no string made."""
+    starts, lengths = np.zeros(len(part), np.int64), np.zeros(len(part), np.int64)
+    base = 0
+    for (data, offsets), where in zip(parts, at):
+        starts[where] = base + offsets[:-1]
+        lengths[where] = np.diff(offsets)
+        base += len(data)
+    data = np.concatenate([d for d, _ in parts]) if parts else np.zeros(0, np.uint8)
+    return gather_segments(data, starts, lengths)
 
 
 class KeyList:
@@ -60,9 +88,13 @@ class KeyList:
     def __init__(self, keys: list[str]):
         self.keys = keys
 
-    def take(self, index: np.ndarray, escaped: bool = True) -> list[str]:
-        """The keys at ``index`` (``escaped`` has no effect: they are keys already)."""
+    def take(self, index: np.ndarray) -> list[str]:
+        """The keys at ``index``."""
         return [self.keys[i] for i in index.tolist()]
+
+    def take_bytes(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The keys at ``index``, encoded (:func:`encode_strings`)."""
+        return encode_strings(self.take(index))
 
 
 class GroupKeys:
@@ -70,7 +102,7 @@ class GroupKeys:
 
     Args:
         handles: the shards' open handles (``None``: an unreadable shard, whose documents have the key
-            ``""``); each gives ``key_list()``, ``has_ids`` and ``ids`` (raw ids, when it has them).
+            ``""``); each gives ``key_list()``, ``has_ids`` and, when it has ids, ``id_bytes_of(index)``.
         handle, local: ``int64`` ``[documents]``: each document's handle and its index in that shard.
     """
 
@@ -78,8 +110,8 @@ class GroupKeys:
         self.handles, self.handle, self.local = handles, handle, local
         self.has_ids = all(h is None or h.has_ids for h in handles)
 
-    def take(self, docs: np.ndarray, escaped: bool = True) -> list[str]:
-        """Sample keys (``escaped``) or raw ids of documents ``docs`` (``int64`` array), in bulk."""
+    def take(self, docs: np.ndarray) -> list[str]:
+        """Sample keys of documents ``docs`` (``int64`` array), in bulk."""
         which, local = self.handle[docs], self.local[docs]
         out: list[str] = [""] * len(docs)
         for t in np.unique(which).tolist():
@@ -87,10 +119,24 @@ class GroupKeys:
             if handle is None:
                 continue
             at = np.flatnonzero(which == t)
-            keys = handle.key_list() if escaped else handle.ids
+            keys = handle.key_list()
             for i, j in zip(at.tolist(), local[at].tolist()):
                 out[i] = keys[j]
         return out
+
+    def take_bytes(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw ids (every handle has them) or keys of documents ``docs``, encoded; no id is decoded."""
+        if not self.has_ids:
+            return encode_strings(self.take(docs))
+        which, local = self.handle[docs], self.local[docs]
+        parts, at = [], []
+        for t in np.unique(which).tolist():
+            where = np.flatnonzero(which == t)
+            handle = self.handles[t]
+            parts.append(handle.id_bytes_of(local[where]) if handle is not None
+                         else (np.zeros(0, np.uint8), np.zeros(len(where) + 1, np.int64)))
+            at.append(where)
+        return _interleave(parts, which, at) if parts else encode_strings([])
 
 
 def _runs_of(values: list[str]) -> list[str]:
@@ -112,54 +158,69 @@ class BatchKeys(_Keys):
             group's table, in row order.
 
     Reads as a list of ``str`` with one key per run of chunks of the same document. It pickles
-    as the documents' ids (:class:`IdKeys`, escaped when read on the other side) when its tables
-    give ids, else as the key list.
+    and crosses to the trainer as :class:`EncodedKeys` (:meth:`encoded`).
     """
 
     def __init__(self, tables: dict, group: np.ndarray, index: np.ndarray):
         self._tables, self._group, self._index = tables, group, index
 
-    def _lookup(self, escaped: bool) -> list[str]:
+    def _documents(self) -> tuple[np.ndarray, np.ndarray]:
+        """Group and table index of each run of chunks of one document, in row order (``int64``)."""
         g, k = self._group, self._index
         first = np.flatnonzero(np.concatenate([[True], (g[1:] != g[:-1]) | (k[1:] != k[:-1])])) if len(g) else g
-        g, k = g[first], k[first]
-        found: list = [None] * len(first)
-        for gi in np.unique(g).tolist():  # one look-up per group (add call), in bulk
-            at = np.flatnonzero(g == gi)
-            table = self._tables[gi]
-            for i, key in zip(at.tolist(), table.take(k[at], escaped)):
-                found[i] = key
-        return _runs_of(found)
+        return g[first], k[first]
 
     def _list(self) -> list[str]:
         if self._keys is None:
-            self._keys = self._lookup(escaped=True)
+            g, k = self._documents()
+            found: list = [None] * len(g)
+            for gi in np.unique(g).tolist():  # one look-up per group (add call), in bulk
+                at = np.flatnonzero(g == gi)
+                for i, key in zip(at.tolist(), self._tables[gi].take(k[at])):
+                    found[i] = key
+            self._keys = _runs_of(found)
             self._tables = {}
         return self._keys
 
+    def encoded(self) -> "EncodedKeys":
+        """The keys as bytes (raw ids when every table has them: escaped only if ever read), gathered
+        without making a string per document."""
+        if self._keys is not None or not all(t.has_ids for t in self._tables.values()):
+            return EncodedKeys(*encode_strings(self._list()), raw_ids=False)
+        g, k = self._documents()
+        groups = np.unique(g).tolist()
+        at = [np.flatnonzero(g == gi) for gi in groups]
+        parts = [self._tables[gi].take_bytes(k[where]) for gi, where in zip(groups, at)]
+        data, offsets = _interleave(parts, np.searchsorted(groups, g), at) if parts else encode_strings([])
+        return EncodedKeys(data, offsets, raw_ids=True)
+
     def __reduce__(self):
-        if self._keys is None and all(t.has_ids for t in self._tables.values()):
-            return IdKeys, (self._lookup(escaped=False),)  # no escaping in the worker: the reader does it, if ever
-        return list, (self._list(),)
+        return self.encoded().__reduce__()
 
 
-class IdKeys(_Keys):
-    """Sample keys of documents given by id, escaped (:func:`shards.format.keys.escape_keys`) on first read.
+class EncodedKeys(_Keys):
+    """Sample keys carried as UTF-8 bytes, decoded (and, for raw ids, escaped with
+    :func:`shards.format.keys.escape_keys`) on first read.
 
+    Args:
+        data: ``uint8`` bytes of every entry, concatenated; ``offsets``: ``int64 [entries + 1]``.
+        raw_ids: entries are documents' raw ids (else already keys).
     Raises (when read):
-        ValueError: an id is empty.
+        ValueError: a raw id is empty.
     """
 
-    def __init__(self, ids: list[str]):
-        self._ids = ids
+    def __init__(self, data: np.ndarray, offsets: np.ndarray, raw_ids: bool):
+        self.data, self.offsets, self.raw_ids = data, offsets, raw_ids
 
     def _list(self) -> list[str]:
         if self._keys is None:
-            self._keys = _runs_of(escape_keys(self._ids))
+            text, cut = self.data.tobytes(), self.offsets.tolist()
+            values = [text[a:b].decode("utf-8") for a, b in zip(cut[:-1], cut[1:])]
+            self._keys = _runs_of(escape_keys(values) if self.raw_ids else values)
         return self._keys
 
     def __reduce__(self):
-        return IdKeys, (self._ids,)
+        return EncodedKeys, (self.data, self.offsets, self.raw_ids)
 
 
 @dataclass

@@ -40,6 +40,16 @@ def split_documents(pos: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, s
     return out
 
 
+def _distinct(values: np.ndarray) -> set[int]:
+    """The distinct values of ``values`` (``int64``, >= 0, spanning a small range: src and group numbers).
+
+    One counting pass: ``np.unique`` sorts, and did so twice per packing over the whole buffer."""
+    if not len(values):
+        return set()
+    low = int(values.min())
+    return set((np.flatnonzero(np.bincount(values - low)) + low).tolist())
+
+
 class ArrayPacker:
     """Chunk arrays in, :class:`loaders.pack.packed.PackedBatch` es out (see the module docstring).
 
@@ -146,10 +156,10 @@ class ArrayPacker:
 
     def _drop_pools(self) -> None:
         """Forget the token arrays and key lists no buffered chunk reads any more (the newest stay)."""
-        live = set(np.unique(self.buf["src"]).tolist()) | self._current  # and the current add call's arrays
+        live = _distinct(self.buf["src"]) | self._current  # and the current add call's arrays
         for g in [g for g in self.pools if g not in live]:
             del self._src_of[id(self.pools.pop(g))]
-        live = set(np.unique(self.buf["group"]).tolist()) | {self._next_group - 1}
+        live = _distinct(self.buf["group"]) | {self._next_group - 1}
         for g in [g for g in self.keys if g not in live]:
             del self.keys[g]
 
