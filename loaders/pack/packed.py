@@ -129,6 +129,8 @@ class GroupKeys:
         if not self.has_ids:
             return encode_strings(self.take(docs))
         which, local = self.handle[docs], self.local[docs]
+        if len(self.handles) == 1 and self.handles[0] is not None:  # the common case: one shard, no interleave
+            return self.handles[0].id_bytes_of(local)
         parts, at = [], []
         for t in np.unique(which).tolist():
             where = np.flatnonzero(which == t)
@@ -148,51 +150,89 @@ def _runs_of(values: list[str]) -> list[str]:
     return out
 
 
-class BatchKeys(_Keys):
-    """The sample keys of a batch's documents, looked up only when read (most batches' keys never are).
+def _document_starts(group: np.ndarray, index: np.ndarray, cuts: np.ndarray | None = None) -> np.ndarray:
+    """Chunks (``int64`` rows) that start a run of chunks of one document: the first, each change of
+    ``(group, index)``, and each of ``cuts`` (batch starts: a run never crosses a batch)."""
+    if not len(group):
+        return np.zeros(0, np.int64)
+    new = np.concatenate([[True], (group[1:] != group[:-1]) | (index[1:] != index[:-1])])
+    if cuts is not None:
+        new[cuts[cuts < len(group)]] = True
+    return np.flatnonzero(new)
+
+
+class PackingKeys:
+    """The key references of every chunk of one packing's batches, and their raw ids encoded for all
+    of them at once on first need (a worker sends every batch's keys: one gather per packing, not per batch).
 
     Args:
         tables: :class:`KeyTable` s by group (:meth:`loaders.pack.packer.ArrayPacker.add` call; shared
             with the packer, not copied).
         group, index: ``int64`` ``[chunks]``: each chunk's group and its document's index in that
             group's table, in row order.
+        bounds: ``int`` ``[batches + 1]``: the chunks of batch ``i`` are ``bounds[i]:bounds[i + 1]``.
+    """
+
+    def __init__(self, tables: dict, group: np.ndarray, index: np.ndarray, bounds: list[int]):
+        self.tables, self.group, self.index, self.bounds = tables, group, index, bounds
+        self.has_ids = all(tables[g].has_ids for g in _distinct_ints(group))
+        self._encoded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def encoded(self, i: int) -> "EncodedKeys":
+        """Batch ``i``'s raw ids (:attr:`has_ids` must hold), one entry per run of chunks of one document."""
+        if self._encoded is None:
+            cuts = np.asarray(self.bounds, np.int64)
+            first = _document_starts(self.group, self.index, cuts)
+            g, k = self.group[first], self.index[first]
+            groups = sorted(_distinct_ints(g))
+            at = [np.flatnonzero(g == gi) for gi in groups]
+            parts = [self.tables[gi].take_bytes(k[where]) for gi, where in zip(groups, at)]
+            data, offsets = (parts[0] if len(parts) == 1 else _interleave(parts, np.searchsorted(groups, g), at)) \
+                if parts else encode_strings([])
+            self._encoded = data, offsets, np.searchsorted(first, cuts)
+            self.tables = {}  # the ids are out: the packer may drop its shard handles
+        data, offsets, runs = self._encoded
+        a, b = int(runs[i]), int(runs[i + 1])
+        return EncodedKeys(data[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a], raw_ids=True)
+
+
+def _distinct_ints(values: np.ndarray) -> list[int]:
+    """The distinct values of a small ``int64`` array, as ints (a set: few groups per batch)."""
+    return list(set(values.tolist())) if len(values) < 4096 else np.unique(values).tolist()
+
+
+class BatchKeys(_Keys):
+    """The sample keys of one batch of a packing (:class:`PackingKeys`), looked up only when read
+    (most batches' keys never are).
 
     Reads as a list of ``str`` with one key per run of chunks of the same document. It pickles
     and crosses to the trainer as :class:`EncodedKeys` (:meth:`encoded`).
     """
 
-    def __init__(self, tables: dict, group: np.ndarray, index: np.ndarray):
-        self._tables, self._group, self._index = tables, group, index
-
-    def _documents(self) -> tuple[np.ndarray, np.ndarray]:
-        """Group and table index of each run of chunks of one document, in row order (``int64``)."""
-        g, k = self._group, self._index
-        first = np.flatnonzero(np.concatenate([[True], (g[1:] != g[:-1]) | (k[1:] != k[:-1])])) if len(g) else g
-        return g[first], k[first]
+    def __init__(self, packing: PackingKeys, i: int):
+        self._packing, self._i = packing, i
 
     def _list(self) -> list[str]:
         if self._keys is None:
-            g, k = self._documents()
+            p, a, b = self._packing, self._packing.bounds[self._i], self._packing.bounds[self._i + 1]
+            g, k = p.group[a:b], p.index[a:b]
+            first = _document_starts(g, k)
+            g, k = g[first], k[first]
             found: list = [None] * len(g)
-            for gi in np.unique(g).tolist():  # one look-up per group (add call), in bulk
+            for gi in _distinct_ints(g):  # one look-up per group (add call), in bulk
                 at = np.flatnonzero(g == gi)
-                for i, key in zip(at.tolist(), self._tables[gi].take(k[at])):
-                    found[i] = key
+                for j, key in zip(at.tolist(), p.tables[gi].take(k[at])):
+                    found[j] = key
             self._keys = _runs_of(found)
-            self._tables = {}
+            self._packing = None
         return self._keys
 
     def encoded(self) -> "EncodedKeys":
-        """The keys as bytes (raw ids when every table has them: escaped only if ever read), gathered
-        without making a string per document."""
-        if self._keys is not None or not all(t.has_ids for t in self._tables.values()):
+        """The keys as bytes: raw ids when every table has them (escaped only if ever read), gathered
+        for the whole packing at once; else the keys."""
+        if self._keys is not None or not self._packing.has_ids:
             return EncodedKeys(*encode_strings(self._list()), raw_ids=False)
-        g, k = self._documents()
-        groups = np.unique(g).tolist()
-        at = [np.flatnonzero(g == gi) for gi in groups]
-        parts = [self._tables[gi].take_bytes(k[where]) for gi, where in zip(groups, at)]
-        data, offsets = _interleave(parts, np.searchsorted(groups, g), at) if parts else encode_strings([])
-        return EncodedKeys(data, offsets, raw_ids=True)
+        return self._packing.encoded(self._i)
 
     def __reduce__(self):
         return self.encoded().__reduce__()
@@ -221,6 +261,15 @@ class EncodedKeys(_Keys):
 
     def __reduce__(self):
         return EncodedKeys, (self.data, self.offsets, self.raw_ids)
+
+
+def encode_keys(keys) -> EncodedKeys:
+    """A batch's keys (:class:`BatchKeys`, :class:`EncodedKeys` or a list of keys) as :class:`EncodedKeys`."""
+    if isinstance(keys, EncodedKeys):
+        return keys
+    if isinstance(keys, BatchKeys):
+        return keys.encoded()
+    return EncodedKeys(*encode_strings(list(keys)), raw_ids=False)
 
 
 @dataclass

@@ -17,7 +17,8 @@ import numpy as np
 import numpy.ma  # noqa: F401 - np.unique imports it on its first call: 10 ms inside the first batch otherwise
 
 from loaders.pack.batching import Batching, BestFit, RowPlan, best_fit_bins, packing_order
-from loaders.pack.packed import BatchKeys, KeyList, PackedBatch, compact_ids, consumed_array, records_only
+from loaders.pack.packed import (BatchKeys, KeyList, PackedBatch, PackingKeys, compact_ids, consumed_array,
+                                 records_only)
 
 FIELDS = ("pos", "idx", "n", "length", "group", "key", "src", "off")
 GATHER_TOKENS = 65_536  # tokens gathered per np.take: 512 KiB of int64 indices, within a core's L2 cache
@@ -237,10 +238,10 @@ class ArrayPacker:
         consumed = np.stack([c["pos"], c["idx"], c["n"]], 1)
         lens32, counts32 = lens.astype(np.int32), counts.astype(np.int32)
         group = c["group"]
-        tables = dict(self.keys)  # the live groups' keys (a few): no per-chunk pass to find the used ones
         bounds = np.concatenate([[0], chunk_end[B - 1::B]]).tolist()
-        return [PackedBatch(ids[i * B:(i + 1) * B], lens32[a:b], counts32[i * B:(i + 1) * B],
-                            BatchKeys(tables, group[a:b], c["key"][a:b]), consumed[a:b])
+        keys = PackingKeys(dict(self.keys), group, c["key"], bounds)  # the live groups' keys (a few)
+        return [PackedBatch(ids[i * B:(i + 1) * B], lens32[a:b], counts32[i * B:(i + 1) * B], BatchKeys(keys, i),
+                            consumed[a:b])
                 for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
 
 

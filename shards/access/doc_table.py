@@ -150,7 +150,9 @@ def _load(path: str, blocks: int) -> DocTable | None:
     (then rebuilt): sizes that do not add up, or a document outside its block."""
     try:
         small = os.path.getsize(path) <= RESIDENT_BYTES  # a memory map would keep a descriptor per table
-        a = np.load(path, mmap_mode=None if small else "r", allow_pickle=False)
+        # a plain ndarray over the mapping: np.memmap's Python-level __getitem__ costs ~20 us per index
+        # operation, paid several times per group of documents the loader reads
+        a = np.load(path, mmap_mode=None if small else "r", allow_pickle=False).view(np.ndarray)
         if a.dtype != np.int64 or a.ndim != 1 or len(a) < 3:
             raise ValueError(f"not a table ({a.dtype}, shape {a.shape})")
         n, nb, n_bytes = (int(x) for x in a[:3])
