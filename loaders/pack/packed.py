@@ -190,7 +190,6 @@ class PackingKeys:
             data, offsets = (parts[0] if len(parts) == 1 else _interleave(parts, np.searchsorted(groups, g), at)) \
                 if parts else encode_strings([])
             self._encoded = data, offsets, np.searchsorted(first, cuts)
-            self.tables = {}  # the ids are out: the packer may drop its shard handles
         data, offsets, runs = self._encoded
         a, b = int(runs[i]), int(runs[i + 1])
         return EncodedKeys(data[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a], raw_ids=True)

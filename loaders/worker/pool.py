@@ -174,8 +174,10 @@ class _RingWriter:
         # wait while the ring space the record needs still holds records the parent has not copied out
         # (it needs their headers to do so)
         while self.freed < self.head and self.head + skip + size - self.freed > self.size:
-            self.send(self.head)
-            self._take_credit(wait=True)
+            if self.pending:
+                self.send(self.head)  # takes the credit already there, which may be enough
+            else:
+                self._take_credit(wait=True)
         self.head += skip
         at = spec[0] = self.head % self.size
         for a, (dt, shape, off) in zip(arrays, fields):
