@@ -8,6 +8,7 @@ of four ``int64`` ``[B, T]`` arrays (16x less), and worker processes never impor
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -175,8 +176,12 @@ class PackingKeys:
 
     def __init__(self, tables: dict, group: np.ndarray, index: np.ndarray, bounds: list[int]):
         self.tables, self.group, self.index, self.bounds = tables, group, index, bounds
-        self.has_ids = all(tables[g].has_ids for g in _distinct_ints(group))
         self._encoded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    @functools.cached_property
+    def has_ids(self) -> bool:
+        """Whether every group's table gives raw ids (:attr:`KeyTable.has_ids`; found on first need)."""
+        return all(self.tables[g].has_ids for g in _distinct_ints(self.group))
 
     def encoded(self, i: int) -> "EncodedKeys":
         """Batch ``i``'s raw ids (:attr:`has_ids` must hold), one entry per run of chunks of one document."""
