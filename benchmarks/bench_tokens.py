@@ -25,7 +25,7 @@ default makes a demo pass about 100 M tokens, long enough for a stable ratio).
 Write time (``--rounds`` interleaved writes of the corpus once, median): colaflow raw and zstd
 token blocks with their indexes, LitData's ``optimize()``, and the flat file.
 
-    python benchmarks/bench_tokens.py [--work /tmp/colaflow-bench-tokens] [--rounds 5] [--repeat 26]
+    python benchmarks/bench_tokens.py [--work /tmp/colaflow-bench-tokens] [--rounds 5] [--repeat 26] [--no-litdata]
 """
 from __future__ import annotations
 
@@ -197,6 +197,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--repeat", type=int, default=26, help="corpus copies per pass (26: about 100 M demo tokens)")
+    ap.add_argument("--no-litdata", action="store_true",
+                    help="skip LitData's writes and passes (colaflow and the floor only)")
     ap.add_argument("--pass", dest="one_pass", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one_pass:
@@ -210,7 +212,7 @@ def main() -> int:
         print("litdata is not installed (pip install 'colaflow[bench]'): LitData rows are skipped", file=sys.stderr)
         have_litdata = False
     else:
-        have_litdata = True
+        have_litdata = not args.no_litdata
     ids, sources, tokens = demo_corpus(args.work)
     corpora = {"demo": (ids, sources, tokens), "long": long_corpus(ids, sources, tokens)}
     results: dict = {}
@@ -263,15 +265,19 @@ def main() -> int:
             print(f"  {k:14s} {v:6.3f} bytes/token  {res['vs_flat'][k]:5.2f}x flat")
         for k, v in res["write_s"].items():
             print(f"  write {k:14s} {v:6.2f} s  {res['write_vs_flat'][k]:5.2f}x flat (corpus once)")
+        in_process = res["loader"].get("workers=0", {})
         for w, runs in res["loader"].items():
-            ref = runs.get("litdata", runs.get("memmap", runs["colaflow_raw"]))["tokens_per_s"]
-            floor = res["loader"]["workers=0"].get("memmap") if "workers=0" in res["loader"] else None
+            ref_name = next(k for k in ("litdata", "memmap", "colaflow_raw") if k in runs)
+            ref = runs[ref_name]
+            floor = in_process.get("memmap")
             for k, v in runs.items():
-                vs_floor = f", {v['tokens_per_s'] / floor['tokens_per_s']:5.2f}x memmap" if floor else ""
                 same = runs.get("litdata_zstd") if k == "colaflow_zstd" else None  # zstd against zstd too
-                vs_zstd = f", {v['tokens_per_s'] / same['tokens_per_s']:5.2f}x litdata_zstd" if same else ""
-                print(f"  {w} {k:14s} {v['tokens_per_s'] / 1e6:7.2f} M tok/s ({v['tokens_per_s'] / ref:5.2f}x litdata"
-                      f"{vs_zstd}{vs_floor})  first batch {v['first_batch_s']:.3f} s  peak RSS {v['peak_rss_mb']:.0f} MB"
+                alone = in_process.get(k) if w != "workers=0" else None  # workers against the in-process pass
+                ratios = [(ref, ref_name if ref_name != "memmap" else None), (floor, "memmap"),
+                          (same, "litdata_zstd"), (alone, "in-process")]
+                vs = ", ".join(f"{v['tokens_per_s'] / r['tokens_per_s']:5.2f}x {name}" for r, name in ratios if r and name)
+                print(f"  {w} {k:14s} {v['tokens_per_s'] / 1e6:7.2f} M tok/s ({vs})  first batch "
+                      f"{v['first_batch_s']:.3f} s  peak RSS {v['peak_rss_mb']:.0f} MB"
                       f" (+ workers {v['workers_peak_rss_mb']:.0f} MB)")
     return 0
 

@@ -196,7 +196,7 @@ class _RingWriter:
 
 
 def _read_batch(view: np.ndarray, spec: tuple) -> PackedBatch:
-    """Copy the record ``spec`` out of the ring ``view`` into a new batch (its arrays are writable views of one copy)."""
+    """Copy the record ``spec`` out of the ring ``view`` into a new batch (its arrays: writable views of one copy)."""
     fields, size = _layout(spec)
     record = view[spec[0]:spec[0] + size].copy()
     ids, lens, rows, consumed, key_data, key_offsets = (
@@ -205,7 +205,7 @@ def _read_batch(view: np.ndarray, spec: tuple) -> PackedBatch:
 
 
 class _Forked:
-    """A worker forked from this process: its pid, the read end of its header pipe and the write end of its credit pipe."""
+    """A worker forked from this process: its pid, its header pipe's read end and its credit pipe's write end."""
 
     def __init__(self, job: bytes, ring: BatchRing):
         read, write = os.pipe()

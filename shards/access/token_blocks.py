@@ -132,7 +132,7 @@ class BlockShard:
         return self.docs.ids
 
     def id_bytes_of(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Raw ids of documents ``index`` as UTF-8 bytes, undecoded (:meth:`shards.access.doc_table.DocTable.id_bytes_of`)."""
+        """Raw ids of documents ``index`` as UTF-8 bytes, undecoded (:meth:`.doc_table.DocTable.id_bytes_of`)."""
         return self.docs.id_bytes_of(index)
 
     def _decode(self, b: int, decoder: TokenDecoder) -> np.ndarray:
