@@ -57,6 +57,10 @@ class KeyTable(Protocol):
         """Raw ids (``has_ids``) or keys of documents ``index`` as UTF-8 ``(uint8 data, int64 offsets
         [len(index) + 1])`` (:func:`encode_strings`' form)."""
 
+    def one_shard(self) -> tuple[object, np.ndarray] | None:
+        """``(handle, local)`` when every document is in one shard with ids (``local``: ``int64`` index
+        there, by document), else ``None``."""
+
 
 def encode_strings(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """``values`` as their UTF-8 bytes concatenated (``uint8``) and where each starts (``int64 [len + 1]``)."""
@@ -97,6 +101,10 @@ class KeyList:
         """The keys at ``index``, encoded (:func:`encode_strings`)."""
         return encode_strings(self.take(index))
 
+    def one_shard(self) -> None:
+        """``None``: keys, not a shard's documents."""
+        return None
+
 
 class GroupKeys:
     """The :class:`KeyTable` of documents gathered from several shards (one group of a consumer's read loop).
@@ -125,12 +133,17 @@ class GroupKeys:
                 out[i] = keys[j]
         return out
 
+    def one_shard(self) -> tuple[object, np.ndarray] | None:
+        """``(handle, local)`` when every document is in one readable shard with ids, else ``None``."""
+        one = len(self.handles) == 1 and self.handles[0] is not None and self.has_ids
+        return (self.handles[0], self.local) if one else None
+
     def take_bytes(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Raw ids (every handle has them) or keys of documents ``docs``, encoded; no id is decoded."""
         if not self.has_ids:
             return encode_strings(self.take(docs))
         which, local = self.handle[docs], self.local[docs]
-        if len(self.handles) == 1 and self.handles[0] is not None:  # the common case: one shard, no interleave
+        if self.one_shard() is not None:  # no interleave
             return self.handles[0].id_bytes_of(local)
         parts, at = [], []
         for t in np.unique(which).tolist():
@@ -191,9 +204,17 @@ class PackingKeys:
             g, k = self.group[first], self.index[first]
             groups = sorted(_distinct_ints(g))
             at = [np.flatnonzero(g == gi) for gi in groups]
-            parts = [self.tables[gi].take_bytes(k[where]) for gi, where in zip(groups, at)]
-            data, offsets = (parts[0] if len(parts) == 1 else _interleave(parts, np.searchsorted(groups, g), at)) \
-                if parts else encode_strings([])
+            shards = [self.tables[gi].one_shard() for gi in groups]
+            if shards and all(s is not None and s[0] is shards[0][0] for s in shards):
+                # every group reads one and the same shard (the usual case): one gather of its ids
+                local = np.empty(len(g), np.int64)
+                for (_, group_local), where in zip(shards, at):
+                    local[where] = group_local[k[where]]
+                data, offsets = shards[0][0].id_bytes_of(local)
+            else:
+                parts = [self.tables[gi].take_bytes(k[where]) for gi, where in zip(groups, at)]
+                data, offsets = (parts[0] if len(parts) == 1 else _interleave(parts, np.searchsorted(groups, g), at)) \
+                    if parts else encode_strings([])
             self._encoded = data, offsets, np.searchsorted(first, cuts)
         data, offsets, runs = self._encoded
         a, b = int(runs[i]), int(runs[i + 1])
