@@ -175,7 +175,7 @@ class _RingWriter:
         # (it needs their headers to do so)
         while self.freed < self.head and self.head + skip + size - self.freed > self.size:
             if self.pending:
-                self.send(self.head)  # takes the credit already there, which may be enough
+                self.send()  # takes the credit already there, which may be enough
             else:
                 self._take_credit(wait=True)
         self.head += skip
@@ -185,11 +185,10 @@ class _RingWriter:
         self.head += size
         self.pending.append(tuple(spec))
 
-    def send(self, end: int | None = None) -> None:
+    def send(self) -> None:
         """Send the headers of the records written so far, the ring position after them, and take any credit."""
         if self.pending:
-            pickle.dump(("batches", self.head if end is None else end, self.pending), self.out,
-                        protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(("batches", self.head, self.pending), self.out, protocol=pickle.HIGHEST_PROTOCOL)
             self.out.flush()
             self.pending = []
         self._take_credit(wait=False)
