@@ -70,12 +70,12 @@ def encode_strings(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(encoded), np.uint8), offsets
 
 
-def _interleave(parts: list[tuple[np.ndarray, np.ndarray]], part: np.ndarray, at: list[np.ndarray]
+def _interleave(parts: list[tuple[np.ndarray, np.ndarray]], at: list[np.ndarray], n: int
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Encoded strings of several sources in one order: item ``i`` is item ``k`` of source ``part[i]``,
-    ``at[part[i]]`` listing, for each source, the items (positions in the result) it gives, in order.
-    Sources and result are :func:`encode_strings`' ``(data, offsets)``; one gather, no string made."""
-    starts, lengths = np.zeros(len(part), np.int64), np.zeros(len(part), np.int64)
+    """``n`` encoded strings gathered from several sources: source ``j`` gives, in order, the items at
+    positions ``at[j]`` (``int64``) of the result. Sources and result are :func:`encode_strings`'
+    ``(data, offsets)``; one gather, no string made."""
+    starts, lengths = np.zeros(n, np.int64), np.zeros(n, np.int64)
     base = 0
     for (data, offsets), where in zip(parts, at):
         starts[where] = base + offsets[:-1]
@@ -152,7 +152,7 @@ class GroupKeys:
             parts.append(handle.id_bytes_of(local[where]) if handle is not None
                          else (np.zeros(0, np.uint8), np.zeros(len(where) + 1, np.int64)))
             at.append(where)
-        return _interleave(parts, which, at) if parts else encode_strings([])
+        return _interleave(parts, at, len(docs)) if parts else encode_strings([])
 
 
 def _runs_of(values: list[str]) -> list[str]:
@@ -213,7 +213,7 @@ class PackingKeys:
                 data, offsets = shards[0][0].id_bytes_of(local)
             else:
                 parts = [self.tables[gi].take_bytes(k[where]) for gi, where in zip(groups, at)]
-                data, offsets = (parts[0] if len(parts) == 1 else _interleave(parts, np.searchsorted(groups, g), at)) \
+                data, offsets = (parts[0] if len(parts) == 1 else _interleave(parts, at, len(g))) \
                     if parts else encode_strings([])
             self._encoded = data, offsets, np.searchsorted(first, cuts)
         data, offsets, runs = self._encoded

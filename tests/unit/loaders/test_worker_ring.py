@@ -162,3 +162,16 @@ def test_keys_encoded_for_a_packing_read_as_the_looked_up_keys():
     batch = PackedBatch(np.zeros((1, 4), np.uint16), np.array([4], np.int32), np.array([1], np.int32),
                         BatchKeys(packing, 1))
     assert list(pickle.loads(pickle.dumps(batch)).keys) == looked_up[1]
+
+
+def test_keys_of_groups_that_all_read_one_shard_are_gathered_at_once():
+    """Groups that all read the same shard (the usual case) take the one-gather path: the same keys."""
+    a, b = _Handle(["x/0", "x/1", "x/2", "x/3"]), _Handle(["y/0"])
+    tables = {0: GroupKeys([a], np.zeros(2, np.int64), np.array([3, 1])),
+              5: GroupKeys([a], np.zeros(3, np.int64), np.array([0, 2, 1]))}
+    group, index = np.array([5, 0, 0, 5, 5], np.int64), np.array([2, 0, 1, 0, 0], np.int64)
+    assert tables[0].one_shard() is not None and GroupKeys([a, b], np.zeros(1, np.int64), np.zeros(1, np.int64)
+                                                           ).one_shard() is None
+    sent = [list(encode_keys(BatchKeys(PackingKeys(tables, group, index, [0, 2, 5]), i))) for i in range(2)]
+    assert sent == [list(BatchKeys(PackingKeys(tables, group, index, [0, 2, 5]), i)) for i in range(2)]
+    assert sent == [["x%2F1", "x%2F3"], ["x%2F1", "x%2F0"]]
