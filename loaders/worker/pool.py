@@ -10,9 +10,9 @@ handing batches over through shared memory.
 * ``spawn``: a fresh interpreter (``python -m loaders.worker.pool RING_FD``) that imports only numpy,
   zstandard and the shard readers (about 0.2 s), inheriting nothing of the trainer but its ring.
 
-Protocol. Each worker has a ring (:class:`BatchRing`): an anonymous shared file (``memfd``, never
-named in ``/dev/shm``, so nothing outlives the two processes, however they end) mapped by the
-parent and the worker. The worker gets ``(stream, worker, num_workers)`` pickled
+Protocol. Each worker has a ring (:class:`BatchRing`): an anonymous shared file (Linux
+``memfd_create``, never named in ``/dev/shm``, so nothing outlives the two processes, however they
+end) mapped by the parent and the worker. The worker gets ``(stream, worker, num_workers)`` pickled
 (:class:`loaders.worker.stream.TextStream`, whose cache pickles as its config: the worker opens its own).
 It writes each batch's arrays (token ids, chunk lengths, row counts, resume records, keys as UTF-8
 bytes) into the ring as one record, and sends only small pickled headers over its pipe:
@@ -45,7 +45,7 @@ import numpy as np
 
 from loaders.pack.packed import EncodedKeys, PackedBatch, encode_keys
 
-RING_MIN_BYTES = 8 << 20  # a worker's ring: at least this, and 8 full batches of int32 ids (see ring_bytes)
+RING_MIN_BYTES = 8 << 20  # a worker's ring: at least this, and 16 full batches of int32 ids (see ring_bytes)
 _ALIGN = 64  # records start on cache lines; arrays inside a record on 8 bytes
 _CREDIT = struct.Struct("<q")
 
@@ -75,8 +75,8 @@ def _src_path() -> str:
 
 
 def ring_bytes(micro_batch_tokens: int) -> int:
-    """The ring size of a worker whose full batches hold ``micro_batch_tokens`` token slots: room for
-    8 such batches of ``int32`` ids with their records and keys, and at least :data:`RING_MIN_BYTES`."""
+    """The ring size (bytes) of a worker whose full batches hold ``micro_batch_tokens`` token slots: room
+    for 16 such batches of ``int32`` ids, whole pages, and at least :data:`RING_MIN_BYTES`."""
     return max(RING_MIN_BYTES, -(-16 * 4 * micro_batch_tokens // mmap.PAGESIZE) * mmap.PAGESIZE)
 
 
