@@ -275,7 +275,8 @@ def main() -> int:
                 alone = in_process.get(k) if w != "workers=0" else None  # workers against the in-process pass
                 ratios = [(ref, ref_name if ref_name != "memmap" else None), (floor, "memmap"),
                           (same, "litdata_zstd"), (alone, "in-process")]
-                vs = ", ".join(f"{v['tokens_per_s'] / r['tokens_per_s']:5.2f}x {name}" for r, name in ratios if r and name)
+                vs = ", ".join(f"{v['tokens_per_s'] / r['tokens_per_s']:5.2f}x {name}"
+                               for r, name in ratios if r and name)
                 print(f"  {w} {k:14s} {v['tokens_per_s'] / 1e6:7.2f} M tok/s ({vs})  first batch "
                       f"{v['first_batch_s']:.3f} s  peak RSS {v['peak_rss_mb']:.0f} MB"
                       f" (+ workers {v['workers_peak_rss_mb']:.0f} MB)")
