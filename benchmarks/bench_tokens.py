@@ -31,6 +31,7 @@ as JSON, fsynced (``flat_meta``: the information a shard holds). ``--write-only`
 writes (no LitData).
 
     python benchmarks/bench_tokens.py [--work /tmp/colaflow-bench-tokens] [--rounds 5] [--repeat 26] [--write-only]
+                                      [--no-litdata]
 """
 from __future__ import annotations
 
@@ -258,6 +259,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=26, help="corpus copies per pass (26: about 100 M demo tokens)")
     ap.add_argument("--write-only", action="store_true",
                     help="only the write times of each corpus once (--rounds interleaved rounds; no LitData)")
+    ap.add_argument("--no-litdata", action="store_true",
+                    help="skip LitData's writes and passes (colaflow and the floor only)")
     ap.add_argument("--pass", dest="one_pass", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one_pass:
@@ -271,7 +274,7 @@ def main() -> int:
         print("litdata is not installed (pip install 'colaflow[bench]'): LitData rows are skipped", file=sys.stderr)
         have_litdata = False
     else:
-        have_litdata = True
+        have_litdata = not args.no_litdata
     ids, sources, tokens = demo_corpus(args.work)
     corpora = {"demo": (ids, sources, tokens), "long": long_corpus(ids, sources, tokens)}
     if args.write_only:
@@ -324,15 +327,20 @@ def main() -> int:
         for k, v in res["bytes_per_token"].items():
             print(f"  {k:14s} {v:6.3f} bytes/token  {res['vs_flat'][k]:5.2f}x flat")
         print_writes(name, None, res["write_s"])
+        in_process = res["loader"].get("workers=0", {})
         for w, runs in res["loader"].items():
-            ref = runs.get("litdata", runs.get("memmap", runs["colaflow_raw"]))["tokens_per_s"]
-            floor = res["loader"]["workers=0"].get("memmap") if "workers=0" in res["loader"] else None
+            ref_name = next(k for k in ("litdata", "memmap", "colaflow_raw") if k in runs)
+            ref = runs[ref_name]
+            floor = in_process.get("memmap")
             for k, v in runs.items():
-                vs_floor = f", {v['tokens_per_s'] / floor['tokens_per_s']:5.2f}x memmap" if floor else ""
                 same = runs.get("litdata_zstd") if k == "colaflow_zstd" else None  # zstd against zstd too
-                vs_zstd = f", {v['tokens_per_s'] / same['tokens_per_s']:5.2f}x litdata_zstd" if same else ""
-                print(f"  {w} {k:14s} {v['tokens_per_s'] / 1e6:7.2f} M tok/s ({v['tokens_per_s'] / ref:5.2f}x litdata"
-                      f"{vs_zstd}{vs_floor})  first batch {v['first_batch_s']:.3f} s  peak RSS {v['peak_rss_mb']:.0f} MB"
+                alone = in_process.get(k) if w != "workers=0" else None  # workers against the in-process pass
+                ratios = [(ref, ref_name if ref_name != "memmap" else None), (floor, "memmap"),
+                          (same, "litdata_zstd"), (alone, "in-process")]
+                vs = ", ".join(f"{v['tokens_per_s'] / r['tokens_per_s']:5.2f}x {name}"
+                               for r, name in ratios if r and name)
+                print(f"  {w} {k:14s} {v['tokens_per_s'] / 1e6:7.2f} M tok/s ({vs})  first batch "
+                      f"{v['first_batch_s']:.3f} s  peak RSS {v['peak_rss_mb']:.0f} MB"
                       f" (+ workers {v['workers_peak_rss_mb']:.0f} MB)")
     return 0
 
