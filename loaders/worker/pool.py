@@ -11,8 +11,8 @@ handing batches over through shared memory.
   zstandard and the shard readers (about 0.2 s), inheriting nothing of the trainer but its ring.
 
 Protocol. Each worker has a ring (:class:`BatchRing`): an anonymous shared file (Linux
-``memfd_create``, never named in ``/dev/shm``, so nothing outlives the two processes, however they
-end) mapped by the parent and the worker. The worker gets ``(stream, worker, num_workers)`` pickled
+``memfd_create``, elsewhere a temporary file unlinked at once; never named in ``/dev/shm``, so
+nothing outlives the two processes, however they end) mapped by the parent and the worker. The worker gets ``(stream, worker, num_workers)`` pickled
 (:class:`loaders.worker.stream.TextStream`, whose cache pickles as its config: the worker opens its own).
 It writes each batch's arrays (token ids, chunk lengths, row counts, resume records, keys as UTF-8
 bytes) into the ring as one record, and sends only small pickled headers over its pipe:
@@ -38,6 +38,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import traceback
 from typing import BinaryIO, Iterator
 
@@ -80,6 +81,16 @@ def ring_bytes(micro_batch_tokens: int) -> int:
     return max(RING_MIN_BYTES, -(-16 * 4 * micro_batch_tokens // mmap.PAGESIZE) * mmap.PAGESIZE)
 
 
+def _anonymous_file() -> int:
+    """A descriptor of a new file that has no name: a ``memfd`` on Linux, elsewhere a temporary file
+    unlinked at once (macOS has no ``memfd_create``); either is freed when its last holder closes it."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("colaflow-batches", os.MFD_CLOEXEC)
+    fd, name = tempfile.mkstemp(prefix="colaflow-batches-")  # not inherited: spawn passes it explicitly
+    os.unlink(name)
+    return fd
+
+
 class BatchRing:
     """One worker's shared memory: an anonymous file of ``size`` bytes mapped here (see the module docstring).
 
@@ -89,7 +100,7 @@ class BatchRing:
     """
 
     def __init__(self, size: int):
-        self.fd: int | None = os.memfd_create("colaflow-batches", os.MFD_CLOEXEC)
+        self.fd: int | None = _anonymous_file()
         os.ftruncate(self.fd, size)
         self._map = mmap.mmap(self.fd, size)
         self.view = np.frombuffer(self._map, np.uint8)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 
 import numpy as np
 import pytest
@@ -175,3 +176,16 @@ def test_keys_of_groups_that_all_read_one_shard_are_gathered_at_once():
     sent = [list(encode_keys(BatchKeys(PackingKeys(tables, group, index, [0, 2, 5]), i))) for i in range(2)]
     assert sent == [list(BatchKeys(PackingKeys(tables, group, index, [0, 2, 5]), i)) for i in range(2)]
     assert sent == [["x%2F1", "x%2F3"], ["x%2F1", "x%2F0"]]
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_without_memfd_the_rings_are_unlinked_temporary_files(shards, start, monkeypatch):
+    """Where ``os.memfd_create`` is missing (macOS), a ring is a temporary file without a name: the
+    same batches, and nothing left once the epoch ends."""
+    monkeypatch.delattr(os, "memfd_create")
+    before = _ring_handles()
+    loader = build_text_loader(_cfg(shards, num_workers=2, worker_start=start))
+    got = list(loader)
+    _same(got, list(build_text_loader(_cfg(shards, num_workers=2), in_process=True)))
+    assert not loader.pool.procs and _ring_handles() == before
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("colaflow-batches-")]
