@@ -9,10 +9,11 @@ middle's id is the largest in a third of the chains. Truth is the exact Jaccard 
 word 5-gram sets MinHash estimates (lower-cased, whitespace words): a pair is a duplicate when it is
 >= ``dedup.threshold``, and a chain's truth clusters are the connected components of those pairs.
 ``NearDedup`` runs on the DirectRunner (on the documents' keys, as Work makes them) with the
-default settings (112 permutations, 14 bands) and its clusters are read from its duplicates
-listing (each dropped id with its representative).
+default settings (112 permutations, 14 bands, 8 clustering rounds) and its clusters are read from
+its duplicates listing (each dropped id with its representative); the label pairs its clustering
+settled after the rounds are printed too (0: the rounds finished every cluster).
 
-    .venv/bin/python benchmarks/bench_near_dedup.py [--pairs 400] [--chains 200]
+    .venv/bin/python benchmarks/bench_near_dedup.py [--pairs 400] [--chains 200] [--rounds 8]
 """
 from __future__ import annotations
 
@@ -41,12 +42,14 @@ def mutate(text: str, rate: float, rng: random.Random, tag: str) -> str:
     return " ".join(words)
 
 
-def clusters(docs: dict[str, str]) -> dict[str, str]:
-    """``{id: its cluster's representative}`` by ``NearDedup`` (default settings), DirectRunner:
-    every id joined with the ids its duplicates listing links it to."""
+def clusters(docs: dict[str, str], rounds: int) -> tuple[dict[str, str], int]:
+    """``({id: its cluster's representative}, label pairs settled after the rounds)`` by ``NearDedup``
+    (default settings but ``dedup.near_rounds=rounds``), DirectRunner: every id joined with the ids
+    its duplicates listing links it to."""
     import apache_beam as beam
     from apache_beam.runners.direct.direct_runner import DirectRunner
 
+    from pipelines.accounting.stats import RUN_SOURCE
     from pipelines.config import DedupConfig
     from pipelines.records import Doc
     from pipelines.stages.keys import doc_keys
@@ -56,20 +59,24 @@ def clusters(docs: dict[str, str]) -> dict[str, str]:
     runner.is_interactive()  # skip the Prism download attempt (offline)
     with tempfile.TemporaryDirectory() as tmp:
         with beam.Pipeline(runner=runner) as p:
-            cfg = DedupConfig(near=True)
+            cfg = DedupConfig(near=True, near_rounds=rounds)
             pairs = doc_keys([Doc(k, v, "s") for k, v in docs.items()], "bench", 0, cfg)  # as Work makes them
             sigs = dict((key.id, sig) for key, sig in pairs)
             out = (p | beam.Create([key for key, _ in pairs])
                    | NearDedup(cfg, lambda keys: keys | beam.Map(lambda key: (key.id, sigs[key.id]))))
             out.duplicates | beam.io.WriteToText(f"{tmp}/duplicates", shard_name_template="")
+            (out.events | beam.Filter(lambda e: e[0][0] == RUN_SOURCE) | beam.Map(lambda e: str(e[1]))
+             | "Unresolved" >> beam.io.WriteToText(f"{tmp}/unresolved", shard_name_template=""))
         with open(f"{tmp}/duplicates", encoding="utf-8") as f:
             found = [json.loads(line) for line in f]
+        with open(f"{tmp}/unresolved", encoding="utf-8") as f:
+            unresolved = sum(int(line) for line in f)
     rep = {k: k for k in docs}
     rep.update({d["id"]: d["duplicate_of"] for d in found})
     for k in rep:  # a representative is kept (one hop); follow the links for listings that chain
         while rep[rep[k]] != rep[k]:
             rep[k] = rep[rep[k]]
-    return rep
+    return rep, unresolved
 
 
 def scores(truth: list[bool], predicted: list[bool]) -> dict:
@@ -82,12 +89,14 @@ def scores(truth: list[bool], predicted: list[bool]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Print precision and recall on mutated pairs and on chains, as a Markdown table and JSON."""
     from examples.demo.corpus import kjv_records
+    from pipelines.accounting.stats import RUN_SOURCE
     from pipelines.config import DedupConfig
 
     args = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     args.add_argument("--pairs", type=int, default=400)
     args.add_argument("--chains", type=int, default=200)
     args.add_argument("--seed", type=int, default=0)
+    args.add_argument("--rounds", type=int, default=DedupConfig().near_rounds, help="dedup.near_rounds")
     a = args.parse_args(argv)
     threshold, n = DedupConfig().threshold, DedupConfig().ngram
     rng = random.Random(a.seed)
@@ -107,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             docs[k] = text
         chains.append(tuple(ids))
     sets = {k: shingles(v, n) for k, v in docs.items()}
-    rep = clusters(docs)
+    rep, unresolved = clusters(docs, a.rounds)
 
     pair_truth = [jaccard(sets[x], sets[y]) >= threshold for x, y in pairs]
     pair_pred = [rep[x] == rep[y] for x, y in pairs]
@@ -122,13 +131,15 @@ def main(argv: list[str] | None = None) -> int:
             long_chains += 1
             whole += sum(rep[x] == x for x in (a_, b_, c_)) == 1
     result = {"mutated_pairs": scores(pair_truth, pair_pred), "chain_pairs": scores(chain_truth, chain_pred),
-              "chains_a_c_below_threshold": long_chains, "of_them_one_kept": whole}
+              "chains_a_c_below_threshold": long_chains, "of_them_one_kept": whole,
+              "label_pairs_settled_after_the_rounds": unresolved}
     print("| set | pairs | true duplicates | predicted | precision | recall |")
     print("|---|---:|---:|---:|---:|---:|")
     for name in ("mutated_pairs", "chain_pairs"):
         r = result[name]
         print(f"| {name} | {r['pairs']} | {r['true']} | {r['predicted']} | {r['precision']:.3f} | {r['recall']:.3f} |")
     print(f"chains whose ends alone are below the threshold: {long_chains}, one document kept: {whole}")
+    print(f"label pairs settled after the clustering rounds: {unresolved}")
     print(json.dumps(result))
     return 0
 

@@ -23,13 +23,21 @@ delivered (LitData and memmap: B x T per batch). ``--repeat N`` repeats each cor
 default makes a demo pass about 100 M tokens, long enough for a stable ratio).
 
 Write time (``--rounds`` interleaved writes of the corpus once, median): colaflow raw and zstd
-token blocks with their indexes, LitData's ``optimize()``, and the flat file.
+token blocks (``TokenBlockWriter.add_many`` + manifest: tokens, per-block metadata of ids, sources and
+lengths, tar headers, sha256, fsync), their ``shards index`` step apart (``*_index``: DALI ``.idx`` and
+``shardindex.json`` for other readers), LitData's ``optimize()``, the flat file (``flat``: tokens and
+int64 offsets, no fsync; ``flat_fsync``: fsynced) and the flat file with the documents' ids and sources
+as JSON, fsynced (``flat_meta``: the information a shard holds). ``--write-only`` times only the
+writes (no LitData).
 
-    python benchmarks/bench_tokens.py [--work /tmp/colaflow-bench-tokens] [--rounds 5] [--repeat 26]
+    python benchmarks/bench_tokens.py [--work /tmp/colaflow-bench-tokens] [--rounds 5] [--repeat 26] [--write-only]
+                                      [--no-litdata]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -99,15 +107,21 @@ def repeated(ids, sources, tokens, n: int) -> tuple[list[str], list[str], list[n
 
 
 def write_seconds(writers: dict, rounds: int, work: str) -> dict[str, float]:
-    """Median wall seconds of each writer over ``rounds`` interleaved writes into fresh folders."""
+    """Median wall seconds of each writer over ``rounds`` interleaved writes into fresh folders.
+
+    A writer may return ``{step: seconds}`` of steps it timed itself after its write (``index``):
+    they are reported as ``KIND_STEP`` and left out of ``KIND``'s time.
+    """
     times: dict[str, list[float]] = {}
     for r in range(rounds):
         for kind, write in writers.items():
             out = os.path.join(work, f"write-{kind}-{r}")
             shutil.rmtree(out, ignore_errors=True)
             t0 = time.perf_counter()
-            write(out)
-            times.setdefault(kind, []).append(time.perf_counter() - t0)
+            steps = write(out) or {}
+            times.setdefault(kind, []).append(time.perf_counter() - t0 - sum(steps.values()))
+            for step, seconds in steps.items():
+                times.setdefault(f"{kind}_{step}", []).append(seconds)
             shutil.rmtree(out, ignore_errors=True)
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -117,13 +131,17 @@ def dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
 
 
-def write_colaflow(out: str, ids, sources, tokens, compression: str) -> None:
-    """Write ``tokens`` as colaflow token-block shards (``compression`` none|zstd) with their indexes."""
+def write_colaflow(out: str, ids, sources, tokens, compression: str) -> dict[str, float]:
+    """Write ``tokens`` as colaflow token-block shards (``compression`` none|zstd) and their manifest, then
+    their indexes (``shards index``: DALI ``.idx`` and ``shardindex.json``, for other readers; colaflow's
+    loader lists a shard's tar headers itself without them). Returns ``{"index": seconds}``."""
     w = TokenBlockWriter(out, max_bytes=256 << 20, compression=compression)
-    for i, s, t in zip(ids, sources, tokens):
-        w.add(i, s, t)
+    w.add_many(ids, sources, tokens)
     Manifest(shards=w.close(), layout="token_blocks", vocab_size=4096).save(out)
-    assert shards_cli(["index", out]) == 0
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert shards_cli(["index", out]) == 0
+    return {"index": time.perf_counter() - t0}
 
 
 def _litdata_item(t):
@@ -139,11 +157,53 @@ def write_litdata(out: str, tokens, compression: str | None) -> None:
              **({"compression_level": "chunk"} if compression else {}))  # zstd per chunk (whole-file)
 
 
-def write_flat(out: str, tokens) -> None:
-    """Write the flat floor: one uint16 ``tokens.bin`` plus int64 document offsets ``tokens.idx``."""
+def write_flat(out: str, tokens, fsync: bool = False) -> None:
+    """Write the flat floor: one uint16 ``tokens.bin`` plus int64 document offsets ``tokens.idx``
+    (``fsync``: then flushed to disk, as the shard writer does with each shard)."""
     os.makedirs(out, exist_ok=True)
     np.concatenate(tokens).astype(np.uint16).tofile(os.path.join(out, "tokens.bin"))
     np.concatenate([[0], np.cumsum([len(t) for t in tokens])]).astype(np.int64).tofile(os.path.join(out, "tokens.idx"))
+    if fsync:
+        _fsync(out, "tokens.bin", "tokens.idx")
+
+
+def write_flat_meta(out: str, ids, sources, tokens) -> None:
+    """The flat floor plus what a shard holds beyond tokens and offsets: the documents' ids and sources
+    (``docs.json``, uncompressed JSON), every file fsynced as the shard writer does (no checksum, no
+    compression, no tar headers)."""
+    write_flat(out, tokens)
+    with open(os.path.join(out, "docs.json"), "w", encoding="utf-8") as f:
+        json.dump({"ids": ids, "sources": sources}, f, ensure_ascii=False, separators=(",", ":"))
+    _fsync(out, "tokens.bin", "tokens.idx", "docs.json")
+
+
+def _fsync(folder: str, *names: str) -> None:
+    for name in names:
+        with open(os.path.join(folder, name), "rb+") as f:
+            os.fsync(f.fileno())
+
+
+def write_once(corpus, with_litdata: bool) -> dict:
+    """The writers timed on ``corpus`` (``(ids, sources, tokens)``) once: colaflow raw and zstd (each
+    with its ``shards index`` step timed apart), the flat file (also fsynced), the flat file with ids and
+    sources, and LitData's ``optimize()`` when ``with_litdata``."""
+    ids, sources, tokens = corpus
+    writers = {"colaflow_raw": lambda d: write_colaflow(d, ids, sources, tokens, "none"),
+               "colaflow_zstd": lambda d: write_colaflow(d, ids, sources, tokens, "zstd"),
+               "flat": lambda d: write_flat(d, tokens), "flat_fsync": lambda d: write_flat(d, tokens, fsync=True),
+               "flat_meta": lambda d: write_flat_meta(d, ids, sources, tokens)}
+    if with_litdata:
+        writers["litdata"] = lambda d: write_litdata(d, tokens, None)
+    return writers
+
+
+def print_writes(name: str, corpus, write_s: dict[str, float]) -> None:
+    """Print median write seconds with their ratios to the flat file and to the flat file with ids and sources."""
+    if corpus is not None:
+        print(f"== {name}: {len(corpus[2]):,} documents, {sum(map(len, corpus[2])):,} tokens, written once")
+    for k, v in write_s.items():
+        print(f"  write {k:20s} {v:7.3f} s  {v / write_s['flat']:6.2f}x flat  "
+              f"{v / write_s['flat_meta']:5.2f}x flat_meta")
 
 
 def litdata_pass(spec: dict) -> dict:
@@ -197,6 +257,10 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--repeat", type=int, default=26, help="corpus copies per pass (26: about 100 M demo tokens)")
+    ap.add_argument("--write-only", action="store_true",
+                    help="only the write times of each corpus once (--rounds interleaved rounds; no LitData)")
+    ap.add_argument("--no-litdata", action="store_true",
+                    help="skip LitData's writes and passes (colaflow and the floor only)")
     ap.add_argument("--pass", dest="one_pass", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one_pass:
@@ -210,16 +274,16 @@ def main() -> int:
         print("litdata is not installed (pip install 'colaflow[bench]'): LitData rows are skipped", file=sys.stderr)
         have_litdata = False
     else:
-        have_litdata = True
+        have_litdata = not args.no_litdata
     ids, sources, tokens = demo_corpus(args.work)
     corpora = {"demo": (ids, sources, tokens), "long": long_corpus(ids, sources, tokens)}
+    if args.write_only:
+        for name, once in corpora.items():
+            print_writes(name, once, write_seconds(write_once(once, False), args.rounds, args.work))
+        return 0
     results: dict = {}
     for name, once in corpora.items():
-        write_once = {"colaflow_raw": lambda d: write_colaflow(d, *once, "none"),
-                      "colaflow_zstd": lambda d: write_colaflow(d, *once, "zstd"), "flat": lambda d: write_flat(d, once[2])}
-        if have_litdata:
-            write_once["litdata"] = lambda d: write_litdata(d, once[2], None)
-        write_s = write_seconds(write_once, args.rounds, args.work)
+        write_s = write_seconds(write_once(once, have_litdata), args.rounds, args.work)
         c_ids, c_src, c_tok = repeated(*once, args.repeat)
         n_tok = sum(len(t) for t in c_tok)
         base = os.path.join(args.work, f"{name}-x{args.repeat}")
@@ -237,6 +301,7 @@ def main() -> int:
         bpt = {k: dir_bytes(d) / n_tok for k, d in dirs.items()}
         res = results[name] = {"documents": len(c_tok), "tokens": n_tok, "mean_doc_tokens": n_tok / len(c_tok),
                                "write_s": write_s, "write_vs_flat": {k: v / write_s["flat"] for k, v in write_s.items()},
+                               "write_vs_flat_meta": {k: v / write_s["flat_meta"] for k, v in write_s.items()},
                                "bytes_per_token": bpt, "vs_flat": {k: v / bpt["flat"] for k, v in bpt.items()},
                                "loader": {}}
         for workers in (int(w) for w in args.workers.split(",")):
@@ -261,17 +326,21 @@ def main() -> int:
               f"({res['mean_doc_tokens']:.1f} per document)")
         for k, v in res["bytes_per_token"].items():
             print(f"  {k:14s} {v:6.3f} bytes/token  {res['vs_flat'][k]:5.2f}x flat")
-        for k, v in res["write_s"].items():
-            print(f"  write {k:14s} {v:6.2f} s  {res['write_vs_flat'][k]:5.2f}x flat (corpus once)")
+        print_writes(name, None, res["write_s"])
+        in_process = res["loader"].get("workers=0", {})
         for w, runs in res["loader"].items():
-            ref = runs.get("litdata", runs.get("memmap", runs["colaflow_raw"]))["tokens_per_s"]
-            floor = res["loader"]["workers=0"].get("memmap") if "workers=0" in res["loader"] else None
+            ref_name = next(k for k in ("litdata", "memmap", "colaflow_raw") if k in runs)
+            ref = runs[ref_name]
+            floor = in_process.get("memmap")
             for k, v in runs.items():
-                vs_floor = f", {v['tokens_per_s'] / floor['tokens_per_s']:5.2f}x memmap" if floor else ""
                 same = runs.get("litdata_zstd") if k == "colaflow_zstd" else None  # zstd against zstd too
-                vs_zstd = f", {v['tokens_per_s'] / same['tokens_per_s']:5.2f}x litdata_zstd" if same else ""
-                print(f"  {w} {k:14s} {v['tokens_per_s'] / 1e6:7.2f} M tok/s ({v['tokens_per_s'] / ref:5.2f}x litdata"
-                      f"{vs_zstd}{vs_floor})  first batch {v['first_batch_s']:.3f} s  peak RSS {v['peak_rss_mb']:.0f} MB"
+                alone = in_process.get(k) if w != "workers=0" else None  # workers against the in-process pass
+                ratios = [(ref, ref_name if ref_name != "memmap" else None), (floor, "memmap"),
+                          (same, "litdata_zstd"), (alone, "in-process")]
+                vs = ", ".join(f"{v['tokens_per_s'] / r['tokens_per_s']:5.2f}x {name}"
+                               for r, name in ratios if r and name)
+                print(f"  {w} {k:14s} {v['tokens_per_s'] / 1e6:7.2f} M tok/s ({vs})  first batch "
+                      f"{v['first_batch_s']:.3f} s  peak RSS {v['peak_rss_mb']:.0f} MB"
                       f" (+ workers {v['workers_peak_rss_mb']:.0f} MB)")
     return 0
 

@@ -109,8 +109,7 @@ class ShardHandle(Protocol):
     """One open local shard, documents by index (what ``shards.format.layouts.Layout.open`` returns)."""
 
     errors: list[str]  # unreadable documents met by :meth:`locate`, for the caller to log and count as bad
-    has_ids: bool  # whether :attr:`ids` gives every document's raw id (else the shard only knows keys)
-    ids: list[str] | None  # every document's raw id (decoded when first read), or None
+    has_ids: bool  # whether :meth:`id_bytes_of` gives documents' raw ids (else the shard only knows keys)
 
     @property
     def resident(self) -> bool:
@@ -120,6 +119,10 @@ class ShardHandle(Protocol):
         """Documents ``index`` (``int64``) without a copy where the layout allows: ``(pools, pool, offset,
         length, ok)``, token arrays and per document the ``int64`` index of its pool, its first token
         there and its token count, and a ``bool`` mask of the readable ones."""
+
+    def id_bytes_of(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw ids of documents ``index`` (``int64``; only when :attr:`has_ids`) as UTF-8 ``(uint8 data,
+        int64 offsets [len(index) + 1])``, undecoded."""
 
     def key(self, index: int) -> str:
         """Sample key of document ``index``."""

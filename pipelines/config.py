@@ -1,7 +1,8 @@
 """Configuration of the preprocessing pipeline (``configs/pipeline.yaml``).
 
-Loaded with :func:`colaflow.config.load_config`; every default works on a laptop and
-on the demo corpus. Override from the command line, e.g. ``tokenizer.vocab_size=8192``.
+Loaded with :func:`colaflow.config.load_config`; every default works on a laptop, and the
+curation defaults are FineWeb's (the demo corpus, verse, runs with ``quality.enabled=false``).
+Override from the command line, e.g. ``tokenizer.vocab_size=8192``.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from colaflow.config import ConfigError, check_fields, setting
+from pipelines.stages.scorers import SCORERS
 from shards.format.blocks import COMPRESSIONS
 from shards.format.layouts import LAYOUTS
 from shards.tokenizers import KINDS as TOKENIZER_KINDS
@@ -199,9 +201,11 @@ class C4Config:
         lorem_ipsum: drop documents holding "lorem ipsum" in a kept line (C4).
         curly_brace: drop documents holding ``{`` in a kept line (C4).
         min_sentences: drop documents with fewer sentences in their kept lines (C4: 5; 0 = off).
-        bad_words: a word list (one word or phrase per line, local path or fsspec URL; C4 used the
-            "List of Dirty, Naughty, Obscene and Otherwise Bad Words", ``en``): drop documents whose
-            kept lines hold one as a whole word, case ignored (C4). ``null`` = off (FineWeb leaves it out).
+        bad_words: a word list: a file (one word or phrase per line, local path or fsspec URL) or a
+            named list of :data:`pipelines.stages.quality.word_lists.NAMED_LISTS` (``better-profanity``,
+            ``pip install 'colaflow[curation]'``). Drop documents whose kept lines hold one as a whole
+            word, case ignored (C4). C4 used the "List of Dirty, Naughty, Obscene and Otherwise Bad
+            Words" (``en``), which no maintained package ships. ``null`` = off (FineWeb leaves it out).
     """
 
     enabled: bool = True
@@ -242,9 +246,10 @@ class FineWebConfig:
 @dataclass
 class QualityConfig:
     """Heuristic quality rules of Gopher, C4 and FineWeb, in that order (``pipelines.stages.quality``).
-    Off by default: the demo corpus is short verse, which the web-text thresholds would mostly
-    remove; ``quality.enabled=true`` applies FineWeb's set (Penedo et al. 2024: Gopher quality and
-    repetition, C4 without its terminal-punctuation rule, FineWeb's own rules).
+    On by default with FineWeb's set (Penedo et al. 2024: Gopher quality and repetition, C4 without
+    its terminal-punctuation rule and bad-words list, FineWeb's own rules), so the default run gives
+    a corpus a team would train on. These are web-text thresholds: ``quality.enabled=false`` for
+    short texts such as verse (the demo corpus turns them off).
 
     Attributes:
         enabled: apply the sections below (each has its own ``enabled`` too).
@@ -254,7 +259,7 @@ class QualityConfig:
         fineweb: FineWeb's rules.
     """
 
-    enabled: bool = False
+    enabled: bool = True
     gopher: GopherQualityConfig = field(default_factory=GopherQualityConfig)
     repetition: RepetitionConfig = field(default_factory=RepetitionConfig)
     c4: C4Config = field(default_factory=C4Config)
@@ -263,18 +268,27 @@ class QualityConfig:
 
 @dataclass
 class ClassifierConfig:
-    """A model-based quality filter: a fastText classifier (``pipelines.stages.classifier``), as DCLM
-    and FineWeb-Edu filter with one. Off unless ``path`` is given (``colaflow[curation]``).
+    """A model-based quality filter (``pipelines.stages.classifier``), as DCLM and FineWeb-Edu filter
+    with one. Off unless ``path`` is given.
 
     Attributes:
-        path: the fastText ``.bin`` model (local path or fsspec URL); ``null`` = no classifier.
-        label: the label whose probability is the document's score (``__label__hq``).
+        kind: the model (:data:`pipelines.stages.scorers.SCORERS`): ``fasttext`` (a ``.bin``,
+            ``colaflow[curation]``) or ``hf`` (a Hugging Face sequence-classification model, torch).
+        path: the model: a fastText ``.bin`` (local path or fsspec URL), or a local folder saved by
+            ``save_pretrained`` (the model and its tokenizer) for ``hf``; ``null`` = no classifier.
+        label: the label whose probability is the document's score (``__label__hq`` for fastText;
+            one of the model's ``id2label`` names for ``hf``).
         threshold: documents scored below this are filtered as ``quality_classifier``.
+        batch_size: ``hf``: texts per forward pass.
+        max_tokens: ``hf``: each text's first this many tokens are scored.
     """
 
+    kind: str = setting("fasttext", choices=tuple(SCORERS))
     path: str | None = None
     label: str = "__label__hq"
     threshold: float = setting(0.5, ge=0.0, le=1.0)
+    batch_size: int = setting(32, ge=1)
+    max_tokens: int = setting(512, ge=1)
 
 
 @dataclass
@@ -320,20 +334,30 @@ class DedupConfig:
         write_duplicates: list every dropped duplicate with the id it duplicates in
             ``OUT/duplicates/*.jsonl`` (``{"id", "source", "duplicate_of", "kind"}``).
         near: MinHash-LSH near-duplicate removal (Broder 1997; Leskovec et al., "Mining of
-            Massive Datasets", ch. 3.4).
+            Massive Datasets", ch. 3.4); on by default, as in FineWeb, whose MinHash settings
+            (word 5-grams, 112 hashes in 14 bands) are the defaults below.
         ngram: word shingle size for MinHash.
         num_perm: MinHash permutations (= bands * rows).
         bands: LSH bands; rows per band = num_perm / bands.
         threshold: estimated Jaccard similarity at or above which a candidate is a near-duplicate.
+        near_rounds: large-star/small-star rounds of the near-duplicate clustering (connected
+            components, Kiveris et al. 2014). A chain of ``n`` near-copies whose ids are in chain
+            order, the slowest case measured, needs ``ceil(log2(n - 1))`` (the default, 8, settles
+            such chains of up to 257 documents; chains in random id order of 1,000 measured).
+        near_resolve_max: label pairs still disagreeing after the last round (clusters the rounds did
+            not finish) that are settled in one place and reported in ``stats.json``; more fail the
+            run with a message to raise ``near_rounds``.
     """
 
     exact: bool = True
     write_duplicates: bool = True
-    near: bool = False
+    near: bool = True
     ngram: int = setting(5, ge=1)
     num_perm: int = setting(112, ge=1)
     bands: int = setting(14, ge=1)
     threshold: float = setting(0.8, gt=0.0, le=1.0)
+    near_rounds: int = setting(8, ge=1)
+    near_resolve_max: int = setting(100_000, ge=0)
 
 
 @dataclass
@@ -459,6 +483,10 @@ class PipelineConfig:
                     type(n) is int and n >= 1 and isinstance(f, (int, float)) and 0 <= f <= 1 for n, f in table.items()):
                 raise ConfigError(f"quality.repetition.{key}={table!r}: use a mapping of n-gram sizes (integers >= 1) "
                                   "to fractions in [0, 1], e.g. {2: 0.2, 3: 0.18}")
+        if self.quality.c4.bad_words:
+            # imported here: the quality steps import this module
+            from pipelines.stages.quality.word_lists import word_list_path
+            word_list_path(self.quality.c4.bad_words)
         sets = self.decontam.eval_sets
         if not isinstance(sets, dict) or not all(isinstance(k, str) and re.fullmatch(r"[\w.-]+", k)
                                                  and isinstance(v, str) and v for k, v in sets.items()):

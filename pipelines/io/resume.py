@@ -45,6 +45,9 @@ JOB_FILE = "job.json"
 RECORD_SUFFIX = ".v2.split"  # v2: the record ends with its documents' keys; a v1 record is recomputed
 SPILL_DIR = "spill"  # under WORK_DIR: encoded samples between the final pass and the shard writer
 _SHOWN = 3  # changes named in a refusal before "and N more"
+# documents filtered together, so that a model step (classifier.kind=hf) scores them in batches; a
+# split's whole output is held in memory anyway (its record), this adds at most 256 parsed documents
+FILTER_BATCH = 256
 
 
 class ResumeError(ValueError):
@@ -188,9 +191,10 @@ class SplitWorkFn(beam.DoFn):
 
     A split with a record in the :class:`WorkFolder` is read from it. Any other is read
     (:func:`~pipelines.io.reading.read_split`), parsed (:class:`~pipelines.io.read.ParseFn`) and
-    filtered (:class:`~pipelines.stages.filters.FilterFn`) as one bundle of those two DoFns, its
-    outputs emitted as they come and kept as frames (one split's output in memory, as bytes, bounded
-    by ``input.split_bytes``), and recorded once the split is done.
+    filtered (:class:`~pipelines.stages.filters.FilterFn`, :data:`FILTER_BATCH` documents at a time)
+    as one bundle of those two DoFns, its outputs emitted as they come and kept as frames (one
+    split's output in memory, as bytes, bounded by ``input.split_bytes``), and recorded once the
+    split is done.
     """
 
     def __init__(self, work: WorkFolder, cfg: PipelineConfig, root: str, total_bytes: int = 0):
@@ -212,19 +216,34 @@ class SplitWorkFn(beam.DoFn):
         sid, pending, first = split_id(split), [], 0
         self.parse.start_bundle()
         self.filter.start_bundle()
+        batch: list = []
+
+        def filtered(docs: list):
+            # The steps' outputs for one batch: tagged ones go out and into the record; a kept
+            # document goes into the record only, its DocKey out once KEY_BATCH of them are pending.
+            nonlocal pending, first
+            for out in self.filter.filter_batch(docs):
+                if isinstance(out, beam.pvalue.TaggedOutput):
+                    kept.append((out.tag, out.value))
+                    yield out
+                    continue
+                kept.append((None, out))
+                pending.append(out)
+                if len(pending) >= KEY_BATCH:
+                    yield from self._keys(pending, sid, first, keys)
+                    first, pending = first + len(pending), []
+
         for unit in read_split(split, self.input_cfg, self.total_bytes, self.run_id):
             for parsed in self.parse.process(unit):
-                tagged = isinstance(parsed, beam.pvalue.TaggedOutput)  # a dead letter
-                for out in [parsed] if tagged else self.filter.process(parsed):
-                    if isinstance(out, beam.pvalue.TaggedOutput):
-                        kept.append((out.tag, out.value))
-                        yield out
-                        continue
-                    kept.append((None, out))
-                    pending.append(out)
-                    if len(pending) >= KEY_BATCH:
-                        yield from self._keys(pending, sid, first, keys)
-                        first, pending = first + len(pending), []
+                if isinstance(parsed, beam.pvalue.TaggedOutput):  # a dead letter
+                    kept.append((parsed.tag, parsed.value))
+                    yield parsed
+                    continue
+                batch.append(parsed)
+                if len(batch) == FILTER_BATCH:
+                    yield from filtered(batch)
+                    batch = []
+        yield from filtered(batch)
         yield from self._keys(pending, sid, first, keys)
         for tagged in [*self.parse.finish_bundle(), *self.filter.finish_bundle()]:
             value = tagged.value.value  # finish_bundle's events are windowed; here they go out of process

@@ -20,8 +20,8 @@ Each record becomes one unit: a response record a ``warc`` unit (a
 ``metadata``, ``revisit``, ...) a ``warc_other`` unit naming its type (no document, counted as
 ``skipped_records``); a member or record over ``input.max_record_bytes`` a ``too_large`` unit; a
 broken member (truncated, corrupt, or holding no valid WARC record) an ``unreadable`` unit naming
-its byte offset in the file. An uncompressed file that breaks off ends its split with one
-``unreadable`` unit, as other inputs do; a record cut short at its very end is read as far as it goes.
+its byte offset in the file. An uncompressed file that breaks off (inside a record's block or
+header) ends its split with one ``unreadable`` unit naming the byte offset, as other inputs do.
 """
 from __future__ import annotations
 
@@ -185,6 +185,42 @@ def _records(stream, path: str, offset: int, size: int) -> Iterator[RawUnit]:
         size = 0  # a member's size is counted once, by its first record
 
 
+def _cut_off(path: str, offset: int, what: str) -> RawUnit:
+    return RawUnit(path, 0, offset, f"WARC record at byte {offset:,} {what} (truncated file)".encode(), UNREADABLE, 0)
+
+
+def _plain_units(stream: BinaryIO, path: str, cfg: InputConfig) -> Iterator[RawUnit]:
+    """The units of an uncompressed (or wholly compressed) WARC stream, streamed by FastWARC, which
+    reads a cut-off record as far as it goes: a record whose block is shorter than its
+    ``Content-Length`` (or that has none) ends the split as one ``unreadable`` unit, and so do
+    bytes after the last record that hold no record (a header cut off), where the stream can seek."""
+    last = None
+    for record in ArchiveIterator(stream, parse_http=True, auto_decode="all"):
+        if record.content_length > cfg.max_record_bytes:
+            unit = RawUnit(path, 0, record.stream_pos, b"", TOO_LARGE, record.content_length)
+        else:
+            unit = _record_unit(path, record.stream_pos, record.content_length, record)
+        record.reader.consume()  # the rest of the block: how much of it the file holds
+        # the block's length as stored: ``content_length`` leaves out the HTTP headers once parsed
+        stored = record.headers.get("Content-Length") or ""
+        if record.reader.tell() < record.content_length or not stored.isdigit():
+            yield _cut_off(path, record.stream_pos, "ends before its end")
+            return
+        yield unit
+        last = (record.stream_pos, int(stored))
+    if last is None or not stream.seekable():
+        return
+    size = stream.seek(0, io.SEEK_END)
+    stream.seek(last[0])
+    head = stream.read(min(size - last[0], 1 << 16))
+    body = head.find(b"\r\n\r\n") + 4  # where the last record's block begins
+    tail_at = last[0] + body + last[1]
+    stream.seek(tail_at)
+    tail = stream.read(1 << 16)
+    if tail.strip():  # a record follows but FastWARC found no valid header in it
+        yield _cut_off(path, tail_at + len(tail) - len(tail.lstrip()), "has a header that ends before its end")
+
+
 def warc_units(stream: BinaryIO, path: str, start: int, end: int, cfg: InputConfig) -> Iterator[RawUnit]:
     """The :class:`~pipelines.records.RawUnit` s of one range of a WARC file (see the module docstring).
 
@@ -198,11 +234,7 @@ def warc_units(stream: BinaryIO, path: str, start: int, end: int, cfg: InputConf
         an iterator of units; a broken member is one ``unreadable`` unit naming its byte offset.
     """
     if not path.lower().endswith(".gz"):
-        for record in ArchiveIterator(stream, parse_http=True, auto_decode="all"):
-            if record.content_length > cfg.max_record_bytes:
-                yield RawUnit(path, 0, record.stream_pos, b"", TOO_LARGE, record.content_length)
-            else:
-                yield _record_unit(path, record.stream_pos, record.content_length, record)
+        yield from _plain_units(stream, path, cfg)
         return
     for member in gzip_members(stream, start, end, cfg.max_record_bytes):
         if member.error:

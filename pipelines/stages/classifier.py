@@ -1,17 +1,17 @@
-"""A model-based quality filter: a fastText classifier given by path (Joulin et al. 2017, "Bag of
-Tricks for Efficient Text Classification"), as DCLM (Li et al. 2024) and FineWeb-Edu filter with
-one. The document's probability of ``classifier.label`` is its score; a score below
-``classifier.threshold`` rejects it as ``quality_classifier``; a kept one keeps its score in its
-metadata (``quality_score``, written into its sample) and counts in the score histogram (``quality_score:<bin>`` events, ``stats.json``'s ``quality_scores``). Needs
-``pip install 'colaflow[curation]'``.
+"""A model-based quality filter, as DCLM (Li et al. 2024) and FineWeb-Edu filter with one: a
+fastText classifier or a Hugging Face sequence-classification model, chosen by ``classifier.kind``
+(:data:`pipelines.stages.scorers.SCORERS`). The document's probability of ``classifier.label`` is
+its score; a score below ``classifier.threshold`` rejects it as ``quality_classifier``; a kept one
+keeps its score in its metadata (``quality_score``, written into its sample) and counts in the
+score histogram (``quality_score:<bin>`` events, ``stats.json``'s ``quality_scores``).
 """
 from __future__ import annotations
 
-import fsspec
+from typing import Sequence
 
-from colaflow.config import ConfigError
 from pipelines.config import ClassifierConfig
 from pipelines.records import Doc, DocMeta
+from pipelines.stages.scorers import SCORERS, Scorer
 from pipelines.stages.step import DocumentStep, StepResult
 
 SCORE_BINS = 10  # histogram bins of width 0.1 over [0, 1]
@@ -24,88 +24,71 @@ def score_bin(score: float) -> str:
 
 
 def check_model(cfg: ClassifierConfig) -> None:
-    """Refuse a run whose ``classifier.path`` does not exist, before it starts.
+    """Refuse a run whose ``classifier`` section names no usable model, before it starts
+    (the check of ``cfg.kind``; nothing to check without ``cfg.path``).
 
     Raises:
-        colaflow.config.ConfigError: one line naming the path and what to do.
+        ImportError: the kind's package is not installed (one line saying what to install).
+        colaflow.config.ConfigError: one line naming the path or label and what to do.
     """
     if cfg.path:
-        fs, path = fsspec.core.url_to_fs(cfg.path)
-        if not fs.isfile(path):
-            raise ConfigError(f"classifier.path={cfg.path}: no such file; give a fastText .bin model "
-                                    "(fasttext.train_supervised(...).save_model) or classifier.path=null")
-        if "://" not in cfg.path:  # a local model is loaded once here (a remote one on the workers)
-            load_model(cfg)
-
-
-def load_model(cfg: ClassifierConfig):
-    """Load ``cfg.path`` (a local copy of a remote path) and check that it gives ``cfg.label``: a
-    model without that label would score every document 0 and filter them all.
-
-    Raises:
-        ImportError: fastText is not installed (one line saying what to install).
-        colaflow.config.ConfigError: the file is not a fastText model, or lacks ``cfg.label``.
-    """
-    try:
-        import fasttext
-    except ImportError as e:
-        raise ImportError("classifier.path needs fastText: pip install 'colaflow[curation]'") from e
-    path = cfg.path
-    try:
-        model = fasttext.load_model(fsspec.open_local(f"simplecache::{path}") if "://" in path else path)
-    except ValueError as e:  # fastText: "<path> has wrong file format!"
-        raise ConfigError(f"classifier.path={path}: not a fastText model ({e}); give a .bin saved by "
-                          "fasttext.train_supervised(...).save_model") from None
-    labels = list(model.get_labels())
-    if cfg.label not in labels:
-        shown = ", ".join(labels[:10]) + (", ..." if len(labels) > 10 else "")
-        raise ConfigError(f"classifier.label={cfg.label}: the model {path} has no such label (its labels: "
-                          f"{shown or 'none'}); set classifier.label to one of them")
-    return model
+        SCORERS[cfg.kind].check(cfg)
 
 
 class ClassifierStep(DocumentStep):
-    """Rejects a document whose fastText score (the probability of ``cfg.label``) is below
-    ``cfg.threshold`` as ``quality_classifier``; keeps one scored at or above it with its score in
-    its metadata and a ``quality_score:<bin>`` event. Keeps every document unchanged when ``cfg.path`` is not set.
-    The model loads in :meth:`setup` (a local copy of a remote path)."""
+    """Rejects a document whose score (the probability of ``cfg.label``) is below ``cfg.threshold``
+    as ``quality_classifier``; keeps one scored at or above it with its score in its metadata and a
+    ``quality_score:<bin>`` event. Keeps every document unchanged when ``cfg.path`` is not set. The
+    model loads in :meth:`setup`; a batch of documents is scored together (:meth:`apply_batch`).
+
+    Args:
+        cfg: the classifier settings.
+    """
 
     def __init__(self, cfg: ClassifierConfig):
         self.cfg = cfg
-        self._model = None
+        self._scorer: Scorer | None = None
 
     def setup(self) -> None:
-        """Load the model when ``cfg.path`` is set.
+        """Load the model of ``cfg.kind`` when ``cfg.path`` is set.
 
         Raises:
-            ImportError: fastText is not installed (one line saying what to install).
-            colaflow.config.ConfigError: not a fastText model, or one without ``cfg.label``.
+            ImportError: the kind's package is not installed (one line saying what to install).
+            colaflow.config.ConfigError: not a model of that kind, or one without ``cfg.label``.
         """
-        if not self.cfg.path:
-            return
-        self._model = load_model(self.cfg)
+        if self.cfg.path:
+            self._scorer = SCORERS[self.cfg.kind].load(self.cfg)
 
-    def score(self, text: str) -> float:
-        """The probability of ``cfg.label`` for ``text`` (newlines read as spaces: fastText
-        classifies one line), 0 when the model does not give it.
+    def scores(self, texts: Sequence[str]) -> list[float]:
+        """The probability of ``cfg.label`` for each of ``texts``, in order.
 
         Raises:
             RuntimeError: :meth:`setup` has not loaded a model.
         """
-        if self._model is None:
-            raise RuntimeError("ClassifierStep.score before setup() loaded classifier.path")
-        # the model's own predict, not FastText.predict: its np.array(copy=False) fails under numpy 2
-        probs = self._model.f.predict(text.replace("\n", " ") + "\n", -1, 0.0, "strict")
-        return min(next((p for p, label in probs if label == self.cfg.label), 0.0), 1.0)
+        if self._scorer is None:
+            raise RuntimeError("ClassifierStep.scores before setup() loaded classifier.path")
+        return self._scorer.scores(texts)
 
     def apply(self, doc: Doc) -> StepResult:
-        """Reject below the threshold, else keep it with its score (rounded to 4 places) in its
-        metadata and the score's histogram event."""
-        if not self.cfg.path:
-            return StepResult.keep(doc)
-        score = self.score(doc.text)
-        if score < self.cfg.threshold:
-            return StepResult.reject(REASON)
-        meta = (doc.meta or DocMeta())._replace(quality_score=round(score, 4))
-        return StepResult.keep(doc._replace(meta=meta), {f"quality_score:{score_bin(score)}": 1})
+        """:meth:`apply_batch` of one document."""
+        return self.apply_batch([doc])[0]
 
+    def apply_batch(self, docs: Sequence[Doc]) -> list[StepResult]:
+        """Reject each document scored below the threshold; keep the others with their score
+        (rounded to 4 places) in their metadata and the score's histogram event.
+
+        Args:
+            docs: the documents, scored together.
+        Returns:
+            one result per document, in order.
+        """
+        if not self.cfg.path:
+            return [StepResult.keep(doc) for doc in docs]
+        results = []
+        for doc, score in zip(docs, self.scores([doc.text for doc in docs])):
+            if score < self.cfg.threshold:
+                results.append(StepResult.reject(REASON))
+                continue
+            meta = (doc.meta or DocMeta())._replace(quality_score=round(score, 4))
+            results.append(StepResult.keep(doc._replace(meta=meta), {f"quality_score:{score_bin(score)}": 1}))
+        return results

@@ -15,7 +15,7 @@ from pipelines.stages.decontam import DecontamStep
 from pipelines.stages.language import LanguageStep
 from pipelines.stages.pii import RedactStep
 from pipelines.stages.quality import quality_steps
-from pipelines.stages.step import DocumentStep, run_steps
+from pipelines.stages.step import DocumentStep, run_steps_batch
 
 
 def build_steps(cfg: PipelineConfig) -> list[DocumentStep]:
@@ -55,16 +55,21 @@ class FilterFn(beam.DoFn):
         self.tally = EventTally()
 
     def process(self, doc: Doc):
-        """Apply the steps (:func:`~pipelines.stages.step.run_steps`); yields the kept document."""
-        result = run_steps(doc, self.steps)
-        if result.listing is not None:
-            yield beam.pvalue.TaggedOutput(LISTED, result.listing)
-        if result.doc is None:
-            self.tally.add(doc.source, f"filtered:{result.reason}")
-            return
-        for name, n in result.events.items():
-            self.tally.add(doc.source, name, n)
-        yield result.doc
+        """:meth:`filter_batch` of one document."""
+        yield from self.filter_batch([doc])
+
+    def filter_batch(self, docs: Sequence[Doc]):
+        """Apply the steps to ``docs`` (:func:`~pipelines.stages.step.run_steps_batch`: a model
+        scores them together); yields each document's listing line and the kept documents, in order."""
+        for doc, result in zip(docs, run_steps_batch(docs, self.steps)):
+            if result.listing is not None:
+                yield beam.pvalue.TaggedOutput(LISTED, result.listing)
+            if result.doc is None:
+                self.tally.add(doc.source, f"filtered:{result.reason}")
+                continue
+            for name, n in result.events.items():
+                self.tally.add(doc.source, name, n)
+            yield result.doc
 
     def finish_bundle(self):
         """Emit the bundle's event counts on tag ``events``."""

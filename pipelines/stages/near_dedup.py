@@ -7,9 +7,10 @@ candidates. Per band bucket, a combiner reduces the members' ids to the smallest
 keeper) without holding the bucket; the candidate pairs are each bucket's keeper with its other
 members (as datatrove pairs a bucket's first document with the rest). The pairs whose estimated
 Jaccard similarity is ≥ ``threshold`` are the edges of a graph whose connected components are the
-clusters (:class:`Components`, union-find): each cluster keeps its smallest id and drops the rest,
-so a chain of near-copies A~B~C goes whole even where A and C alone would not match. The outcome
-is the same on every runner.
+clusters (:class:`Clusters`: alternating large-star and small-star rounds, Kiveris et al. 2014,
+"Connected Components in MapReduce and Beyond"): each cluster keeps its smallest id and drops the
+rest, so a chain of near-copies A~B~C goes whole even where A and C alone would not match. The
+outcome is the same on every runner.
 
 Signatures are computed with numpy for a batch of documents at once: each word is hashed
 once (CRC-32), shingle hashes are rolled from word hashes, and the ``num_perm`` hash
@@ -20,14 +21,16 @@ broadcasting over chunks of at most ``CHUNK_ROWS`` shingles (bounded memory).
 from __future__ import annotations
 
 import functools
+import logging
 import zlib
-from typing import NamedTuple
+from collections import defaultdict
+from typing import Iterator, NamedTuple
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from pipelines.accounting.stats import EVENTS, NAMESPACE, event
+from pipelines.accounting.stats import EVENTS, NAMESPACE, RUN_SOURCE, event
 from pipelines.config import DedupConfig
 from pipelines.records import DUPLICATES, DedupOutput, duplicate_record
 
@@ -39,6 +42,8 @@ _ROLL = np.uint64(0x100000001B3)  # FNV-1 64-bit prime, multiplier of the rollin
 _MIX = np.uint64(0xFF51AFD7ED558CCD)  # MurmurHash3 fmix64 constant
 HELD_METRIC = "neardup_held"
 _HELD = Metrics.distribution(NAMESPACE, HELD_METRIC)  # elements held for one key after a grouping
+NEIGHBOURS_METRIC = "neardup_neighbours"
+_NEIGHBOURS = Metrics.distribution(NAMESPACE, NEIGHBOURS_METRIC)  # one node's neighbourhood in a clustering round
 
 
 @functools.lru_cache(maxsize=4)
@@ -274,60 +279,231 @@ def _compare(item, threshold: float):
         yield member, keeper
 
 
-class Components(beam.CombineFn):
-    """Connected components of similar pairs ``(id, id)``, by union-find: the accumulator maps each
-    id to a parent, the smaller id of a union is the root, so every component's root is its smallest
-    id whatever the order of pairs and merges. Output: ``{id: its component's smallest id}`` for every
-    id in a pair. Memory: the documents that have a near-duplicate (ids only), never the whole corpus.
+def large_star(node: str, neighbours) -> Iterator[tuple[str, str]]:
+    """The large-star step of Kiveris et al. 2014 ("Connected Components in MapReduce and Beyond")
+    at one node: each neighbour larger than ``node`` is linked to the smallest id of the
+    neighbourhood, ``node`` included.
+
+    Args:
+        node: a document id.
+        neighbours: the ids it shares an edge with (repeats allowed).
+    Returns:
+        the new edges ``(larger id, smaller id)``.
     """
+    nbrs = set(neighbours)
+    _NEIGHBOURS.update(len(nbrs))
+    least = min(nbrs | {node})
+    return ((v, least) for v in nbrs if v > node)
 
-    @staticmethod
-    def _root(parent: dict, x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]  # path halving
-            x = parent[x]
-        return x
 
-    def _union(self, parent: dict, a: str, b: str) -> None:
-        parent.setdefault(a, a)
-        parent.setdefault(b, b)
-        ra, rb = self._root(parent, a), self._root(parent, b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
+def small_star(node: str, smaller) -> Iterator[tuple[str, str]]:
+    """The small-star step of Kiveris et al. 2014 at one node: the node and its smaller neighbours
+    are linked to the smallest of them.
+
+    Args:
+        node: a document id.
+        smaller: its neighbours with a smaller id (at least one; repeats allowed).
+    Returns:
+        the new edges ``(larger id, smaller id)``.
+    """
+    nbrs = set(smaller)
+    _NEIGHBOURS.update(len(nbrs))
+    least = min(nbrs)
+    return ((v, least) for v in nbrs | {node} if v != least)
+
+
+def _both_ways(edge: tuple[str, str]):
+    yield edge
+    yield edge[1], edge[0]
+
+
+def _labels(item):
+    """A node's parents (smaller neighbours) after the last round → its label (the smallest parent)
+    and, keyed by each parent, that label (for the parent's agreement check)."""
+    node, parents = item
+    parents = set(parents)
+    _NEIGHBOURS.update(len(parents))
+    label = min(parents)
+    yield beam.pvalue.TaggedOutput("label", (node, label))
+    for parent in parents:
+        yield parent, label
+
+
+def _disagreements(item):
+    """At a node: its own label (none for a root: its id) against its children's labels; yields the
+    pairs of labels that differ, which the rounds left unjoined."""
+    node, grouped = item
+    own = min(grouped["label"], default=node)  # at most one
+    children = set(grouped["child"])
+    _NEIGHBOURS.update(len(children) + 1)
+    for label in children:
+        if label != own:
+            yield min(label, own), max(label, own)
+
+
+class _CappedPairs(beam.CombineFn):
+    """The distinct pairs while at most ``cap`` (``(set, n)``), else only their count (``(None, n)``,
+    at least ``cap + 1``): bounded memory whatever the input."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
 
     def create_accumulator(self):
-        """An empty forest ``{id: parent id}``."""
-        return {}
+        """No pair yet."""
+        return set(), 0
+
+    def _capped(self, pairs: set):
+        return (None, len(pairs)) if len(pairs) > self.cap else (pairs, len(pairs))
 
     def add_input(self, acc, pair: tuple[str, str]):
-        """Join the components of the pair's two ids."""
-        self._union(acc, *pair)
-        return acc
+        """Add one pair (or count it past the cap)."""
+        pairs, n = acc
+        if pairs is None:
+            return None, n + 1
+        pairs.add(pair)
+        return self._capped(pairs)
 
     def merge_accumulators(self, accumulators):
-        """Join every id of the other forests with its parent there."""
-        accumulators = iter(accumulators)
-        out = next(accumulators)
-        for acc in accumulators:
-            for x, parent in acc.items():
-                self._union(out, x, parent)
-        return out
+        """Union of the sets, or the sum of the counts once any is past the cap."""
+        pairs, n = set(), 0
+        for acc_pairs, acc_n in accumulators:
+            if pairs is None or acc_pairs is None:
+                pairs, n = None, n + acc_n
+            else:
+                pairs |= acc_pairs
+                pairs, n = self._capped(pairs)
+        return pairs, n
 
     def extract_output(self, acc):
-        """``{id: smallest id of its component}``."""
-        return {x: self._root(acc, x) for x in list(acc)}
+        """``(pairs or None, count)``."""
+        return acc
 
 
-def _represented(clusters: dict):
-    """``(id, its cluster's kept representative)`` for each clustered id but the representatives."""
-    for doc_id, rep in clusters.items():
-        if doc_id != rep:
-            yield doc_id, rep
+class UnconvergedError(RuntimeError):
+    """The clustering rounds left more disagreeing label pairs than ``dedup.near_resolve_max``."""
+
+
+def settle(pairs: set[tuple[str, str]]) -> dict[str, str]:
+    """Components of a small graph, in memory, by the same large-star and small-star steps repeated
+    until nothing changes.
+
+    Args:
+        pairs: its edges ``(id, id)``.
+    Returns:
+        ``{id: the smallest id of its component}`` for every id but those smallest ids.
+    """
+    edges = {(max(a, b), min(a, b)) for a, b in pairs if a != b}
+    while True:
+        nbrs: dict[str, list[str]] = defaultdict(list)
+        for a, b in edges:
+            nbrs[a].append(b)
+            nbrs[b].append(a)
+        large = {e for node, ns in nbrs.items() for e in large_star(node, ns)}
+        smaller: dict[str, list[str]] = defaultdict(list)
+        for a, b in large:
+            smaller[a].append(b)
+        new = {e for node, ns in smaller.items() for e in small_star(node, ns)}
+        if new == edges:  # a fixed point is a set of stars around each component's smallest id
+            return dict(edges)
+        edges = new
+
+
+def _resolve(capped, rounds: int, cap: int):
+    """The disagreeing pairs after the rounds → ``{label: its component's smallest id}``, logged and
+    counted (``near_unresolved``, ``stats.json``'s ``run.near_unresolved_pairs``) when not empty.
+
+    Args:
+        capped: ``(pairs or None, count)`` from :class:`_CappedPairs`.
+        rounds, cap: ``dedup.near_rounds`` and ``dedup.near_resolve_max``, for the messages.
+    Returns:
+        ``{label: its component's smallest id}`` for the labels that are not that id (empty when converged).
+    Raises:
+        UnconvergedError: more than ``cap`` pairs.
+    """
+    pairs, n = capped
+    if not n:
+        return {}
+    if pairs is None:
+        raise UnconvergedError(
+            f"near-dedup clustering did not converge in dedup.near_rounds={rounds} rounds: more than "
+            f"dedup.near_resolve_max={cap} label pairs still disagree; raise dedup.near_rounds (each round "
+            f"about halves the longest chain of near-copies left)")
+    logging.warning("near-dedup clustering did not converge in dedup.near_rounds=%d rounds: %d label pairs "
+                    "still disagreed and were settled in one place (at most dedup.near_resolve_max=%d); "
+                    "raise dedup.near_rounds", rounds, n, cap)
+    return settle(pairs)
+
+
+def _unresolved_event(capped):
+    _, n = capped
+    if n:
+        yield event(RUN_SOURCE, "near_unresolved", n)
+
+
+def _settled(item: tuple[str, str], settled: dict):
+    node, label = item
+    yield node, settled.get(label, label)
+
+
+class Clusters(beam.PTransform):
+    """``PCollection[(id, id)]`` (the similar pairs) → ``(id, representative)`` for every id of a
+    cluster but its representative, the cluster's smallest id, and events (tag ``events``).
+
+    Connected components by alternating large-star and small-star rounds (Kiveris et al. 2014,
+    "Connected Components in MapReduce and Beyond"), unrolled ``rounds`` times since a Beam graph is
+    static: each step groups the edges by node, so one key holds one node's current neighbourhood
+    (at most its cluster, never the corpus); the rounds keep each cluster connected, and their fixed
+    point is a star around the cluster's smallest id. After the last round each node's label is its
+    smallest neighbour below it; the edges whose two ends disagree on their label are the clusters
+    the rounds did not finish. Their label pairs, when at most ``resolve_max``, are settled in one
+    place (:func:`settle`) and counted as ``near_unresolved``; more raise :class:`UnconvergedError`.
+    The largest neighbourhood held is the Beam distribution ``colaflow/neardup_neighbours``.
+
+    Args:
+        rounds: large-star/small-star rounds (``dedup.near_rounds``).
+        resolve_max: the most disagreeing label pairs settled after them (``dedup.near_resolve_max``).
+    Returns:
+        (from ``expand``) the representatives ``(id, smallest id of its cluster)`` and the events.
+    Raises:
+        UnconvergedError: in the run, more than ``resolve_max`` pairs disagree after the rounds.
+    """
+
+    def __init__(self, rounds: int, resolve_max: int):
+        super().__init__()
+        self.rounds, self.resolve_max = rounds, resolve_max
+
+    def expand(self, pairs):
+        """Unrolled rounds, labels, the agreement check and the settling of what is left."""
+        edges = pairs | "Canonical" >> beam.Map(lambda e: (max(e), min(e))) | "NoLoops" >> beam.Filter(
+            lambda e: e[0] != e[1])
+        for r in range(self.rounds):
+            edges = (edges
+                     | f"BothWays{r}" >> beam.FlatMap(_both_ways)
+                     | f"Neighbourhoods{r}" >> beam.GroupByKey()
+                     | f"LargeStar{r}" >> beam.FlatMapTuple(large_star)
+                     | f"Smaller{r}" >> beam.GroupByKey()
+                     | f"SmallStar{r}" >> beam.FlatMapTuple(small_star))
+        labelled = (edges
+                    | "Parents" >> beam.GroupByKey()
+                    | "Labels" >> beam.FlatMap(_labels).with_outputs("label", main="child"))
+        capped = ({"label": labelled.label, "child": labelled.child}
+                  | "JoinLabels" >> beam.CoGroupByKey()
+                  | "Disagree" >> beam.FlatMap(_disagreements)
+                  | "Unresolved" >> beam.CombineGlobally(_CappedPairs(self.resolve_max)))
+        settled = capped | "Settle" >> beam.Map(_resolve, self.rounds, self.resolve_max)
+        # A root of the last round that the settling joined to a smaller root has no label, so it
+        # is represented from the settled map; a node with a label and in the map arrives twice,
+        # with the same representative (both are its cluster's smallest id).
+        reps = ((labelled.label | "Represent" >> beam.FlatMap(_settled, beam.pvalue.AsSingleton(settled)),
+                 settled | "SettledRoots" >> beam.FlatMap(dict.items))
+                | "AllReps" >> beam.Flatten())
+        events = (capped | "UnresolvedEvent" >> beam.FlatMap(_unresolved_event).with_outputs(EVENTS))[EVENTS]
+        return reps, events
 
 
 def _drop_losers(item):
     _, grouped = item
-    reps = list(grouped["rep"])  # at most 1: the document's cluster representative
+    reps = list(grouped["rep"])  # at most 2, equal: the document's cluster representative (see Clusters)
     _held(len(reps) + 1)
     for doc in grouped["doc"]:
         if reps:
@@ -352,22 +528,31 @@ class NearDedup(beam.PTransform):
     joined to its hot buckets by the keeper's id, and that side input (hot buckets only: at most
     ``bands * documents / LIST_MAX`` entries) is read by a pass over all signatures that compares
     each member with the keeper directly, so a hot bucket's members are never grouped or paired;
-    (5) the similar pairs of (3) and (4) combined into clusters (:class:`Components`, one global
-    combine holding the ids of the documents that have a near-duplicate); (6) documents joined with
-    their cluster's representative by id.
+    (5) the similar pairs of (3) and (4) are the edges of :class:`Clusters` (``dedup.near_rounds``
+    rounds of two groupings by node, then a check that every edge's ends agree on their label,
+    what disagrees settled up to ``dedup.near_resolve_max`` pairs and counted as the run-level
+    event ``near_unresolved``); (6) documents joined with their cluster's representative by id.
 
     Memory per key is bounded whatever the size of the largest bucket: every grouping holds at
     most ``bands * (LIST_MAX + 1) + 1`` elements for one key (a document is keeper or member of
     at most ``bands`` listed buckets of at most ``LIST_MAX`` members; a keeper of at most
-    ``bands`` hot buckets; a dropped document has one representative). The largest count held is
-    reported as the Beam distribution ``colaflow/neardup_held``; the cluster combine of (5) is the
-    one step whose memory grows with the corpus, by the near-duplicated documents' ids.
+    ``bands`` hot buckets; a dropped document has at most two copies of its representative). The
+    largest count held is reported as the Beam distribution ``colaflow/neardup_held``. The
+    clustering of (5) holds one node's neighbourhood (ids) per key, at most the node's cluster,
+    never the corpus (``colaflow/neardup_neighbours``); the settling after it holds at most
+    ``dedup.near_resolve_max`` pairs.
 
     Args:
-        cfg: the dedup settings (``num_perm``, ``bands``, ``threshold``).
+        cfg: the dedup settings (``num_perm``, ``bands``, ``threshold``, ``near_rounds``,
+            ``near_resolve_max``).
         signatures: ``signatures(docs)``: the PCollection of ``(id, MinHash signature as uint32
             bytes)`` of the documents ``docs`` (the job reads them from the split records, where
             Work put them, so they cross no global step before this one).
+
+    Raises:
+        ValueError: ``num_perm`` is not a multiple of ``bands`` (at construction).
+        UnconvergedError: in the run, when the clustering leaves more than ``dedup.near_resolve_max``
+            label pairs unjoined.
     """
 
     def __init__(self, cfg: DedupConfig, signatures):
@@ -396,11 +581,11 @@ class NearDedup(beam.PTransform):
                | "HotKeepers" >> beam.FlatMap(_hot_keepers))
         hot_losers = sigs | "HotLosers" >> beam.FlatMap(_hot_losers, self.cfg.bands, self.cfg.threshold,
                                                         beam.pvalue.AsDict(hot))
-        reps = ((listed_losers, hot_losers)
-                | "AllPairs" >> beam.Flatten()
-                | "Clusters" >> beam.CombineGlobally(Components())
-                | "Represented" >> beam.FlatMap(_represented))
+        reps, unresolved = ((listed_losers, hot_losers)
+                            | "AllPairs" >> beam.Flatten()
+                            | "Clusters" >> Clusters(self.cfg.near_rounds, self.cfg.near_resolve_max))
         out = ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d)), "rep": reps}
                | "JoinDoc" >> beam.CoGroupByKey()
                | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="docs"))
-        return DedupOutput(docs=out.docs, events=out[EVENTS], duplicates=out[DUPLICATES])
+        events = (out[EVENTS], unresolved) | "NearEvents" >> beam.Flatten()
+        return DedupOutput(docs=out.docs, events=events, duplicates=out[DUPLICATES])

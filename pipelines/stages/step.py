@@ -1,4 +1,5 @@
-"""The document step: one cleaning, filtering or redaction rule, applied to one document at a time.
+"""The document step: one cleaning, filtering or redaction rule, applied to one document at a time
+(or to a batch of documents, where a model scores many at once).
 
 A step is a small class with ``apply(doc) -> StepResult`` (after datatrove's pipeline steps and
 filters, ``datatrove/pipeline/base.py`` and ``pipeline/filters/base_filter.py``: a filter says
@@ -7,7 +8,7 @@ keep, or why not). The steps run in the order :func:`pipelines.stages.filters.bu
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Iterable, Mapping, NamedTuple, Protocol
+from typing import Iterable, Mapping, NamedTuple, Protocol, Sequence
 
 from pipelines.records import Doc
 
@@ -53,19 +54,62 @@ class DocumentStep(Protocol):
         """The document kept (possibly changed, with event counts) or rejected with a reason."""
         ...
 
+    def apply_batch(self, docs: Sequence[Doc]) -> list[StepResult]:
+        """:meth:`apply` to each of ``docs``; a step that scores documents with a model overrides
+        it to score them together.
+
+        Args:
+            docs: the documents every earlier step kept.
+        Returns:
+            one result per document, in order.
+        """
+        return [self.apply(doc) for doc in docs]
+
+
+def run_steps_batch(docs: Sequence[Doc], steps: Iterable[DocumentStep]) -> list[StepResult]:
+    """Apply ``steps`` in order to each of ``docs``, each step to the documents still kept at once
+    (:meth:`DocumentStep.apply_batch`). Per document: the first rejection is the result (later steps
+    do not run, and events and listings of earlier steps are not counted); else the last step's
+    document with the events of every step, summed per name in the order first counted, and the
+    last listing.
+
+    Args:
+        docs: the documents.
+        steps: the steps, in the order they run.
+    Returns:
+        one result per document, in order.
+    """
+    current = list(docs)
+    results: list[StepResult | None] = [None] * len(current)
+    events: list[dict[str, int]] = [{} for _ in current]
+    listings: list[str | None] = [None] * len(current)
+    alive = list(range(len(current)))
+    for step in steps:
+        if not alive:
+            break
+        kept = []
+        for i, result in zip(alive, step.apply_batch([current[i] for i in alive])):
+            if result.doc is None:
+                results[i] = result
+                continue
+            current[i] = result.doc
+            listings[i] = result.listing or listings[i]
+            for name, n in result.events.items():
+                events[i][name] = events[i].get(name, 0) + n
+            kept.append(i)
+        alive = kept
+    for i in alive:
+        results[i] = StepResult.keep(current[i], events[i] or NO_EVENTS, listings[i])
+    return results
+
 
 def run_steps(doc: Doc, steps: Iterable[DocumentStep]) -> StepResult:
-    """Apply ``steps`` in order to ``doc``: the first rejection is the result (later steps do not
-    run, and events and listings of earlier steps are not counted); else the last step's document
-    with the events of every step, summed per name in the order first counted, and the last listing."""
-    events: dict[str, int] = {}
-    listing = None
-    for step in steps:
-        result = step.apply(doc)
-        if result.doc is None:
-            return result
-        doc = result.doc
-        listing = result.listing or listing
-        for name, n in result.events.items():
-            events[name] = events.get(name, 0) + n
-    return StepResult.keep(doc, events or NO_EVENTS, listing)
+    """:func:`run_steps_batch` of one document.
+
+    Args:
+        doc: the document.
+        steps: the steps, in the order they run.
+    Returns:
+        its result.
+    """
+    return run_steps_batch([doc], steps)[0]

@@ -73,6 +73,12 @@ class DocTable:
             self._ids = [data[a:b].decode("utf-8") for a, b in zip(off[:-1], off[1:])]
         return self._ids
 
+    def id_bytes_of(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The raw ids of documents ``index`` (``int64``) as ``(data, offsets)``: their UTF-8 bytes
+        concatenated (``uint8``) and where each starts (``int64 [len(index) + 1]``); nothing decoded."""
+        starts = self.id_offsets[index]
+        return gather_segments(self.id_bytes, starts, self.id_offsets[index + 1] - starts)
+
     def key_list(self) -> list[str]:
         """Every document's sample key, in file order; computed on the first call
         (:func:`shards.format.keys.escape_keys`): most runs never ask (keys are read for anomalies and logs).
@@ -90,6 +96,19 @@ class DocTable:
     def key(self, index: int) -> str:
         """Sample key of document ``index`` (see :meth:`key_list`)."""
         return self.key_list()[index]
+
+
+def gather_segments(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Segments ``data[starts[i] : starts[i] + lengths[i]]`` one after another, in one gather.
+
+    Returns:
+        ``(out, offsets)``: the segments concatenated (``data``'s dtype) and ``int64 [len(starts) + 1]``
+        where each starts in ``out``.
+    """
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    index = np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths)
+    return data[index], offsets
 
 
 _memory = TableCache(MEMORY_TABLES)
@@ -131,7 +150,9 @@ def _load(path: str, blocks: int) -> DocTable | None:
     (then rebuilt): sizes that do not add up, or a document outside its block."""
     try:
         small = os.path.getsize(path) <= RESIDENT_BYTES  # a memory map would keep a descriptor per table
-        a = np.load(path, mmap_mode=None if small else "r", allow_pickle=False)
+        # a plain ndarray over the mapping: np.memmap's Python-level __getitem__ costs ~20 us per index
+        # operation, paid several times per group of documents the loader reads
+        a = np.load(path, mmap_mode=None if small else "r", allow_pickle=False).view(np.ndarray)
         if a.dtype != np.int64 or a.ndim != 1 or len(a) < 3:
             raise ValueError(f"not a table ({a.dtype}, shape {a.shape})")
         n, nb, n_bytes = (int(x) for x in a[:3])

@@ -131,6 +131,10 @@ class BlockShard:
         """Every document's raw id, in file order (a key is :func:`shards.escape_key` of it; decoded on first use)."""
         return self.docs.ids
 
+    def id_bytes_of(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Raw ids of documents ``index`` as UTF-8 bytes, undecoded (:meth:`.doc_table.DocTable.id_bytes_of`)."""
+        return self.docs.id_bytes_of(index)
+
     def _decode(self, b: int, decoder: TokenDecoder) -> np.ndarray:
         """Block ``b``'s tokens, read and decompressed (``decoder``: one per thread, zstd contexts are
         not shared). Raises ShardError naming the shard and block."""

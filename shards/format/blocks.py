@@ -4,7 +4,7 @@ A block with key ``K`` (the escaped id of its first document) is two adjacent me
 
 * ``K.json.zst`` — zstd-compressed UTF-8 JSON ``{"layout": "token_block", "dtype": "uint16",
   "ids": [...], "sources": [...], "lengths": [...]}``: per document its original id, source and
-  token count, in block order (optionally ``"texts"``);
+  token count, in block order (optionally ``"texts"``, ``null`` for a document stored without one);
 * ``K.tokens.npy`` (raw: a ``.npy`` array whose data starts 64-byte aligned, so the tokens can be
   memory-mapped straight out of the tar) or ``K.tokens.npy.zst`` (one zstd frame): the
   documents' tokens concatenated, 1-D little-endian ``uint16``/``uint32``.
@@ -15,9 +15,10 @@ ordinary sample.
 """
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -29,6 +30,7 @@ META_SUFFIX = "json.zst"
 RAW_SUFFIX = "tokens.npy"
 ZSTD_SUFFIX = "tokens.npy.zst"
 COMPRESSIONS = ("none", "zstd")
+TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))  # native byte order, as block metadata declares
 # Tokens per block when none is given (block_tokens=0): raw blocks stay small (a consumer maps only
 # what it reads); zstd compresses far better over large blocks (demo corpus: 1.18 bytes per token
 # at 64 Ki tokens and level 3, 0.96 at 1 Mi tokens and level 9), decompressed once per block.
@@ -84,15 +86,35 @@ def encode_block(docs: list[tuple[str, str, np.ndarray]], compression: str = "no
     """
     if not docs:
         raise ValueError("a token block needs at least one document")
+    if any(t.ndim != 1 for *_, t in docs):
+        raise ValueError(f"block tokens must be 1-D, got shapes {sorted({t.shape for *_, t in docs if t.ndim != 1})}")
+    return _encode([i for i, _, _ in docs], [s for _, s, _ in docs], [len(t) for *_, t in docs],
+                   [t for *_, t in docs], compression, texts, metas)
+
+
+def _encode(ids: list, sources: list, lengths: list[int], pieces: list[np.ndarray], compression: str,
+            texts: list[str] | None, metas: list[dict] | None) -> tuple[str, dict[str, bytes]]:
+    """The one block encoder (:func:`encode_block`, :class:`BlockPacker`).
+
+    Args:
+        ids, sources, lengths: ``[documents]`` per document, in block order (``lengths``: Python ints).
+        pieces: 1-D arrays whose concatenation is the documents' tokens (views of the caller's arrays).
+        compression, texts, metas: as :func:`encode_block`.
+    Returns:
+        ``(key, {suffix: bytes})``.
+    Raises:
+        ValueError: mixed or unsupported dtypes, or an unknown compression.
+    """
     if compression not in COMPRESSIONS:
         raise ValueError(f"shards.compression={compression!r}: use one of {COMPRESSIONS}")
-    dtypes = {t.dtype for _, _, t in docs}
-    if len(dtypes) != 1 or next(iter(dtypes)) not in (np.uint16, np.uint32) or any(t.ndim != 1 for *_, t in docs):
+    dtypes = {p.dtype for p in pieces}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in TOKEN_DTYPES:
         raise ValueError(f"block tokens must be 1-D and all uint16 or all uint32, got {sorted(map(str, dtypes))}")
     dtype = next(iter(dtypes))
-    tokens = np.concatenate([t for _, _, t in docs]).astype(dtype.newbyteorder("<"), copy=False)
-    meta = {"layout": BLOCK_LAYOUT, "dtype": dtype.name, "ids": [str(i) for i, _, _ in docs],
-            "sources": [str(s) for _, s, _ in docs], "lengths": [len(t) for _, _, t in docs]}
+    tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    tokens = tokens.astype(dtype.newbyteorder("<"), copy=False)
+    meta = {"layout": BLOCK_LAYOUT, "dtype": dtype.name, "ids": list(map(str, ids)),
+            "sources": list(map(str, sources)), "lengths": lengths}
     if texts is not None:
         meta["texts"] = texts
     if metas is not None:
@@ -102,7 +124,7 @@ def encode_block(docs: list[tuple[str, str, np.ndarray]], compression: str = "no
     fields = {META_SUFFIX: zstd_compress(meta_json, BLOCK_ZSTD_LEVEL),
               (RAW_SUFFIX if compression == "none" else ZSTD_SUFFIX): npy if compression == "none"
               else zstd_compress(npy, BLOCK_ZSTD_LEVEL)}
-    return escape_key(str(docs[0][0])), fields
+    return escape_key(str(ids[0])), fields
 
 
 def decode_meta(data: bytes, where: str = "block") -> BlockMeta:
@@ -159,7 +181,7 @@ def block_documents(sample: dict) -> Iterator[dict]:
         if metas is not None:
             meta_i.update(metas[i])
         doc = {"__key__": escape_key(doc_id), "json": meta_i, "tokens": sample["tokens"][off[i]:off[i + 1]]}
-        if texts is not None:
+        if texts is not None and texts[i] is not None:
             doc["txt"] = texts[i]
         yield doc
 
@@ -199,11 +221,38 @@ class Block(NamedTuple):
     tokens: int
 
 
-class BlockPacker:
-    """Collect documents and cut them into blocks of about ``block_tokens`` tokens.
+def block_ends(lengths: np.ndarray, block_tokens: int) -> list[int]:
+    """The packing rule: where each block of documents ends, documents in order.
 
-    A block is emitted once adding the next document would cross ``block_tokens`` (a longer
-    document gets a block of its own); documents are never split across blocks.
+    A block takes documents while their tokens stay within ``block_tokens``; the document that
+    would cross it starts the next block, except that a block always takes at least one document
+    (a longer document gets a block of its own). Documents are never split. Equivalently, one
+    document at a time: close the block before a document when the block is not empty and its
+    tokens plus the document's exceed ``block_tokens``.
+
+    Args:
+        lengths: ``[documents]`` non-negative token counts (any integer dtype).
+        block_tokens: the block size in tokens (>= 1).
+    Returns:
+        Exclusive end index of every block, ascending; the last is ``len(lengths)`` (empty for no documents).
+    """
+    ends = np.cumsum(lengths, dtype=np.int64)
+    offsets = np.concatenate([[0], ends])
+    out, start = [], 0
+    while start < len(lengths):
+        # the last document boundary within block_tokens of the block's start (whole documents only)
+        end = int(np.searchsorted(offsets, offsets[start] + block_tokens, side="right")) - 1
+        start = max(end, start + 1)
+        out.append(start)
+    return out
+
+
+class BlockPacker:
+    """Collect documents and cut them into blocks of about ``block_tokens`` tokens (:func:`block_ends`).
+
+    Documents come in batches (:meth:`add_many`) or one at a time (:meth:`add`, a batch of one);
+    the blocks are the same however the documents are batched. A block is emitted once the
+    document that would cross ``block_tokens`` arrives; the last one by :meth:`flush`.
 
     Args:
         block_tokens: target tokens per block (>= 1; 0: :data:`DEFAULT_BLOCK_TOKENS` of the compression).
@@ -218,43 +267,160 @@ class BlockPacker:
         if block_tokens < 0:
             raise ValueError(f"shards.block_tokens={block_tokens}: must be >= 1, or 0 for the default")
         self.block_tokens, self.compression = block_tokens or DEFAULT_BLOCK_TOKENS[compression], compression
-        self._docs: list[tuple[str, str, np.ndarray]] = []
-        self._texts: list[str] | None = None
-        self._metas: list[dict] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        # documents held for the block being filled, in order; chunk i holds the tokens of documents
+        # _chunk_first[i] up to the next chunk's first (a batch is one chunk: no per-document arrays)
+        self._ids: list = []
+        self._sources: list = []
+        self._lengths: list[int] = []
+        self._chunks: list[np.ndarray] = []
+        self._chunk_first: list[int] = []
+        # per document, or None while no held document has one (most blocks have neither)
+        self._texts: list[str | None] | None = None
+        self._metas: list[dict] | None = None
         self._n = 0
 
     def add(self, doc_id: str, source: str, tokens: np.ndarray, text: str | None = None,
             meta: dict | None = None) -> Block | None:
-        """Add one document (``meta``: further metadata, see :func:`encode_block`); returns the block
-        it finished, or ``None``.
+        """Add one document (``meta``: further metadata, see :func:`encode_block`): :meth:`add_many` of one.
 
+        Returns:
+            The block it finished, or ``None`` (one document finishes at most one block).
         Raises:
-            ValueError: an empty ``doc_id`` (it could never be a sample key).
+            ValueError: as :meth:`add_many`.
         """
+        if tokens.ndim != 1 or tokens.dtype not in TOKEN_DTYPES:
+            raise ValueError(f"tokens must be a 1-D uint16/uint32 array, got {tokens.dtype}{list(tokens.shape)}")
         if not str(doc_id):
-            raise ValueError(f"document {len(self._docs)} of the block being filled has an empty id; "
+            raise ValueError(f"document {len(self._ids)} of the block being filled has an empty id; "
                              "every document needs an id (its sample key)")
-        out = None
-        if self._docs and self._n + len(tokens) > self.block_tokens:
-            out = self.flush()
-        self._docs.append((doc_id, source, tokens))
-        self._metas.append(meta or {})
-        if text is not None:  # appended in place: a copy per document made a block quadratic in its documents
-            if self._texts is None:
-                self._texts = []
-            self._texts.append(text)
+        blocks = self._hold([doc_id], [source], [len(tokens)], tokens, None if text is None else [text],
+                            [meta] if meta else None)  # an empty meta is no meta (the pipeline passes {})
+        return blocks[0] if blocks else None
+
+    def add_many(self, ids: Sequence, sources: Sequence, tokens: np.ndarray | Sequence[np.ndarray],
+                 lengths: np.ndarray | Sequence[int] | None = None, texts: Sequence[str | None] | None = None,
+                 metas: Sequence[dict | None] | None = None) -> list[Block]:
+        """Add documents in order; returns the blocks they finished (the last block stays open).
+
+        Args:
+            ids: ``[documents]`` document ids (sample keys once escaped), none empty.
+            sources: ``[documents]`` source names.
+            tokens: one 1-D ``uint16``/``uint32`` array of all the documents' tokens concatenated
+                (with ``lengths``), or one 1-D array per document (without ``lengths``).
+            lengths: ``[documents]`` non-negative token counts summing to ``len(tokens)``, when
+                ``tokens`` is one array.
+            texts: ``[documents]`` source texts (or ``None`` each) kept in the block metadata, or ``None``.
+            metas: ``[documents]`` further metadata dicts (or ``None`` each), or ``None``.
+        Returns:
+            The finished :class:`Block` s in order (often none).
+        Raises:
+            ValueError: lists of different lengths, an empty id, tokens that are not 1-D ``uint16``/``uint32``
+                of one dtype, ``lengths`` that do not add up to the tokens, or one array without ``lengths``
+                (a list of arrays with them).
+        """
+        ids = list(ids)
+        if (lengths is None) == isinstance(tokens, np.ndarray):
+            raise ValueError("give one concatenated token array with lengths, or a list of arrays without")
+        if lengths is None:
+            dtypes = {t.dtype for t in tokens}
+            if len(dtypes) > 1:  # concatenating would quietly widen them
+                raise ValueError(f"block tokens must be all uint16 or all uint32, got {sorted(map(str, dtypes))}")
+            lengths = list(map(len, tokens))
+            tokens = tokens[0] if len(tokens) == 1 else np.concatenate(tokens) if len(tokens) \
+                else np.zeros(0, np.uint16)
+        else:
+            lengths = np.asarray(lengths, dtype=np.int64).tolist()
+        n, total = len(lengths), sum(lengths)
+        if not len(ids) == len(sources) == n or any(c is not None and len(c) != n for c in (texts, metas)):
+            raise ValueError(f"{len(ids)} ids, {len(sources)} sources and {n} token counts (and texts or metas"
+                             " of another length?): give one of each per document")
+        if tokens.ndim != 1 or tokens.dtype not in TOKEN_DTYPES or len(tokens) != total \
+                or min(lengths, default=0) < 0:
+            raise ValueError(f"tokens must be one 1-D uint16/uint32 array of the documents' {total} tokens "
+                             f"(non-negative lengths), got {tokens.dtype}{list(tokens.shape)}")
+        if "" in ids:
+            raise ValueError(f"document {len(self._ids) + ids.index('')} of the block being filled has an empty "
+                             "id; every document needs an id (its sample key)")
+        return self._hold(ids, list(sources), lengths, tokens, texts, metas) if n else []
+
+    def _hold(self, ids: list, sources: list, lengths: list[int], tokens: np.ndarray, texts, metas) -> list[Block]:
+        """Hold checked documents (``tokens``: theirs, concatenated); emit the blocks they finished."""
+        held = len(self._ids)
+        self._ids += ids
+        self._sources += sources
+        self._lengths += lengths
+        self._chunk_first.append(held)
+        self._chunks.append(tokens)
+        if texts is not None or self._texts is not None:
+            self._texts = _extend(self._texts, texts, held, len(ids), None)
+        if metas is not None or self._metas is not None:
+            self._metas = _extend(self._metas, None if metas is None else [m or {} for m in metas], held, len(ids), {})
         self._n += len(tokens)
-        return out
+        if self._n <= self.block_tokens:  # no document can have crossed the block size yet
+            return []
+        lengths = np.asarray(self._lengths, dtype=np.int64)
+        return self._emit(block_ends(lengths, self.block_tokens)[:-1], lengths)  # the last block stays open
 
     def flush(self) -> Block | None:
         """The block being filled, or ``None`` when empty."""
-        if not self._docs:
-            return None
-        key, fields = encode_block(self._docs, self.compression, self._texts,
-                                   self._metas if any(self._metas) else None)
-        out = Block(key, fields, len(self._docs), self._n)
-        self._docs, self._texts, self._metas, self._n = [], None, [], 0
+        return self._emit([len(self._ids)], np.asarray(self._lengths, dtype=np.int64))[0] if self._ids else None
+
+    def _emit(self, ends: list[int], lengths: np.ndarray) -> list[Block]:
+        """Encode the held documents up to each of ``ends`` as blocks; keep the ones after the last.
+        ``lengths``: ``int64 [held documents]``, their token counts."""
+        if not ends:
+            return []
+        # token offset of each held document (an array: only a few entries per block are read)
+        doc_at = np.concatenate([[0], np.cumsum(lengths)])
+        out, start = [], 0
+        for end in ends:
+            # a document without a text keeps its place as null: texts pair with ids by position
+            texts = None if self._texts is None else self._texts[start:end]
+            metas = None if self._metas is None else self._metas[start:end]
+            key, fields = _encode(self._ids[start:end], self._sources[start:end], self._lengths[start:end],
+                                  self._pieces(start, end, doc_at), self.compression,
+                                  texts if texts and any(t is not None for t in texts) else None,
+                                  metas if metas and any(metas) else None)
+            out.append(Block(key, fields, end - start, int(doc_at[end] - doc_at[start])))
+            start = end
+        if start == len(self._ids):
+            self._reset()
+            return out
+        first_chunk = bisect.bisect_right(self._chunk_first, start) - 1  # the chunks still holding documents
+        self._chunks = self._pieces(start, len(self._ids), doc_at)
+        self._chunk_first = [max(f - start, 0) for f in self._chunk_first[first_chunk:]]
+        self._ids, self._sources, self._lengths = self._ids[start:], self._sources[start:], self._lengths[start:]
+        self._texts = None if self._texts is None else self._texts[start:]
+        self._metas = None if self._metas is None else self._metas[start:]
+        self._n -= int(doc_at[start])
         return out
+
+    def _pieces(self, start: int, end: int, doc_at: np.ndarray) -> list[np.ndarray]:
+        """Views of the chunks holding the tokens of held documents ``[start, end)`` (``end > start``;
+        every chunk holding one of them, so a zero-length document's dtype is checked too)."""
+        first = bisect.bisect_right(self._chunk_first, start) - 1
+        stop = bisect.bisect_left(self._chunk_first, end)  # chunks first..stop-1 hold the documents
+        pieces = self._chunks[first:stop]  # whole chunks in between; only the two ends may be cut
+        last_end = self._chunk_first[stop] if stop < len(self._chunk_first) else len(self._ids)
+        if end < last_end:
+            pieces[-1] = pieces[-1][:doc_at[end] - doc_at[self._chunk_first[stop - 1]]]
+        if start > self._chunk_first[first]:
+            pieces[0] = pieces[0][doc_at[start] - doc_at[self._chunk_first[first]]:]
+        return pieces
+
+
+def _extend(column: list | None, values, held: int, n: int, empty) -> list | None:
+    """A per-document column extended by ``values`` (``None``: ``n`` times ``empty``), still ``None``
+    while neither it nor ``values`` holds anything; ``held`` documents precede the new ones."""
+    if column is None:
+        if values is None or all(v == empty for v in values):
+            return None
+        column = [empty] * held
+    column += [empty] * n if values is None else values
+    return column
 
 
 def npy_data_offset(head: bytes) -> int:

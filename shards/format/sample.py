@@ -36,7 +36,13 @@ _IMAGE_MAGIC = {"jpg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n"}
 
 
 def encode_npy(array: np.ndarray) -> bytes:
-    """Serialise an array as ``.npy`` bytes (no pickle)."""
+    """Serialise an array as ``.npy`` bytes (no pickle): the bytes ``np.save`` writes."""
+    if array.ndim == 1 and array.dtype.kind in "biuf" and array.flags.c_contiguous:
+        # a token array: np.save's header, then the data copied once (np.save into a BytesIO copies it
+        # three times); a 1-D numeric header is always .npy version 1.0, the version np.save picks for it
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(array))
+        return b"".join((head.getvalue(), array.data))
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return buf.getvalue()

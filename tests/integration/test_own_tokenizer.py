@@ -25,6 +25,7 @@ from pipelines.config import CleanConfig
 from pipelines.stages.clean import clean_text
 from shards.tokenizers import build, read
 from tests.support.paths import REPO
+from tests.support.pipeline import SYNTHETIC
 
 HF_VOCAB = 70_000
 
@@ -59,7 +60,7 @@ def job(request, corpus, tmp_path_factory):
     corpus_dir, texts = corpus
     out = tmp_path_factory.mktemp(f"shards-{request.param}") / "out"
     assert beam_runner.main(["--input", str(corpus_dir / "in.jsonl"), "--output", str(out),
-                             *tokenizer_arg(request.param, corpus_dir)]) == 0
+                             *tokenizer_arg(request.param, corpus_dir), *SYNTHETIC]) == 0
     return request.param, out, texts
 
 
@@ -119,7 +120,7 @@ def test_the_pipeline_trains_a_byte_level_bpe_that_auto_tokenizer_loads(corpus, 
     corpus_dir, texts = corpus
     out = tmp_path / "out"
     assert beam_runner.main(["--input", str(corpus_dir / "in.jsonl"), "--output", str(out), "tokenizer.kind=hf",
-                             "tokenizer.vocab_size=1200"]) == 0
+                             "tokenizer.vocab_size=1200", *SYNTHETIC]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     ident = manifest["tokenizer_identity"]
     assert (ident["kind"], ident["eos_id"], ident["bos_id"], ident["pad_id"], ident["add_bos"]) == ("hf", 0, 1, 2, False)

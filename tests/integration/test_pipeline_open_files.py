@@ -18,11 +18,11 @@ NOFILE = 100  # soft limit of the child: well above what the job needs at once (
 
 _JOB = """
 import json, resource, sys
-from pipelines.config import PipelineConfig
 from pipelines.job import run
+from tests.support.pipeline import synthetic_config
 
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[3]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-cfg = PipelineConfig()
+cfg = synthetic_config()
 cfg.tokenizer.vocab_size = 300
 cfg.shards.num_shards = 400  # about 250 buckets are filled by 400 documents
 cfg.shards.write_index = True

@@ -20,10 +20,10 @@ import sys
 
 import pytest
 
-from pipelines.config import PipelineConfig
 from examples.demo.corpus import write_corpus
 from pipelines.job import run as run_pipeline
 from tests.support.paths import REPO
+from tests.support.pipeline import synthetic_config
 
 ROOT = str(REPO)
 STEPS = 12
@@ -46,7 +46,7 @@ def demo_shards(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo_slice")
     counts = write_corpus(str(root / "corpus"), limit_per_source=150)
     assert counts == {"shakespeare": 150, "kjv": 150}
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.vocab_size = 512
     stats = run_pipeline(str(root / "corpus" / "*.jsonl"), str(root / "shards"), cfg, report=False)
     assert stats["total"]["kept"] > 250 and stats["vocab_size"] == 512

@@ -33,3 +33,51 @@ def save_random_llama(folder: str, vocab: int = 96, kv_heads: int = 2, tie: bool
     with quiet():
         model.save_pretrained(folder)
     return model
+
+
+def save_tiny_text_classifier(folder: str, texts: list[str], labels: list[str], steps: int = 30, seed: int = 0):
+    """Train a tiny ``BertForSequenceClassification`` (hidden 16, 1 layer) with a word-level
+    tokenizer built here from ``texts`` (``tokenizers``; lower-cased words, no downloads) to tell
+    ``labels`` apart, and save both with ``save_pretrained`` into ``folder``.
+
+    Args:
+        folder: where the model folder is written.
+        texts: training texts.
+        labels: each text's label name; the model's labels are these names, sorted.
+        steps: full-batch Adam steps.
+        seed: torch's seed (weights and training are deterministic on the CPU).
+    Returns:
+        the model's label names, by id.
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    words = sorted({w for t in texts for w in t.lower().replace("!", " ! ").replace(".", " . ").split()})
+    vocab = {w: i for i, w in enumerate(specials + words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                        sep_token="[SEP]", model_max_length=64)
+    names = sorted(set(labels))
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=64, num_labels=len(names), id2label=dict(enumerate(names)),
+        label2id={n: i for i, n in enumerate(names)}))
+    batch = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+    target = torch.tensor([names.index(label) for label in labels])
+    optim = torch.optim.Adam(model.parameters(), lr=0.01)
+    model.train()
+    for _ in range(steps):
+        optim.zero_grad()
+        model(**batch, labels=target).loss.backward()
+        optim.step()
+    model.eval()
+    from trainer.export.hf import quiet
+    with quiet():
+        model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return names

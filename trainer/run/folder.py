@@ -58,6 +58,7 @@ def lock_run_folder(run_dir: str, probe: bool = False):
     from cache.storage.locks import FileLock
     path = os.path.join(run_dir, LOCK_FILE)
     if probe and not os.path.exists(path):
+        _check_writable(run_dir)
         return None
     os.makedirs(run_dir, exist_ok=True)
     lock = FileLock(path)
@@ -69,6 +70,26 @@ def lock_run_folder(run_dir: str, probe: bool = False):
         lock.release()
         return None
     return lock
+
+
+def _check_writable(run_dir: str) -> None:
+    """Check that ``run_dir`` (or the nearest folder above it that exists) takes a new file, by
+    creating and removing one: permission bits alone miss a read-only filesystem and root's rights.
+
+    Raises:
+        RunFolderError: no file can be created there; the message names the folder and the cause.
+    """
+    import tempfile
+    where = os.path.abspath(run_dir)
+    while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    try:
+        fd, name = tempfile.mkstemp(prefix=".colaflow-probe-", dir=where)
+        os.close(fd)
+        os.remove(name)
+    except OSError as e:
+        raise RunFolderError(f"run_dir={run_dir} cannot be written: creating a file in {where} failed "
+                             f"({e.strerror or e}); choose a run_dir on a writable filesystem") from e
 
 
 def checkpoint_root(cfg: TrainConfig) -> str:

@@ -3,8 +3,9 @@ Text-to-Text Transformer", section 2.2, and the rules of its TensorFlow Datasets
 without terminal punctuation, short lines, lines with an overlong word, "javascript" lines and
 policy lines are removed and the rest of the document kept; a document with "lorem ipsum" or a
 curly brace in a line it keeps, with too few sentences left, or with a word of the bad-words list
-the user gives (``c4.bad_words``: no maintained package ships C4's list, and nothing is downloaded
-at run time) is dropped. Thresholds: ``C4Config``.
+the user gives or names (``c4.bad_words``: no maintained package ships C4's list, nothing is
+downloaded at run time; named lists: :mod:`pipelines.stages.quality.word_lists`) is dropped.
+Thresholds: ``C4Config``.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import fsspec
 from colaflow.config import ConfigError
 from pipelines.config import C4Config
 from pipelines.records import Doc
+from pipelines.stages.quality.word_lists import word_list_path
 from pipelines.stages.step import DocumentStep, StepResult
 
 # the paper's "period, exclamation mark, question mark, or end quotation mark" (typographic quotes too)
@@ -69,22 +71,28 @@ def _line_verdict(line: str, cfg: C4Config) -> str | None:
     return None
 
 
-def bad_words_pattern(path: str) -> re.Pattern:
-    """A pattern finding any word or phrase of the list at ``path`` (one per line, blank lines
-    skipped) as a whole word in lower-cased text, as C4's code matches its list.
+def bad_words_pattern(spec: str) -> re.Pattern:
+    """A pattern finding any word or phrase of the list ``spec`` (a named list, a path or a URL:
+    :func:`~pipelines.stages.quality.word_lists.word_list_path`; one word or phrase per line, blank
+    lines skipped) as a whole word in lower-cased text, as C4's code matches its list.
 
+    Args:
+        spec: the value of ``quality.c4.bad_words``.
+    Returns:
+        the compiled pattern.
     Raises:
-        colaflow.config.ConfigError: no file at ``path``, or the list holds no word (one line saying
-            what to give).
+        colaflow.config.ConfigError: no such list, its package is not installed, or it holds no word
+            (one line saying what to give or install).
     """
+    path = word_list_path(spec)
     fs, local = fsspec.core.url_to_fs(path)
-    if not fs.isfile(local):
-        raise ConfigError(f"quality.c4.bad_words={path}: no such file; give a word list (one word or phrase "
-                                "per line) or quality.c4.bad_words=null")
+    if not fs.isfile(local):  # a URL: word_list_path checked only local paths
+        raise ConfigError(f"quality.c4.bad_words={spec}: no such file; give a word list (one word or phrase "
+                          "per line), a named list or quality.c4.bad_words=null")
     with fsspec.open(path, "rt", encoding="utf-8") as f:
         words = sorted({w.strip().lower() for w in f if w.strip()}, key=lambda w: (-len(w), w))
     if not words:
-        raise ConfigError(f"quality.c4.bad_words={path}: the list holds no word; give one word or phrase per line")
+        raise ConfigError(f"quality.c4.bad_words={spec}: the list holds no word; give one word or phrase per line")
     return re.compile(r"(?:\W|^)(?:" + "|".join(map(re.escape, words)) + r")(?:\W|$)")
 
 

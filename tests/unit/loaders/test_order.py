@@ -28,6 +28,19 @@ def test_permutation_is_fixed_and_valid():
     assert permutation(8, 0, 0).tolist() == [0, 7, 2, 5, 4, 6, 3, 1]
 
 
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(0, 5000), seed=st.integers(0, 2**32), epoch=st.integers(0, 5))
+def test_permutation_equals_the_stable_sort_it_was_defined_by(n, seed, epoch):
+    """``permutation`` sorts its keys with numpy's default sort, not the stable sort it was written with:
+    the keys are distinct, so checkpoints taken before see the same order."""
+    from loaders.order.sample_order import _GOLDEN, _stream_seed, splitmix64
+
+    with np.errstate(over="ignore"):
+        keys = splitmix64(np.arange(n, dtype=np.uint64) * _GOLDEN + _stream_seed(seed, epoch, 1))
+    assert len(np.unique(keys)) == n
+    assert permutation(n, seed, epoch, 1).tolist() == np.argsort(keys, kind="stable").tolist()
+
+
 @settings(max_examples=60, deadline=None)
 @given(counts=shard_counts, seed=st.integers(0, 2**32), epoch=st.integers(0, 5), block=st.integers(1, 50),
        world=st.integers(1, 8), workers=st.integers(0, 4), nodes=st.sampled_from([1, 2, 4]))

@@ -18,6 +18,7 @@ from pipelines.records import Doc
 from pipelines.stages.decontam import DecontamStep, EvalSetError, cut_spans, eval_ngrams
 from pipelines.stages.tokenize import train_sentencepiece
 from shards import Manifest, iter_documents
+from tests.support.pipeline import synthetic_config
 
 WORDS = ("the a of to and in is it that was for on with as his he be at by this had not are but from or have an "
          "they which one you were her all she there would their we him been has when who will more no if out so "
@@ -60,7 +61,7 @@ def corpus(tmp_path):
 
 
 def _run(tmp_path, action: str) -> tuple[dict, dict, list[dict]]:
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     evals = tmp_path / "evals"
     cfg.decontam.eval_sets = {"qa": str(evals / "*.jsonl"), "stories": str(evals / "stories.txt"),
                               "summaries": str(evals / "summaries.parquet")}

@@ -11,7 +11,7 @@ import pytest
 import sentencepiece as spm
 
 from pipelines.stages.clean import clean_text
-from pipelines.config import CleanConfig, DedupConfig, PIIConfig, PipelineConfig, QualityConfig, TokenizerConfig
+from pipelines.config import CleanConfig, DedupConfig, PIIConfig, QualityConfig, TokenizerConfig
 from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.near_dedup import minhash, shingle_hashes
@@ -21,6 +21,7 @@ from pipelines.stages.step import run_steps
 from pipelines.stages.tokenize import train_sentencepiece
 from shards import Manifest, iter_documents
 from colaflow.config import ConfigError
+from tests.support.pipeline import synthetic_config
 
 FORTUNES = sorted(p for p in glob.glob("/usr/share/games/fortunes/*")
                   if os.path.basename(p) in ("tang300", "song100", "chinese"))
@@ -72,7 +73,7 @@ def test_fortunes_zh_and_man_pages(tmp_path):
     inp.mkdir()
     for path in FORTUNES + MAN_PAGES:
         os.symlink(path, inp / os.path.basename(path))
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.input.format, cfg.input.separator = "text", "%"  # fortune entries end at a "%" line
     cfg.tokenizer.vocab_size, cfg.tokenizer.character_coverage = 3000, 0.98  # CJK: thousands of characters
     stats = run(str(inp / "*"), str(tmp_path / "out"), cfg)

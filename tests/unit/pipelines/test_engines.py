@@ -18,12 +18,13 @@ from examples.demo.corpus import write_corpus
 from pipelines.job import run
 from tests.support.local_engines import child_env, start_dask, start_worker_pool
 from tests.support.paths import REPO
+from tests.support.pipeline import synthetic_config
 
 ROOT = REPO
 
 
 def small_config() -> PipelineConfig:
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.vocab_size = 600
     cfg.shards.num_shards = 3
     cfg.dedup.near = True

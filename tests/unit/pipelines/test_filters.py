@@ -23,7 +23,8 @@ from pipelines.stages.quality.c4 import C4Step
 from pipelines.stages.quality.fineweb import FineWebStep
 from pipelines.stages.quality.gopher import GopherQualityStep
 from pipelines.stages.quality.repetition import RepetitionStep
-from pipelines.stages.step import DocumentStep, StepResult, run_steps
+from pipelines.stages.step import DocumentStep, StepResult, run_steps, run_steps_batch
+from tests.support.pipeline import synthetic_config
 
 FRENCH_SHORT = "Bonjour tout le monde, ceci est un texte."  # 41 characters, classified fr (0.996)
 FRENCH = "Bonjour, ceci est un texte en français pour le test de la langue, merci beaucoup."
@@ -95,7 +96,7 @@ def test_redact_step_counts_each_kind_and_keeps_the_document():
 
 
 def _cfg() -> PipelineConfig:
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.clean.min_chars = 60
     cfg.language.enabled = True
     cfg.language.allowed = ["en"]
@@ -120,6 +121,35 @@ def test_the_first_failing_rule_is_the_reason_and_later_steps_do_not_run():
     # events of a step are not counted for a document a later step rejects
     assert run_steps(_doc("bob@example.org forbidden"), [RedactStep(PIIConfig()), RejectWord("forbidden")]) == \
         StepResult(None, "has_forbidden")
+
+
+class BatchSeen(DocumentStep):
+    """Test-only step: keeps every document, recording the ids of each batch it is given."""
+
+    def __init__(self):
+        self.batches: list[list[str]] = []
+
+    def apply(self, doc: Doc) -> StepResult:
+        """Keep unchanged."""
+        return StepResult.keep(doc)
+
+    def apply_batch(self, docs):
+        """Record the batch's ids; keep every document."""
+        self.batches.append([d.id for d in docs])
+        return [StepResult.keep(d) for d in docs]
+
+
+def test_a_batch_gives_each_document_its_own_result_and_a_batching_step_the_survivors_at_once():
+    steps = _set_up(build_steps(_cfg()))
+    seen = BatchSeen()
+    steps.insert(-1, seen)  # before PII redaction, as the classifier runs
+    docs = [Doc(f"b/{i}", text, "src") for i, text in enumerate(
+        [FRENCH_SHORT, f"  {ENGLISH} Write to bob@example.org.  ", FRENCH, ENGLISH, "bob@example.org"])]
+    results = run_steps_batch(docs, steps)
+    assert results == [run_steps(doc, steps) for doc in docs]
+    assert [r.reason for r in results] == ["too_short", None, "lang_fr", None, "too_short"]
+    assert results[1].events == {"redacted:email": 1}
+    assert seen.batches[0] == ["b/1", "b/3"]  # one call with the documents every earlier step kept
 
 
 def _check_filter(steps, docs, events: dict, kept: list[str]) -> None:
@@ -151,7 +181,7 @@ def test_a_step_added_to_the_list_changes_only_its_own_counter():
 
 def test_a_step_added_to_the_job_changes_only_its_counter_in_stats_json(tmp_path, monkeypatch):
     write_corpus(str(tmp_path / "in"), limit_per_source=60)
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.vocab_size = 500
     cfg.shards.num_shards = 2
     glob = str(tmp_path / "in" / "*.jsonl")

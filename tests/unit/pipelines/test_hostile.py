@@ -11,9 +11,9 @@ import sentencepiece as spm
 import zstandard
 
 import beam_runner
-from pipelines.config import PipelineConfig
 from pipelines.job import run
 from shards import Manifest, iter_documents
+from tests.support.pipeline import SYNTHETIC, synthetic_config
 
 GOOD_LINES = [
     b'{"id": "g1", "text": "The first good document about the sea and the sky.", "source": "web"}',
@@ -47,7 +47,7 @@ def hostile(tmp_path_factory):
         f.write(b'{"id": "h1", "text": "' + b"word " * 4_000_000 + b'"}\n{"id": "h2", "text": "after the huge one"}\n')
     out = tmp_path_factory.mktemp("out")
     rc = beam_runner.main(["--input", f"{d}/*", "--output", str(out), "tokenizer.vocab_size=400",
-                           "shards.num_shards=2", "shards.store_text=true"])
+                           "shards.num_shards=2", "shards.store_text=true", *SYNTHETIC])
     assert rc == 0
     with open(out / "stats.json", encoding="utf-8") as f:
         return d, out, json.load(f)
@@ -115,7 +115,7 @@ def test_text_field_quality_and_near_dup(hostile, tmp_path):
              {"key": "d", "text": "no body field"}]
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.input.text_field, cfg.input.id_field = "body", "key"
     cfg.quality.enabled, cfg.quality.gopher.min_words = True, 5
     # the long text repeats a 17-word sentence on one line: Gopher's repetition and FineWeb's line rules would drop it

@@ -11,13 +11,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pipelines.config import InputConfig, LanguageConfig, PipelineConfig, TokenizerConfig
+from pipelines.config import InputConfig, LanguageConfig, TokenizerConfig
 from pipelines.job import run
 from pipelines.stages.language import LanguageFilter
 from pipelines.io.reading import iter_lines, plan_splits, read_split
 from pipelines.records import DeadLetter, parse_unit
 from pipelines.stages.tokenize import train_sentencepiece
 from shards import Manifest, iter_documents
+from tests.support.pipeline import synthetic_config
 
 
 def _units(path, cfg):
@@ -102,7 +103,7 @@ def test_parquet_in_row_group_splits_with_columns_and_language(tmp_path, model_p
                      "The river ran past old stone walls into a quiet valley.", "Stone walls and a quiet valley in the hills."],
             "src": ["web"] * 6, "other": list(range(6))}
     pq.write_table(pa.table(rows), tmp_path / "part.parquet", row_group_size=2)
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.input.text_field, cfg.input.id_field, cfg.input.source_field = "body", "key", "src"
     cfg.input.split_bytes = 1  # one split per row group
     cfg.language.enabled, cfg.language.allowed = True, ["en"]

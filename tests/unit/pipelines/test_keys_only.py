@@ -13,8 +13,9 @@ import apache_beam as beam
 from apache_beam.pipeline import PipelineVisitor
 
 import pipelines.job as job
-from pipelines.config import PipelineConfig, TokenizerConfig
+from pipelines.config import TokenizerConfig
 from pipelines.stages.tokenize import train_sentencepiece
+from tests.support.pipeline import synthetic_config
 
 MARK = "zebrafinch"  # in every document's text, in no id
 FORBIDDEN = (MARK.encode(), b"TokenizedDoc", b"EncodedDocument")  # text, tokens, encoded samples
@@ -60,7 +61,7 @@ def test_no_grouping_or_side_input_carries_a_documents_text_or_tokens(tmp_path, 
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (tmp_path / "tok.model").write_bytes(train_sentencepiece([t.replace(MARK, "bird") for t in texts] * 4,
                                                              TokenizerConfig(vocab_size=300)))
-    cfg = PipelineConfig()
+    cfg = synthetic_config()  # the quality rules off: the texts are short
     cfg.dedup.near, cfg.dedup.num_perm, cfg.dedup.bands = True, 16, 4
     cfg.split.val_fraction = 0.2
     cfg.tokenizer.path = str(tmp_path / "tok.model")

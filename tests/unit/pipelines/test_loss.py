@@ -26,6 +26,7 @@ from pipelines.records import Doc, qualify_id
 from pipelines.stages.tokenize import SmallestHashSample, TokenizeFn, train_sentencepiece, trained_file
 from shards import Manifest, iter_documents
 from tests.support.paths import REPO
+from tests.support.pipeline import SYNTHETIC, synthetic_config
 
 ROOT = str(REPO)
 CODE = ["std::vector<int> v; v.push_back(1);", "use std::io::Read;", "For example::\n\n   x = a[1::2]",
@@ -77,7 +78,7 @@ def mixed(tmp_path_factory):
     (d / "mac.txt").write_bytes(b"Old Mac text, one.\r\rOld Mac text, two.\r")
     out = tmp_path_factory.mktemp("out")
     rc = beam_runner.main(["--input", f"{d}/**", "--output", str(out), "tokenizer.vocab_size=400",
-                           "shards.num_shards=2", "shards.store_text=true"])
+                           "shards.num_shards=2", "shards.store_text=true", *SYNTHETIC])
     assert rc == 0
     return d, out, json.loads((out / "stats.json").read_text())
 
@@ -203,7 +204,7 @@ def test_tiny_corpus_sample_is_never_empty(tmp_path, capsys):
 
 
 def _tiny_config(**tokenizer) -> PipelineConfig:
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.vocab_size = 300
     for k, v in tokenizer.items():
         setattr(cfg.tokenizer, k, v)
@@ -244,7 +245,7 @@ def test_ctrl_c_exits_130_with_one_line_and_no_leftovers(tmp_path):
     write_corpus(str(tmp_path / "in"), limit_per_source=400)
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "beam_runner.py", "--input", str(tmp_path / "in" / "*.jsonl"),
-                             "--output", str(out), "tokenizer.vocab_size=500", "shards.num_shards=8"],
+                             "--output", str(out), "tokenizer.vocab_size=500", "shards.num_shards=8", *SYNTHETIC],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "_tmp_buckets").exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -265,7 +266,7 @@ def test_output_to_s3(s3_server, tmp_path):
     fs.mkdir("loss-bucket")
     _jsonl(tmp_path / "in.jsonl", [{"id": str(i), "text": f"clean record {i} {WORDS[i % 14]}"} for i in range(40)])
     rc = subprocess.run([sys.executable, "beam_runner.py", "--input", str(tmp_path / "in.jsonl"),
-                         "--output", "s3://loss-bucket/run1", "tokenizer.vocab_size=300"],
+                         "--output", "s3://loss-bucket/run1", "tokenizer.vocab_size=300", *SYNTHETIC],
                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert rc.returncode == 0, rc.stderr
     fs.invalidate_cache()
@@ -276,7 +277,7 @@ def test_output_to_s3(s3_server, tmp_path):
     assert all(fs.exists(f"loss-bucket/run1/{s['name']}") for s in manifest["shards"])
     fs.put(str(tmp_path / "in.jsonl"), "loss-bucket/raw/in.jsonl")  # s3:// input too (Beam's S3 filesystem)
     rc = subprocess.run([sys.executable, "beam_runner.py", "--input", "s3://loss-bucket/raw/*.jsonl",
-                         "--output", "s3://loss-bucket/run2", "tokenizer.vocab_size=300"],
+                         "--output", "s3://loss-bucket/run2", "tokenizer.vocab_size=300", *SYNTHETIC],
                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert rc.returncode == 0, rc.stderr
     fs.invalidate_cache()

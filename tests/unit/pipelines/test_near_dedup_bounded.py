@@ -1,5 +1,7 @@
 """Near-dedup holds a bounded number of elements per key however large the largest LSH bucket:
-50,000 near-copies of one document (every band bucket holds all of them) on the DirectRunner."""
+50,000 near-copies of one document (every band bucket holds all of them) on the DirectRunner. Its
+clustering holds one node's neighbourhood per key, at most the node's cluster: 2,000 clusters hold
+no more than one cluster's ids at a key (the union-find combine before held all 10,000)."""
 from __future__ import annotations
 
 import apache_beam as beam
@@ -9,7 +11,7 @@ from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
 
 from pipelines.config import DedupConfig
 from pipelines.stages.keys import doc_keys
-from pipelines.stages.near_dedup import HELD_METRIC, LIST_MAX, NearDedup
+from pipelines.stages.near_dedup import HELD_METRIC, LIST_MAX, NEIGHBOURS_METRIC, Clusters, NearDedup
 from pipelines.records import Doc
 from pipelines.accounting.stats import NAMESPACE
 
@@ -49,3 +51,31 @@ def test_50k_near_copies_hold_a_bounded_number_per_key():
     held = max(d.committed.max for d in steps)
     bound = cfg.bands * (LIST_MAX + 1) + 1
     assert 1 <= held <= bound < COPIES // 100  # the old join held ~all 50,000 for the keeper
+    # one cluster of ~50,000: its smallest id holds its neighbourhood, the whole cluster (ids only)
+    assert 1 <= _largest(result, NEIGHBOURS_METRIC) <= COPIES
+
+
+def _largest(result, metric: str) -> int:
+    found = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE).with_name(metric))["distributions"]
+    return max(d.committed.max for d in found)
+
+
+def _cluster_pairs(first: int, n: int):
+    """Clusters ``first .. first + n - 1`` of 5 ids each, a chain in a scrambled id order."""
+    for c in range(first, first + n):
+        ids = [f"k{(c * 7919 + j * 104729) % 1_000_003:07d}" for j in range(5)]
+        yield from zip(ids, ids[1:])
+
+
+def test_2000_clusters_hold_one_cluster_per_key():
+    clusters = 2000
+    runner = DirectRunner()
+    runner.is_interactive()  # skip the Prism download attempt (offline)
+    p = beam.Pipeline(runner=runner)
+    reps, events = (p | beam.Create(range(0, clusters, 100)) | beam.FlatMap(_cluster_pairs, 100)
+                    | Clusters(rounds=8, resolve_max=0))
+    assert_that(reps | beam.Distinct() | beam.combiners.Count.Globally(), equal_to([clusters * 4]), label="Dropped")
+    assert_that(events, equal_to([]), label="Converged")
+    result = p.run()
+    result.wait_until_finish()
+    assert 1 <= _largest(result, NEIGHBOURS_METRIC) <= 5  # 4 neighbours, or 4 children and a label

@@ -19,6 +19,7 @@ from pipelines.stages.write_shards import (TMP_DIR, AssignBucketsFn, SpilledSamp
                                 encoded_size, finalize, num_buckets, sample_order, tokenizer_output)
 from pipelines.stages.tokenize import train_sentencepiece, trained_file
 from shards import iter_samples
+from tests.support.pipeline import synthetic_config
 
 
 SPILL = "memory://colaflow-test-spill"  # the runs' folder, outside the output folder
@@ -161,7 +162,6 @@ def test_a_large_bundle_emits_its_runs_early(monkeypatch, tmp_path):
 def test_a_job_with_a_given_tokenizer_that_keeps_no_document_fails_and_commits_nothing(tmp_path, capsys):
     """Issue 15: it used to commit an empty manifest ("committed 0 shards") and succeed; without
     --tokenizer the same input fails in tokenizer training, so it fails here too, saying why."""
-    from pipelines.config import PipelineConfig
     from pipelines.job import run
     from pipelines.stages.tokenize import EmptySampleError
 
@@ -169,7 +169,7 @@ def test_a_job_with_a_given_tokenizer_that_keeps_no_document_fails_and_commits_n
                                                for i in range(5)))
     model = train_sentencepiece(["alpha beta gamma"] * 50, TokenizerConfig(vocab_size=300))
     (tmp_path / "tok.model").write_bytes(model)
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.path = str(tmp_path / "tok.model")
     cfg.clean.min_chars = 10_000  # every document filtered
     with pytest.raises(EmptySampleError, match=r"no document was kept, so no shard was written; of 5 records read: "
@@ -193,7 +193,6 @@ def test_an_empty_shard_set_is_committed_with_the_configured_layout():
 def test_the_tokenizer_files_are_made_once_for_the_training_and_validation_sets(tmp_path, monkeypatch):
     """transformers' conversion of a tokenizer takes tens of seconds for a 100k vocabulary: made once a run."""
     import pipelines.stages.write_shards as write_shards
-    from pipelines.config import PipelineConfig
     from pipelines.job import run
 
     made = []
@@ -203,7 +202,7 @@ def test_the_tokenizer_files_are_made_once_for_the_training_and_validation_sets(
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n"
                                                for i, t in enumerate(texts)))
     (tmp_path / "tok.model").write_bytes(train_sentencepiece(texts, TokenizerConfig(vocab_size=400)))
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.path, cfg.split.val_fraction = str(tmp_path / "tok.model"), 0.3
     run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
     assert len(made) == 1

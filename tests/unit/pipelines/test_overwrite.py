@@ -22,6 +22,7 @@ from pipelines.io.output import (BACKUP_DIR, BACKUP_DONE, OutputExistsError, abo
                               prepare_output)
 from pipelines.io.resume import WORK_DIR
 from shards import Manifest
+from tests.support.pipeline import SYNTHETIC
 
 
 def _snapshot(fs, root: str) -> dict[str, str]:
@@ -137,7 +138,7 @@ def test_s3_output_keeps_the_earlier_run_when_an_overwrite_run_fails(s3_server, 
 
     def cli(name: str, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "beam_runner.py", "--input", str(inputs / name), "--output", url,
-                               "tokenizer.vocab_size=300", *extra], cwd=ROOT, capture_output=True, text=True,
+                               "tokenizer.vocab_size=300", *SYNTHETIC, *extra], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)
 
     assert cli("good.jsonl").returncode == 0
@@ -163,7 +164,8 @@ def test_a_signal_during_an_overwrite_run_puts_the_earlier_run_back(inputs, tmp_
     before = _earlier_run(inputs, out)
     write_corpus(str(tmp_path / "in"), limit_per_source=400)
     proc = subprocess.Popen([sys.executable, "beam_runner.py", "--input", str(tmp_path / "in" / "*.jsonl"),
-                             "--output", str(out), "--overwrite", "tokenizer.vocab_size=500", "shards.num_shards=8"],
+                             "--output", str(out), "--overwrite", "tokenizer.vocab_size=500", "shards.num_shards=8",
+                             *SYNTHETIC],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "_tmp_buckets").exists() and proc.poll() is None and time.monotonic() < deadline:

@@ -18,12 +18,13 @@ from examples.demo.corpus import write_corpus
 from pipelines.job import run
 from shards import Manifest, iter_documents, iter_samples, read_sample, unescape_key
 from shards.format.blocks import block_documents
+from tests.support.pipeline import synthetic_config
 
 MULTI = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 
 
 def small_config() -> PipelineConfig:
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.vocab_size = 600
     cfg.shards.num_shards = 3
     cfg.dedup.near = True  # exercised on every runner; must not change byte-identity

@@ -22,9 +22,11 @@ from pipelines.stages.quality.fineweb import FineWebStep
 from pipelines.stages.quality.gopher import GopherQualityStep
 from pipelines.stages.quality.repetition import RepetitionStep, dup_ngram_fraction, top_ngram_fraction
 from pipelines.stages.quality.rules import TextView
+from pipelines.stages.quality.word_lists import NAMED_LISTS, NamedList, word_list_path
 from pipelines.stages.step import StepResult, run_steps
 from pipelines.stages.tokenize import train_sentencepiece
 from shards import Manifest, iter_documents
+from tests.support.pipeline import synthetic_config
 
 GOOD = """The river ran past the old stone walls and into a quiet valley below the hills.
 Farmers there grew wheat and barley with care through every long and patient season.
@@ -41,7 +43,7 @@ def _reason(step, text: str) -> str | None:
 def test_good_prose_passes_every_rule_unchanged():
     doc = Doc("t/1", GOOD, "s")
     assert run_steps(doc, quality_steps(QualityConfig(enabled=True))) == StepResult(doc)
-    assert run_steps(doc, quality_steps(QualityConfig())) == StepResult(doc)  # off: nothing runs
+    assert run_steps(doc, quality_steps(QualityConfig(enabled=False))) == StepResult(doc)  # off: nothing runs
 
 
 LOW = GopherQualityConfig(min_words=5)
@@ -204,8 +206,39 @@ def test_c4_bad_words_drop_a_document_holding_a_listed_word_in_a_kept_line(tmp_p
     (tmp_path / "empty.txt").write_text("\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="the list holds no word; give one word"):
         bad_words_pattern(str(tmp_path / "empty.txt"))
-    with pytest.raises(ConfigError, match=r"quality.c4.bad_words=.*none.txt: no such file; give a word list"):
+    with pytest.raises(ConfigError, match=r"quality.c4.bad_words=.*none.txt: no such file and no named list; give a word list"):
         bad_words_pattern(str(tmp_path / "none.txt"))
+
+
+def test_c4_bad_words_from_the_named_better_profanity_list():
+    """``quality.c4.bad_words=better-profanity`` reads the list inside the installed package."""
+    path = word_list_path("better-profanity")
+    with open(path, encoding="utf-8") as f:
+        listed = [w.strip() for w in f if w.strip()]
+    assert path.endswith("better_profanity/profanity_wordlist.txt") and len(listed) == 916  # 0.7.0, pinned
+    word = next(w for w in listed if w.isalpha())  # taken from the list, not spelled in this file
+    step = C4Step(C4Config(bad_words="better-profanity"))
+    step.setup()
+    assert _reason(step, GOOD) is None
+    assert _reason(step, GOOD + f"\nThe old sign by the mill said {word} in large letters.") == "quality_c4_bad_words"
+
+
+def test_a_bad_words_name_is_checked_where_the_setting_is_declared(tmp_path, monkeypatch):
+    """An unknown name, or a named list whose package is missing, is one line saying what to give or install."""
+    cfg = load_config(PipelineConfig, None, ["quality.c4.bad_words=ldnoobw"])
+    with pytest.raises(ConfigError, match="quality.c4.bad_words=ldnoobw: no such file and no named list; give "
+                                          "a word list .*, one of better-profanity, or null"):
+        cfg.validate()
+    monkeypatch.setitem(NAMED_LISTS, "gone", NamedList("colaflow_no_such_package", "w.txt", "gone-words"))
+    cfg.quality.c4.bad_words = "gone"
+    with pytest.raises(ConfigError, match="quality.c4.bad_words=gone needs the colaflow_no_such_package package: "
+                                          "pip install gone-words"):
+        cfg.validate()
+    (tmp_path / "w.txt").write_text("barley\n", encoding="utf-8")
+    cfg.quality.c4.bad_words = str(tmp_path / "w.txt")
+    cfg.validate()  # a file
+    cfg.quality.c4.bad_words = "better-profanity"
+    cfg.validate()
 
 
 def test_count_sentences():
@@ -257,8 +290,8 @@ def test_the_ledger_stays_exact_with_every_quality_step(tmp_path):
     rows += [json.dumps({"id": "again", "text": GOOD, "source": "books"}), '{"id": "broken", "text": ']
     (tmp_path / "in.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
     (tmp_path / "tok.model").write_bytes(train_sentencepiece(["alpha beta gamma"] * 50, TokenizerConfig(vocab_size=300)))
-    cfg = PipelineConfig()
-    cfg.quality.enabled = True
+    cfg = synthetic_config()
+    cfg.quality.enabled = True  # near dedup stays off: PAGE holds GOOD's lines
     cfg.tokenizer.path = str(tmp_path / "tok.model")
     cfg.shards.store_text = True
     stats = run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)

@@ -16,10 +16,11 @@ from examples.demo.corpus import write_corpus
 from pipelines.io.resume import JOB_FILE, RECORD_SUFFIX, WORK_DIR
 from tests.support.local_engines import child_env, start_dask, start_dask_worker
 from tests.support.paths import REPO
+from tests.support.pipeline import SYNTHETIC
 from tests.support.split_faults import KILL_AFTER, READS
 from tests.unit.pipelines.test_engines import digests
 
-SETTINGS = ["tokenizer.vocab_size=500", "shards.num_shards=3", "input.split_bytes=100000"]  # 15 splits
+SETTINGS = ["tokenizer.vocab_size=500", "shards.num_shards=3", "input.split_bytes=100000", *SYNTHETIC]  # 15 splits
 
 
 def _job(corpus: Path, out: Path, *extra: str, reads: Path | None = None, kill_after: int = 0,

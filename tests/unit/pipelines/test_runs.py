@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pipelines.config import PipelineConfig, TokenizerConfig
+from pipelines.config import TokenizerConfig
 from examples.demo.corpus import write_corpus
 from pipelines.job import run
 from pipelines.io.output import OutputExistsError
@@ -20,13 +20,14 @@ from pipelines.stages.tokenize import train_sentencepiece
 from pipelines.stages.exact_dedup import KeepSmallestId
 from pipelines.stages.keys import DocKey
 from tests.support.paths import REPO
+from tests.support.pipeline import SYNTHETIC, synthetic_config
 
 ROOT = str(REPO)
 
 
 def _runner(inp, out, *extra):
     return subprocess.Popen([sys.executable, "beam_runner.py", "--input", inp, "--output", str(out),
-                             "tokenizer.vocab_size=500", "shards.num_shards=8", *extra],
+                             "tokenizer.vocab_size=500", "shards.num_shards=8", *SYNTHETIC, *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -56,7 +57,7 @@ def test_kill_9_leaves_no_shard_and_rerun_refuses_or_overwrites(tmp_path):
     assert sorted(p.name for p in out.glob("*.tar")) == [s["name"] for s in manifest["shards"]]
     assert not (out / "_tmp_buckets").exists()
     with pytest.raises(OutputExistsError, match="finished run .*--overwrite"):
-        run(inp, str(out), PipelineConfig())
+        run(inp, str(out), synthetic_config())
 
 
 def test_keeper_accumulator_is_bounded():
@@ -77,7 +78,7 @@ def test_100k_exact_duplicates_are_counted_and_listed(tmp_path):
     lines += [json.dumps({"id": f"u{i}", "text": f"unique text number {i}", "source": "unique"}) for i in range(3)]
     lines += [json.dumps({"id": f"z{i}", "text": "a pair of twins", "source": "unique"}) for i in range(2)]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.path = str(model)
     stats = run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg)
     t = stats["total"]
@@ -101,7 +102,7 @@ def test_hot_lsh_bucket_goes_through_the_side_input(tmp_path):
     base = " ".join(words[i % len(words)] for i in range(300))
     lines = [json.dumps({"id": f"n{i:03d}", "text": f"{base} variant {i}"}) for i in range(100)]  # > 64 per bucket
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.path, cfg.dedup.near = str(model), True
     stats = run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg)
     assert stats["total"]["filtered"] == {"near_duplicate": 99} and stats["total"]["kept"] == 1

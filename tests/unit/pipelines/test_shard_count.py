@@ -8,6 +8,7 @@ import beam_runner
 from pipelines.config import TokenizerConfig
 from pipelines.accounting.report import report_text, shard_shortfall
 from pipelines.stages.tokenize import train_sentencepiece
+from tests.support.pipeline import SYNTHETIC
 
 TEXTS = ["The river ran cold and clear under the old stone bridge near the mill all winter long.",
          "A merchant sold bright cloth and copper pots in the square every market day of the year.",
@@ -20,7 +21,7 @@ def test_fewer_documents_than_num_shards_is_said_in_the_summary_and_recorded(tmp
     (tmp_path / "tok.model").write_bytes(train_sentencepiece(TEXTS * 30, TokenizerConfig(vocab_size=300)))
     out = tmp_path / "out"
     assert beam_runner.main(["--input", str(tmp_path / "in.jsonl"), "--output", str(out),
-                             "--tokenizer", str(tmp_path / "tok.model"), "shards.num_shards=8"]) == 0
+                             "--tokenizer", str(tmp_path / "tok.model"), "shards.num_shards=8", *SYNTHETIC]) == 0
     line = ("shards.num_shards=8 asked for, 2 written: only 3 documents were written and a document never spans "
             "two shards; they fell into 2 of the 8 buckets (sha256 of the sample key mod 8)")  # two ids hash alike
     assert line in capsys.readouterr().out

@@ -15,12 +15,13 @@ from pipelines.job import run
 from pipelines.stages.split import is_validation, split_position
 from shards import Manifest, iter_documents
 from shards.format.manifest import split_manifest_url
+from tests.support.pipeline import synthetic_config
 
 MULTI = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 
 
 def _config() -> PipelineConfig:
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.vocab_size = 400
     cfg.shards.num_shards = 2
     cfg.split.val_fraction = 0.1

@@ -5,6 +5,7 @@ import io
 import json
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,7 @@ from pipelines.stages.near_dedup import band_keys, minhash, similarity
 from pipelines.stages.pii import redact
 from pipelines.io.reading import iter_units
 from pipelines.records import DeadLetter, Doc, file_format, file_stem, parse_unit
-from pipelines.accounting.stats import aggregate
+from pipelines.accounting.stats import RUN_SOURCE, aggregate
 from pipelines.stages.tokenize import SmallestHashSample, token_dtype
 from pipelines.stages.exact_dedup import KeepSmallestId
 from pipelines.stages.keys import doc_keys
@@ -74,7 +75,7 @@ def _combine(fn, items, split):
 
 def test_keeper_is_smallest_id_whatever_the_partitioning():
     docs = [key for key, _ in doc_keys([Doc("b/2", "Exit.", "s1"), Doc("a/9", "exit.", "s2"), Doc("c/1", "EXIT.", "s1")],
-                                       "s0", 0, DedupConfig())]
+                                       "s0", 0, DedupConfig(near=False))]
     for split in range(4):
         keeper, counts, members = _combine(KeepSmallestId(), docs, split)
         assert keeper == docs[1]
@@ -177,6 +178,15 @@ def test_stats_aggregate_balances():
     assert stats["sources"]["a"]["redactions"] == {"email": 3}
     assert stats["total"]["balanced"] and stats["sources"]["b"]["balanced"]
     assert not aggregate([(("a", "input"), 2), (("a", "kept"), 1)])["total"]["balanced"]
+    assert stats["run"] == {"near_unresolved_pairs": 0}
+
+
+def test_run_level_events_count_in_the_run_section_only():
+    stats = aggregate([(("a", "input"), 1), (("a", "kept"), 1), ((RUN_SOURCE, "near_unresolved"), 3)])
+    assert stats["run"] == {"near_unresolved_pairs": 3} and list(stats["sources"]) == ["a"]
+    assert stats["total"]["balanced"] and stats["total"]["input_records"] == 1
+    with pytest.raises(ValueError, match="unknown run-level event name 'kept'"):
+        aggregate([((RUN_SOURCE, "kept"), 1)])
 
 
 @settings(max_examples=300, deadline=None)
@@ -202,5 +212,17 @@ def test_yaml_config_mirrors_defaults_and_overrides():
 
     path = REPO / "configs" / "pipeline.yaml"
     assert load_config(PipelineConfig, str(path)) == PipelineConfig()
-    cfg = load_config(PipelineConfig, str(path), ["tokenizer.vocab_size=8192", "dedup.near=true"])
-    assert cfg.tokenizer.vocab_size == 8192 and cfg.dedup.near is True
+    cfg = load_config(PipelineConfig, str(path), ["tokenizer.vocab_size=8192", "dedup.near=false"])
+    assert cfg.tokenizer.vocab_size == 8192 and cfg.dedup.near is False
+
+
+def test_defaults_are_finewebs_curation():
+    """Issue 35: the default run applies FineWeb's rules (Gopher quality and repetition, C4 without
+    its terminal-punctuation rule and bad words, FineWeb's own) and MinHash near dedup with its settings."""
+    from pipelines.config import PipelineConfig
+
+    cfg = PipelineConfig()
+    q = cfg.quality
+    assert q.enabled and q.gopher.enabled and q.repetition.enabled and q.c4.enabled and q.fineweb.enabled
+    assert q.c4.terminal_punct is False and q.c4.bad_words is None
+    assert (cfg.dedup.near, cfg.dedup.ngram, cfg.dedup.num_perm, cfg.dedup.bands) == (True, 5, 112, 14)

@@ -14,11 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.stages.clean import content_hash
-from pipelines.config import PipelineConfig, TokenizerConfig
+from pipelines.config import TokenizerConfig
 from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 from pipelines.stages.tokenize import build_model, train_byte_level_bpe, train_sentencepiece, trained_file
+from tests.support.pipeline import synthetic_config
 
 
 def _combine(fn, items, cuts):
@@ -111,7 +112,7 @@ def test_a_first_text_larger_than_the_budget_is_the_sample_not_none(tmp_path):
         assert sample == [first] and len(admitted) == 2  # the sample and the text that ended it
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n"
                                                for i, t in enumerate(texts)))
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.vocab_size, cfg.tokenizer.sample_max_bytes = 300, 50
     assert run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg)["total"]["kept"] == 6
 
@@ -144,7 +145,7 @@ def test_a_tokenizer_read_up_front_is_the_one_the_job_uses_not_read_again(tmp_pa
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n"
                                                for i, t in enumerate(texts)))
     (tmp_path / "tok.model").write_bytes(train_sentencepiece(texts, TokenizerConfig(vocab_size=400)))
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.path = str(tmp_path / "tok.model")
     read_once = given_tokenizer(cfg.tokenizer)
     (tmp_path / "tok.model").write_bytes(train_sentencepiece(texts, TokenizerConfig(vocab_size=350)))  # changed since

@@ -8,9 +8,10 @@ from __future__ import annotations
 import gzip
 import json
 
-from pipelines.config import PipelineConfig, TokenizerConfig
+from pipelines.config import TokenizerConfig
 from pipelines.job import run
 from pipelines.stages.tokenize import train_sentencepiece
+from tests.support.pipeline import synthetic_config
 from tests.support.warc import PARAGRAPHS, Page, article, write_warc
 
 
@@ -28,7 +29,7 @@ def test_upper_case_compressed_names_are_decompressed_and_a_truncated_warc_is_a_
     for name in ("CUT.WARC.GZ", "cut2.warc.gz"):  # the last member cut short, upper and lower case
         (data / name).write_bytes(full[:-60])
     (tmp_path / "tok.model").write_bytes(train_sentencepiece(PARAGRAPHS * 5, TokenizerConfig(vocab_size=300)))
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.path = str(tmp_path / "tok.model")
     cfg.dedup.exact = False  # the two WARC copies are counted apart
     stats = run(str(data / "*"), str(tmp_path / "out"), cfg, report=False)

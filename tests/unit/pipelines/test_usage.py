@@ -17,6 +17,7 @@ from pipelines.config import PipelineConfig
 from pipelines.runners.selection import beam_options
 from colaflow.config import ConfigError, declared_checks
 from tests.support.paths import REPO
+from tests.support.pipeline import SYNTHETIC, synthetic_config
 
 ROOT = str(REPO)
 
@@ -32,7 +33,7 @@ def corpus(tmp_path):
 def test_too_small_vocab_is_one_line_and_exit_2(corpus, tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
     p = subprocess.run([sys.executable, "beam_runner.py", "--input", str(corpus), "--output", str(tmp_path / "out"),
-                        "tokenizer.vocab_size=20"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                        "tokenizer.vocab_size=20", *SYNTHETIC], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and "ERROR" not in p.stderr
     errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
@@ -60,7 +61,9 @@ def test_bad_config_values_are_refused_up_front(corpus, tmp_path, capsys, overri
 
 @pytest.mark.parametrize("overrides, words", [
     (["classifier.path=NOPE/q.bin"], ["classifier.path=", "q.bin: no such file", "give a fastText"]),
-    (["quality.enabled=true", "quality.c4.bad_words=NOPE/w.txt"], ["quality.c4.bad_words=", "give a word list"]),
+    (["quality.c4.bad_words=NOPE/w.txt"], ["quality.c4.bad_words=", "give a word list"]),
+    (["quality.c4.bad_words=ldnoobw"], ["quality.c4.bad_words=ldnoobw: no such file and no named list",
+                                        "one of better-profanity"]),
     (["decontam.eval_sets={mmlu: NOPE/*.jsonl}"], ["decontam evaluation set", "no file matches", "quoted glob"]),
 ])
 def test_missing_curation_files_are_refused_up_front(corpus, tmp_path, capsys, overrides, words):
@@ -75,7 +78,7 @@ def test_missing_curation_files_are_refused_up_front(corpus, tmp_path, capsys, o
 
 def test_every_enum_knob_rejects_a_typo():
     choices = [key for key, check in declared_checks(PipelineConfig()).items() if check.choices]
-    assert len(choices) == 12  # decontam.action and input.warc's among them
+    assert len(choices) == 13  # decontam.action, classifier.kind and input.warc's among them
     for key in choices:
         *sections, name = key.split(".")
         cfg = PipelineConfig()
@@ -104,8 +107,8 @@ def test_declared_beam_options_pass():
 
 def _cli(args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "beam_runner.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "beam_runner.py", *args, *SYNTHETIC], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
 def _one_error_line(p: subprocess.CompletedProcess) -> str:
@@ -267,7 +270,7 @@ def test_a_file_that_is_not_parquet_among_parquet_files_is_dead_lettered_by_name
     texts = [f"Quick brown fox {i} jumps; zebra quartz {i * 7}!" for i in range(30)]
     pq.write_table(pa.table({"id": [str(i) for i in range(30)], "text": texts}), tmp_path / "good.parquet")
     (tmp_path / "bad.parquet").write_bytes(corpus.read_bytes())  # JSONL under a .parquet name
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.tokenizer.vocab_size = 300
     stats = run(str(tmp_path / "*.parquet"), str(tmp_path / "out"), cfg, report=False)
     assert stats["total"]["kept"] == 30 and stats["total"]["dead_letter_reasons"] == {"unreadable_file": 1}
@@ -383,7 +386,8 @@ def test_an_empty_file_beside_a_good_one_is_named_and_counted(tmp_path, capsys):
                                                            f"the lazy dog {i * 3}."}) + "\n" for i in range(40)))
     (folder / "empty.jsonl").write_bytes(b"")
     out = tmp_path / "out"
-    assert beam_runner.main(["--input", str(folder / "*.jsonl"), "--output", str(out), "tokenizer.vocab_size=300"]) == 0
+    assert beam_runner.main(["--input", str(folder / "*.jsonl"), "--output", str(out), "tokenizer.vocab_size=300",
+                             *SYNTHETIC]) == 0
     assert "note: 1 input file is empty (0 bytes: empty.jsonl); nothing is read from it" in capsys.readouterr().err
     stats = json.loads((out / "stats.json").read_text())
     assert (stats["total"]["empty_files"], stats["total"]["input_records"]) == (1, 40)
@@ -418,7 +422,7 @@ def test_add_eos_with_a_tokenizer_that_has_no_eos_is_one_line_naming_tokenizer_a
                    "or set tokenizer.add_eos=false")
     assert not out.exists()
     assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(out), "--tokenizer", tok,
-                             "tokenizer.add_eos=false"]) == 0
+                             "tokenizer.add_eos=false", *SYNTHETIC]) == 0
     assert json.loads((out / "manifest.json").read_text())["tokenizer_identity"]["add_eos"] is False
 
 
@@ -443,7 +447,7 @@ def test_tokenizer_kind_applies_to_the_tokenizer_flag(tmp_path, capsys):
     tok = tmp_path / "mytok.bin"
     os.rename(bpe(tmp_path / "tok"), tok)
     assert beam_runner.main(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "out"),
-                             "--tokenizer", str(tok), "tokenizer.kind=hf"]) == 0
+                             "--tokenizer", str(tok), "tokenizer.kind=hf", *SYNTHETIC]) == 0
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer_identity"]["kind"] == "hf"
 
 
@@ -469,7 +473,7 @@ def test_an_output_that_cannot_be_written_is_one_line_without_beams_traceback(co
         resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))  # Python ignores SIGXFSZ: writes fail with EFBIG
     env = {**os.environ, "PYTHONPATH": ROOT}
     p = subprocess.run([sys.executable, "beam_runner.py", "--input", str(corpus), "--output", str(tmp_path / "out"),
-                        "tokenizer.vocab_size=320"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                        "tokenizer.vocab_size=320", *SYNTHETIC], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
                        preexec_fn=limit)
     assert p.returncode == 1, p.stderr[-3000:]
     assert "Traceback" not in p.stderr and "ERROR" not in p.stderr, p.stderr[-3000:]

@@ -21,6 +21,7 @@ from pipelines.records import Doc, DocMeta
 from pipelines.stages.write_shards import encode_sample
 from shards import Manifest, iter_documents
 from tests.support.local_engines import child_env, start_dask
+from tests.support.pipeline import synthetic_config
 from tests.support.warc import PARAGRAPHS, Page, article, write_warc
 
 RUSSIAN = ("Река текла мимо старых каменных стен города, где мельница стояла триста лет. "
@@ -75,7 +76,7 @@ def crawl(tmp_path_factory):
 
 
 def _run(folder, out, split_bytes: int) -> dict:
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.input.split_bytes = split_bytes
     cfg.tokenizer.vocab_size = 400
     cfg.shards.store_text, cfg.shards.num_shards = True, 2  # the default layout: token blocks
@@ -236,7 +237,7 @@ def test_every_split_count_reads_every_member_once_broken_headers_included(tmp_p
 def test_a_dask_cluster_reading_byte_ranges_writes_the_same_shards(crawl, whole, tmp_path):
     pytest.importorskip("distributed")
     out, stats = whole
-    cfg = PipelineConfig()
+    cfg = synthetic_config()
     cfg.input.split_bytes, cfg.tokenizer.vocab_size = 1500, 400
     cfg.shards.store_text, cfg.shards.num_shards = True, 2
     engine = start_dask(tmp_path / "logs", workers=2, env=child_env())
@@ -248,3 +249,25 @@ def test_a_dask_cluster_reading_byte_ranges_writes_the_same_shards(crawl, whole,
     assert dask_stats["total"] == stats["total"] and dask_stats["sources"] == stats["sources"]
     for info in Manifest.load(str(out)).shards:
         assert (tmp_path / "out" / info.name).read_bytes() == (out / info.name).read_bytes()
+
+
+def test_an_uncompressed_file_cut_anywhere_in_its_last_record_ends_in_a_dead_unit_naming_it(tmp_path):
+    """FastWARC reads a cut-off record of a plain .warc as far as it goes; it was kept as a short page."""
+    write_warc(tmp_path / "whole.warc", _pages()[:2], compress=False)
+    data = (tmp_path / "whole.warc").read_bytes()
+    whole = [u._replace(path=str(tmp_path / "cut.warc")) for u in _units(tmp_path / "whole.warc")]
+    last = whole[-1].offset
+    assert whole[-1].fmt == "warc" and all(u.fmt != "unreadable" for u in whole)
+    cut = tmp_path / "cut.warc"
+    for end in range(last + 1, len(data) - 4):  # the last 4 bytes are the record's closing blank lines
+        cut.write_bytes(data[:end])
+        try:
+            units = _units(cut)
+        except OSError:  # FastWARC refused the header: the reader makes that the split's dead letter
+            continue
+        assert units[:-1] == whole[:-1], end
+        assert units[-1].fmt == "unreadable" and units[-1].offset == last, end
+        assert f"WARC record at byte {last:,}".encode() in units[-1].raw and b"truncated" in units[-1].raw
+    for end in range(len(data) - 4, len(data) + 1):
+        cut.write_bytes(data[:end])
+        assert _units(cut) == whole

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import os
 import tarfile
 
@@ -16,7 +17,8 @@ from shards import (Manifest, ReadStats, ShardError, ShardSequenceWriter, TarSha
 from colaflow.config import ConfigError, apply_overrides, from_dict
 from shards.io.index import build_shard_index, dali_index_path, read_dali_index, write_dali_index
 from shards.format.keys import MAX_KEY_CHARS, MAX_NAME_BYTES, escape_keys, is_hashed_key, member_name
-from shards.io.writer import TMP_SUFFIX
+from shards.format.sample import encode_npy
+from shards.io.writer import TMP_SUFFIX, _member_header
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
 JPG = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 3
@@ -131,6 +133,47 @@ def test_sequence_writer_counts_real_tar_bytes(tmp_path_factory, sizes, max_byte
         assert size <= max_bytes or s.samples == 1  # a single over-sized sample still gets its shard
     keys = [k for s in shards for k, _ in iter_raw(os.path.join(d, s.name))]
     assert keys == [f"k{i}" for i in range(len(sizes))]
+
+
+@given(samples=st.lists(st.lists(st.sampled_from([0, 1, 511, 512, 513, 1024, 10240, 20000]), min_size=1, max_size=3),
+                        min_size=1, max_size=12))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_writer_bytes_are_what_tarfile_writes(tmp_path_factory, samples):
+    """The writer emits tar headers itself; the shard is byte for byte the GNU tar :mod:`tarfile` writes
+    from the same members (fixed mtime, mode and owner), end-of-archive record padding included."""
+    d = tmp_path_factory.mktemp("tar")
+    rng = np.random.default_rng(len(samples))
+    members = [(f"k{i}", {f"m{j}.bin": rng.bytes(n) for j, n in enumerate(sizes)}) for i, sizes in enumerate(samples)]
+    with TarShardWriter(str(d / "ours.tar")) as w:
+        for key, fields in members:
+            w.write(key, fields)
+    with tarfile.open(d / "tarfile.tar", "w", format=tarfile.GNU_FORMAT) as t:
+        for key, fields in members:
+            for suffix, data in sorted(fields.items()):
+                ti = tarfile.TarInfo(f"{key}.{suffix}")
+                ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = len(data), 0, 0o444, 0, 0, "", ""
+                t.addfile(ti, io.BytesIO(data))
+    ours = (d / "ours.tar").read_bytes()
+    assert ours == (d / "tarfile.tar").read_bytes()
+    assert w.info.bytes == len(ours) and w.info.sha256 == hashlib.sha256(ours).hexdigest()
+
+
+@pytest.mark.parametrize("name", ["a", "doc%2E1.tokens.npy", "x" * 100])
+@pytest.mark.parametrize("size", [0, 511, 512, 4 << 30, 8 ** 11 - 1])
+def test_member_header_is_tarfiles_gnu_header(name, size):
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o444, 0, 0, "", ""
+    assert _member_header(name, size) == ti.tobuf(tarfile.GNU_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+@pytest.mark.parametrize("dtype", ["<u2", ">u2", "<u4", ">u4", "<i8", "<f4", "|u1", "|b1"])
+@pytest.mark.parametrize("shape", [(0,), (1,), (70001,), (3, 4)])
+def test_encode_npy_is_what_np_save_writes(dtype, shape):
+    array = (np.arange(int(np.prod(shape))) % 251).astype(dtype).reshape(shape)
+    for a in (array, array[::2]):  # contiguous and strided
+        buf = io.BytesIO()
+        np.save(buf, a, allow_pickle=False)
+        assert encode_npy(a) == buf.getvalue()
 
 
 def test_streaming_and_random_access_agree(tmp_path):

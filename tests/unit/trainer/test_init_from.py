@@ -184,3 +184,12 @@ def test_a_dry_run_names_the_weights_it_would_start_from(data, tmp_path, capsys)
     save_random_llama(str(tmp_path / "llama"))
     assert _dry_run(data, tmp_path, f"model.init_from={tmp_path / 'llama'}") == 0
     assert f"new run from hf weights {tmp_path / 'llama'}" in capsys.readouterr().out
+
+
+def test_a_dry_run_refuses_a_run_dir_that_cannot_be_written(data, capsys):
+    """``--dry-run`` said "fine" for a run_dir on a read-only filesystem; the real run then failed at the lock.
+    (/proc refuses new files even to root, as a read-only mount does.)"""
+    assert train_main(["--dry-run", f"data.manifest={data}", "run_dir=/proc/self/colaflow-run",
+                       "data.seq_len=32"]) == 2
+    err = _one_error_line(capsys)
+    assert "run_dir=/proc/self/colaflow-run cannot be written" in err and "in /proc/self failed" in err

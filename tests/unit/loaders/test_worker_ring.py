@@ -1,0 +1,191 @@
+"""Loader workers' shared-memory rings (:mod:`loaders.worker.pool`): batches through a ring, even a
+ring so small that a worker waits for credit on nearly every batch, equal the in-process ones
+(ids, resume records, keys, the worker that packed them); no ring outlives its pool, whether the
+epoch ends, the consumer raises or a worker is killed; a resume mid-epoch stays exact."""
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+
+import numpy as np
+import pytest
+
+from loaders.pack.packed import PackedBatch, PackingKeys, BatchKeys, EncodedKeys, GroupKeys, encode_keys
+from loaders.rank.loader import build_text_loader
+from loaders.worker.pool import WorkerError, WorkerPool
+from tests.unit.loaders.test_loader import _cfg, write_text_shards
+
+SMALL_RING = 8 * 1024  # about a dozen batches of _cfg's shape: the worker waits for credit again and again
+
+
+def _ring_handles() -> list[str]:
+    """This process's mappings and descriptors of worker rings, and the ring-like entries in /dev/shm."""
+    with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+        maps = [line.strip() for line in f if "colaflow-batches" in line]
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        if "colaflow-batches" in target:
+            fds.append(target)
+    shm = [n for n in os.listdir("/dev/shm") if "colaflow" in n] if os.path.isdir("/dev/shm") else []
+    return maps + fds + shm
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("ring_shards"))
+    write_text_shards(d, n_docs=400, seed=3)
+    return d
+
+
+def _same(got, want) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.input_ids.equal(b.input_ids) and a.consumed.tolist() == b.consumed.tolist()
+        assert list(a.keys) == list(b.keys) and a.worker == b.worker
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+@pytest.mark.parametrize("ring", [None, SMALL_RING])
+def test_batches_through_the_rings_equal_the_in_process_batches_and_no_ring_is_left(shards, start, ring,
+                                                                                    monkeypatch):
+    """Two workers, the default ring and one of 8 KiB (credit waits and wrap-arounds): the in-process
+    batches, keys and worker numbers included; after the epoch no ring is mapped, open or named."""
+    import loaders.worker.pool as pool
+
+    if ring:
+        monkeypatch.setattr(pool, "ring_bytes", lambda tokens: ring)
+    before = _ring_handles()
+    loader = build_text_loader(_cfg(shards, num_workers=2, worker_start=start))
+    got = list(loader)
+    _same(got, list(build_text_loader(_cfg(shards, num_workers=2), in_process=True)))
+    assert not loader.pool.procs and _ring_handles() == before
+
+
+def test_no_ring_is_left_when_the_consumer_raises(shards):
+    """An exception in the training loop mid-epoch stops the workers and unmaps their rings."""
+    before = _ring_handles()
+    loader = build_text_loader(_cfg(shards, num_workers=2))
+
+    def train():
+        for i, _ in enumerate(loader):
+            assert _ring_handles() != before  # the rings exist while the epoch runs
+            if i == 3:
+                raise RuntimeError("loss is nan")
+
+    with pytest.raises(RuntimeError, match="loss is nan"):
+        train()
+    assert not loader.pool.procs and _ring_handles() == before
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_no_ring_is_left_when_a_worker_is_killed(shards, start):
+    """A worker killed mid-epoch: a WorkerError, and neither its ring nor the other worker's stays."""
+    before = _ring_handles()
+    loader = build_text_loader(_cfg(shards, num_workers=2, micro_batch_size=1))
+    loader.stream.start(loader.progress)
+    pool = WorkerPool(loader.stream, 2, start, ring_size=SMALL_RING)
+    batches = iter(pool)
+    next(batches)
+    os.kill(pool.procs[1].pid, signal.SIGKILL)
+    with pytest.raises(WorkerError, match=r"loader worker 1 \(pid \d+\) exited with status -9"):
+        for _ in batches:
+            pass
+    assert not pool.procs and _ring_handles() == before
+
+
+def test_a_batch_larger_than_the_ring_is_a_worker_error(shards):
+    """A record that cannot fit the ring fails the epoch with its size and the ring's, not a hang."""
+    loader = build_text_loader(_cfg(shards, num_workers=1, micro_batch_size=64))
+    loader.stream.start(loader.progress)
+    pool = WorkerPool(loader.stream, 1, "fork", ring_size=4096)
+    with pytest.raises(WorkerError, match=r"batch record of \d+ bytes is larger than the worker's ring \(4096 bytes\)"):
+        list(pool)
+    assert _ring_handles() == []
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_resume_mid_epoch_with_workers_and_small_rings_repeats_the_batches(shards, start, monkeypatch):
+    """A state saved after 9 batches of 2 workers with 8 KiB rings resumes into exactly the rest of the epoch."""
+    import loaders.worker.pool as pool
+
+    monkeypatch.setattr(pool, "ring_bytes", lambda tokens: SMALL_RING)
+    cfg = _cfg(shards, num_workers=2, micro_batch_size=1, worker_start=start)
+    whole = list(build_text_loader(cfg))
+    ld = build_text_loader(cfg)
+    it = iter(ld)
+    before = [next(it) for _ in range(9)]
+    state = ld.state_dict()
+    it.close()
+    again = build_text_loader(cfg)
+    again.load_state_dict(state)
+    _same(before + list(again), whole)
+
+
+class _Handle:
+    """A shard handle with raw ids (``id_bytes_of``) and keys (their escaped form)."""
+
+    has_ids = True
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def id_bytes_of(self, index):
+        from loaders.pack.packed import encode_strings
+        return encode_strings([self.ids[i] for i in index.tolist()])
+
+    def key_list(self):
+        from shards.format.keys import escape_keys
+        return escape_keys(self.ids)
+
+
+def test_keys_encoded_for_a_packing_read_as_the_looked_up_keys():
+    """Keys of two groups over two shards, runs split at batch bounds: the bytes a worker sends read
+    (after escaping) as the keys looked up in process, batch by batch, also after a pickle."""
+    import pickle
+
+    a, b = _Handle(["a/0", "a.1", "ä 2"]), _Handle(["b/0", "b/1"])
+    tables = {0: GroupKeys([a, b], np.array([0, 1, 0, 1, 0]), np.array([0, 0, 1, 1, 2])),
+              7: GroupKeys([b], np.array([0]), np.array([1]))}
+    group = np.array([0, 0, 7, 0, 0, 0, 7, 0], np.int64)  # chunks in row order; doc 2 of group 0 crosses a batch
+    index = np.array([0, 0, 0, 2, 2, 4, 0, 1], np.int64)
+    packing = PackingKeys(tables, group, index, [0, 4, 8])
+    looked_up = [list(BatchKeys(packing, i)) for i in range(2)]
+    assert looked_up == [["a%2F0", "b%2F1", "a%2E1"], ["a%2E1", "%C3%A4%202", "b%2F1", "b%2F0"]]
+    sent = [encode_keys(BatchKeys(PackingKeys(tables, group, index, [0, 4, 8]), i)) for i in range(2)]
+    assert all(isinstance(k, EncodedKeys) and k.raw_ids for k in sent)
+    assert [list(k) for k in sent] == looked_up
+    assert [list(pickle.loads(pickle.dumps(k))) for k in sent] == looked_up
+    batch = PackedBatch(np.zeros((1, 4), np.uint16), np.array([4], np.int32), np.array([1], np.int32),
+                        BatchKeys(packing, 1))
+    assert list(pickle.loads(pickle.dumps(batch)).keys) == looked_up[1]
+
+
+def test_keys_of_groups_that_all_read_one_shard_are_gathered_at_once():
+    """Groups that all read the same shard (the usual case) take the one-gather path: the same keys."""
+    a, b = _Handle(["x/0", "x/1", "x/2", "x/3"]), _Handle(["y/0"])
+    tables = {0: GroupKeys([a], np.zeros(2, np.int64), np.array([3, 1])),
+              5: GroupKeys([a], np.zeros(3, np.int64), np.array([0, 2, 1]))}
+    group, index = np.array([5, 0, 0, 5, 5], np.int64), np.array([2, 0, 1, 0, 0], np.int64)
+    assert tables[0].one_shard() is not None and GroupKeys([a, b], np.zeros(1, np.int64), np.zeros(1, np.int64)
+                                                           ).one_shard() is None
+    sent = [list(encode_keys(BatchKeys(PackingKeys(tables, group, index, [0, 2, 5]), i))) for i in range(2)]
+    assert sent == [list(BatchKeys(PackingKeys(tables, group, index, [0, 2, 5]), i)) for i in range(2)]
+    assert sent == [["x%2F1", "x%2F3"], ["x%2F1", "x%2F0"]]
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_without_memfd_the_rings_are_unlinked_temporary_files(shards, start, monkeypatch):
+    """Where ``os.memfd_create`` is missing (macOS), a ring is a temporary file without a name: the
+    same batches, and nothing left once the epoch ends."""
+    monkeypatch.delattr(os, "memfd_create")
+    before = _ring_handles()
+    loader = build_text_loader(_cfg(shards, num_workers=2, worker_start=start))
+    got = list(loader)
+    _same(got, list(build_text_loader(_cfg(shards, num_workers=2), in_process=True)))
+    assert not loader.pool.procs and _ring_handles() == before
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("colaflow-batches-")]
