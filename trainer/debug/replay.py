@@ -312,7 +312,7 @@ def _replay_event(cfg, run_dir: str, event: dict, weights: dict, path: str, weig
     notes = []
     if weights_step != step - 1:
         notes.append(f"weights are from step {weights_step}, not {step - 1}: later updates are not replayed")
-    return ReplayReport(step, rank, path, weights_step, batch.keys, tokens,
+    return ReplayReport(step, rank, path, weights_step, list(batch.keys), tokens,
                         float(loss.detach()) / max(tokens, 1), event, watcher.found.get("forward"),
                         watcher.found.get("backward"), hooks.describe(step, rank), watcher.modules, notes)
 
