@@ -179,6 +179,6 @@ def test_beam_runner_help_says_how_overrides_beam_options_and_exit_codes_work():
 
 def test_bench_scale_help_names_both_default_runners_and_shows_defaults():
     flat = " ".join(_check("benchmarks/bench_scale.py", []).split())
-    assert "on the DirectRunner (the baseline) and on a Dask cluster" in flat
+    assert "on the DirectRunner (the baseline; in memory, or multi for its multi_processing mode), on a Dask cluster" in flat
     assert "(default: direct,dask)" in flat and "(default: 1,4,16)" in flat
     assert "--out OUT work folder: " in flat
