@@ -36,6 +36,9 @@ TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))  # native byte order, 
 # at 64 Ki tokens and level 3, 0.96 at 1 Mi tokens and level 9), decompressed once per block.
 DEFAULT_BLOCK_TOKENS = {"none": 1 << 16, "zstd": 1 << 20}
 BLOCK_ZSTD_LEVEL = 9  # ~40 MB/s to write, as fast to read as level 3
+# The metadata (ids, sources, lengths as JSON) compresses almost as well at level 3 as at 9 (demo
+# corpus: 141 KB against 137 KB from 3.86 MB) in a fifth of the time, which is most of a raw write.
+META_ZSTD_LEVEL = 3
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,7 @@ def _encode(ids: list, sources: list, lengths: list[int], pieces: list[np.ndarra
         meta["metas"] = metas
     npy = encode_npy(tokens)
     meta_json = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()
-    fields = {META_SUFFIX: zstd_compress(meta_json, BLOCK_ZSTD_LEVEL),
+    fields = {META_SUFFIX: zstd_compress(meta_json, META_ZSTD_LEVEL),
               (RAW_SUFFIX if compression == "none" else ZSTD_SUFFIX): npy if compression == "none"
               else zstd_compress(npy, BLOCK_ZSTD_LEVEL)}
     return escape_key(str(ids[0])), fields
