@@ -35,15 +35,15 @@ from pipelines.io.resume import (JobIdentity, SplitWorkFn, WorkFolder, check_res
 from pipelines.records import file_format
 from pipelines.runners.selection import beam_options, make_runner
 from pipelines.stages.classifier import check_model
-from pipelines.stages.exact_dedup import ExactDedup, UniqueIds, key_by_hash
+from pipelines.stages.exact_dedup import ExactDedup
 from pipelines.stages.decontam import load_eval_sets
 from pipelines.stages.filters import LISTED
 from pipelines.stages.quality.c4 import bad_words_pattern
 from pipelines.stages.near_dedup import NearDedup
-from pipelines.stages.payload import PayloadFn, SampleTexts, SplitSignatures, by_split
+from pipelines.stages.keys import KeyStats, sample_sizes
+from pipelines.stages.payload import OTHERS, Candidates, PayloadFn, SampleTexts, SplitSignatures, by_split
 from pipelines.stages.split import VAL, VAL_DIR, val_shard_config
 from pipelines.stages.tokenize import NoRecordsError, build_model
-from pipelines.stages.tokenizer_sample import SampleSize
 from pipelines.stages.write_shards import WriteShards, finalize
 from shards.tokenizers import TokenizerFile
 
@@ -83,21 +83,25 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
         kept[LISTED] | "DecontaminatedWrite" >> WriteJsonl(f"{out}/{DECONTAMINATED_DIR}")
     summary = summarize([kept[EVENTS]], kept[DEAD])  # read only to explain an empty sample
     events, duplicates = [read.events, kept[EVENTS]], []
-    # From here on the documents are DocKeys: their text stays in the split records of OUT/.work/
-    hashed = kept.docs | "KeyByHash" >> beam.Map(key_by_hash)  # shared by exact dedup and the tokenizer sample
-    unique = hashed | "UniqueIds" >> UniqueIds()
-    dedups = []
+    # From here on the documents are one row each in an array per split (KEY_ROW): their text and
+    # their DocKeys stay in the split records of OUT/.work/
+    stats = beam.pvalue.AsSingleton(kept.docs | "KeyStats" >> beam.CombineGlobally(KeyStats()))
+    dedups, docs = [], None
+    if cfg.dedup.exact or cfg.dedup.near:  # the documents a global step decides on, read back per split
+        found = read.splits | "Candidates" >> beam.ParDo(
+            Candidates(work, cfg.dedup.exact, cfg.dedup.near), stats).with_outputs(OTHERS, main="repeated")
+        docs = found[OTHERS]
     if cfg.dedup.exact:
-        dedups.append(unique | "ExactDedup" >> ExactDedup(cfg.dedup.write_duplicates, keyed_input=True))
-        docs = dedups[-1].docs
-    else:
-        docs = unique | "Docs" >> beam.Values()
+        dedups.append(found.repeated | "ExactDedup" >> ExactDedup(cfg.dedup.write_duplicates, keyed_input=True))
+        docs = (dedups[-1].docs, found[OTHERS]) | "Deduped" >> beam.Flatten() if cfg.dedup.near else dedups[-1].docs
     if cfg.dedup.near:
         def signatures(near_docs):  # read from the records, where Work put them
             return by_split(read.splits, near_docs, "JoinNear") | "Signatures" >> beam.ParDo(SplitSignatures(work))
 
         dedups.append(docs | "NearDedup" >> NearDedup(cfg.dedup, signatures))
         docs = dedups[-1].docs
+    if docs is None:  # no dedup: the final pass keeps every document itself
+        docs = p | "NoneListed" >> beam.Create([])
     for dedup in dedups:
         events.append(dedup.events)
         duplicates.append(dedup.duplicates)
@@ -105,14 +109,15 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
         duplicates | "AllDuplicates" >> beam.Flatten() | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}")
     # Trained on the kept documents before dedup (the sample counts a repeated text once), so
     # the model is ready before dedup ends; its texts are read back from the records.
-    sizes = hashed | "SampleSizes" >> beam.MapTuple(lambda h, key: SampleSize(h, key.digest, key.size))
+    sizes = kept.docs | "SampleSizes" >> beam.FlatMap(sample_sizes)
     model = build_model(
         sizes, lambda limit: read.splits | "Tokenizer/Select" >> beam.ParDo(
             SampleTexts(work), limit, cfg.tokenizer.sample_fraction),
         cfg.tokenizer, summary=summary, given=tokenizer)
-    # The final pass: each split's kept documents read back from its record, tokenised and spilled.
+    # The final pass: each split's kept documents read back from its record (those dedup listed,
+    # and without near dedup those no global step decided on), tokenised and spilled.
     payload = (by_split(read.splits, docs, "JoinKept")
-               | "Payload" >> beam.ParDo(PayloadFn(work, cfg), beam.pvalue.AsSingleton(model)).with_outputs(
+               | "Payload" >> beam.ParDo(PayloadFn(work, cfg), beam.pvalue.AsSingleton(model), stats).with_outputs(
                    EVENTS, VAL, main="train"))
     events.append(payload[EVENTS])
     tokenized, val_shards = payload.train, None

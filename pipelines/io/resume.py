@@ -38,7 +38,7 @@ from pipelines.io.listing import InputListing
 from pipelines.io.read import ParseFn
 from pipelines.io.reading import Split, read_split
 from pipelines.stages.filters import FilterFn, build_steps
-from pipelines.stages.keys import KEY_BATCH, KEYS, doc_keys
+from pipelines.stages.keys import KEY_BATCH, KEYS, doc_keys, key_rows
 
 WORK_DIR = ".work"  # hidden: readers of OUT never list it
 JOB_FILE = "job.json"
@@ -185,8 +185,9 @@ class WorkFolder:
 
 
 class SplitWorkFn(beam.DoFn):
-    """:class:`~pipelines.io.reading.Split` → the :class:`~pipelines.stages.keys.DocKey` of each
-    document kept of it (main output), its dead letters (tag ``dead``), the steps' listing lines
+    """:class:`~pipelines.io.reading.Split` → one :data:`~pipelines.stages.keys.KEY_ROW` array of the
+    documents kept of it (main output, :func:`~pipelines.stages.keys.key_rows`; none when it keeps
+    none), its dead letters (tag ``dead``), the steps' listing lines
     (tag ``listed``) and its events (tag ``events``). The documents themselves stay in the record.
 
     A split with a record in the :class:`WorkFolder` is read from it. Any other is read
@@ -213,14 +214,14 @@ class SplitWorkFn(beam.DoFn):
 
     def _compute(self, split: Split):
         kept, keys = frames.PartWriter(), frames.PartWriter()
-        sid, pending, first = split_id(split), [], 0
+        sid, pending, first, made = split_id(split), [], 0, []
         self.parse.start_bundle()
         self.filter.start_bundle()
         batch: list = []
 
         def filtered(docs: list):
             # The steps' outputs for one batch: tagged ones go out and into the record; a kept
-            # document goes into the record only, its DocKey out once KEY_BATCH of them are pending.
+            # document goes into the record only, its DocKey made once KEY_BATCH of them are pending.
             nonlocal pending, first
             for out in self.filter.filter_batch(docs):
                 if isinstance(out, beam.pvalue.TaggedOutput):
@@ -230,7 +231,7 @@ class SplitWorkFn(beam.DoFn):
                 kept.append((None, out))
                 pending.append(out)
                 if len(pending) >= KEY_BATCH:
-                    yield from self._keys(pending, sid, first, keys)
+                    self._keys(pending, sid, first, keys, made)
                     first, pending = first + len(pending), []
 
         for unit in read_split(split, self.input_cfg, self.total_bytes, self.run_id):
@@ -244,31 +245,36 @@ class SplitWorkFn(beam.DoFn):
                     yield from filtered(batch)
                     batch = []
         yield from filtered(batch)
-        yield from self._keys(pending, sid, first, keys)
+        self._keys(pending, sid, first, keys, made)
+        if made:
+            yield key_rows(made)
         for tagged in [*self.parse.finish_bundle(), *self.filter.finish_bundle()]:
             value = tagged.value.value  # finish_bundle's events are windowed; here they go out of process
             kept.append((EVENTS, value))
             yield beam.pvalue.TaggedOutput(EVENTS, value)
         self.work.save(split, kept.getvalue() + keys.getvalue())  # two frame lists joined are one
 
-    def _keys(self, docs: list, sid: str, first: int, keys: frames.PartWriter):
+    def _keys(self, docs: list, sid: str, first: int, keys: frames.PartWriter, made: list) -> None:
         for pair in doc_keys(docs, sid, first, self.dedup):
             keys.append((KEYS, pair))
-            yield pair[0]
+            made.append(pair[0])
 
 
 def _replay(data: bytes):
-    """The outputs of a split's record, as :meth:`SplitWorkFn._compute` emitted them (the keys, not
-    the documents, on the main output)."""
+    """The outputs of a split's record, as :meth:`SplitWorkFn._compute` emitted them (the keys'
+    rows, not the documents, on the main output)."""
+    made = []
     for tag, value in frames.decode(data):
         if tag is None:
             continue
         if tag == KEYS:
-            yield value[0]  # the key; its signature stays in the record
+            made.append(value[0])  # the key; its signature stays in the record
         elif tag == EVENTS:
             yield event(*value[0], value[1])  # bumps the Beam counter as the first run did
         else:
             yield beam.pvalue.TaggedOutput(tag, value)
+    if made:
+        yield key_rows(made)
 
 
 def _read_job(output_dir: str) -> dict | None:

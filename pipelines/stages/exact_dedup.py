@@ -1,6 +1,8 @@
 """Exact dedup: one document per distinct normalised text (:class:`ExactDedup`), after ids made
-unique per text (:class:`UniqueIds`). Keys are :func:`pipelines.stages.clean.content_hash`; the
-documents are :class:`~pipelines.stages.keys.DocKey` s (their text stays in ``OUT/.work/``)."""
+unique per text (:func:`pipelines.stages.payload.unique_keys`). Keys are
+:func:`pipelines.stages.clean.content_hash`; the documents are :class:`~pipelines.stages.keys.DocKey` s
+(their text stays in ``OUT/.work/``). The job hands it only the documents of a content hash that
+another document has too (:class:`pipelines.stages.payload.Candidates`); it works on any."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -8,7 +10,7 @@ from typing import NamedTuple
 import apache_beam as beam
 
 from pipelines.accounting.stats import EVENTS, event
-from pipelines.records import DUPLICATES, DedupOutput, disambiguate_id, duplicate_record
+from pipelines.records import DUPLICATES, DedupOutput, duplicate_record
 from pipelines.stages.keys import DocKey
 
 LIST_MAX = 64  # members a combiner accumulator lists before a key counts as a hot key
@@ -19,58 +21,6 @@ IDS = "ids"  # tag of ExactDedup's stream of DocHash, one per document
 def key_by_hash(doc: DocKey) -> tuple[str, DocKey]:
     """``(doc.hash, doc)``: the exact-dedup key (the content hash), also the tokenizer sample's order."""
     return doc.hash, doc
-
-
-class TwoTexts(beam.CombineFn):
-    """Combine the content hashes seen under one id into at most two distinct ones (bounded
-    memory however often an id repeats): two means different texts share the id."""
-
-    def create_accumulator(self):
-        """No hash seen yet: an empty tuple."""
-        return ()
-
-    def add_input(self, acc, text_hash: str):
-        """Add one content hash (hex str); keeps at most two distinct hashes, sorted."""
-        return acc if text_hash in acc or len(acc) == 2 else tuple(sorted(acc + (text_hash,)))
-
-    def merge_accumulators(self, accumulators):
-        """Union of partial results, still at most two distinct hashes."""
-        merged: tuple = ()
-        for acc in accumulators:
-            for h in acc:
-                merged = self.add_input(merged, h)
-        return merged
-
-    def extract_output(self, acc):
-        """The tuple of at most two distinct hashes seen under the id."""
-        return acc
-
-
-def _disambiguate(pair: tuple[str, DocKey], shared: dict):
-    text_hash, doc = pair
-    if doc.id in shared:
-        doc = doc._replace(id=disambiguate_id(doc.id, text_hash))
-    return text_hash, doc
-
-
-class UniqueIds(beam.PTransform):
-    """``(content hash, Doc)`` pairs → the same pairs with every id naming one text.
-
-    Qualified ids (:func:`pipelines.records.qualify_id`) collide only when one file repeats an
-    id with different texts; every document under such an id gets
-    :func:`pipelines.records.disambiguate_id` (the id plus its text's hash), so no distinct text
-    is dropped for its id and ``duplicates/`` names documents unambiguously. Cost: one combine of
-    ``(id, hash)`` pairs (:class:`TwoTexts`); the side input holds only the colliding ids.
-    Copies of one text under one id stay as they are (exact dedup keeps one).
-    """
-
-    def expand(self, hashed):
-        """``(hash, DocKey)`` pairs → the same pairs, colliding ids made unique."""
-        shared = (hashed
-                  | "IdHash" >> beam.MapTuple(lambda h, d: (d.id, h))
-                  | "TwoTexts" >> beam.CombinePerKey(TwoTexts())
-                  | "Shared" >> beam.Filter(lambda kv: len(kv[1]) == 2))
-        return hashed | "Disambiguate" >> beam.Map(_disambiguate, beam.pvalue.AsDict(shared))
 
 
 class ExactGroup(NamedTuple):

@@ -1,19 +1,28 @@
 """What the global stages see of a kept document: a :class:`DocKey` (its hashes, id, size and where its
 text lies), never the text. The text stays in its split's record in ``OUT/.work/``
 (:mod:`pipelines.io.resume`), which the tokenizer sample and the final pass
-(:class:`pipelines.stages.payload.PayloadFn`) read back one split at a time, so what a grouping or a
-side input holds grows with the documents' count by the bytes of their keys, not with their text.
+(:class:`pipelines.stages.payload.PayloadFn`) read back one split at a time.
+
+What crosses the global steps for every document is one row of :data:`KEY_ROW` per document, in one
+array per split (:func:`key_rows`): :class:`KeyStats` combines them into the content hashes held by
+more than one document and the ids shared by two texts (:class:`RepeatStats`). Only the documents of
+a repeated hash go on as :class:`DocKey` s, to exact dedup (:class:`pipelines.stages.payload.Candidates`);
+the others are kept by the final pass on its own.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import NamedTuple
+
+import apache_beam as beam
+import numpy as np
 
 from pipelines.config import DedupConfig
 from pipelines.io import frames
 from pipelines.records import Doc
 from pipelines.stages.clean import content_hash
 from pipelines.stages.near_dedup import minhash_batch
-from pipelines.stages.tokenizer_sample import sample_key
+from pipelines.stages.tokenizer_sample import SampleSize, sample_key
 
 KEYS = "keys"  # tag of a split record's keys, after its documents
 KEY_BATCH = 512  # documents whose MinHash signatures are computed in one call
@@ -63,6 +72,109 @@ def doc_keys(docs: list[Doc], split: str, first: int, dedup: DedupConfig) -> lis
         out.append((DocKey(h, doc.id, doc.source, split, first + i, size.digest, size.size),
                     None if sig is None else sig.tobytes()))
     return out
+
+
+# One document of a split: its content hash and id hash (128 bits each, as two big-endian halves),
+# its text's digest and UTF-8 size (DocKey.digest, DocKey.size). 48 bytes, not a Python object each.
+KEY_ROW = np.dtype([("h1", "u8"), ("h2", "u8"), ("i1", "u8"), ("i2", "u8"), ("digest", "u8"), ("size", "u8")])
+HASH = np.dtype([("h1", "u8"), ("h2", "u8")])  # a 128-bit hash as two big-endian halves, sorted as the hex
+
+
+def id_hash(doc_id: str) -> tuple[int, int]:
+    """128-bit BLAKE2b of ``doc_id`` (UTF-8) as two big-endian 64-bit halves (ints): the id in
+    :data:`KEY_ROW`, as :func:`pipelines.stages.clean.content_hash` stands for a text."""
+    digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=16).digest()
+    return int.from_bytes(digest[:8], "big"), int.from_bytes(digest[8:], "big")
+
+
+def key_rows(keys: list[DocKey]) -> np.ndarray:
+    """The :data:`KEY_ROW` array of ``keys`` (one split's documents), in order.
+
+    Args:
+        keys: the documents' :class:`DocKey` s.
+    Returns:
+        a :data:`KEY_ROW` array, one row per key.
+    """
+    return np.array([(int(k.hash[:16], 16), int(k.hash[16:], 16), *id_hash(k.id), k.digest, k.size) for k in keys],
+                    KEY_ROW)
+
+
+def sample_sizes(rows: np.ndarray):
+    """The :class:`~pipelines.stages.tokenizer_sample.SampleSize` of each :data:`KEY_ROW` of ``rows``
+    (the tokenizer sample's cutoff reads hashes and sizes alone), one at a time (a generator)."""
+    for h1, h2, _, _, digest, size in rows.tolist():
+        yield SampleSize(f"{h1:016x}{h2:016x}", digest, size)
+
+
+def hashes_of(keys: list[DocKey]) -> np.ndarray:
+    """The content hashes of ``keys`` as a :data:`HASH` array (for ``np.isin`` against :class:`RepeatStats`)."""
+    return np.array([(int(k.hash[:16], 16), int(k.hash[16:], 16)) for k in keys], HASH)
+
+
+def ids_of(keys: list[DocKey]) -> np.ndarray:
+    """The :func:`id_hash` es of ``keys``' ids as a :data:`HASH` array."""
+    return np.array([id_hash(k.id) for k in keys], HASH)
+
+
+class RepeatStats(NamedTuple):
+    """What :class:`KeyStats` finds in all documents' :data:`KEY_ROW` s; each a sorted :data:`HASH` array.
+
+    Attributes:
+        hashes: content hashes held by two documents or more (exact dedup decides among them).
+        shared_ids: id hashes under which two different texts lie (those ids are made unique with
+            :func:`pipelines.records.disambiguate_id`).
+    """
+
+    hashes: np.ndarray
+    shared_ids: np.ndarray
+
+
+# (content hash, id hash) of one document: KeyStats' accumulator holds one row per distinct pair
+_PAIR = np.dtype([("h1", "u8"), ("h2", "u8"), ("i1", "u8"), ("i2", "u8")])
+_FIRST_COMPACT = 1 << 16  # pending rows before an accumulator is first compacted
+
+
+class KeyStats(beam.CombineFn):
+    """Combine :data:`KEY_ROW` arrays (one per split) into :class:`RepeatStats`.
+
+    Accumulator ``[pending arrays, pending rows, distinct (content hash, id hash) pairs, repeated
+    content hashes]``: 32 bytes per distinct pair (the same text under the same id twice makes its
+    hash repeated and keeps one pair), compacted (``np.unique``) once the pending rows pass the
+    pairs held, so a bundle of the whole corpus holds at most about twice its pairs.
+    """
+
+    def create_accumulator(self):
+        """No rows yet."""
+        return [[], 0, np.empty(0, _PAIR), np.empty(0, HASH)]
+
+    def add_input(self, acc, rows: np.ndarray):
+        """Add one split's :data:`KEY_ROW` array."""
+        acc[0].append(rows[list(_PAIR.names)].astype(_PAIR))
+        acc[1] += len(rows)
+        return self._compact(acc) if acc[1] >= max(_FIRST_COMPACT, len(acc[2])) else acc
+
+    def _compact(self, acc):
+        pairs, counts = np.unique(np.concatenate([acc[2], *acc[0]]), return_counts=True)
+        again = pairs[counts > 1][["h1", "h2"]].astype(HASH)  # one text twice under one id
+        return [[], 0, pairs, np.unique(np.concatenate([acc[3], again]))]
+
+    def compact(self, acc):
+        """The accumulator with its pending rows folded in (Beam calls it before a partial is sent)."""
+        return self._compact(acc)
+
+    def merge_accumulators(self, accumulators):
+        """All partial accumulators' rows together, compacted."""
+        accumulators = list(accumulators)
+        return self._compact([[a[2] for a in accumulators] + [r for a in accumulators for r in a[0]], 0,
+                              np.empty(0, _PAIR), np.concatenate([a[3] for a in accumulators])])
+
+    def extract_output(self, acc) -> RepeatStats:
+        """The :class:`RepeatStats`: a hash is repeated when two pairs hold it or one pair twice; an
+        id is shared when two pairs hold it."""
+        _, _, pairs, repeated = self._compact(acc)
+        texts, per_text = np.unique(pairs[["h1", "h2"]].astype(HASH), return_counts=True)
+        ids, per_id = np.unique(pairs[["i1", "i2"]].astype(HASH), return_counts=True)
+        return RepeatStats(np.union1d(repeated, texts[per_text > 1]), ids[per_id > 1])
 
 
 def record_docs(data: bytes) -> tuple[list[Doc], list[tuple[DocKey, bytes | None]]]:

@@ -1,17 +1,19 @@
-"""The passes that read the documents' text back from the split records in ``OUT/.work/``
+"""The passes that read the documents back from the split records in ``OUT/.work/``
 (:mod:`pipelines.io.resume`), one split at a time, once the global stages have decided on keys
-alone: the tokenizer sample's texts (:class:`SampleTexts`) and the final pass (:class:`PayloadFn`:
-the kept documents of a split tokenised, split into train and validation, encoded and spilled for
-the shard writer)."""
+alone: the documents that need a global decision (:class:`Candidates`), the tokenizer sample's
+texts (:class:`SampleTexts`) and the final pass (:class:`PayloadFn`: the kept documents of a split
+tokenised, split into train and validation, encoded and spilled for the shard writer)."""
 from __future__ import annotations
 
 import apache_beam as beam
+import numpy as np
 
 from pipelines.config import PipelineConfig
 from pipelines.io.frames import PartWriter
 from pipelines.io.reading import Split
 from pipelines.io.resume import WorkFolder, split_id
-from pipelines.stages.keys import record_docs
+from pipelines.records import disambiguate_id
+from pipelines.stages.keys import DocKey, RepeatStats, hashes_of, ids_of, record_docs
 from pipelines.stages.split import VAL, SplitBatchFn
 from pipelines.stages.tokenize import TokenizeFn
 from pipelines.stages.tokenizer_sample import SampleLimit, sample_text
@@ -19,6 +21,7 @@ from pipelines.stages.write_shards import RUN_FRAME_SAMPLES, SpilledSamples, enc
 from shards.tokenizers import TokenizerFile
 
 KEPT = "kept"  # CoGroupByKey tag of a split's kept (index, id) pairs
+OTHERS = "others"  # Candidates' tag of the documents whose content hash no other document has
 SPLIT = "split"  # CoGroupByKey tag of the split itself
 TOKENIZE_DOCS = 1024  # documents handed to the tokenizer at once (it encodes ENCODE_DOCS at a time)
 
@@ -29,6 +32,54 @@ def _load(work: WorkFolder, split: Split) -> bytes:
         raise RuntimeError(f"the record of input split {split.path} [{split.start}, {split.end}) is missing from "
                            f"{work.url}; was it deleted during the run?")
     return data
+
+
+def unique_keys(keys: list[DocKey], stats: RepeatStats) -> list[DocKey]:
+    """``keys`` with every id that two texts share (``stats.shared_ids``) made unique
+    (:func:`pipelines.records.disambiguate_id`: the id plus its text's hash), so no distinct text is
+    dropped for its id and ``duplicates/`` names documents unambiguously.
+
+    Args:
+        keys: one split's documents.
+        stats: the run's :class:`~pipelines.stages.keys.RepeatStats`.
+    Returns:
+        the keys, in order, those of shared ids with their new id.
+    """
+    shared = np.isin(ids_of(keys), stats.shared_ids)
+    return [key._replace(id=disambiguate_id(key.id, key.hash)) if s else key for key, s in zip(keys, shared)]
+
+
+def repeated(keys: list[DocKey], stats: RepeatStats) -> np.ndarray:
+    """Whether each of ``keys`` has a content hash that another document has too (bool array)."""
+    return np.isin(hashes_of(keys), stats.hashes)
+
+
+class Candidates(beam.DoFn):
+    """``split`` → ``(content hash, DocKey)`` of each of its documents whose hash another document
+    has too (exact dedup's input; without ``exact``, none), ids made unique (:func:`unique_keys`); with
+    ``others``, the :class:`~pipelines.stages.keys.DocKey` of every other document on tag ``others``
+    (near dedup's input besides exact dedup's keepers). A document of a hash no other has is kept
+    as it is, so without ``others`` it crosses no global step.
+
+    Args:
+        work: the job's work folder.
+        exact: ``dedup.exact``.
+        others: ``dedup.near``.
+    """
+
+    def __init__(self, work: WorkFolder, exact: bool, others: bool):
+        self.work, self.exact, self.others = work, exact, others
+
+    def process(self, split: Split, stats: RepeatStats):
+        """Yield the documents of ``split`` (read from its record) that a global step decides on."""
+        _, pairs = record_docs(_load(self.work, split))
+        keys = unique_keys([key for key, _ in pairs], stats)
+        dup = repeated(keys, stats) if self.exact else np.zeros(len(keys), bool)
+        for key, candidate in zip(keys, dup):
+            if candidate:
+                yield key.hash, key
+            elif self.others:
+                yield beam.pvalue.TaggedOutput(OTHERS, key)
 
 
 class SampleTexts(beam.DoFn):
@@ -85,7 +136,8 @@ def by_split(splits, docs, label: str):
 
 class PayloadFn(beam.DoFn):
     """``(split id, {"split": [Split], "kept": [(index, id), ...]})`` → the split's kept documents,
-    read from its record under the ids the dedup stages gave them, tokenised
+    read from its record under the ids the dedup stages gave them (without ``dedup.near``, also
+    every document :class:`Candidates` left out: under its unique id, :func:`unique_keys`), tokenised
     (:class:`~pipelines.stages.tokenize.TokenizeFn`), split into train and validation
     (:class:`~pipelines.stages.split.SplitBatchFn`) and encoded
     (:func:`~pipelines.stages.write_shards.encode_sample`) into one spill file per part: a
@@ -94,11 +146,13 @@ class PayloadFn(beam.DoFn):
 
     Args:
         work: the job's work folder (the records; spill files go to its ``spill`` folder).
-        cfg: the job's config (``tokenizer``, ``split.val_fraction``, ``shards.store_text`` and ``layout``).
+        cfg: the job's config (``tokenizer``, ``split.val_fraction``, ``shards.store_text`` and ``layout``,
+            ``dedup.exact`` and ``near``).
     """
 
     def __init__(self, work: WorkFolder, cfg: PipelineConfig):
         self.work, self.store_text, self.layout = work, cfg.shards.store_text, cfg.shards.layout
+        self.exact, self.listed_only = cfg.dedup.exact, cfg.dedup.near
         self.tokenize = TokenizeFn(cfg.tokenizer)
         self.split = SplitBatchFn(cfg.split.val_fraction) if cfg.split.val_fraction > 0 else None
 
@@ -114,16 +168,27 @@ class PayloadFn(beam.DoFn):
         """A fresh event tally."""
         self.tokenize.start_bundle()
 
-    def process(self, item, model: TokenizerFile):
-        """Tokenise, split and spill the kept documents of one split (``model``: the side input)."""
+    def _kept(self, listed: dict, pairs: list, stats: RepeatStats) -> dict:
+        """``listed`` (index → id) plus, without ``dedup.near``, the documents no global step decided
+        on: every one without ``dedup.exact``, else those of a hash no other document has."""
+        if not self.listed_only:
+            keys = unique_keys([key for key, _ in pairs], stats)
+            dup = repeated(keys, stats) if self.exact else np.zeros(len(keys), bool)
+            listed.update((key.index, key.id) for key, candidate in zip(keys, dup) if not candidate)
+        return listed
+
+    def process(self, item, model: TokenizerFile, stats: RepeatStats):
+        """Tokenise, split and spill the kept documents of one split (side inputs: ``model``, the
+        :class:`~pipelines.stages.keys.RepeatStats`)."""
         _, grouped = item
-        kept = sorted(grouped[KEPT])
-        if not kept:
+        listed = dict(grouped[KEPT])
+        if not listed and self.listed_only:
             return
         (split,) = grouped[SPLIT]
-        docs, _ = record_docs(_load(self.work, split))
-        chosen = [docs[index]._replace(id=doc_id) for index, doc_id in kept]
-        del docs  # the split's other documents are not needed past here
+        docs, pairs = record_docs(_load(self.work, split))
+        kept = self._kept(listed, pairs, stats)
+        chosen = [docs[index]._replace(id=kept[index]) for index in sorted(kept)]
+        del docs, pairs  # the split's other documents are not needed past here
         parts = {None: [PartWriter(RUN_FRAME_SAMPLES), 0], VAL: [PartWriter(RUN_FRAME_SAMPLES), 0]}
         for start in range(0, len(chosen), TOKENIZE_DOCS):
             for batch in self.tokenize.process(chosen[start:start + TOKENIZE_DOCS], model):
