@@ -119,17 +119,19 @@ class SampleOrder:
         self.num_samples = int(self.cum[-1])
         self.num_blocks = -(-self.num_samples // self.block)
 
-    def block_items(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Positions, shard indices (manifest order) and in-shard sample indices of block ``b``.
+    def block_items(self, b: int, index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Positions, shard indices (manifest order) and in-shard sample indices of block ``b``, or only
+        of its items at offsets ``index`` (``int64``; a consumer locates its share, not the block).
 
-        Returns three ``int64`` arrays of the block's length (``shuffle_block``, the last shorter).
+        Returns three ``int64`` arrays of the block's length (``shuffle_block``, the last shorter) or ``index``'s.
         """
         lo = b * self.block
         hi = min(lo + self.block, self.num_samples)
         inner = permutation(hi - lo, self.seed, self.epoch, _TAG_BLOCK, b) if self.shuffle else np.arange(hi - lo)
-        q = lo + inner
+        at = np.arange(hi - lo, dtype=np.int64) if index is None else index
+        q = lo + inner[at]
         k = np.searchsorted(self.cum, q, side="right") - 1
-        return np.arange(lo, hi, dtype=np.int64), self.shard_order[k], q - self.cum[k]
+        return lo + at, self.shard_order[k], q - self.cum[k]
 
     def shards_from(self, position: int) -> list[int]:
         """Shard indices (manifest order) in the order they are first needed from ``position`` on."""

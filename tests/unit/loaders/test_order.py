@@ -180,3 +180,29 @@ def test_record_many_equals_record_one_by_one(docs, seed, batch, prefix):
         many.record_many(records[i:i + batch])
         assert many.state_dict() == one.state_dict()
     assert many.consumed == len(docs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=shard_counts, seed=st.integers(0, 2**32), block=st.integers(1, 50), consumers=st.integers(1, 6),
+       data=st.data(), remainder=st.sampled_from(["uneven", "drop", "pad"]))
+def test_a_consumer_locating_only_its_share_reads_what_the_whole_block_deal_gives_it(counts, seed, block, consumers,
+                                                                                      data, remainder):
+    """With one node a consumer locates only its own positions in the shards: its items equal those of
+    the deal over whole located blocks (the ``j``-th remaining position to consumer ``j mod C``, those
+    past the quota dropped), and ``block_items`` of offsets equals the whole block's items there."""
+    order = SampleOrder(counts, seed, 1, block=block)
+    n = order.num_samples
+    start = data.draw(st.integers(0, n))
+    skip = np.array(sorted(data.draw(st.sets(st.integers(start, n - 1), max_size=n // 3)) if n > start else []),
+                    np.int64)
+    items = [(p, s, l) for b in range(order.num_blocks) for p, s, l in zip(*(a.tolist() for a in order.block_items(b)))
+             if p >= start and p not in set(skip.tolist())]
+    quota = plan_split(len(items), consumers, remainder).assigned
+    for c in range(consumers):
+        got = list(consumer_items(order, c, consumers, start, skip, remainder))
+        want = [it for j, it in enumerate(items[:quota]) if j % consumers == c]
+        assert got[:len(want)] == want
+    for b in range(order.num_blocks):
+        whole = order.block_items(b)
+        at = np.flatnonzero(np.arange(len(whole[0])) % 3 == 1)
+        assert [a.tolist() for a in order.block_items(b, at)] == [a[at].tolist() for a in whole]
