@@ -127,8 +127,9 @@ def _layout(spec: tuple) -> tuple[list[tuple[np.dtype, int, int]], int]:
     ``(dtype, elements, byte offset)`` in the record, and its size in bytes.
 
     ``spec`` is a header's ``(offset, ids dtype, ids shapes [(B, T), ...], then per batch: chunks, rows,
-    records, key bytes, keys, raw ids, worker)``: ids, ``int32`` lengths, ``int32`` row counts, ``int64``
-    resume records (3 each), ``uint8`` key bytes and ``int64`` key offsets (keys + 1 per batch), each field on 8 bytes."""
+    records, key bytes, keys, raw ids, worker, document tokens, one document per row)``: ids, ``int32``
+    lengths, ``int32`` row counts, ``int64`` resume records (3 each), ``uint8`` key bytes and ``int64``
+    key offsets (keys + 1 per batch), each field on 8 bytes."""
     counts = (sum(b * t for b, t in spec[2]), sum(spec[3]), sum(spec[4]), 3 * sum(spec[5]), sum(spec[6]),
               sum(spec[7]) + len(spec[7]))
     out, at = [], 0
@@ -142,11 +143,13 @@ def _record_spec(batches: list[PackedBatch], keys: list[EncodedKeys]) -> list:
     """The header of a record holding ``batches`` (their ``keys`` encoded), its offset still 0 (see :func:`_layout`)."""
     return [0, batches[0].ids.dtype.str, [b.ids.shape for b in batches], [len(b.lens) for b in batches],
             [len(b.row_chunks) for b in batches], [len(b.consumed) for b in batches], [len(k.data) for k in keys],
-            [len(k.offsets) - 1 for k in keys], [k.raw_ids for k in keys], [b.worker for b in batches]]
+            [len(k.offsets) - 1 for k in keys], [k.raw_ids for k in keys], [b.worker for b in batches],
+            [b.doc_tokens for b in batches], [b.one_document for b in batches]]
 
 
 class _RingWriter:
-    """Worker side of a ring: writes the batches of a run as few records, waits for credit from the parent when the ring is full.
+    """Worker side of a ring: writes the batches of a run as few records, waits for credit from the
+    parent when the ring is full.
 
     Args:
         view: ``uint8`` over the ring; ``credits``: the read end of the credit pipe; ``out``: the header pipe.
@@ -240,10 +243,10 @@ def _read_record(view: np.ndarray, spec: tuple) -> list[PackedBatch]:
                                                         for dt, n, off in fields)
     out = []
     i = c = r = k = kb = ko = 0
-    for (b, t), nc, nr, nk, nkb, nkeys, raw, worker in zip(*spec[2:]):
+    for (b, t), nc, nr, nk, nkb, nkeys, raw, worker, doc_tokens, one_doc in zip(*spec[2:]):
         out.append(PackedBatch(ids[i:i + b * t].reshape(b, t), lens[c:c + nc], rows[r:r + nr],
                                EncodedKeys(key_data[kb:kb + nkb], key_offsets[ko:ko + nkeys + 1], raw),
-                               consumed[3 * k:3 * (k + nk)].reshape(nk, 3), worker))
+                               consumed[3 * k:3 * (k + nk)].reshape(nk, 3), worker, doc_tokens, one_doc))
         i, c, r, k, kb, ko = i + b * t, c + nc, r + nr, k + nk, kb + nkb, ko + nkeys + 1
     return out
 

@@ -246,6 +246,11 @@ def test_array_packer_invariants_in_both_modes(lengths, seq_len, rows, window, e
     budget = _array_run(ArrayPacker(TokenBudget(seq_len + extra, seq_len), window), docs, seq_len, group)
     assert all(b.input_ids.numel() <= seq_len + extra for b in budget)
     _check_all(budget, docs, seq_len)
+    # the counts the packer makes per packing are the ones each batch's arrays give
+    from loaders.rank.batch import one_document_rows
+    for b in (x.packed for x in packed + budget if x.shape[0]):
+        assert b.doc_tokens == int(b.lens.sum())
+        assert b.one_document == one_document_rows(b.lens, b.row_chunks, b.ids.shape[1])
 
 
 def _packed_run(packer, docs, seq_len):

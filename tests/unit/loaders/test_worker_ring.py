@@ -202,7 +202,8 @@ def test_a_run_goes_through_the_ring_as_few_records_and_comes_back_equal():
 
     def batch(dtype, rows, width, v, worker=1):
         return PackedBatch(np.full((rows, width), v, dtype), np.full(rows, width, np.int32), np.ones(rows, np.int32),
-                           [f"k{v}", f"k/{v}"], np.array([[v, 0, 1]] * rows), worker)
+                           [f"k{v}", f"k/{v}"], np.array([[v, 0, 1]] * rows), worker,
+                           *((rows * width, True) if v % 2 else (None, None)))  # counted by the packer, or not
 
     ring = BatchRing(4096)
     read, write = os.pipe()
@@ -228,4 +229,5 @@ def test_a_run_goes_through_the_ring_as_few_records_and_comes_back_equal():
         assert a.ids.dtype == b.ids.dtype and a.ids.shape == b.ids.shape and np.array_equal(a.ids, b.ids)
         assert a.lens.tolist() == b.lens.tolist() and a.row_chunks.tolist() == b.row_chunks.tolist()
         assert a.consumed.tolist() == b.consumed.tolist() and list(a.keys) == list(b.keys) and a.worker == b.worker
+        assert (a.doc_tokens, a.one_document) == (b.doc_tokens, b.one_document)
         assert a.ids.flags.writeable
