@@ -98,8 +98,9 @@ class Order(Protocol):
     num_blocks: int
     block: int
 
-    def block_items(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Positions, shard indices and in-shard indices (``int64``) of block ``b``."""
+    def block_items(self, b: int, index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Positions, shard indices and in-shard indices (``int64``) of block ``b`` (position ``i`` of
+        the block: ``b * block + i``), or only of its items at offsets ``index`` (``int64``)."""
 
     def shards_from(self, position: int) -> list[int]:
         """Shard indices in the order they are first needed from ``position`` on."""

@@ -204,11 +204,13 @@ class MixtureOrder:
                 local[sel[part]] = lo[at]
         return shard, local
 
-    def block_items(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Positions, global shard indices and in-shard indices of mixture block ``b`` (``int64``)."""
+    def block_items(self, b: int, index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Positions, global shard indices and in-shard indices of mixture block ``b`` (``int64``), or
+        only of its items at offsets ``index`` (``int64``)."""
         lo, hi = b * self.block, min((b + 1) * self.block, self.num_samples)
-        shard, local = self.locate(self.src[lo:hi], self.item[lo:hi])
-        return np.arange(lo, hi, dtype=np.int64), shard, local
+        at = np.arange(hi - lo, dtype=np.int64) if index is None else index
+        shard, local = self.locate(self.src[lo:hi][at], self.item[lo:hi][at])
+        return lo + at, shard, local
 
     def shards_from(self, position: int) -> list[int]:
         """Global shard indices in the order they are first needed from ``position`` on."""

@@ -29,6 +29,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
 _TAG_SHARDS, _TAG_BLOCK, _TAG_LANES = 1, 2, 3
+_MASK = (1 << 64) - 1
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -40,11 +41,20 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def _mix64(x: int) -> int:
+    """:func:`splitmix64` of one value, in Python ints (a numpy call per value costs ~10 us)."""
+    z = (x + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
 def _stream_seed(*parts: int) -> np.uint64:
-    h = np.uint64(0)
+    """The stream seed of ``parts`` (ints): :func:`splitmix64` chained over them, as ``uint64``."""
+    h = 0
     for p in parts:
-        h = splitmix64(np.array([h ^ np.uint64(p & 0xFFFFFFFFFFFFFFFF)], dtype=np.uint64))[0]
-    return h
+        h = _mix64(h ^ (p & _MASK))
+    return np.uint64(h)
 
 
 def permutation(n: int, *seed_parts: int) -> np.ndarray:
@@ -52,7 +62,21 @@ def permutation(n: int, *seed_parts: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         keys = splitmix64(np.arange(n, dtype=np.uint64) * _GOLDEN + _stream_seed(*seed_parts))
     # the keys are distinct (x * odd + c and SplitMix64's finaliser are bijections of 64-bit ints), so
-    # every sort gives this one permutation; numpy's default sort takes half the time of its stable one
+    # every sort gives this one permutation
+    return argsort_distinct(keys)
+
+
+def argsort_distinct(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort`` of distinct ``uint64`` ``keys`` (``int64``): each key's high bits with its index in
+    the low ones, sorted plainly (twice as fast as an argsort), is the keys' order wherever no two keys
+    share their high bits (checked; otherwise numpy's default argsort, half the time of its stable one)."""
+    n = len(keys)
+    bits = np.uint64(max(n - 1, 1).bit_length())
+    if bits <= 32:
+        tagged = np.sort((keys >> bits) << bits | np.arange(n, dtype=np.uint64))
+        high = tagged >> bits
+        if (high[1:] != high[:-1]).all():
+            return (tagged & ((np.uint64(1) << bits) - np.uint64(1))).astype(np.int64)
     return np.argsort(keys).astype(np.int64)
 
 
@@ -95,17 +119,19 @@ class SampleOrder:
         self.num_samples = int(self.cum[-1])
         self.num_blocks = -(-self.num_samples // self.block)
 
-    def block_items(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Positions, shard indices (manifest order) and in-shard sample indices of block ``b``.
+    def block_items(self, b: int, index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Positions, shard indices (manifest order) and in-shard sample indices of block ``b``, or only
+        of its items at offsets ``index`` (``int64``; a consumer locates its share, not the block).
 
-        Returns three ``int64`` arrays of the block's length (``shuffle_block``, the last shorter).
+        Returns three ``int64`` arrays of the block's length (``shuffle_block``, the last shorter) or ``index``'s.
         """
         lo = b * self.block
         hi = min(lo + self.block, self.num_samples)
         inner = permutation(hi - lo, self.seed, self.epoch, _TAG_BLOCK, b) if self.shuffle else np.arange(hi - lo)
-        q = lo + inner
+        at = np.arange(hi - lo, dtype=np.int64) if index is None else index
+        q = lo + inner[at]
         k = np.searchsorted(self.cum, q, side="right") - 1
-        return np.arange(lo, hi, dtype=np.int64), self.shard_order[k], q - self.cum[k]
+        return lo + at, self.shard_order[k], q - self.cum[k]
 
     def shards_from(self, position: int) -> list[int]:
         """Shard indices (manifest order) in the order they are first needed from ``position`` on."""

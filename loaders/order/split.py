@@ -209,19 +209,34 @@ def plan_nodes(order: Order, num_nodes: int, num_consumers: int, start: int = 0,
 def _node_items(order: Order, plan: NodePlan, node: int, start: int, skip: np.ndarray
                 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Node ``node``'s kept and received positions per block, in global order (step 3)."""
-    seen = np.zeros(max(len(plan.owner), 1), np.int64)  # remaining positions met per shard (one node: in all)
+    seen = np.zeros(len(plan.owner), np.int64)  # remaining positions met per shard
     lo, hi = int(plan.take[node]), int(plan.take[node + 1])
     for pos, shard, local in remaining_blocks(order, start, skip):
-        if plan.num_nodes == 1:  # the plain deal: every position kept, but those dropped
-            mine = seen[0] + np.arange(len(pos)) < plan.quota[0]
-            seen[0] += len(pos)
-        else:
-            rank = _group_ranks(shard, seen) - plan.keep[shard]  # >= 0: surplus number within the shard
-            give = rank >= 0
-            u = plan.surplus_base[shard] + rank
-            mine = np.where(give, (u >= lo) & (u < hi), plan.owner[shard] == node)
+        rank = _group_ranks(shard, seen) - plan.keep[shard]  # >= 0: surplus number within the shard
+        give = rank >= 0
+        u = plan.surplus_base[shard] + rank
+        mine = np.where(give, (u >= lo) & (u < hi), plan.owner[shard] == node)
         if mine.any():
             yield pos[mine], shard[mine], local[mine]
+
+
+def _plain_items(order: Order, plan: NodePlan, consumer: int, num_consumers: int, start: int, skip: np.ndarray
+                 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """One consumer's positions per block with one node (the plain deal: the ``j``-th remaining position
+    goes to consumer ``j mod C``, but those dropped), chosen from the positions alone: only its share
+    is located in the shards (:meth:`loaders.protocols.Order.block_items` of those offsets)."""
+    j = 0  # remaining positions before this block
+    for b in range(start // order.block, order.num_blocks):
+        pos = np.arange(b * order.block, min((b + 1) * order.block, order.num_samples), dtype=np.int64)
+        keep = pos >= start
+        if len(skip):
+            keep &= ~np.isin(pos, skip, assume_unique=True)
+        at = np.flatnonzero(keep)
+        first = (consumer - j) % num_consumers  # the first of this block's remaining positions that is ours
+        mine = at[first:max(0, int(plan.quota[0]) - j):num_consumers]
+        j += len(at)
+        if len(mine):
+            yield order.block_items(b, mine)
 
 
 def _repeats(order: Order, plan: NodePlan, node: int, start: int, skip: np.ndarray
@@ -270,12 +285,16 @@ def consumer_arrays(order: Order, consumer: int, num_consumers: int, start: int 
     per_node = num_consumers // num_nodes
     node, mine = divmod(consumer, per_node)
     plan = plan or plan_nodes(order, num_nodes, num_consumers, start, skip, remainder)
-    j = 0
-    for pos, shard, local in _node_items(order, plan, node, start, skip):
-        sel = (j + np.arange(len(pos))) % per_node == mine
-        j += len(pos)
-        if sel.any():
-            yield pos[sel], shard[sel], local[sel]
+    if num_nodes == 1:
+        yield from _plain_items(order, plan, consumer, num_consumers, start, skip)
+        j = min(plan.remaining, int(plan.quota[0]))  # the node's positions: the repeats are numbered after them
+    else:
+        j = 0
+        for pos, shard, local in _node_items(order, plan, node, start, skip):
+            sel = (j + np.arange(len(pos))) % per_node == mine
+            j += len(pos)
+            if sel.any():
+                yield pos[sel], shard[sel], local[sel]
     repeats = _repeats(order, plan, node, start, skip)
     if repeats is not None:
         sel = (j + np.arange(len(repeats[0]))) % per_node == mine

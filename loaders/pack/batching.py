@@ -80,31 +80,35 @@ def bins_to_take(fill: np.ndarray, seq_len: int, rows: int, window: int) -> int:
 
 
 def best_fit_bins(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Best-fit-decreasing of chunks already in packing order (``lengths``, each ``<= seq_len``):
-    ``(bin_of, fill)``, the bin of each chunk (bins numbered in creation order) and each bin's fill
-    in tokens (``int64``).
+    """Best-fit-decreasing of chunks already in packing order (``lengths``, ``int64``, each ``<= seq_len``):
+    ``(bin_of, fill)``, the bin of each chunk (``int64``, bins numbered in creation order) and each bin's
+    fill in tokens (``int64``).
 
     Best fit = the bin with the least room that still fits, ties to the oldest bin. Free bins are
     kept per room (a heap of bin numbers each) with a bitmask of the non-empty rooms, so the search
     is one shift and one lowest-set-bit per run of equal chunks instead of a search over all open
-    bins; only this search runs in Python (ints, no objects)."""
+    bins; only this search runs in Python (ints, no objects), once per distinct length and bin
+    filled, never per chunk."""
     T = seq_len
-    full = int(np.searchsorted(-lengths, -T, side="right"))  # chunks of seq_len come first, one bin each
-    # chunks over half a row come next: each opens a bin (every open bin holds a longer one)
-    big = int(np.searchsorted(-lengths, -(T // 2), side="left"))
+    per = np.bincount(lengths, minlength=T + 1)  # chunks of each length: the runs of the sorted lengths
+    full = int(per[T])  # chunks of seq_len come first, one bin each
+    # chunks over half a row come next: each opens a bin (every open bin holds a longer one); a run of
+    # equal ones opens consecutive bins with one room, so each room's list is already a heap
+    big_lens = np.flatnonzero(per[T // 2 + 1:T])[::-1] + T // 2 + 1
     heaps: collections.defaultdict[int, list[int]] = collections.defaultdict(list)  # room -> heap of bin numbers
-    for k, room in zip(range(full, big), (T - lengths[full:big]).tolist()):
-        heaps[room].append(k)  # bin numbers ascend: each list is already a heap
-    rooms = sum(1 << r for r in set((T - lengths[full:big]).tolist()))  # bit r: an open bin has r free tokens
-    bins = big  # bins opened so far
-    run_bin, run_len = list(range(big)), [1] * big  # the bin of each chunk in packing order, run-length coded
-    rest = lengths[big:]
-    starts = np.flatnonzero(np.concatenate([[True], rest[1:] != rest[:-1]])) if len(rest) else rest
-    counts = np.diff(np.append(starts, len(rest)))
+    bins = full
+    for n, c in zip(big_lens.tolist(), per[big_lens].tolist()):
+        heaps[T - n] = list(range(bins, bins + c))
+        bins += c
+    rooms = sum(1 << r for r in heaps)  # bit r: an open bin has r free tokens
+    big = bins  # bins opened so far: one per chunk so far
+    run_bin, run_len = [], []  # the bin of each later chunk in packing order, run-length coded
+    small = np.flatnonzero(per[:T // 2 + 1])[::-1]
+    pop, push = heapq.heappop, heapq.heappush
     # equal chunks in a row go to one bin while they fit: after one lands in the best-fit bin,
     # that bin's smaller room is still the unique best fit for the next (older bins had more room);
     # fills are summed afterwards, so the loop only tracks rooms
-    for n, left in zip(rest[starts].tolist(), counts.tolist()):
+    for n, left in zip(small.tolist(), per[small].tolist()):
         while left:
             fits = rooms >> n
             if not fits:  # no open bin fits: the rest open new bins of T // n chunks each
@@ -127,7 +131,7 @@ def best_fit_bins(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.nda
                 break
             room = n + (fits & -fits).bit_length() - 1  # least room >= n
             heap = heaps[room]
-            k = heapq.heappop(heap)
+            k = pop(heap)
             if not heap:
                 rooms ^= 1 << room
             q = room // n
@@ -141,9 +145,15 @@ def best_fit_bins(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.nda
                 heap = heaps[room]
                 if not heap:
                     rooms |= 1 << room
-                heapq.heappush(heap, k)
-    bin_of = np.repeat(np.array(run_bin, np.int64), run_len)
-    return bin_of, np.bincount(bin_of, lengths, bins).astype(np.int64)
+                push(heap, k)
+    run_bin, run_len = np.array(run_bin, np.int64), np.array(run_len, np.int64)
+    bin_of = np.concatenate([np.arange(big, dtype=np.int64), np.repeat(run_bin, run_len)])
+    # a run's chunks share one length: its tokens are len x that length, summed per bin over runs, not chunks
+    run_tokens = run_len * lengths[big + np.cumsum(run_len) - run_len]
+    fill = np.zeros(bins, np.int64)
+    fill[:big] = lengths[:big]
+    fill += np.bincount(run_bin, run_tokens, bins).astype(np.int64)
+    return bin_of, fill
 
 
 def _small_ints(a: np.ndarray, bound: int) -> np.ndarray:

@@ -310,6 +310,9 @@ class PackedBatch:
             :mod:`loaders.order.progress`); a list of such tuples is converted.
         worker: the loader worker (of its rank) that packed it: where the workers' round-robin
             goes on after a resume.
+        doc_tokens: tokens of documents, when the packer counted them (else :attr:`num_doc_tokens` sums ``lens``).
+        one_document: whether every row is one chunk filling it or empty, when the packer knows
+            (else :func:`loaders.rank.batch.one_document_rows` finds out).
     """
 
     ids: np.ndarray
@@ -318,6 +321,8 @@ class PackedBatch:
     keys: list[str] = field(default_factory=list)
     consumed: np.ndarray = field(default_factory=lambda: consumed_array(None))
     worker: int = 0
+    doc_tokens: int | None = None
+    one_document: bool | None = None
 
     def __post_init__(self):
         self.consumed = consumed_array(self.consumed)
@@ -334,7 +339,7 @@ class PackedBatch:
     @property
     def num_doc_tokens(self) -> int:
         """Tokens of documents (padding excluded)."""
-        return int(self.lens.sum())
+        return self.doc_tokens if self.doc_tokens is not None else int(self.lens.sum())
 
     @property
     def num_slots(self) -> int:

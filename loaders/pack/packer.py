@@ -51,6 +51,11 @@ def _distinct(values: np.ndarray) -> set[int]:
     return set((np.flatnonzero(np.bincount(values - low)) + low).tolist())
 
 
+def _fields(table: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows of a chunk table (``int64 [len(FIELDS), chunks]``) by field name (views, no copy)."""
+    return dict(zip(FIELDS, table))
+
+
 class ArrayPacker:
     """Chunk arrays in, :class:`loaders.pack.packed.PackedBatch` es out (see the module docstring).
 
@@ -63,7 +68,8 @@ class ArrayPacker:
 
     def __init__(self, mode: Batching, window: int, pad_id: int = 0):
         self.mode, self.window, self.pad_id = mode, max(window, 1), pad_id
-        self.buf = {f: np.zeros(0, np.int64) for f in FIELDS}
+        self._table = np.zeros((len(FIELDS), 0), np.int64)  # the buffer: one row per field, one column per chunk
+        self.buf = _fields(self._table)  # its rows by field name (views)
         self.buffered = 0  # tokens in the buffer
         self.ready: list[PackedBatch] = []  # packed, waiting to be emitted
         self.pools: dict[int, np.ndarray] = {}  # token arrays by src number
@@ -99,20 +105,21 @@ class ArrayPacker:
                 self._next_src += 1
         self._current = set(src.tolist())
         pool = chunks.get("pool")
-        new = {"pos": chunks["pos"], "idx": chunks["idx"], "n": chunks["n"], "length": chunks["length"],
-               "group": np.full(len(chunks["pos"]), g, np.int64), "key": chunks["doc"],
-               "src": src[pool] if pool is not None else np.full(len(chunks["pos"]), src[0] if len(src) else 0),
-               "off": chunks["off"]}
+        n = len(chunks["pos"])
+        # one table, so that moving chunks into and out of the buffer is one numpy call, not one per field
+        new = np.stack([chunks["pos"], chunks["idx"], chunks["n"], chunks["length"], np.full(n, g, np.int64),
+                        chunks["doc"], src[pool] if pool is not None else np.full(n, src[0] if len(src) else 0),
+                        chunks["off"]]).astype(np.int64, copy=False)
         # the stream adds a whole document's chunks, then packs once the window is reached
-        n = len(new["pos"])
         doc_end = np.searchsorted(chunks["doc"], chunks["doc"], side="right")
-        tokens = np.cumsum(new["length"])  # tokens of the new chunks up to each
+        tokens = np.cumsum(chunks["length"])  # tokens of the new chunks up to each
         at = 0
         while at < n:
             base = int(tokens[at - 1]) if at else 0
             reach = int(np.searchsorted(tokens, base + self.window - self.buffered))  # chunk that fills the window
             end = int(doc_end[min(reach, n - 1)])
-            self.buf = {f: np.concatenate([self.buf[f], new[f][at:end]]) for f in FIELDS}
+            self._table = np.concatenate([self._table, new[:, at:end]], axis=1)
+            self.buf = _fields(self._table)
             self.buffered += int(tokens[end - 1]) - base
             at = end
             while self.ready or self.buffered >= self.window:
@@ -125,7 +132,8 @@ class ArrayPacker:
         plans, taken = self.mode.select(b["length"], b["pos"], b["idx"], self.window, final)
         batches = [batch for plan in plans if len(plan.counts) for batch in self._build(plan)]
         rest = np.flatnonzero(~taken)  # in buffer order: the next packing's sort stays a radix sort
-        self.buf = {f: b[f][rest] for f in FIELDS}
+        self._table = self._table[:, rest]
+        self.buf = _fields(self._table)
         self.buffered = int(self.buf["length"].sum())
         self._drop_pools()
         return batches
@@ -187,7 +195,7 @@ class ArrayPacker:
 
     def _build(self, plan: RowPlan) -> list[PackedBatch]:
         """The batches of ``plan`` (rows of ``plan.width`` tokens, ``plan.rows`` per batch), gathered in one pass."""
-        c = {f: self.buf[f][plan.chunks] for f in FIELDS}
+        c = _fields(self._table[:, plan.chunks])
         counts, T, B = plan.counts, plan.width, plan.rows
         R = len(counts)
         n_rows = R - int(np.argmax(counts[::-1] > 0)) if counts.any() else 0  # rows holding chunks
@@ -240,8 +248,12 @@ class ArrayPacker:
         group = c["group"]
         bounds = np.concatenate([[0], chunk_end[B - 1::B]]).tolist()
         keys = PackingKeys(dict(self.keys), group, c["key"], bounds)  # the live groups' keys (a few)
+        # what a TokenBatch asks of each batch, for all of them at once (~10 us of numpy calls per batch otherwise):
+        # document tokens, and whether each row is empty or one chunk filling it
+        doc_tokens = np.diff(done[bounds]).tolist()
+        one_doc = ((counts == 0) | ((counts == 1) & (fill == T))).reshape(-1, B).all(1).tolist()
         return [PackedBatch(ids[i * B:(i + 1) * B], lens32[a:b], counts32[i * B:(i + 1) * B], BatchKeys(keys, i),
-                            consumed[a:b])
+                            consumed[a:b], doc_tokens=doc_tokens[i], one_document=one_doc[i])
                 for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
 
 

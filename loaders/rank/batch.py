@@ -106,7 +106,8 @@ class TokenBatch:
         b._full, b.packed = None, p
         b._compact = (torch.from_numpy(p.ids), torch.from_numpy(p.lens), torch.from_numpy(p.row_chunks))
         b._doc_tokens = p.num_doc_tokens
-        b._one_document = one_document_rows(p.lens, p.row_chunks, p.ids.shape[1])
+        b._one_document = p.one_document if p.one_document is not None else \
+            one_document_rows(p.lens, p.row_chunks, p.ids.shape[1])
         b.keys, b.consumed, b.worker = p.keys, p.consumed, p.worker
         return b
 

@@ -14,12 +14,13 @@ Protocol. Each worker has a ring (:class:`BatchRing`): an anonymous shared file 
 ``memfd_create``, elsewhere a temporary file unlinked at once; never named in ``/dev/shm``, so
 nothing outlives the two processes, however they end) mapped by the parent and the worker. The worker gets ``(stream, worker, num_workers)`` pickled
 (:class:`loaders.worker.stream.TextStream`, whose cache pickles as its config: the worker opens its own).
-It writes each batch's arrays (token ids, chunk lengths, row counts, resume records, keys as UTF-8
-bytes) into the ring as one record, and sends only small pickled headers over its pipe:
-``("batches", end, [spec, ...])`` per run of batches one packing made
-(:meth:`loaders.worker.stream.TextStream.consumer_runs`), ``end`` being the ring position after
-them, then ``("end", peak RSS in MiB)``, or ``("error", message)``. The parent copies each record
-out of the ring into the batch's own arrays (one ``memcpy``; a batch outlives its ring space) and
+It writes the arrays (token ids, chunk lengths, row counts, resume records, keys as UTF-8 bytes) of
+each run of batches one packing made (:meth:`loaders.worker.stream.TextStream.consumer_runs`) into
+the ring as one record (more where the ids' dtype changes or half the ring is full), each field's
+arrays of all its batches one after another, and sends only small pickled headers over its pipe:
+``("batches", end, [spec, ...])`` per run, ``end`` being the ring position after its records, then
+``("end", peak RSS in MiB)``, or ``("error", message)``. The parent copies each record out of the
+ring (one ``memcpy``; a batch outlives its ring space), its batches' arrays being views of that copy, and
 returns the space by writing ``end`` (8 bytes) to the worker's credit pipe: a worker is at most a
 ring ahead, and waits for credit when the ring is full. The parent takes batches round-robin over
 the workers, skipping finished ones — the order of :meth:`loaders.worker.stream.TextStream.rank_batches`
@@ -121,24 +122,34 @@ class BatchRing:
 _FIXED = (np.dtype(np.int32), np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.uint8), np.dtype(np.int64))
 
 
-def _layout(spec: tuple) -> tuple[list[tuple[np.dtype, tuple, int]], int]:
-    """The arrays of a batch record as ``(dtype, shape, byte offset)`` in the record, and its size in bytes.
+def _layout(spec: tuple) -> tuple[list[tuple[np.dtype, int, int]], int]:
+    """The arrays of a record (one or more batches, each field's arrays one after another) as
+    ``(dtype, elements, byte offset)`` in the record, and its size in bytes.
 
-    ``spec`` is a header's ``(offset, ids dtype, ids shape [B, T], chunks, rows, records, key bytes,
-    keys, raw ids, worker)``: ids, ``int32`` lengths, ``int32`` row counts, ``int64 [records, 3]``
-    resume records, ``uint8`` key bytes and ``int64 [keys + 1]`` key offsets, each on 8 bytes."""
-    _, dtype, (b, t), chunks, rows, records, key_bytes, keys = spec[:8]
+    ``spec`` is a header's ``(offset, ids dtype, ids shapes [(B, T), ...], then per batch: chunks, rows,
+    records, key bytes, keys, raw ids, worker, document tokens, one document per row)``: ids, ``int32``
+    lengths, ``int32`` row counts, ``int64`` resume records (3 each), ``uint8`` key bytes and ``int64``
+    key offsets (keys + 1 per batch), each field on 8 bytes."""
+    counts = (sum(b * t for b, t in spec[2]), sum(spec[3]), sum(spec[4]), 3 * sum(spec[5]), sum(spec[6]),
+              sum(spec[7]) + len(spec[7]))
     out, at = [], 0
-    for dt, shape, n in zip((np.dtype(dtype), *_FIXED), ((b, t), (chunks,), (rows,), (records, 3), (key_bytes,),
-                                                        (keys + 1,)),
-                            (b * t, chunks, rows, 3 * records, key_bytes, keys + 1)):
-        out.append((dt, shape, at))
+    for dt, n in zip((np.dtype(spec[1]), *_FIXED), counts):
+        out.append((dt, n, at))
         at += -(-dt.itemsize * n // 8) * 8
     return out, at
 
 
+def _record_spec(batches: list[PackedBatch], keys: list[EncodedKeys]) -> list:
+    """The header of a record holding ``batches`` (their ``keys`` encoded), its offset still 0 (see :func:`_layout`)."""
+    return [0, batches[0].ids.dtype.str, [b.ids.shape for b in batches], [len(b.lens) for b in batches],
+            [len(b.row_chunks) for b in batches], [len(b.consumed) for b in batches], [len(k.data) for k in keys],
+            [len(k.offsets) - 1 for k in keys], [k.raw_ids for k in keys], [b.worker for b in batches],
+            [b.doc_tokens for b in batches], [b.one_document for b in batches]]
+
+
 class _RingWriter:
-    """Worker side of a ring: writes batch records, waits for credit from the parent when the ring is full.
+    """Worker side of a ring: writes the batches of a run as few records, waits for credit from the
+    parent when the ring is full.
 
     Args:
         view: ``uint8`` over the ring; ``credits``: the read end of the credit pipe; ``out``: the header pipe.
@@ -149,7 +160,7 @@ class _RingWriter:
         os.set_blocking(credits, False)
         self.head = 0  # bytes written since the start (ring position: head % size)
         self.freed = 0  # bytes the parent has copied out since the start
-        self.pending: list[tuple] = []  # headers of records written, not yet sent
+        self.pending: list[list] = []  # headers of records written, not yet sent
 
     def _take_credit(self, wait: bool) -> None:
         """Read the parent's credits (cumulative: the latest counts); ``wait`` for one when none is there.
@@ -167,16 +178,32 @@ class _RingWriter:
             raise BrokenPipeError("the loader's parent closed the credit pipe")
         self.freed = max(self.freed, _CREDIT.unpack_from(got, len(got) - _CREDIT.size)[0])
 
-    def write(self, batch: PackedBatch) -> None:
-        """Copy ``batch`` into the ring as one record (its header goes out with the run, :meth:`send`).
+    def write_run(self, run: list[PackedBatch]) -> None:
+        """Copy the batches of ``run`` into the ring: one record per stretch of batches with one ids dtype
+        that fits in half the ring (a record per batch cost ~25 us of numpy calls per batch here, and
+        as much again in the parent); their headers go out with the run (:meth:`send`).
 
         Raises:
-            ValueError: the record is larger than the ring.
+            ValueError: a batch's record is larger than the ring.
         """
-        keys = encode_keys(batch.keys)
-        arrays = (batch.ids, batch.lens, batch.row_chunks, batch.consumed, keys.data, keys.offsets)
-        spec = [0, batch.ids.dtype.str, batch.ids.shape, len(batch.lens), len(batch.row_chunks), len(batch.consumed),
-                len(keys.data), len(keys.offsets) - 1, keys.raw_ids, batch.worker]
+        batches, keys, size = [], [], 0
+        for batch in run:
+            k = encode_keys(batch.keys)
+            # its bytes in a record (see _layout), and up to 8 more per field for alignment
+            one = (batch.ids.nbytes + 4 * (len(batch.lens) + len(batch.row_chunks)) + 24 * len(batch.consumed)
+                   + len(k.data) + 8 * len(k.offsets) + 48)
+            if batches and (batch.ids.dtype != batches[0].ids.dtype or size + one > self.size // 2):
+                self._write(batches, keys)
+                batches, keys, size = [], [], 0
+            batches.append(batch)
+            keys.append(k)
+            size += one
+        if batches:
+            self._write(batches, keys)
+
+    def _write(self, batches: list[PackedBatch], keys: list[EncodedKeys]) -> None:
+        """Copy ``batches`` into the ring as one record, each field's arrays concatenated in place."""
+        spec = _record_spec(batches, keys)
         fields, size = _layout(tuple(spec))
         size = -(-size // _ALIGN) * _ALIGN
         if size > self.size:
@@ -191,10 +218,12 @@ class _RingWriter:
                 self._take_credit(wait=True)
         self.head += skip
         at = spec[0] = self.head % self.size
-        for a, (dt, shape, off) in zip(arrays, fields):
-            self.view[at + off:at + off + dt.itemsize * a.size].view(dt).reshape(shape)[...] = a
+        parts = ([b.ids.reshape(-1) for b in batches], [b.lens for b in batches], [b.row_chunks for b in batches],
+                 [b.consumed.reshape(-1) for b in batches], [k.data for k in keys], [k.offsets for k in keys])
+        for arrays, (dt, n, off) in zip(parts, fields):
+            np.concatenate(arrays, out=self.view[at + off:at + off + dt.itemsize * n].view(dt))
         self.head += size
-        self.pending.append(tuple(spec))
+        self.pending.append(spec)
 
     def send(self) -> None:
         """Send the headers of the records written so far, the ring position after them, and take any credit."""
@@ -205,13 +234,21 @@ class _RingWriter:
         self._take_credit(wait=False)
 
 
-def _read_batch(view: np.ndarray, spec: tuple) -> PackedBatch:
-    """Copy the record ``spec`` out of the ring ``view`` into a new batch (its arrays: writable views of one copy)."""
+def _read_record(view: np.ndarray, spec: tuple) -> list[PackedBatch]:
+    """Copy the record ``spec`` out of the ring ``view`` (one ``memcpy``: a batch outlives its ring space)
+    into new batches, whose arrays are writable views of that copy."""
     fields, size = _layout(spec)
     record = view[spec[0]:spec[0] + size].copy()
-    ids, lens, rows, consumed, key_data, key_offsets = (
-        record[off:off + dt.itemsize * math.prod(shape)].view(dt).reshape(shape) for dt, shape, off in fields)
-    return PackedBatch(ids, lens, rows, EncodedKeys(key_data, key_offsets, bool(spec[8])), consumed, int(spec[9]))
+    ids, lens, rows, consumed, key_data, key_offsets = (record[off:off + dt.itemsize * n].view(dt)
+                                                        for dt, n, off in fields)
+    out = []
+    i = c = r = k = kb = ko = 0
+    for (b, t), nc, nr, nk, nkb, nkeys, raw, worker, doc_tokens, one_doc in zip(*spec[2:]):
+        out.append(PackedBatch(ids[i:i + b * t].reshape(b, t), lens[c:c + nc], rows[r:r + nr],
+                               EncodedKeys(key_data[kb:kb + nkb], key_offsets[ko:ko + nkeys + 1], raw),
+                               consumed[3 * k:3 * (k + nk)].reshape(nk, 3), worker, doc_tokens, one_doc))
+        i, c, r, k, kb, ko = i + b * t, c + nc, r + nr, k + nk, kb + nkb, ko + nkeys + 1
+    return out
 
 
 class _Forked:
@@ -327,7 +364,8 @@ class WorkerPool:
                 self.peak_rss_mb = max(self.peak_rss_mb, float(msg[1] or 0.0))
                 return False
             _, end, specs = msg
-            into.extend(_read_batch(self.rings[w].view, spec) for spec in specs)
+            for spec in specs:
+                into.extend(_read_record(self.rings[w].view, spec))
             try:
                 self.procs[w].credits.write(_CREDIT.pack(end))
             except BrokenPipeError:  # the worker has gone: its next header read says how
@@ -382,8 +420,7 @@ def _work(job: bytes, out: BinaryIO, ring: np.ndarray, credits: int) -> int:
         writer = _RingWriter(ring, credits, out)
         try:
             for run in stream.consumer_runs(worker, num_workers):
-                for batch in run:
-                    writer.write(batch)
+                writer.write_run(run)
                 writer.send()
         finally:
             stream.cache.close()

@@ -41,6 +41,31 @@ def test_permutation_equals_the_stable_sort_it_was_defined_by(n, seed, epoch):
     assert permutation(n, seed, epoch, 1).tolist() == np.argsort(keys, kind="stable").tolist()
 
 
+@settings(max_examples=50, deadline=None)
+@given(parts=st.lists(st.integers(-2**63, 2**64 - 1), max_size=5))
+def test_stream_seed_in_python_ints_is_the_numpy_chain(parts):
+    """The stream seed computed with Python ints is SplitMix64 chained over ``uint64`` arrays (as written first)."""
+    from loaders.order.sample_order import _stream_seed, splitmix64
+
+    h = np.uint64(0)
+    for p in parts:
+        h = splitmix64(np.array([h ^ np.uint64(p & 0xFFFFFFFFFFFFFFFF)], dtype=np.uint64))[0]
+    assert _stream_seed(*parts) == h
+
+
+def test_argsort_distinct_with_and_without_shared_high_bits():
+    """The tagged sort gives argsort's order; keys sharing their high bits (only the low ones differ)
+    take the argsort path and are still ordered by their low bits."""
+    from loaders.order.sample_order import argsort_distinct
+
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 2**63, 4096, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    assert argsort_distinct(keys).tolist() == np.argsort(keys, kind="stable").tolist()
+    close = np.array([5 << 40 | 3, 5 << 40 | 1, 5 << 40 | 2, 1], np.uint64)  # 2 index bits: the first three collide
+    assert argsort_distinct(close).tolist() == [3, 1, 2, 0]
+    assert argsort_distinct(np.zeros(0, np.uint64)).tolist() == []
+
+
 @settings(max_examples=60, deadline=None)
 @given(counts=shard_counts, seed=st.integers(0, 2**32), epoch=st.integers(0, 5), block=st.integers(1, 50),
        world=st.integers(1, 8), workers=st.integers(0, 4), nodes=st.sampled_from([1, 2, 4]))
@@ -155,3 +180,29 @@ def test_record_many_equals_record_one_by_one(docs, seed, batch, prefix):
         many.record_many(records[i:i + batch])
         assert many.state_dict() == one.state_dict()
     assert many.consumed == len(docs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=shard_counts, seed=st.integers(0, 2**32), block=st.integers(1, 50), consumers=st.integers(1, 6),
+       data=st.data(), remainder=st.sampled_from(["uneven", "drop", "pad"]))
+def test_a_consumer_locating_only_its_share_reads_what_the_whole_block_deal_gives_it(counts, seed, block, consumers,
+                                                                                      data, remainder):
+    """With one node a consumer locates only its own positions in the shards: its items equal those of
+    the deal over whole located blocks (the ``j``-th remaining position to consumer ``j mod C``, those
+    past the quota dropped), and ``block_items`` of offsets equals the whole block's items there."""
+    order = SampleOrder(counts, seed, 1, block=block)
+    n = order.num_samples
+    start = data.draw(st.integers(0, n))
+    skip = np.array(sorted(data.draw(st.sets(st.integers(start, n - 1), max_size=n // 3)) if n > start else []),
+                    np.int64)
+    items = [(p, s, l) for b in range(order.num_blocks) for p, s, l in zip(*(a.tolist() for a in order.block_items(b)))
+             if p >= start and p not in set(skip.tolist())]
+    quota = plan_split(len(items), consumers, remainder).assigned
+    for c in range(consumers):
+        got = list(consumer_items(order, c, consumers, start, skip, remainder))
+        want = [it for j, it in enumerate(items[:quota]) if j % consumers == c]
+        assert got[:len(want)] == want
+    for b in range(order.num_blocks):
+        whole = order.block_items(b)
+        at = np.flatnonzero(np.arange(len(whole[0])) % 3 == 1)
+        assert [a.tolist() for a in order.block_items(b, at)] == [a[at].tolist() for a in whole]

@@ -174,6 +174,29 @@ def _assert_same_batches(got, ref, lengths):
         assert [c for c in a.consumed.tolist() if c[2] > 0] == [c for c in b.consumed.tolist() if c[2] > 0]
 
 
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.tuples(st.integers(1, 64), st.integers(1, 40)), min_size=1, max_size=30),
+       seq_len=st.sampled_from([1, 2, 7, 16, 64]))
+def test_best_fit_bins_is_chunk_by_chunk_best_fit(counts, seq_len):
+    """The run-length best fit places every chunk where best fit one chunk at a time does (least room
+    that fits, ties to the oldest bin), runs of equal chunks included, and sums the fills."""
+    from loaders.pack.batching import best_fit_bins
+
+    lengths = np.sort(np.minimum([n for n, c in counts for _ in range(c)], seq_len))[::-1].astype(np.int64)
+    rooms, want = [], []
+    for n in lengths.tolist():
+        fit = [(r, b) for b, r in enumerate(rooms) if r >= n]
+        b = min(fit)[1] if fit else len(rooms)
+        if not fit:
+            rooms.append(seq_len)
+        rooms[b] -= n
+        want.append(b)
+    bin_of, fill = best_fit_bins(lengths, seq_len)
+    assert bin_of.dtype == fill.dtype == np.int64
+    assert bin_of.tolist() == want
+    assert fill.tolist() == [seq_len - r for r in rooms]
+
+
 @settings(max_examples=40, deadline=None)
 @given(lengths=st.lists(st.integers(0, 70), min_size=1, max_size=80), seq_len=st.integers(2, 32),
        rows=st.integers(1, 4), window=st.integers(1, 400), group=st.integers(1, 30))
@@ -223,6 +246,11 @@ def test_array_packer_invariants_in_both_modes(lengths, seq_len, rows, window, e
     budget = _array_run(ArrayPacker(TokenBudget(seq_len + extra, seq_len), window), docs, seq_len, group)
     assert all(b.input_ids.numel() <= seq_len + extra for b in budget)
     _check_all(budget, docs, seq_len)
+    # the counts the packer makes per packing are the ones each batch's arrays give
+    from loaders.rank.batch import one_document_rows
+    for b in (x.packed for x in packed + budget if x.shape[0]):
+        assert b.doc_tokens == int(b.lens.sum())
+        assert b.one_document == one_document_rows(b.lens, b.row_chunks, b.ids.shape[1])
 
 
 def _packed_run(packer, docs, seq_len):

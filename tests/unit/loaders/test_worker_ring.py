@@ -189,3 +189,45 @@ def test_without_memfd_the_rings_are_unlinked_temporary_files(shards, start, mon
     _same(got, list(build_text_loader(_cfg(shards, num_workers=2), in_process=True)))
     assert not loader.pool.procs and _ring_handles() == before
     assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("colaflow-batches-")]
+
+
+def test_a_run_goes_through_the_ring_as_few_records_and_comes_back_equal():
+    """A run is written as one record per stretch of one ids dtype within half the ring (here: 4
+    records for 6 batches), and read back as the same batches: ids, shapes, lengths, rows, records, keys."""
+    import io
+    import pickle
+
+    from loaders.pack.packed import records_only
+    from loaders.worker.pool import BatchRing, _read_record, _RingWriter
+
+    def batch(dtype, rows, width, v, worker=1):
+        return PackedBatch(np.full((rows, width), v, dtype), np.full(rows, width, np.int32), np.ones(rows, np.int32),
+                           [f"k{v}", f"k/{v}"], np.array([[v, 0, 1]] * rows), worker,
+                           *((rows * width, True) if v % 2 else (None, None)))  # counted by the packer, or not
+
+    ring = BatchRing(4096)
+    read, write = os.pipe()
+    out = io.BytesIO()
+    run = [batch(np.uint16, 2, 8, 1), batch(np.uint16, 3, 8, 2), batch(np.int32, 2, 8, 70000),
+           batch(np.int32, 30, 8, 70001), records_only([(9, -1, 0)], 8), batch(np.uint16, 1, 4, 3)]
+    try:
+        writer = _RingWriter(ring.view, read, out)
+        writer.write_run(run)
+        writer.send()
+        out.seek(0)
+        _, end, specs = pickle.load(out)
+        assert [len(s[2]) for s in specs] == [2, 1, 1, 2]  # dtype changes; 30 int32 rows take half the ring
+        got = [b for s in specs for b in _read_record(ring.view, s)]
+        head = writer.head
+    finally:
+        writer = None  # its view of the ring must go before the ring unmaps
+        os.close(read)
+        os.close(write)
+        ring.close()
+    assert end == head and len(got) == len(run)
+    for a, b in zip(got, run):
+        assert a.ids.dtype == b.ids.dtype and a.ids.shape == b.ids.shape and np.array_equal(a.ids, b.ids)
+        assert a.lens.tolist() == b.lens.tolist() and a.row_chunks.tolist() == b.row_chunks.tolist()
+        assert a.consumed.tolist() == b.consumed.tolist() and list(a.keys) == list(b.keys) and a.worker == b.worker
+        assert (a.doc_tokens, a.one_document) == (b.doc_tokens, b.one_document)
+        assert a.ids.flags.writeable
