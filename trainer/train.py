@@ -156,7 +156,7 @@ def micro_batches(loader: RankLoader, epoch: int, vocab_size: int = 0):
         empty = True
         for batch in loader:
             empty = False
-            check_token_ids(batch.host_ids, vocab_size, f"training batch of {', '.join(batch.keys[:3])}")
+            check_token_ids(batch.host_ids, vocab_size, lambda: f"training batch of {', '.join(batch.keys[:3])}")
             yield epoch, batch
         if empty and not resumed:
             raise NoDataError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import struct
+from typing import Callable
 
 import numpy as np
 import zstandard
@@ -67,14 +68,15 @@ class TokenRangeError(RuntimeError):
     tokenizer than its manifest (or the model) says. A data error (exit 1), not a usage error."""
 
 
-def check_token_ids(tokens, vocab_size: int, what: str) -> None:
+def check_token_ids(tokens, vocab_size: int, what: str | Callable[[], str]) -> None:
     """Raise when a token id of ``tokens`` lies outside ``[0, vocab_size)``.
 
     Args:
         tokens: token ids, a numpy array or a torch tensor of any shape (padding included: pad ids
             are vocabulary ids too).
         vocab_size: the vocabulary they index (a manifest's ``vocab_size``, a model's embedding rows).
-        what: where they come from, for the message (``"training batch of doc0001, doc0002"``).
+        what: where they come from, for the message (``"training batch of doc0001, doc0002"``), or a
+            function giving it, called only to raise (a batch's keys are decoded only then).
     Raises:
         TokenRangeError: naming ``what``, the largest id and ``vocab_size``.
     """
@@ -84,6 +86,7 @@ def check_token_ids(tokens, vocab_size: int, what: str) -> None:
     top, low = int(tokens.max()), int(tokens.min())
     if top >= vocab_size or low < 0:
         bad = top if top >= vocab_size else low
+        what = what() if callable(what) else what
         raise TokenRangeError(f"{what}: token id {bad} is outside the vocabulary of {vocab_size}; the data was "
                               "tokenized with another tokenizer than its manifest's vocab_size (or the model's) "
                               "says: check it with colaflow shards verify, and rewrite the data or set the matching "

@@ -114,7 +114,7 @@ class Evaluator:
         self.loader.load_state_dict(self.start_state)
         for _, batch in zip(range(self.batches_per_rank), self.loader):
             check_token_ids(batch.host_ids, self.cfg.model.vocab_size,
-                            f"{self.manifest_url}: validation batch of {', '.join(batch.keys[:3])}")
+                            lambda: f"{self.manifest_url}: validation batch of {', '.join(batch.keys[:3])}")
             yield batch
 
     def evaluate(self, model, step: int) -> EvalResult:

@@ -40,3 +40,17 @@ def test_validation_batches_are_checked_against_the_model_vocabulary(shards):
     validation = Evaluator(cfg, DistInfo(0, 1, 0, torch.device("cpu")), shards)
     with pytest.raises(TokenRangeError, match=f"{shards}: validation batch of doc"):
         list(validation.batches())
+
+
+def test_a_batch_in_range_never_has_its_keys_read(shards):
+    """Each training batch used to decode its keys for an error message it did not raise: loader
+    workers had to gather every batch's document ids for it."""
+    data = DataConfig(manifest=shards, seq_len=32, micro_batch_size=2, num_workers=0)
+    read = []
+    for _, batch in micro_batches(build_text_loader(data, in_process=True), 0, 64):
+        keys = batch.keys
+        assert keys._keys is None  # not decoded by the check
+        read.append(batch)
+        if len(read) == 3:
+            break
+    assert len(read) == 3 and read[0].keys[0].startswith("doc")
