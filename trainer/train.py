@@ -347,6 +347,9 @@ def start_run(cfg: TrainConfig) -> Run:
         origin = source.fingerprint() if init is not None else meta.get("init_from")
     if info.is_main:
         print(start_line(cfg, data_summary(cfg.data), info.world_size, plan, init=init), flush=True)
+        slow = parallel.precision_warning(info.device, cfg.precision)
+        if slow:  # beside the start line: stderr stays for errors, one line each
+            print(slow, flush=True)
     cache, loader = build_data(cfg, info)
     model, wrapped, optimizer = build_model(cfg, info, init)
     run = Run(cfg, info, cache, loader, model, wrapped, optimizer,
@@ -428,7 +431,7 @@ def finish_run(run: Run, elapsed: float) -> dict:
                       "errors above; colaflow shards verify checks them)" if skipped else "")
             print(f"trained {summary['train_steps']} steps on {info.world_size} rank(s): loss "
                   f"{run.loss_first:.3f} -> {run.loss_last:.3f}, {summary['tokens_per_second']:.0f} tokens/s, "
-                  f"checkpoint {run.saved}{rolled}{unread}")
+                  f"{f'checkpoint {run.saved}' if run.saved else 'no checkpoint saved'}{rolled}{unread}")
     if run.folder_lock is not None:
         run.folder_lock.release()
     return summary

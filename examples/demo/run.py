@@ -30,20 +30,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 
 from cache.tools.serve import serve_directory
-from colaflow.wording import help_text
+from colaflow.wording import count, help_text
+from trainer.distributed.parallel import cpu_has_bf16
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 COLAFLOW = [sys.executable, "-m", "colaflow"]  # the command line, as the demo's printed steps show it
 
 
 def _run(step: str, cmd: list[str]) -> None:
-    print(f"\n== {step}\n$ {' '.join(cmd)}", flush=True)
+    print(f"\n== {step}\n$ {shlex.join(cmd)}", flush=True)
     t0 = time.time()
     proc = subprocess.run(cmd)
     if proc.returncode != 0:
@@ -121,11 +123,16 @@ def run_demo(argv: list[str] | None = None, prog: str = "python -m examples.demo
     server, base_url = serve_directory(shards)
     remote = [dict(src, manifest=f"{base_url}/{src['name']}/manifest.json") for src in mixture or []]
     data = [f"data.mixture={json.dumps(remote)}"] if mixture else [f"data.manifest={base_url}/manifest.json"]
+    precision = []
+    if not any(o.startswith("precision=") for o in args.overrides) and not cpu_has_bf16():
+        # the demo config trains in bf16, which is emulated (slower than fp32) on CPUs without bf16 kernels
+        print("this CPU has no bf16 kernels (AVX-512/AMX): the demo trains in fp32 (precision=bf16 to force it)")
+        precision = ["precision=fp32"]
     try:
         _run(f"train (torchrun, {args.nproc} processes, shards from {base_url})",
              [*COLAFLOW, "train", f"--nproc-per-node={args.nproc}", "--config", args.config,
               *data, f"cache.dir={os.path.join(run_dir, 'cache')}",
-              f"run_dir={train}", *args.overrides])
+              f"run_dir={train}", *precision, *args.overrides])
     finally:
         server.shutdown()
 
@@ -188,7 +195,7 @@ def run_demo(argv: list[str] | None = None, prog: str = "python -m examples.demo
         json.dump(summary, f, indent=2)
     print("\n== colaflow demo summary")
     print(f"  corpus      {summary['input_records']:,} records in, {summary['kept_records']:,} kept")
-    print(f"  shards      {summary['shards']} shards, {summary['tokens']:,} tokens")
+    print(f"  shards      {count(summary['shards'], 'shard')}, {count(summary['tokens'], 'token')}")
     print(f"  training    {summary['train_steps']} steps on {summary['world_size']} processes, "
           f"loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}, "
           f"{summary['tokens_per_second']:,.0f} tokens/s")

@@ -125,6 +125,21 @@ def autocast(device: torch.device, precision: str, stage: int):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has oneDNN's bf16 kernels (AVX-512 BW/VL/DQ, AMX or Arm BF16: PyTorch's own
+    check). Without them, bf16 compute on the CPU is emulated and slower than fp32."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def precision_warning(device: torch.device, precision: str) -> str | None:
+    """A one-line warning when ``precision=bf16`` will run slower than fp32 on ``device`` (a CPU
+    without :func:`cpu_has_bf16`), else ``None``."""
+    if precision != "bf16" or device.type != "cpu" or cpu_has_bf16():
+        return None
+    return ("warning: precision=bf16 on a CPU without bf16 kernels (no AVX-512 or AMX) is emulated and "
+            "about 2x slower than fp32 here: set precision=fp32")
+
+
 def build_optimizer(model: nn.Module, stage: int, lr: float, betas, weight_decay: float) -> torch.optim.Optimizer:
     """AdamW over two groups (matrices decayed; norms/biases not). Stage 1 shards it with ZeRO.
 

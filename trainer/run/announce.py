@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from colaflow.wording import count
 from loaders.config import DataConfig
 from loaders.pack.batching import batching
 from trainer.config import TrainConfig
@@ -82,6 +83,6 @@ def start_line(cfg: TrainConfig, data: DataSummary, world_size: int, plan: RunPl
     where = {"resume": f"{'would resume' if dry_run else 'resumed'} from step {plan.step} ({plan.checkpoint})",
              "overwrite": f"{new} (earlier run in run_dir removed: checkpoint.overwrite=true)",
              "fresh": new}[plan.action]
-    return (f"data: {data.shards:,} shards, {data.documents:,} documents, {data.tokens:,} tokens; "
+    return (f"data: {count(data.shards, 'shard')}, {count(data.documents, 'document')}, {count(data.tokens, 'token')}; "
             f"{cfg.steps:,} steps ≈ {planned_epochs(cfg, data, world_size):.2f} epochs; world size {world_size}, "
             f"ZeRO stage {cfg.zero.stage}; {where}")

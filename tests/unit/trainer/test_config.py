@@ -127,3 +127,15 @@ def test_the_trainer_flags_may_follow_the_overrides(capsys):
     from trainer.run.cli import main
     assert main(["steps=2", "--dry-run", "log_every=0"]) == 2
     assert "log_every=0: use a number >= 1" in capsys.readouterr().err
+
+
+def test_bf16_on_a_cpu_without_bf16_kernels_is_warned_about():
+    """A new user's demo trained in bf16 on an AVX2 CPU, emulated and 2x slower than fp32, silently."""
+    import torch
+
+    from trainer.distributed.parallel import cpu_has_bf16, precision_warning
+    cpu = torch.device("cpu")
+    warning = precision_warning(cpu, "bf16")
+    assert (warning is None) == cpu_has_bf16()
+    assert warning is None or "set precision=fp32" in warning
+    assert precision_warning(cpu, "fp32") is None and precision_warning(torch.device("meta"), "bf16") is None

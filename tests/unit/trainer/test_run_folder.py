@@ -1,6 +1,7 @@
 """Re-running a training command into its run folder resumes, refuses or (when asked) overwrites;
 it never restarts silently, never replaces a finished checkpoint, never logs a step twice. Plus the
 command line's one-line errors and exit codes (2 config, 1 data, 130 Ctrl-C) and ``--dry-run``."""
+import dataclasses
 import json
 import os
 import signal
@@ -249,6 +250,8 @@ def test_start_line_counts_documents_of_token_blocks_not_tar_samples(tmp_path):
     data = data_summary(cfg.data)
     assert (data.shards, data.documents, data.tokens, data.largest_shard_bytes) == (2, 62319, 2000, 8192)
     assert "data: 2 shards, 62,319 documents, 2,000 tokens" in start_line(cfg, data, 1, RunPlan("fresh"))
+    one = dataclasses.replace(data, shards=1, documents=1, tokens=1)
+    assert "data: 1 shard, 1 document, 1 token;" in start_line(cfg, one, 1, RunPlan("fresh"))  # said "1 shards"
 
 
 def test_dry_run_fails_on_what_the_real_run_would_fail_on(tmp_path, common):
