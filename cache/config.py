@@ -69,7 +69,7 @@ class CacheConfig:
     Attributes:
         dir: local cache directory (NVMe on a cluster node); ``~`` is expanded.
         max_bytes: byte limit for cached shards, reservations and partial downloads included;
-            int or a human size such as ``"200GiB"``.
+            int or a human size such as ``"200GiB"``; must be > 0.
         prefetch_shards: downloads kept in flight ahead of the reader (also the prefetch window).
         verify: sha256 policy for cached files: ``always`` (hash on every ``get``), ``first``
             (hash once after download, trust the on-disk marker afterwards) or ``never``
@@ -91,7 +91,8 @@ class CacheConfig:
             naming the holder's pid (a stuck process would otherwise keep every other one waiting).
             Also the limit on a wait for the cache's accounting lock.
         nodes: per-node overrides, ``{host-name fnmatch pattern: {field: value}}``; every matching
-            pattern applies, in file order.
+            pattern applies, in file order. Every pattern's fields are checked on every node, so that a
+            typo fails where it is written rather than only on the nodes it matches.
     """
 
     dir: str = "~/.cache/colaflow/shards"
@@ -116,8 +117,11 @@ class CacheConfig:
                 parse_size(getattr(self, name))
             except ValueError as e:
                 raise ConfigError(f"cache.{name}: {e}") from e
-        if parse_size(self.chunk_bytes) <= 0:
-            raise ConfigError("cache.chunk_bytes must be > 0")
+        for name in ("max_bytes", "chunk_bytes"):
+            if parse_size(getattr(self, name)) <= 0:
+                raise ConfigError(f"cache.{name}={getattr(self, name)!r}: use a size > 0 (examples: '512MiB', "
+                                  "'200GiB')")
+        self.nodes = _check_nodes(self.nodes)
 
     @property
     def max_bytes_int(self) -> int:
@@ -153,15 +157,38 @@ class CacheConfig:
         return from_dict(CacheConfig, _overlay(data, hostname, environ), "cache.")
 
 
+def _check_nodes(nodes) -> dict:
+    """``nodes`` checked: a mapping of host patterns to mappings of cache fields, every pattern's
+    fields valid whether or not it matches this node; ``None`` (an empty ``nodes:``) is ``{}``.
+
+    Raises:
+        ConfigError: one line naming the key, e.g. ``cache.nodes["gpu-*"].max_sise``, and what to use.
+    """
+    if nodes is None:
+        return {}
+    if not isinstance(nodes, dict):
+        raise ConfigError(f"cache.nodes={nodes!r}: cache.nodes must be a mapping {{host pattern: {{key: value}}}}, "
+                          "e.g. nodes: {'gpu-*': {max_bytes: 3TiB}}")
+    for pattern, values in nodes.items():
+        where = f'cache.nodes["{pattern}"]'
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}={values!r}: each pattern must hold a mapping {{key: value}} of cache "
+                              "fields, e.g. nodes: {'gpu-*': {max_bytes: 3TiB}}")
+        if "nodes" in values:
+            raise ConfigError(f"{where} cannot itself hold 'nodes'; list every pattern directly under cache.nodes")
+        try:
+            from_dict(CacheConfig, values, f"{where}.")
+        except ConfigError as e:  # a field's own check names it cache.<field>: name the pattern too
+            msg = str(e)
+            raise ConfigError(msg if where in msg else msg.replace("cache.", f"{where}.", 1)) from None
+    return nodes
+
+
 def _overlay(data: dict, hostname: str | None, environ: dict | None) -> dict:
     """Apply node-pattern then environment overrides to a plain ``cache`` dict (in place)."""
     host = hostname if hostname is not None else socket.gethostname()
-    for pattern, values in (data.get("nodes") or {}).items():
+    for pattern, values in _check_nodes(data.get("nodes")).items():
         if fnmatch.fnmatch(host, str(pattern)):
-            if not isinstance(values, dict):
-                raise ConfigError(f"cache.nodes[{pattern!r}] must be a mapping of cache fields")
-            if "nodes" in values:
-                raise ConfigError(f"cache.nodes[{pattern!r}] cannot itself hold 'nodes'")
             data.update(values)
     env = os.environ if environ is None else environ
     names = {f.name for f in dataclasses.fields(CacheConfig)} - {"nodes"}

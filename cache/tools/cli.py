@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import shutil
 import sys
@@ -199,6 +200,13 @@ def cmd_tune(args) -> int:
     )
     from shards.format.manifest import Manifest, shard_url
 
+    if args.nodes < 1:
+        print(f"error: --nodes {args.nodes}: give the training job's node count (>= 1)", file=sys.stderr)
+        return 2
+    if not args.consume_mbps > 0 or math.isinf(args.consume_mbps):  # NaN fails the first test
+        print(f"error: --consume-mbps {args.consume_mbps:g}: give the trainer's read rate on this node in MB/s "
+              f"(a number > 0)", file=sys.stderr)
+        return 2
     cache = _open(args)
     cfg = cache.config
     manifest = Manifest.load(args.manifest)
@@ -206,10 +214,6 @@ def cmd_tune(args) -> int:
         cache.close()
         print(f"{args.manifest}: the manifest lists no shards", file=sys.stderr)
         return 1
-    if args.nodes < 1:
-        cache.close()
-        print(f"error: --nodes {args.nodes}: give the training job's node count (>= 1)", file=sys.stderr)
-        return 2
     w, r = measure_disk(cfg.path, parse_size(args.disk_bytes))
     sample = manifest.shards[: args.sample_shards]
     urls = [shard_url(args.manifest, s.name) for s in sample]
