@@ -30,6 +30,7 @@ shell expanded.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
@@ -84,6 +85,9 @@ def split_args(argv: list[str], prog: str | None = None) -> tuple[argparse.Names
                     "unfinished run, a fresh run")
     args, rest = ap.parse_known_args(argv)
     stray = [a for i, a in enumerate(rest) if _is_stray(a, rest[i - 1] if i else "", args.input)]
+    keys = [a for a in stray if _looks_like_key(a)]
+    if keys:  # tokenizer.vocab_size: an override that lost its =VALUE, not a file of the glob
+        ap.error(f"{keys[0]}: an override needs a value: {keys[0]}=VALUE")
     if stray:
         folder, name = os.path.split(args.input)
         example = os.path.join(folder, "*" + ("." + name.split(".", 1)[1] if "." in name else ""))
@@ -93,6 +97,15 @@ def split_args(argv: list[str], prog: str | None = None) -> tuple[argparse.Names
     overrides = [a for a in rest if not a.startswith("-") and "=" in a]
     beam_args = [a for a in rest if a not in overrides]
     return args, overrides, beam_args
+
+
+def _looks_like_key(word: str) -> bool:
+    """Whether a bare word is a dotted config key (``tokenizer.vocab_size``) rather than a path
+    (``b.jsonl``): identifiers joined by dots, the first a section of :class:`PipelineConfig`, and
+    no file of that name."""
+    sections = {f.name for f in dataclasses.fields(PipelineConfig)}
+    return (re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", word) is not None
+            and word.split(".", 1)[0] in sections and not os.path.exists(word))
 
 
 def _is_stray(word: str, before: str, input_glob: str) -> bool:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
+import types
 import typing
 from typing import Any, TypeVar
 
@@ -113,16 +115,98 @@ def check_fields(config: Any, where: str = "") -> None:
             raise ConfigError(f"{key}={node!r}: use {check.describe()}")
 
 
+_SCALARS = (int, float, bool, str)
+
+
+def _type_name(hint: Any) -> str:
+    """``an int``, ``a list``, ``a mapping``, ``a str or None``: what a field needs, for a message."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        text = " or ".join("None" if a is type(None) else _type_name(a).split(" ", 1)[1]
+                           for a in typing.get_args(hint))
+        return f"{'an' if text[0] in 'aeiou' else 'a'} {text}"
+    base = origin or hint
+    if isinstance(base, type) and issubclass(base, (list, tuple, set, frozenset)) and base is not str:
+        return "a list"
+    if isinstance(base, type) and issubclass(base, dict):
+        return "a mapping"
+    name = getattr(base, "__name__", str(base))
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _flow(value: Any) -> str:
+    """``value`` as a one-line YAML flow value (``[en]``, ``{a: 1}``), for an example in a message."""
+    try:
+        return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+    except yaml.YAMLError:
+        return repr(value)
+
+
 def _coerce(value: Any, hint: Any, name: str) -> Any:
-    """Check/convert a scalar for a field typed exactly ``int``, ``float``, ``bool`` or ``str``.
+    """Check/convert a value for a field typed ``int``, ``float``, ``bool``, ``str``, a list
+    (``list``, ``list[str]``, ``tuple[int, ...]``), a mapping (``dict``, ``dict[int, float]``) or a
+    union of those with ``None`` (``str | None``).
 
     YAML 1.1 (PyYAML) reads ``3e-4`` as a string, so numeric strings are converted;
-    ``1.0`` is accepted for an int field, ``1`` for a float field. Other types pass unchanged.
+    ``1.0`` is accepted for an int field, ``1`` for a float field. A list field refuses a scalar
+    (``language.allowed=en`` would otherwise be taken as the "list" of its characters) and its
+    elements are checked when the type names them; likewise a mapping field. An empty value
+    (``key=`` or ``key:`` with nothing after it) is refused unless the field may be ``None``.
+    Other types pass unchanged.
+
+    Raises:
+        ConfigError: one line naming the key and what to give.
     """
-    if hint not in (int, float, bool, str):
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        members = [a for a in args if a is not type(None)]
+        for a in members:  # already of one of the types: as it is (bool is no int here)
+            if a in _SCALARS and type(value) is a or (a is float and type(value) is int):
+                return float(value) if a is float else value
+        if value is None:
+            raise ConfigError(f"config key {name!r} is empty: give {_type_name(hint)}, e.g. {name}=VALUE")
+        for a in members:
+            try:
+                return _coerce(value, a, name)
+            except ConfigError:
+                continue
+        return value  # the config's own validate names what to use (tokenizer.add_bos: true, false or null)
+    base = origin or hint
+    if isinstance(base, type) and base is not str and issubclass(base, (list, tuple)):
+        if value is None:
+            raise ConfigError(f"{name}: empty; give a list, e.g. {name}=[a, b] ({name}=[] for none)")
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}: needs a list, e.g. {name}={_flow([value])}; got {value!r}")
+        if base is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):  # tuple[int, str]
+            if len(value) != len(args):
+                raise ConfigError(f"{name}: needs a list of {len(args)} values, got {len(value)}: {_flow(list(value))}")
+            value = [_coerce(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(value, args))]
+        elif args:  # list[str], tuple[int, ...]: one type for every element
+            value = [_coerce(v, args[0], f"{name}[{i}]") for i, v in enumerate(value)]
+        return tuple(value) if base is tuple else list(value)
+    if isinstance(base, type) and issubclass(base, dict):
+        if value is None:
+            raise ConfigError(f"{name}: empty; give a mapping, e.g. {name}={{key: value}} ({name}={{}} for none)")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}: needs a mapping, e.g. {name}={{key: value}}; got {value!r}")
+        if len(args) == 2:
+            return {_coerce(k, args[0], f"{name} key {k!r}"): _coerce(v, args[1], f"{name}.{k}")
+                    for k, v in value.items()}
         return value
+    if hint not in _SCALARS:
+        return value
+    if value is None:
+        what = "a str" if hint is str else _type_name(hint)
+        extra = f" ({name}='' for an empty string)" if hint is str else ""
+        raise ConfigError(f"config key {name!r} is empty: give {what}, e.g. {name}=VALUE{extra}")
     if hint is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
+    if hint is str and isinstance(value, bool):
+        raise ConfigError(f"config key {name!r} needs a str, got {value!r} (YAML reads yes/no/on/off/true/false "
+                          "as booleans: quote the word, e.g. 'no')")
     if hint is bool and isinstance(value, bool):
         return value
     if hint in (int, float) and not isinstance(value, bool) and isinstance(value, (int, float, str)):
@@ -149,7 +233,7 @@ def from_dict(cls: type[T], data: dict | None, where: str = "") -> T:
     """
     data = data or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{where.rstrip('.') or cls.__name__}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
@@ -195,16 +279,36 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def _example_section(cls: type) -> str:
+    """``tokenizer: {vocab_size: 32000}``: one section of ``cls`` and one of its fields with the
+    default, for a message about a file that is not a mapping (the key of ``cls`` when it has no
+    section)."""
+    first = None
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            for g in dataclasses.fields(default):
+                value = getattr(default, g.name)
+                if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+                    return f"{f.name}: {{{g.name}: {_flow(value)}}}"
+        elif first is None and default is not dataclasses.MISSING and isinstance(default, (int, float, str)):
+            first = f"{f.name}: {_flow(default)}"
+    return first or "key: value"
+
+
 def load_config(cls: type[T], path: str | None = None, overrides: list[str] | None = None) -> T:
     """Load dataclass ``cls`` from a YAML file (optional) plus overrides.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ConfigError: ``path`` is not a YAML mapping (naming the line and column of a syntax error),
+        ConfigError: ``path`` does not exist or is a folder (``--config PATH: no such file``), ``path`` is not a YAML mapping (naming the line and column of a syntax error),
             unknown keys or malformed overrides.
     """
     data: dict = {}
     if path:
+        if not os.path.exists(path):
+            raise ConfigError(f"--config {path}: no such file; check the path")
+        if os.path.isdir(path):
+            raise ConfigError(f"--config {path}: is a folder, not a YAML file; give the file")
         with open(path, encoding="utf-8") as f:
             try:
                 data = yaml.safe_load(f) or {}
@@ -215,5 +319,5 @@ def load_config(cls: type[T], path: str | None = None, overrides: list[str] | No
                                   "fix the file") from e
         if not isinstance(data, dict):
             raise ConfigError(f"{path} holds a YAML {type(data).__name__}, not a mapping of sections "
-                              "(optim: {lr: 3e-4}); fix the file")
+                              f"(e.g. {_example_section(cls)}); fix the file")
     return from_dict(cls, apply_overrides(data, overrides or []))

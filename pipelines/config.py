@@ -120,7 +120,7 @@ class LanguageConfig:
     """
 
     enabled: bool = False
-    allowed: list = field(default_factory=lambda: ["en"])
+    allowed: list[str] = field(default_factory=lambda: ["en"])
     threshold: float = setting(0.5, ge=0.0, le=1.0)
     max_chars: int = setting(2000, ge=1)
 

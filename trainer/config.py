@@ -161,7 +161,7 @@ class OptimConfig:
     min_lr: float = setting(3e-4, ge=0)
     warmup_steps: int = setting(20, ge=0)
     weight_decay: float = setting(0.1, ge=0)
-    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = setting(1.0, ge=0)
     grad_accum_steps: int = setting(1, ge=1)
 

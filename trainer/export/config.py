@@ -76,8 +76,8 @@ class ExportConfig:
     """
 
     format: str = "onnx"
-    precisions: list = field(default_factory=lambda: ["fp32", "int8"])
-    batch_sizes: list = field(default_factory=lambda: [1, 8])
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "int8"])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
     data: str = ""
     seq_len: int = setting(0, ge=0)
     rows: int = setting(8, ge=1)

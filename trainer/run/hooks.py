@@ -6,7 +6,7 @@ import importlib
 import inspect
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from colaflow.config import ConfigError, from_dict
 from trainer.run.events import EventLog
@@ -78,7 +78,7 @@ class HookSpec:
     """
 
     target: str = ""
-    args: dict = field(default_factory=dict)
+    args: Any = field(default_factory=dict)  # a mapping: _resolve says so naming the class (not from_dict)
 
 
 class ResolvedHook(NamedTuple):

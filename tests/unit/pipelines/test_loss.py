@@ -301,3 +301,22 @@ def test_qualified_ids_are_unique_by_construction(entries):
             key = qualify_id(name, doc_id, position)
             origin = (name, doc_id, position if doc_id is None else "")
             assert seen.setdefault(key, origin) == origin
+
+
+def test_an_override_without_a_value_is_named_as_such(tmp_path, capsys):
+    """``tokenizer.vocab_size`` (no ``=VALUE``) used to get the unquoted-glob hint."""
+    _jsonl(tmp_path / "a.jsonl", [{"id": "1", "text": "x"}])
+    with pytest.raises(SystemExit) as exit_info:
+        beam_runner.main(["--input", str(tmp_path / "*.jsonl"), "--output", str(tmp_path / "o"), "tokenizer.vocab_size"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "tokenizer.vocab_size: an override needs a value: tokenizer.vocab_size=VALUE" in err
+    assert "quote the --input glob" not in err
+
+
+def test_a_missing_config_file_is_exit_2_naming_the_flag(tmp_path, capsys):
+    _jsonl(tmp_path / "a.jsonl", [{"id": "1", "text": "x"}])
+    rc = beam_runner.main(["--input", str(tmp_path / "*.jsonl"), "--output", str(tmp_path / "o"),
+                           "--config", str(tmp_path / "nonexist.yaml")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--config {tmp_path / 'nonexist.yaml'}: no such file" in err and "Errno" not in err
