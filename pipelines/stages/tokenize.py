@@ -200,8 +200,15 @@ def trained_file(texts: list[str], cfg: TokenizerConfig, summary: ReadSummary | 
     """The tokenizer of ``cfg.kind`` trained on ``texts``: sentencepiece (:func:`train_sentencepiece`, for
     ``auto`` too) or a byte-level BPE (:func:`train_byte_level_bpe`, ``hf``)."""
     if cfg.kind == hf_kind.KIND:
-        return hf_kind.trained(train_byte_level_bpe(texts, cfg, summary))
-    return TokenizerFile(spm_kind.KIND, spm_kind.FILE_NAME, train_sentencepiece(texts, cfg, summary))
+        file = hf_kind.trained(train_byte_level_bpe(texts, cfg, summary))
+    else:
+        file = TokenizerFile(spm_kind.KIND, spm_kind.FILE_NAME, train_sentencepiece(texts, cfg, summary))
+    got = build(file).vocab_size
+    if got < cfg.vocab_size:  # both trainers stop early when the sample has no more merges to make
+        print(f"note: the trained tokenizer has {got:,} pieces, fewer than tokenizer.vocab_size={cfg.vocab_size:,}: "
+              "the sample holds too little text for more (more input, or a smaller tokenizer.vocab_size)",
+              file=sys.stderr, flush=True)
+    return file
 
 
 def build_model(sizes, select, cfg: TokenizerConfig, label: str = "Tokenizer", summary=None,

@@ -8,6 +8,7 @@ import json
 import os
 
 import apache_beam as beam
+import pytest
 from apache_beam.runners.direct.direct_runner import DirectRunner
 from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.tokenizer_sample import SampleCutoff, SmallestHashSample, sample_key, sample_text
 from pipelines.stages.tokenize import build_model, train_byte_level_bpe, train_sentencepiece, trained_file
+from shards.tokenizers import build
 from tests.support.pipeline import synthetic_config
 
 
@@ -153,3 +155,16 @@ def test_a_tokenizer_read_up_front_is_the_one_the_job_uses_not_read_again(tmp_pa
     manifest = Manifest.load(str(tmp_path / "out"))
     assert manifest.tokenizer_identity.sha256 == read_once.sha256 and manifest.vocab_size == 400
     assert (tmp_path / "out" / "tokenizer.model").read_bytes() == read_once.data
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "hf"])
+def test_a_tokenizer_smaller_than_asked_for_says_so(kind, capsys):
+    """A new user asked for 4,096 pieces, got 565 from a small corpus, and was told nothing."""
+    texts = [f"the cat sat on mat number {i % 7}" for i in range(50)]
+    file = trained_file(texts, TokenizerConfig(kind=kind, vocab_size=4096))
+    got = build(file).vocab_size
+    assert got < 4096
+    assert f"note: the trained tokenizer has {got:,} pieces, fewer than tokenizer.vocab_size=4,096" \
+        in capsys.readouterr().err
+    trained_file(texts, TokenizerConfig(kind=kind, vocab_size=got))
+    assert "note:" not in capsys.readouterr().err
