@@ -44,8 +44,9 @@ class ReadRecords(beam.PTransform):
         super().__init__()
         self.inputs, self.cfg = inputs, cfg
 
-    def expand(self, pbegin) -> ReadOutput:
-        """Plan the listed files' splits and spread them; count the broken links."""
+    def expand(self, pbegin):
+        """Plan the listed files' splits and spread them; count the broken links: a :class:`ReadOutput` (not
+        annotated: Beam warns about a return type that is not a PCollection)."""
         paths = [*self.inputs.files, *self.inputs.broken_links]
         planned = (pbegin
                    | "Files" >> beam.Create(paths, reshuffle=False)

@@ -144,8 +144,9 @@ class ExactDedup(beam.PTransform):
         super().__init__()
         self.list_duplicates, self.keyed_input = list_duplicates, keyed_input
 
-    def expand(self, docs) -> DedupOutput:
-        """Key by content hash (unless ``keyed_input``), keep one document per key, count and list the others."""
+    def expand(self, docs):
+        """Key by content hash (unless ``keyed_input``), keep one document per key, count and list the others:
+        a :class:`~pipelines.records.DedupOutput` (not annotated: Beam warns about a return type that is not a PCollection)."""
         keyed = docs if self.keyed_input else docs | "KeyByHash" >> beam.Map(key_by_hash)
         if self.list_duplicates:
             # the ids for ListHot are a second output of the combine's own input step, so a runner

@@ -561,8 +561,9 @@ class NearDedup(beam.PTransform):
             raise ValueError(f"dedup.num_perm={cfg.num_perm} must be a multiple of dedup.bands={cfg.bands}")
         self.cfg, self.signatures = cfg, signatures
 
-    def expand(self, docs) -> DedupOutput:
-        """Drop, count and list every document of a near-duplicate cluster but its smallest id."""
+    def expand(self, docs):
+        """Drop, count and list every document of a near-duplicate cluster but its smallest id: a
+        :class:`~pipelines.records.DedupOutput` (not annotated: Beam warns about a return type that is not a PCollection)."""
         sigs = self.signatures(docs)
         num_docs = docs | "Count" >> beam.combiners.Count.Globally()
         buckets = (sigs
