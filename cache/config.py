@@ -108,7 +108,7 @@ class CacheConfig:
     chunk_bytes: int | str = "4MiB"
     partial_ttl_s: float = setting(86400.0, ge=0)
     fetch_wait_s: float = setting(600.0, gt=0)
-    nodes: dict = field(default_factory=dict)
+    nodes: dict | None = field(default_factory=dict)  # None: an empty `nodes:`; checked by _check_nodes
 
     def __post_init__(self) -> None:
         check_fields(self, "cache.")
