@@ -252,7 +252,7 @@ def main() -> int:
     the memmap floor on the demo and long-document corpora; prints the ratios."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", default="/tmp/colaflow-bench-tokens")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per comparison (5 or more for a stable median)")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", default="0,2")
