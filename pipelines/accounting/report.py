@@ -15,6 +15,7 @@ import io
 import fsspec
 
 from colaflow.wording import count
+from pipelines.io.output import DEAD_LETTER_DIR, DUPLICATES_DIR
 
 REPORT_TXT = "report.txt"
 REPORT_PNG = "report.png"
@@ -36,11 +37,13 @@ def report_text(stats: dict) -> str:
         "colaflow preprocessing report",
         f"records in       {n:>12,}",
         f"kept             {t['kept']:>12,}  {_pct(t['kept'], n)}",
-        f"exact duplicates {t['duplicates']:>12,}  {_pct(t['duplicates'], n)}",
-        f"near duplicates  {near:>12,}  {_pct(near, n)}",
+        f"exact duplicates {t['duplicates']:>12,}  {_pct(t['duplicates'], n)}"
+        + (f"  (listed in {DUPLICATES_DIR}/)" if t["duplicates"] else ""),
+        f"near duplicates  {near:>12,}  {_pct(near, n)}" + (f"  (listed in {DUPLICATES_DIR}/)" if near else ""),
         f"duplicate rate   {_pct(t['duplicates'] + near, n):>12}",
         f"filtered         {sum(t['filtered'].values()) - near:>12,}  (near duplicates excluded)",
-        f"dead letters     {t['dead_letter']:>12,}",
+        f"dead letters     {t['dead_letter']:>12,}"
+        + (f"  (the records: {DEAD_LETTER_DIR}/)" if t["dead_letter"] else ""),
         f"tokens           {t['tokens']:>12,}",
         f"text bytes       {t['text_bytes']:>12,}",
         f"bytes per token  {bpt:>12.2f}  (UTF-8 text)",

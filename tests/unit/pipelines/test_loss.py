@@ -173,6 +173,20 @@ def test_code_is_not_rewritten_and_redactions_are_reported_per_source(mixed):
     assert "PII redactions by source:" in report and "code" in report.split("PII redactions by source:")[1]
 
 
+def test_the_report_names_the_folders_that_hold_dead_letters_and_duplicates(mixed):
+    _, out, stats = mixed
+    lines = {line.split()[0] + " " + line.split()[1]: line for line in (out / "report.txt").read_text().splitlines()
+             if line.startswith(("dead letters", "exact duplicates"))}
+    t = stats["total"]
+    assert t["dead_letter"] > 0 and t["duplicates"] > 0
+    assert lines["dead letters"].endswith("(the records: dead_letter/)")
+    assert lines["exact duplicates"].endswith("(listed in duplicates/)")
+    listed = sum(len(p.read_text().splitlines()) for p in (out / "duplicates").iterdir())
+    assert listed == t["duplicates"]
+    dead = sum(len(p.read_text().splitlines()) for p in (out / "dead_letter").iterdir())
+    assert dead == t["dead_letter"]
+
+
 def test_bom_and_lone_surrogates(mixed):
     _, out, stats = mixed
     assert stats["sources"]["bom"]["dead_letter"] == 0 and stats["sources"]["bom"]["kept"] == 1
