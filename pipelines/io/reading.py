@@ -344,7 +344,8 @@ READERS: dict[str, Reader] = {
 class _Progress:
     """One tqdm bar per worker process and run over input bytes (updated from every reading DoFn).
 
-    Shown on a terminal every second and, in logs (stderr not a terminal), every 15 seconds.
+    Shown on a terminal every second and, in logs (stderr not a terminal), every 15 seconds; closed
+    once the run's bytes are all read, so later messages start on a line of their own.
     """
 
     bar = None
@@ -360,6 +361,8 @@ class _Progress:
             cls.bar = tqdm(desc="read", total=total or None, unit="B", unit_scale=True, leave=interactive,
                            mininterval=1.0 if interactive else 15.0, delay=1.0, file=sys.stderr)
         cls.bar.update(n)
+        if total and cls.bar.n >= total:  # all read: end the bar's line before the next stage prints its own
+            cls.bar.close()
 
 
 def read_split(split: Split, cfg: InputConfig, total_bytes: int = 0, run_id: str = "") -> Iterator[RawUnit]:

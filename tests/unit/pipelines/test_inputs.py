@@ -163,3 +163,25 @@ def test_binary_and_oversized_parquet_rows_are_decoded_or_dead_letters(tmp_path)
     assert parsed[0].text == "plain bytes" and parsed[0].id == "b.parquet/a"
     assert [(d.line, d.reason) for d in parsed[1:]] == [(2, "too_large"), (3, "not_utf8"), (4, "missing_text")]
     assert parsed[1].raw.startswith("xxx") and "500 bytes" in parsed[1].error
+
+
+def test_the_read_progress_bar_ends_its_line_once_every_byte_is_read(tmp_path, monkeypatch):
+    from pipelines.io import reading
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(reading.sys, "stderr", term)
+    monkeypatch.setattr(reading._Progress, "bar", None)
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "text": f"line {i}"}) + "\n" for i in range(2000)))
+    size = path.stat().st_size
+    cfg = InputConfig(split_bytes=size // 2 + 1)
+    splits = plan_splits(str(path), size, cfg)
+    assert len(splits) == 2
+    for split in splits:
+        assert list(read_split(split, cfg, total_bytes=size, run_id="r"))
+    assert reading._Progress.bar.n == size
+    assert reading._Progress.bar.disable  # closed: the next message starts on a line of its own
