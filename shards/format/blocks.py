@@ -1,10 +1,13 @@
-"""Token blocks: many documents' tokens in one WebDataset sample (layout ``token_blocks``, format 2).
+"""Token blocks: many documents' tokens in one WebDataset sample (layout ``token_blocks``, format 2 and 3).
 
 A block with key ``K`` (the escaped id of its first document) is two adjacent members:
 
-* ``K.json.zst`` — zstd-compressed UTF-8 JSON ``{"layout": "token_block", "dtype": "uint16",
-  "ids": [...], "sources": [...], "lengths": [...]}``: per document its original id, source and
-  token count, in block order (optionally ``"texts"``, ``null`` for a document stored without one);
+* ``K.json.zst`` — zstd-compressed UTF-8 JSON ``{"layout": "token_block", "version": 2, "dtype": "uint16",
+  "ids": "...", "sources": "...", "lengths": [...]}``: per document its original id, source and
+  token count, in block order; ids and sources are text columns (:func:`text_column`: one string,
+  the values joined by newlines, backslash and newline escaped) (optionally ``"texts"``, a list,
+  ``null`` for a document stored without one). Version 1 (no ``"version"``; manifests of format 2)
+  holds ids and sources as JSON lists and is still read;
 * ``K.tokens.npy`` (raw: a ``.npy`` array whose data starts 64-byte aligned, so the tokens can be
   memory-mapped straight out of the tar) or ``K.tokens.npy.zst`` (one zstd frame): the
   documents' tokens concatenated, 1-D little-endian ``uint16``/``uint32``.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
@@ -39,6 +43,9 @@ BLOCK_ZSTD_LEVEL = 9  # ~40 MB/s to write, as fast to read as level 3
 # The metadata (ids, sources, lengths as JSON) compresses almost as well at level 3 as at 9 (demo
 # corpus: 141 KB against 137 KB from 3.86 MB) in a fifth of the time, which is most of a raw write.
 META_ZSTD_LEVEL = 3
+# Layout of the metadata: 1 (format 2) ids and sources as JSON lists; 2 (format 3) as text columns, since
+# JSON's encoder costs about 0.3 us per list item: most of a raw write of short documents
+META_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,86 @@ def is_block(suffixes: Iterable[str]) -> bool:
     return META_SUFFIX in s and (RAW_SUFFIX in s or ZSTD_SUFFIX in s)
 
 
+def text_column(values: Sequence) -> str:
+    """Strings as one text column: each value (``str(value)``) with its backslashes and newlines written
+    ``\\\\`` and ``\\n``, the values joined by newlines.
+
+    Args:
+        values: ``[documents]``, at least one.
+    Returns:
+        The column; :func:`split_column` gives the values back.
+    """
+    return "\n".join(str(v).replace("\\", "\\\\").replace("\n", "\\n") for v in values)
+
+
+# the bytes a JSON string escapes (RFC 8259 section 7): control characters, quotation mark, backslash
+_JSON_ESCAPED = bytes(range(0x20)) + b'"\\'
+
+
+def column_json(values: Sequence) -> bytes:
+    """The text column of ``values`` (:func:`text_column`) as a JSON string, UTF-8, quotes included.
+
+    The bytes of ``json.dumps(text_column(values), ensure_ascii=False).encode()``, built without the
+    encoder's character-by-character escaping (~3 ns a character, the largest part of a raw write of
+    short documents) when no value holds a character JSON or the column escapes (the usual case): the
+    values joined by the separator as JSON writes it.
+
+    Args:
+        values: ``[documents]``, at least one.
+    Returns:
+        The JSON string's bytes.
+    """
+    try:
+        raw = "\\n".join(values).encode()  # the separators as JSON writes them
+    except TypeError:  # ids given as numbers
+        values = list(map(str, values))
+        raw = "\\n".join(values).encode()
+    if len(raw) - len(raw.translate(None, _JSON_ESCAPED)) == len(values) - 1:  # their backslashes alone
+        return b'"' + raw + b'"'
+    return json.dumps(text_column(values), ensure_ascii=False).encode()
+
+
+def json_uints(values: np.ndarray) -> bytes:
+    """A JSON array of non-negative integers, each right-aligned with spaces to the widest (JSON allows
+    whitespace between tokens), formatted by numpy at once: ``json.dumps`` costs ~80 ns an integer.
+
+    Args:
+        values: 1-D ``int64``, every value >= 0.
+    Returns:
+        ASCII bytes such as ``b"[ 58,612,  0]"``, which ``json.loads`` reads as ``values.tolist()``.
+    """
+    if not len(values):
+        return b"[]"
+    width = len(str(int(values.max())))
+    cells = np.full((len(values), width + 1), ord(" "), np.uint8)  # a value's digits, right-aligned, and a comma
+    cells[:, width] = ord(",")
+    cells[:, width - 1] = values % 10 + ord("0")  # the ones digit, a zero included
+    rest = values
+    for column in range(width - 2, -1, -1):  # one scalar division a column: numpy vectorises those
+        rest = rest // 10
+        cells[:, column] = np.where(rest > 0, rest % 10 + ord("0"), ord(" "))  # leading zeros stay spaces
+    return b"[" + cells.tobytes()[:-1] + b"]"
+
+
+_ESCAPE = re.compile(r"\\(.?)", re.DOTALL)
+_UNESCAPED = {"\\": "\\", "n": "\n"}
+
+
+def split_column(text: str, where: str = "block") -> list[str]:
+    """The values of a :func:`text_column`.
+
+    Raises:
+        ValueError: an escape other than ``\\\\`` and ``\\n`` (message names ``where``).
+    """
+    values = text.split("\n")
+    if "\\" not in text:
+        return values
+    try:
+        return [_ESCAPE.sub(lambda m: _UNESCAPED[m.group(1)], v) for v in values]
+    except KeyError as e:
+        raise ValueError(f"{where}: block metadata column holds the escape \\{e.args[0]} (only \\\\ and \\n)") from None
+
+
 def encode_block(docs: list[tuple[str, str, np.ndarray]], compression: str = "none",
                  texts: list[str] | None = None, metas: list[dict] | None = None) -> tuple[str, dict[str, bytes]]:
     """Encode documents ``(id, source, tokens)`` as one block: ``(key, {suffix: bytes})``.
@@ -91,16 +178,16 @@ def encode_block(docs: list[tuple[str, str, np.ndarray]], compression: str = "no
         raise ValueError("a token block needs at least one document")
     if any(t.ndim != 1 for *_, t in docs):
         raise ValueError(f"block tokens must be 1-D, got shapes {sorted({t.shape for *_, t in docs if t.ndim != 1})}")
-    return _encode([i for i, _, _ in docs], [s for _, s, _ in docs], [len(t) for *_, t in docs],
+    return _encode([i for i, _, _ in docs], [s for _, s, _ in docs], np.array([len(t) for *_, t in docs], np.int64),
                    [t for *_, t in docs], compression, texts, metas)
 
 
-def _encode(ids: list, sources: list, lengths: list[int], pieces: list[np.ndarray], compression: str,
+def _encode(ids: list, sources: list, lengths: np.ndarray, pieces: list[np.ndarray], compression: str,
             texts: list[str] | None, metas: list[dict] | None) -> tuple[str, dict[str, bytes]]:
     """The one block encoder (:func:`encode_block`, :class:`BlockPacker`).
 
     Args:
-        ids, sources, lengths: ``[documents]`` per document, in block order (``lengths``: Python ints).
+        ids, sources, lengths: ``[documents]`` per document, in block order (``lengths``: ``int64``).
         pieces: 1-D arrays whose concatenation is the documents' tokens (views of the caller's arrays).
         compression, texts, metas: as :func:`encode_block`.
     Returns:
@@ -114,16 +201,15 @@ def _encode(ids: list, sources: list, lengths: list[int], pieces: list[np.ndarra
     if len(dtypes) != 1 or next(iter(dtypes)) not in TOKEN_DTYPES:
         raise ValueError(f"block tokens must be 1-D and all uint16 or all uint32, got {sorted(map(str, dtypes))}")
     dtype = next(iter(dtypes))
-    tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    tokens = pieces[0] if len(pieces) == 1 else join_tokens(pieces, dtype)
     tokens = tokens.astype(dtype.newbyteorder("<"), copy=False)
-    meta = {"layout": BLOCK_LAYOUT, "dtype": dtype.name, "ids": list(map(str, ids)),
-            "sources": list(map(str, sources)), "lengths": lengths}
-    if texts is not None:
-        meta["texts"] = texts
-    if metas is not None:
-        meta["metas"] = metas
+    head = f'{{"layout":"{BLOCK_LAYOUT}","version":{META_VERSION},"dtype":"{dtype.name}"'.encode()
+    extra = {k: v for k, v in (("texts", texts), ("metas", metas)) if v is not None}
+    tail = b"," + json.dumps(extra, ensure_ascii=False, separators=(",", ":")).encode()[1:] if extra else b"}"
+    # the columns go in as ready JSON (column_json, json_uints) between the fixed members and the optional ones
+    meta_json = b"".join((head, b',"ids":', column_json(ids), b',"sources":', column_json(sources), b',"lengths":',
+                          json_uints(lengths), tail))
     npy = encode_npy(tokens)
-    meta_json = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()
     fields = {META_SUFFIX: zstd_compress(meta_json, META_ZSTD_LEVEL),
               (RAW_SUFFIX if compression == "none" else ZSTD_SUFFIX): npy if compression == "none"
               else zstd_compress(npy, BLOCK_ZSTD_LEVEL)}
@@ -149,6 +235,15 @@ def decode_meta_dict(meta, where: str = "block") -> BlockMeta:
         raise ValueError(f"{where}: metadata is not a token block (layout {meta.get('layout')!r})"
                          if isinstance(meta, dict) else f"{where}: metadata is not a JSON object")
     ids, sources, lengths = meta.get("ids", []), meta.get("sources", []), meta.get("lengths", [])
+    version = meta.get("version", 1)
+    if version == META_VERSION:
+        if not (isinstance(ids, str) and isinstance(sources, str)):
+            raise ValueError(f"{where}: block metadata version {version} holds ids and sources as text columns, "
+                             f"got {type(ids).__name__} and {type(sources).__name__}")
+        ids, sources = split_column(ids, where), split_column(sources, where)
+    elif version != 1:
+        raise ValueError(f"{where}: block metadata version {version!r} is not supported (1 or {META_VERSION}); "
+                         "upgrade colaflow")
     if not (len(ids) == len(sources) == len(lengths)) or not ids:
         raise ValueError(f"{where}: block metadata lists {len(ids)} ids, {len(sources)} sources and "
                          f"{len(lengths)} lengths; they must be equal and non-zero")
@@ -332,7 +427,7 @@ class BlockPacker:
             if len(dtypes) > 1:  # concatenating would quietly widen them
                 raise ValueError(f"block tokens must be all uint16 or all uint32, got {sorted(map(str, dtypes))}")
             lengths = list(map(len, tokens))
-            tokens = tokens[0] if len(tokens) == 1 else np.concatenate(tokens) if len(tokens) \
+            tokens = tokens[0] if len(tokens) == 1 else join_tokens(tokens, dtypes.pop()) if len(tokens) \
                 else np.zeros(0, np.uint16)
         else:
             lengths = np.asarray(lengths, dtype=np.int64).tolist()
@@ -383,7 +478,7 @@ class BlockPacker:
             # a document without a text keeps its place as null: texts pair with ids by position
             texts = None if self._texts is None else self._texts[start:end]
             metas = None if self._metas is None else self._metas[start:end]
-            key, fields = _encode(self._ids[start:end], self._sources[start:end], self._lengths[start:end],
+            key, fields = _encode(self._ids[start:end], self._sources[start:end], lengths[start:end],
                                   self._pieces(start, end, doc_at), self.compression,
                                   texts if texts and any(t is not None for t in texts) else None,
                                   metas if metas and any(metas) else None)
@@ -413,6 +508,25 @@ class BlockPacker:
         if start > self._chunk_first[first]:
             pieces[0] = pieces[0][doc_at[start] - doc_at[self._chunk_first[first]]:]
         return pieces
+
+
+def join_tokens(pieces: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """Token arrays one after another, as one read-only array.
+
+    ``bytes.join`` costs about a third of ``np.concatenate`` per array: over many short documents the
+    per-array cost, not the bytes copied, is the time.
+
+    Args:
+        pieces: arrays of ``dtype`` (a piece of more dimensions joins as its flattened C-order data).
+        dtype: their dtype.
+    Returns:
+        1-D ``dtype`` array of every piece's elements.
+    """
+    try:
+        data = b"".join(pieces)
+    except TypeError:  # a strided view exposes no contiguous buffer
+        data = b"".join([np.ascontiguousarray(p) for p in pieces])
+    return np.frombuffer(data, dtype)
 
 
 def _extend(column: list | None, values, held: int, n: int, empty) -> list | None:
