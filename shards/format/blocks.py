@@ -40,9 +40,9 @@ TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))  # native byte order, 
 # at 64 Ki tokens and level 3, 0.96 at 1 Mi tokens and level 9), decompressed once per block.
 DEFAULT_BLOCK_TOKENS = {"none": 1 << 16, "zstd": 1 << 20}
 BLOCK_ZSTD_LEVEL = 9  # ~40 MB/s to write, as fast to read as level 3
-# The metadata (ids, sources, lengths as JSON) compresses almost as well at level 3 as at 9 (demo
-# corpus: 141 KB against 137 KB from 3.86 MB) in a fifth of the time, which is most of a raw write.
-META_ZSTD_LEVEL = 3
+# The metadata (ids, sources, lengths as JSON) compresses better at level 1 than at 3 and about as well as
+# at 9, in far less time: demo corpus, 61 blocks, 3.73 MB of JSON to 166 KB at level 1, 173 KB at 3.
+META_ZSTD_LEVEL = 1
 # Layout of the metadata: 1 (format 2) ids and sources as JSON lists; 2 (format 3) as text columns, since
 # JSON's encoder costs about 0.3 us per list item: most of a raw write of short documents
 META_VERSION = 2
@@ -120,26 +120,30 @@ def column_json(values: Sequence) -> bytes:
     return json.dumps(text_column(values), ensure_ascii=False).encode()
 
 
-def json_uints(values: np.ndarray) -> bytes:
-    """A JSON array of non-negative integers, each right-aligned with spaces to the widest (JSON allows
-    whitespace between tokens), formatted by numpy at once: ``json.dumps`` costs ~80 ns an integer.
+def json_uint_arrays(values: np.ndarray, ends: Sequence[int]) -> list[bytes]:
+    """Consecutive runs of non-negative integers (``values[:ends[0]]``, ``values[ends[0]:ends[1]]``, ...) as
+    JSON arrays: each the bytes of ``json.dumps(run.tolist(), separators=(",", ":"))``, formatted by numpy
+    for all runs at once (``json.dumps`` costs ~80 ns an integer).
 
     Args:
         values: 1-D ``int64``, every value >= 0.
+        ends: exclusive end of each run, ascending, within ``len(values)``.
     Returns:
-        ASCII bytes such as ``b"[ 58,612,  0]"``, which ``json.loads`` reads as ``values.tolist()``.
+        One JSON array per run, ASCII bytes such as ``b"[58,612,0]"``.
     """
-    if not len(values):
-        return b"[]"
-    width = len(str(int(values.max())))
+    width = len(str(int(values.max()))) if len(values) else 1
     cells = np.full((len(values), width + 1), ord(" "), np.uint8)  # a value's digits, right-aligned, and a comma
     cells[:, width] = ord(",")
     cells[:, width - 1] = values % 10 + ord("0")  # the ones digit, a zero included
     rest = values
     for column in range(width - 2, -1, -1):  # one scalar division a column: numpy vectorises those
         rest = rest // 10
-        cells[:, column] = np.where(rest > 0, rest % 10 + ord("0"), ord(" "))  # leading zeros stay spaces
-    return b"[" + cells.tobytes()[:-1] + b"]"
+        cells[:, column] = np.where(rest > 0, rest % 10 + ord("0"), ord(" "))  # leading zeros as spaces
+    keep = cells != ord(" ")
+    text = cells[keep].tobytes()
+    at = np.concatenate([[0], np.cumsum(keep.sum(axis=1))])  # where each value's digits start
+    starts = [0, *ends[:-1]]
+    return [b"[" + text[at[a]:at[b] - 1] + b"]" if b > a else b"[]" for a, b in zip(starts, ends)]
 
 
 _ESCAPE = re.compile(r"\\(.?)", re.DOTALL)
@@ -178,16 +182,18 @@ def encode_block(docs: list[tuple[str, str, np.ndarray]], compression: str = "no
         raise ValueError("a token block needs at least one document")
     if any(t.ndim != 1 for *_, t in docs):
         raise ValueError(f"block tokens must be 1-D, got shapes {sorted({t.shape for *_, t in docs if t.ndim != 1})}")
-    return _encode([i for i, _, _ in docs], [s for _, s, _ in docs], np.array([len(t) for *_, t in docs], np.int64),
-                   [t for *_, t in docs], compression, texts, metas)
+    [lengths_json] = json_uint_arrays(np.array([len(t) for *_, t in docs], np.int64), [len(docs)])
+    return _encode([i for i, _, _ in docs], [s for _, s, _ in docs], lengths_json, [t for *_, t in docs], compression,
+                   texts, metas)
 
 
-def _encode(ids: list, sources: list, lengths: np.ndarray, pieces: list[np.ndarray], compression: str,
+def _encode(ids: list, sources: list, lengths_json: bytes, pieces: list[np.ndarray], compression: str,
             texts: list[str] | None, metas: list[dict] | None) -> tuple[str, dict[str, bytes]]:
     """The one block encoder (:func:`encode_block`, :class:`BlockPacker`).
 
     Args:
-        ids, sources, lengths: ``[documents]`` per document, in block order (``lengths``: ``int64``).
+        ids, sources: ``[documents]`` per document, in block order.
+        lengths_json: their token counts as a JSON array (:func:`json_uint_arrays`).
         pieces: 1-D arrays whose concatenation is the documents' tokens (views of the caller's arrays).
         compression, texts, metas: as :func:`encode_block`.
     Returns:
@@ -206,9 +212,9 @@ def _encode(ids: list, sources: list, lengths: np.ndarray, pieces: list[np.ndarr
     head = f'{{"layout":"{BLOCK_LAYOUT}","version":{META_VERSION},"dtype":"{dtype.name}"'.encode()
     extra = {k: v for k, v in (("texts", texts), ("metas", metas)) if v is not None}
     tail = b"," + json.dumps(extra, ensure_ascii=False, separators=(",", ":")).encode()[1:] if extra else b"}"
-    # the columns go in as ready JSON (column_json, json_uints) between the fixed members and the optional ones
+    # the columns go in as ready JSON (column_json, json_uint_arrays) between the fixed members and the optional ones
     meta_json = b"".join((head, b',"ids":', column_json(ids), b',"sources":', column_json(sources), b',"lengths":',
-                          json_uints(lengths), tail))
+                          lengths_json, tail))
     npy = encode_npy(tokens)
     fields = {META_SUFFIX: zstd_compress(meta_json, META_ZSTD_LEVEL),
               (RAW_SUFFIX if compression == "none" else ZSTD_SUFFIX): npy if compression == "none"
@@ -474,11 +480,11 @@ class BlockPacker:
         # token offset of each held document (an array: only a few entries per block are read)
         doc_at = np.concatenate([[0], np.cumsum(lengths)])
         out, start = [], 0
-        for end in ends:
+        for end, lengths_json in zip(ends, json_uint_arrays(lengths[:ends[-1]], ends)):
             # a document without a text keeps its place as null: texts pair with ids by position
             texts = None if self._texts is None else self._texts[start:end]
             metas = None if self._metas is None else self._metas[start:end]
-            key, fields = _encode(self._ids[start:end], self._sources[start:end], lengths[start:end],
+            key, fields = _encode(self._ids[start:end], self._sources[start:end], lengths_json,
                                   self._pieces(start, end, doc_at), self.compression,
                                   texts if texts and any(t is not None for t in texts) else None,
                                   metas if metas and any(metas) else None)

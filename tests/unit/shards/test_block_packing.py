@@ -126,14 +126,14 @@ def golden_docs(seed: int, n: int, dtype=np.uint16) -> list[tuple[str, str, np.n
 # space-joined sha256s. Re-derived when format 3 wrote the block metadata's ids and sources as text columns
 # (2026-12-07): the shards commit c2b71f1 wrote (the bytes the earlier values pinned) and these decode to
 # the same documents (keys, ids, sources, token counts, tokens, texts, metas), checked for every case
-# below; only the metadata member differs. The documents layout's shard is unchanged. A zstandard whose
-# level 3 compresses differently would change these without a format change.
+# below; only the metadata member differs (and its zstd level, 1 now). The documents layout's shard is
+# unchanged. A zstandard whose levels 1, 3 or 9 compress differently would change these without a format change.
 GOLDEN = {
-    "w-none-uint16": "797ce3b1a212e848a9a59907049b8a2003cfeb37487fdae661b4e0ab257b409c",
-    "w-none-uint32": "f8035c2822bef91c1b570519e7435df4e75ae3b9e020ec43da9b9c0b4745a084",
-    "w-zstd-uint16": "d343f76b7664fc65c80dfb442af5460477d9918a4ea73b8e64c3f5db6bd674c5",
-    "w-zstd-uint32": "a0d136969b755a977d5608563e148684cf1b763c5cad7154fa7580a73fdf308b",
-    "sink-token_blocks.tar": "7ebfdd38dbf964ce6774b2a6588b28887ec27a4c606ca0ce60528df026e4fb62",
+    "w-none-uint16": "a90f5deb285e1ca21e33f5ab3cce9ad1f08e0032d617ec83b1ac274e15d73de7",
+    "w-none-uint32": "c74df44a69b6ca816518f252530e7047eeeff4c3ce85531c5541cd6a39f4f2ca",
+    "w-zstd-uint16": "f6767255fe78d4c6e8a466add2548805734fcf91b2e093a929e14e562d5a6328",
+    "w-zstd-uint32": "3891df2168e0f9e85b6500980fde77c9ebc2714ae4a96362d1c1e039254e7855",
+    "sink-token_blocks.tar": "93563e356e560d5d41b957f4e5f49e99f115a03f0bdffd604bf121465842db96",
     "sink-documents.tar": "685c0c82924b921eafe4643c9391ba6a3e18c58794d05d14e4494d8364a303bf",
 }
 
