@@ -49,20 +49,30 @@ def encode_npy(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-# one compressor per level and thread (one is not safe to share between threads): a new one costs
-# about 60 us more than compressing with one kept, more than a short document's member takes
-_compressors = threading.local()
+# Members up to this size are compressed by a compressor kept per level and thread (one is not safe to
+# share between threads): making one costs about 60 us, more than compressing a short document's member
+# takes. Larger members get a new one, whose context is freed after: a level-9 context that compressed a
+# 2 MB token block holds 13 MB.
+KEEP_COMPRESSOR_BYTES = 1 << 20
+_kept = threading.local()
 
 
 def zstd_compress(data: bytes, level: int = ZSTD_LEVEL) -> bytes:
     """Compress one member's bytes as a single zstd frame (content size in the frame header, XXH64
     content checksum at its end: RFC 8878 section 3.1.1)."""
-    kept = _compressors.__dict__.setdefault("by_level", {})
+    if len(data) > KEEP_COMPRESSOR_BYTES:
+        return _compressor(level).compress(data)
+    kept = _kept.__dict__.setdefault("by_level", {})
     if level not in kept:
-        # content size is written into the frame so readers can size their buffer once; the checksum
-        # makes a corrupt frame an error when decompressed (without it, flipped bytes decode to other tokens)
-        kept[level] = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
+        kept[level] = _compressor(level)
     return kept[level].compress(data)
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    """A new compressor of ``level`` writing frames as :func:`zstd_compress` describes."""
+    # content size is written into the frame so readers can size their buffer once; the checksum
+    # makes a corrupt frame an error when decompressed (without it, flipped bytes decode to other tokens)
+    return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
 
 
 def zstd_decompress(data: bytes) -> bytes:
