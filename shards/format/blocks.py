@@ -425,12 +425,12 @@ class BlockPacker:
                 of one dtype, ``lengths`` that do not add up to the tokens, or one array without ``lengths``
                 (a list of arrays with them).
         """
-        ids = list(ids)
-        if (lengths is None) == isinstance(tokens, np.ndarray):
+        ids, given = list(ids), lengths is not None
+        if given != isinstance(tokens, np.ndarray):
             raise ValueError("give one concatenated token array with lengths, or a list of arrays without")
         if lengths is None:
             dtypes = {t.dtype for t in tokens}
-            if len(dtypes) > 1:  # concatenating would quietly widen them
+            if len(dtypes) > 1:  # joined, their tokens would be read at one width
                 raise ValueError(f"block tokens must be all uint16 or all uint32, got {sorted(map(str, dtypes))}")
             lengths = list(map(len, tokens))
             tokens = tokens[0] if len(tokens) == 1 else join_tokens(tokens, dtypes.pop()) if len(tokens) \
@@ -442,7 +442,7 @@ class BlockPacker:
             raise ValueError(f"{len(ids)} ids, {len(sources)} sources and {n} token counts (and texts or metas"
                              " of another length?): give one of each per document")
         if tokens.ndim != 1 or tokens.dtype not in TOKEN_DTYPES or len(tokens) != total \
-                or min(lengths, default=0) < 0:
+                or given and min(lengths, default=0) < 0:  # counted lengths are never negative
             raise ValueError(f"tokens must be one 1-D uint16/uint32 array of the documents' {total} tokens "
                              f"(non-negative lengths), got {tokens.dtype}{list(tokens.shape)}")
         if "" in ids:
