@@ -135,13 +135,16 @@ def json_uint_arrays(values: np.ndarray, ends: Sequence[int]) -> list[bytes]:
     cells = np.full((len(values), width + 1), ord(" "), np.uint8)  # a value's digits, right-aligned, and a comma
     cells[:, width] = ord(",")
     cells[:, width - 1] = values % 10 + ord("0")  # the ones digit, a zero included
+    sizes = np.full(len(values), 2, np.int64)  # characters of each value and its comma
     rest = values
     for column in range(width - 2, -1, -1):  # one scalar division a column: numpy vectorises those
         rest = rest // 10
-        cells[:, column] = np.where(rest > 0, rest % 10 + ord("0"), ord(" "))  # leading zeros as spaces
-    keep = cells != ord(" ")
-    text = cells[keep].tobytes()
-    at = np.concatenate([[0], np.cumsum(keep.sum(axis=1))])  # where each value's digits start
+        digit = rest > 0  # else a leading zero, left a space
+        sizes += digit
+        cells[:, column] = np.where(digit, (rest % 10).astype(np.uint8) + ord("0"), ord(" "))
+    text = cells[cells != ord(" ")].tobytes()
+    at = np.zeros(len(values) + 1, np.int64)  # where each value's digits start
+    np.cumsum(sizes, out=at[1:])
     starts = [0, *ends[:-1]]
     return [b"[" + text[at[a]:at[b] - 1] + b"]" if b > a else b"[]" for a, b in zip(starts, ends)]
 
