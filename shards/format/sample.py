@@ -62,7 +62,9 @@ def zstd_compress(data: bytes, level: int = ZSTD_LEVEL) -> bytes:
     content checksum at its end: RFC 8878 section 3.1.1)."""
     if len(data) > KEEP_COMPRESSOR_BYTES:
         return _compressor(level).compress(data)
-    kept = _kept.__dict__.setdefault("by_level", {})
+    kept = getattr(_kept, "by_level", None)
+    if kept is None:
+        kept = _kept.by_level = {}
     if level not in kept:
         kept[level] = _compressor(level)
     return kept[level].compress(data)
