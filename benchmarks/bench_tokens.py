@@ -198,12 +198,13 @@ def write_once(corpus, with_litdata: bool) -> dict:
 
 
 def print_writes(name: str, corpus, write_s: dict[str, float]) -> None:
-    """Print median write seconds with their ratios to the flat file and to the flat file with ids and sources."""
+    """Print median write seconds with their ratios to the flat file (also fsynced) and to the flat file with
+    ids and sources."""
     if corpus is not None:
         print(f"== {name}: {len(corpus[2]):,} documents, {sum(map(len, corpus[2])):,} tokens, written once")
     for k, v in write_s.items():
         print(f"  write {k:20s} {v:7.3f} s  {v / write_s['flat']:6.2f}x flat  "
-              f"{v / write_s['flat_meta']:5.2f}x flat_meta")
+              f"{v / write_s['flat_fsync']:5.2f}x flat_fsync  {v / write_s['flat_meta']:5.2f}x flat_meta")
 
 
 def litdata_pass(spec: dict) -> dict:

@@ -1,10 +1,13 @@
-"""Token blocks: many documents' tokens in one WebDataset sample (layout ``token_blocks``, format 2).
+"""Token blocks: many documents' tokens in one WebDataset sample (layout ``token_blocks``, format 2 and 3).
 
 A block with key ``K`` (the escaped id of its first document) is two adjacent members:
 
-* ``K.json.zst`` — zstd-compressed UTF-8 JSON ``{"layout": "token_block", "dtype": "uint16",
-  "ids": [...], "sources": [...], "lengths": [...]}``: per document its original id, source and
-  token count, in block order (optionally ``"texts"``, ``null`` for a document stored without one);
+* ``K.json.zst`` — zstd-compressed UTF-8 JSON ``{"layout": "token_block", "version": 2, "dtype": "uint16",
+  "ids": "...", "sources": "...", "lengths": [...]}``: per document its original id, source and
+  token count, in block order; ids and sources are text columns (:func:`text_column`: one string,
+  the values joined by newlines, backslash and newline escaped) (optionally ``"texts"``, a list,
+  ``null`` for a document stored without one). Version 1 (no ``"version"``; manifests of format 2)
+  holds ids and sources as JSON lists and is still read;
 * ``K.tokens.npy`` (raw: a ``.npy`` array whose data starts 64-byte aligned, so the tokens can be
   memory-mapped straight out of the tar) or ``K.tokens.npy.zst`` (one zstd frame): the
   documents' tokens concatenated, 1-D little-endian ``uint16``/``uint32``.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
@@ -36,9 +40,12 @@ TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))  # native byte order, 
 # at 64 Ki tokens and level 3, 0.96 at 1 Mi tokens and level 9), decompressed once per block.
 DEFAULT_BLOCK_TOKENS = {"none": 1 << 16, "zstd": 1 << 20}
 BLOCK_ZSTD_LEVEL = 9  # ~40 MB/s to write, as fast to read as level 3
-# The metadata (ids, sources, lengths as JSON) compresses almost as well at level 3 as at 9 (demo
-# corpus: 141 KB against 137 KB from 3.86 MB) in a fifth of the time, which is most of a raw write.
-META_ZSTD_LEVEL = 3
+# The metadata (ids, sources, lengths as JSON) compresses better at level 1 than at 3 and about as well as
+# at 9, in far less time: demo corpus, 61 blocks, 3.73 MB of JSON to 166 KB at level 1, 173 KB at 3.
+META_ZSTD_LEVEL = 1
+# Layout of the metadata: 1 (format 2) ids and sources as JSON lists; 2 (format 3) as text columns, since
+# JSON's encoder spent 0.15-0.3 us on each item of those lists: most of a raw write of short documents
+META_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,93 @@ def is_block(suffixes: Iterable[str]) -> bool:
     return META_SUFFIX in s and (RAW_SUFFIX in s or ZSTD_SUFFIX in s)
 
 
+def text_column(values: Sequence) -> str:
+    """Strings as one text column: each value (``str(value)``) with its backslashes and newlines written
+    ``\\\\`` and ``\\n``, the values joined by newlines.
+
+    Args:
+        values: ``[documents]``, at least one.
+    Returns:
+        The column; :func:`split_column` gives the values back.
+    """
+    return "\n".join(str(v).replace("\\", "\\\\").replace("\n", "\\n") for v in values)
+
+
+# the bytes a JSON string escapes (RFC 8259 section 7): control characters, quotation mark, backslash
+_JSON_ESCAPED = bytes(range(0x20)) + b'"\\'
+
+
+def column_json(values: Sequence) -> bytes:
+    """The text column of ``values`` (:func:`text_column`) as a JSON string, UTF-8, quotes included.
+
+    The bytes of ``json.dumps(text_column(values), ensure_ascii=False).encode()``, built without the
+    encoder's character-by-character escaping (~3 ns a character, the largest part of a raw write of
+    short documents) when no value holds a character JSON or the column escapes (the usual case): the
+    values joined by the separator as JSON writes it.
+
+    Args:
+        values: ``[documents]``, at least one.
+    Returns:
+        The JSON string's bytes.
+    """
+    try:
+        raw = "\\n".join(values).encode()  # the separators as JSON writes them
+    except TypeError:  # ids given as numbers
+        values = list(map(str, values))
+        raw = "\\n".join(values).encode()
+    if len(raw) - len(raw.translate(None, _JSON_ESCAPED)) == len(values) - 1:  # their backslashes alone
+        return b'"' + raw + b'"'
+    return json.dumps(text_column(values), ensure_ascii=False).encode()
+
+
+def json_uint_arrays(values: np.ndarray, ends: Sequence[int]) -> list[bytes]:
+    """Consecutive runs of non-negative integers (``values[:ends[0]]``, ``values[ends[0]:ends[1]]``, ...) as
+    JSON arrays: each the bytes of ``json.dumps(run.tolist(), separators=(",", ":"))``, formatted by numpy
+    for all runs at once (``json.dumps`` costs ~80 ns an integer).
+
+    Args:
+        values: 1-D ``int64``, every value >= 0.
+        ends: exclusive end of each run, ascending, within ``len(values)``.
+    Returns:
+        One JSON array per run, ASCII bytes such as ``b"[58,612,0]"``.
+    """
+    width = len(str(int(values.max()))) if len(values) else 1
+    cells = np.full((len(values), width + 1), ord(" "), np.uint8)  # a value's digits, right-aligned, and a comma
+    cells[:, width] = ord(",")
+    cells[:, width - 1] = values % 10 + ord("0")  # the ones digit, a zero included
+    sizes = np.full(len(values), 2, np.int64)  # characters of each value and its comma
+    rest = values
+    for column in range(width - 2, -1, -1):  # one scalar division a column: numpy vectorises those
+        rest = rest // 10
+        digit = rest > 0  # else a leading zero, left a space
+        sizes += digit
+        cells[:, column] = np.where(digit, (rest % 10).astype(np.uint8) + ord("0"), ord(" "))
+    text = cells[cells != ord(" ")].tobytes()
+    at = np.zeros(len(values) + 1, np.int64)  # where each value's digits start
+    np.cumsum(sizes, out=at[1:])
+    starts = [0, *ends[:-1]]
+    return [b"[" + text[at[a]:at[b] - 1] + b"]" if b > a else b"[]" for a, b in zip(starts, ends)]
+
+
+_ESCAPE = re.compile(r"\\(.?)", re.DOTALL)
+_UNESCAPED = {"\\": "\\", "n": "\n"}
+
+
+def split_column(text: str, where: str = "block") -> list[str]:
+    """The values of a :func:`text_column`.
+
+    Raises:
+        ValueError: an escape other than ``\\\\`` and ``\\n`` (message names ``where``).
+    """
+    values = text.split("\n")
+    if "\\" not in text:
+        return values
+    try:
+        return [_ESCAPE.sub(lambda m: _UNESCAPED[m.group(1)], v) for v in values]
+    except KeyError as e:
+        raise ValueError(f"{where}: block metadata column holds the escape \\{e.args[0]} (only \\\\ and \\n)") from None
+
+
 def encode_block(docs: list[tuple[str, str, np.ndarray]], compression: str = "none",
                  texts: list[str] | None = None, metas: list[dict] | None = None) -> tuple[str, dict[str, bytes]]:
     """Encode documents ``(id, source, tokens)`` as one block: ``(key, {suffix: bytes})``.
@@ -91,16 +185,18 @@ def encode_block(docs: list[tuple[str, str, np.ndarray]], compression: str = "no
         raise ValueError("a token block needs at least one document")
     if any(t.ndim != 1 for *_, t in docs):
         raise ValueError(f"block tokens must be 1-D, got shapes {sorted({t.shape for *_, t in docs if t.ndim != 1})}")
-    return _encode([i for i, _, _ in docs], [s for _, s, _ in docs], [len(t) for *_, t in docs],
-                   [t for *_, t in docs], compression, texts, metas)
+    [lengths_json] = json_uint_arrays(np.array([len(t) for *_, t in docs], np.int64), [len(docs)])
+    return _encode([i for i, _, _ in docs], [s for _, s, _ in docs], lengths_json, [t for *_, t in docs], compression,
+                   texts, metas)
 
 
-def _encode(ids: list, sources: list, lengths: list[int], pieces: list[np.ndarray], compression: str,
+def _encode(ids: list, sources: list, lengths_json: bytes, pieces: list[np.ndarray], compression: str,
             texts: list[str] | None, metas: list[dict] | None) -> tuple[str, dict[str, bytes]]:
     """The one block encoder (:func:`encode_block`, :class:`BlockPacker`).
 
     Args:
-        ids, sources, lengths: ``[documents]`` per document, in block order (``lengths``: Python ints).
+        ids, sources: ``[documents]`` per document, in block order.
+        lengths_json: their token counts as a JSON array (:func:`json_uint_arrays`).
         pieces: 1-D arrays whose concatenation is the documents' tokens (views of the caller's arrays).
         compression, texts, metas: as :func:`encode_block`.
     Returns:
@@ -114,16 +210,15 @@ def _encode(ids: list, sources: list, lengths: list[int], pieces: list[np.ndarra
     if len(dtypes) != 1 or next(iter(dtypes)) not in TOKEN_DTYPES:
         raise ValueError(f"block tokens must be 1-D and all uint16 or all uint32, got {sorted(map(str, dtypes))}")
     dtype = next(iter(dtypes))
-    tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    tokens = pieces[0] if len(pieces) == 1 else join_tokens(pieces, dtype)
     tokens = tokens.astype(dtype.newbyteorder("<"), copy=False)
-    meta = {"layout": BLOCK_LAYOUT, "dtype": dtype.name, "ids": list(map(str, ids)),
-            "sources": list(map(str, sources)), "lengths": lengths}
-    if texts is not None:
-        meta["texts"] = texts
-    if metas is not None:
-        meta["metas"] = metas
+    head = f'{{"layout":"{BLOCK_LAYOUT}","version":{META_VERSION},"dtype":"{dtype.name}"'.encode()
+    extra = {k: v for k, v in (("texts", texts), ("metas", metas)) if v is not None}
+    tail = b"," + json.dumps(extra, ensure_ascii=False, separators=(",", ":")).encode()[1:] if extra else b"}"
+    # the columns go in as ready JSON (column_json, json_uint_arrays) between the fixed members and the optional ones
+    meta_json = b"".join((head, b',"ids":', column_json(ids), b',"sources":', column_json(sources), b',"lengths":',
+                          lengths_json, tail))
     npy = encode_npy(tokens)
-    meta_json = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()
     fields = {META_SUFFIX: zstd_compress(meta_json, META_ZSTD_LEVEL),
               (RAW_SUFFIX if compression == "none" else ZSTD_SUFFIX): npy if compression == "none"
               else zstd_compress(npy, BLOCK_ZSTD_LEVEL)}
@@ -149,6 +244,15 @@ def decode_meta_dict(meta, where: str = "block") -> BlockMeta:
         raise ValueError(f"{where}: metadata is not a token block (layout {meta.get('layout')!r})"
                          if isinstance(meta, dict) else f"{where}: metadata is not a JSON object")
     ids, sources, lengths = meta.get("ids", []), meta.get("sources", []), meta.get("lengths", [])
+    version = meta.get("version", 1)
+    if version == META_VERSION:
+        if not (isinstance(ids, str) and isinstance(sources, str)):
+            raise ValueError(f"{where}: block metadata version {version} holds ids and sources as text columns, "
+                             f"got {type(ids).__name__} and {type(sources).__name__}")
+        ids, sources = split_column(ids, where), split_column(sources, where)
+    elif version != 1:
+        raise ValueError(f"{where}: block metadata version {version!r} is not supported (1 or {META_VERSION}); "
+                         "upgrade colaflow")
     if not (len(ids) == len(sources) == len(lengths)) or not ids:
         raise ValueError(f"{where}: block metadata lists {len(ids)} ids, {len(sources)} sources and "
                          f"{len(lengths)} lengths; they must be equal and non-zero")
@@ -324,15 +428,15 @@ class BlockPacker:
                 of one dtype, ``lengths`` that do not add up to the tokens, or one array without ``lengths``
                 (a list of arrays with them).
         """
-        ids = list(ids)
-        if (lengths is None) == isinstance(tokens, np.ndarray):
+        ids, given = list(ids), lengths is not None
+        if given != isinstance(tokens, np.ndarray):
             raise ValueError("give one concatenated token array with lengths, or a list of arrays without")
         if lengths is None:
             dtypes = {t.dtype for t in tokens}
-            if len(dtypes) > 1:  # concatenating would quietly widen them
+            if len(dtypes) > 1:  # joined, their tokens would be read at one width
                 raise ValueError(f"block tokens must be all uint16 or all uint32, got {sorted(map(str, dtypes))}")
             lengths = list(map(len, tokens))
-            tokens = tokens[0] if len(tokens) == 1 else np.concatenate(tokens) if len(tokens) \
+            tokens = tokens[0] if len(tokens) == 1 else join_tokens(tokens, dtypes.pop()) if len(tokens) \
                 else np.zeros(0, np.uint16)
         else:
             lengths = np.asarray(lengths, dtype=np.int64).tolist()
@@ -341,7 +445,7 @@ class BlockPacker:
             raise ValueError(f"{len(ids)} ids, {len(sources)} sources and {n} token counts (and texts or metas"
                              " of another length?): give one of each per document")
         if tokens.ndim != 1 or tokens.dtype not in TOKEN_DTYPES or len(tokens) != total \
-                or min(lengths, default=0) < 0:
+                or given and min(lengths, default=0) < 0:  # counted lengths are never negative
             raise ValueError(f"tokens must be one 1-D uint16/uint32 array of the documents' {total} tokens "
                              f"(non-negative lengths), got {tokens.dtype}{list(tokens.shape)}")
         if "" in ids:
@@ -379,11 +483,11 @@ class BlockPacker:
         # token offset of each held document (an array: only a few entries per block are read)
         doc_at = np.concatenate([[0], np.cumsum(lengths)])
         out, start = [], 0
-        for end in ends:
+        for end, lengths_json in zip(ends, json_uint_arrays(lengths[:ends[-1]], ends)):
             # a document without a text keeps its place as null: texts pair with ids by position
             texts = None if self._texts is None else self._texts[start:end]
             metas = None if self._metas is None else self._metas[start:end]
-            key, fields = _encode(self._ids[start:end], self._sources[start:end], self._lengths[start:end],
+            key, fields = _encode(self._ids[start:end], self._sources[start:end], lengths_json,
                                   self._pieces(start, end, doc_at), self.compression,
                                   texts if texts and any(t is not None for t in texts) else None,
                                   metas if metas and any(metas) else None)
@@ -413,6 +517,25 @@ class BlockPacker:
         if start > self._chunk_first[first]:
             pieces[0] = pieces[0][doc_at[start] - doc_at[self._chunk_first[first]]:]
         return pieces
+
+
+def join_tokens(pieces: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """Token arrays one after another, as one read-only array.
+
+    ``bytes.join`` costs about a third of ``np.concatenate`` per array: over many short documents the
+    per-array cost, not the bytes copied, is the time.
+
+    Args:
+        pieces: arrays of ``dtype`` (a piece of more dimensions joins as its flattened C-order data).
+        dtype: their dtype.
+    Returns:
+        1-D ``dtype`` array of every piece's elements.
+    """
+    try:
+        data = b"".join(pieces)
+    except TypeError:  # a strided view exposes no contiguous buffer
+        data = b"".join([np.ascontiguousarray(p) for p in pieces])
+    return np.frombuffer(data, dtype)
 
 
 def _extend(column: list | None, values, held: int, n: int, empty) -> list | None:

@@ -5,7 +5,8 @@ up by name (:func:`get_layout`) and call it.
 
 * ``documents`` (format 1): one tar sample per document, members ``json`` + ``tokens.npy.zst``
   (+ ``txt.zst``) (:mod:`shards.format.sample`);
-* ``token_blocks`` (format 2): one tar sample per block of documents (:mod:`shards.format.blocks`).
+* ``token_blocks`` (format 2; format 3 writes its block metadata as text columns): one tar sample per
+  block of documents (:mod:`shards.format.blocks`).
 """
 from __future__ import annotations
 
@@ -145,9 +146,10 @@ class _BlocksSink:
 
 
 class TokenBlocksLayout:
-    """``token_blocks``: many documents per tar sample (format 2, :mod:`shards.format.blocks`)."""
+    """``token_blocks``: many documents per tar sample (:mod:`shards.format.blocks`; format 2, its block
+    metadata as text columns since format 3)."""
 
-    name, format_version = "token_blocks", 2
+    name, format_version = "token_blocks", 3
 
     def documents(self, info: ShardInfo) -> int:
         """The manifest's per-shard document count (a block holds many)."""

@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass, field, fields
 from shards.format.layouts import LAYOUTS, get_layout
 from shards.format.urls import shard_url  # noqa: F401  (re-exported: shard URLs beside a manifest)
 
-FORMAT_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)  # 1: one sample per document; 2 adds token blocks and per-shard document counts
+FORMAT_VERSION = 3
+# 1: one sample per document; 2 adds token blocks and per-shard document counts; 3: token blocks' metadata
+# holds ids and sources as text columns (block metadata version 2, ``shards.format.blocks``)
+SUPPORTED_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import numpy as np
 from colaflow.errors import exit_status, explain
 from colaflow.wording import count, help_text, plural
 from shards.format.keys import escape_key
-from shards.format.blocks import BLOCK_LAYOUT, META_SUFFIX, block_documents, decode_meta, is_block
+from shards.format.blocks import BLOCK_LAYOUT, META_SUFFIX, block_documents, decode_meta, decode_meta_dict, is_block
 from shards.format.sample import count_tokens, zstd_decompress
 from shards.io.index import (
     WIDS_FILE,
@@ -181,7 +181,8 @@ def cmd_inspect(args) -> int:
     if args.at is not None:
         sample = read_sample(args.shard, args.at)
         if _is_block(sample):
-            print(f"== block {sample['__key__']}: {len(sample['json']['ids'])} documents, "
+            documents = len(decode_meta_dict(sample["json"], sample["__key__"]).ids)
+            print(f"== block {sample['__key__']}: {documents} documents, "
                   f"{sample['tokens'].size} {sample['tokens'].dtype} tokens")
         for doc in _documents([sample]):
             _show(doc, sp, sys.stdout)

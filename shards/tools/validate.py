@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shards.format.blocks import BLOCK_LAYOUT
+from shards.format.blocks import BLOCK_LAYOUT, decode_meta_dict
 from shards.format.manifest import Manifest, ShardInfo
 from shards.format.tokens import TokenRangeError, check_token_ids
 from shards.io.index import HashingReader
@@ -116,13 +116,17 @@ def verify_shard(path: str, expected: ShardInfo | None = None, cfg: VerifyConfig
                 stats.add("token_out_of_range", str(e))
             meta = sample.get("json")
             if isinstance(meta, dict) and meta.get("layout") == BLOCK_LAYOUT:
-                lengths = meta.get("lengths") or []
-                if sum(lengths) != n or not len(lengths) == len(meta.get("ids", [])) == len(meta.get("sources", [])):
-                    stats.add("undecodable", f"{path}: block {sample['__key__']!r}: {n} tokens, its metadata lists "
-                              f"{len(lengths)} documents of {sum(lengths)} tokens; rewrite the shard")
+                where = f"{path}: block {sample['__key__']!r}"
+                try:
+                    block = decode_meta_dict(meta, where)
+                    if block.tokens != n:
+                        raise ValueError(f"{where}: {n} tokens, its metadata lists {len(block.ids)} documents of "
+                                         f"{block.tokens} tokens")
+                except ValueError as e:
+                    stats.add("undecodable", f"{e}; rewrite the shard")
                     stats.samples -= 1
                     continue
-                rep.documents += len(lengths)
+                rep.documents += len(block.ids)
             else:
                 rep.documents += 1
             rep.tokens += n

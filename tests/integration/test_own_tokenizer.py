@@ -76,7 +76,8 @@ def read_documents(folder) -> dict[str, np.ndarray]:
             meta = json.loads(zstandard.ZstdDecompressor().decompress(members[name]))
             tokens = np.load(io.BytesIO(members[key + ".tokens.npy"]), allow_pickle=False)
             assert tokens.dtype == np.dtype(manifest["token_dtype"]) and meta["dtype"] == manifest["token_dtype"]
-            for doc_id, start, n in zip(meta["ids"], np.cumsum([0] + meta["lengths"][:-1]), meta["lengths"]):
+            ids = meta["ids"].split("\n")  # a text column: its ids here hold no newline or backslash
+            for doc_id, start, n in zip(ids, np.cumsum([0] + meta["lengths"][:-1]), meta["lengths"]):
                 docs[doc_id] = tokens[start:start + n]
     return docs
 

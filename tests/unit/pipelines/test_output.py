@@ -19,6 +19,7 @@ from pipelines.stages.write_shards import (TMP_DIR, AssignBucketsFn, SpilledSamp
                                 encoded_size, finalize, num_buckets, sample_order, tokenizer_output)
 from pipelines.stages.tokenize import train_sentencepiece, trained_file
 from shards import iter_samples
+from shards.format.blocks import decode_meta_dict
 from tests.support.pipeline import synthetic_config
 
 
@@ -69,7 +70,8 @@ def test_remote_output_commits_shards_manifest_and_stats(tmp_path):
     local = tmp_path / "shard.tar"
     local.write_bytes(fs.cat_file("/colaflow-test/shard-000001.tar"))
     [block] = list(iter_samples(str(local)))
-    assert block["json"]["ids"] == ["a", "b"] and block["tokens"].tolist() == list(range(5)) + list(range(9))
+    assert decode_meta_dict(block["json"]).ids == ["a", "b"]
+    assert block["tokens"].tolist() == list(range(5)) + list(range(9))
     wids = json.loads(fs.cat_file("/colaflow-test/shardindex.json"))
     fs.rm("/colaflow-test-spill", recursive=True)
     assert [(s["url"], s["nsamples"], s["dali_index"]) for s in wids["shardlist"]] == [

@@ -17,7 +17,7 @@ from pipelines.config import CleanConfig, PipelineConfig
 from examples.demo.corpus import write_corpus
 from pipelines.job import run
 from shards import Manifest, iter_documents, iter_samples, read_sample, unescape_key
-from shards.format.blocks import block_documents
+from shards.format.blocks import block_documents, decode_meta_dict
 from tests.support.pipeline import synthetic_config
 
 MULTI = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -114,7 +114,7 @@ def test_webdataset_reads_same_tokens(runs, corpus):
     for sample in wds.WebDataset(urls, shardshuffle=False):  # token blocks: raw .npy and zstd JSON metadata
         block = np.load(io.BytesIO(sample["tokens.npy"]), allow_pickle=False)
         meta = json.loads(zstandard.ZstdDecompressor().decompressobj().decompress(sample["json.zst"]))
-        assert block.dtype == np.uint16 and unescape_key(sample["__key__"]) == meta["ids"][0]
+        assert block.dtype == np.uint16 and unescape_key(sample["__key__"]) == decode_meta_dict(meta).ids[0]
         for doc in block_documents({"__key__": sample["__key__"], "json": meta, "tokens": block}):
             tokens = doc["tokens"]
             np.testing.assert_array_equal(tokens, ours[doc["__key__"]])

@@ -1,4 +1,4 @@
-"""Token-block shards (format 2, layout token_blocks): writing, reading, validation, CLI, and
+"""Token-block shards (formats 2 and 3, layout token_blocks): writing, reading, validation, CLI, and
 webdataset / wids / DALI reading them unchanged."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shards import Manifest, TokenBlockWriter, iter_documents, iter_raw, read_sample, verify_shard
-from shards.format.blocks import META_SUFFIX, RAW_SUFFIX, ZSTD_SUFFIX, decode_meta, npy_data_offset
+from shards.format.blocks import META_SUFFIX, RAW_SUFFIX, ZSTD_SUFFIX, decode_meta, decode_meta_dict, npy_data_offset
 from shards.tools.cli import main
 from shards.io.index import build_shard_index, dali_index_path
 from shards.format.keys import escape_key
@@ -59,7 +59,7 @@ def test_blocks_round_trip_and_manifest_counts(blocks):
             meta = decode_meta(fields[META_SUFFIX])
             assert meta.tokens <= 256 or len(meta.ids) == 1
     loaded = Manifest.load(str(d))
-    assert loaded.layout == "token_blocks" and loaded.format_version == 2
+    assert loaded.layout == "token_blocks" and loaded.format_version == 3
     assert loaded.document_counts() == [s.documents for s in m.shards]
 
 
@@ -107,7 +107,7 @@ def test_cat_writes_a_documents_tokens(blocks, capfdbinary):
     assert capfdbinary.readouterr().out == docs[0][2].astype("<u2").tobytes()
     # a member of the block by its full name
     assert main(["cat", shard, f"{escape_key(docs[0][0])}.{META_SUFFIX}", "-d"]) == 0
-    assert json.loads(capfdbinary.readouterr().out)["ids"][0] == docs[0][0]
+    assert decode_meta_dict(json.loads(capfdbinary.readouterr().out)).ids[0] == docs[0][0]
 
 
 def test_cat_of_a_key_not_in_the_shard_is_an_error(blocks, capfdbinary):
@@ -153,7 +153,7 @@ def test_verify_catches_metadata_that_disagrees_with_tokens(tmp_path):
 def test_manifest_refuses_unknown_version_and_layout(tmp_path):
     m = Manifest(layout="token_blocks")
     d = json.loads(m.to_json())
-    for bad in ({**d, "format_version": 3}, {**d, "layout": "pages"}):
+    for bad in ({**d, "format_version": 4}, {**d, "layout": "pages"}):
         with pytest.raises(ValueError):
             Manifest.from_dict(bad)
     assert Manifest.from_dict({**d, "format_version": 1, "layout": "documents"}).layout == "documents"

@@ -289,3 +289,27 @@ def test_two_attempts_of_one_shard_do_not_collide(tmp_path):
     with tarfile.open(path) as tar:
         assert len(tar.getnames()) == 80 * len(text_fields(0))
     assert os.listdir(tmp_path) == ["bucket-000001"]  # no temporary file left behind
+
+
+def test_kept_zstd_compressors_write_the_frames_a_new_one_writes():
+    """zstd_compress keeps a compressor per thread and level for members up to KEEP_COMPRESSOR_BYTES;
+    its frames must be those of a new compressor, in every thread, interleaved with other levels."""
+    import threading
+
+    import zstandard
+
+    from shards.format.sample import KEEP_COMPRESSOR_BYTES, zstd_compress
+
+    rng = np.random.default_rng(5)
+    members = [(level, rng.integers(0, 300, size).astype(np.uint16).tobytes())
+               for level in (1, 3, 9) for size in (0, 7, 5000, KEEP_COMPRESSOR_BYTES // 2 + 1)]
+    expected = [zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(data)
+                for level, data in members]
+    got: dict[int, list[bytes]] = {}
+    threads = [threading.Thread(target=lambda t=t: got.__setitem__(t, [zstd_compress(d, lv) for lv, d in members]))
+               for t in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {t: expected for t in range(3)}
