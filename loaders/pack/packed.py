@@ -222,7 +222,7 @@ class PackingKeys:
         if self._refs is None:
             first, g, k = self._runs()
             shard, local = np.empty(len(g), np.int64), np.empty(len(g), np.int64)
-            for gi in _distinct_ints(g):
+            for gi in distinct_ints(g):
                 where = np.flatnonzero(g == gi)
                 shard[where], local[where] = self.tables[gi].refs(k[where])
             self._refs = shard, local, np.searchsorted(first, np.asarray(self.bounds, np.int64))
@@ -233,13 +233,13 @@ class PackingKeys:
     @functools.cached_property
     def has_ids(self) -> bool:
         """Whether every group's table gives raw ids (:attr:`KeyTable.has_ids`; found on first need)."""
-        return all(self.tables[g].has_ids for g in _distinct_ints(self.group))
+        return all(self.tables[g].has_ids for g in distinct_ints(self.group))
 
     def encoded(self, i: int) -> "EncodedKeys":
         """Batch ``i``'s raw ids (:attr:`has_ids` must hold), one entry per run of chunks of one document."""
         if self._encoded is None:
             first, g, k = self._runs()
-            groups = sorted(_distinct_ints(g))
+            groups = distinct_ints(g)
             at = [np.flatnonzero(g == gi) for gi in groups]
             shards = [self.tables[gi].one_shard() for gi in groups]
             if shards and all(s is not None and s[0] is shards[0][0] for s in shards):
@@ -258,9 +258,14 @@ class PackingKeys:
         return EncodedKeys(data[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a], raw_ids=True)
 
 
-def _distinct_ints(values: np.ndarray) -> list[int]:
-    """The distinct values of a small ``int64`` array, as ints (a set: few groups per batch)."""
-    return list(set(values.tolist())) if len(values) < 4096 else np.unique(values).tolist()
+def distinct_ints(values: np.ndarray) -> list[int]:
+    """The distinct values of an ``int64`` array of numbers >= 0 spanning a small range (group, src and
+    shard numbers), ascending, as ints: a set of a short array; one counting pass over a long one
+    (``np.unique`` sorts or hashes: ~0.3 ms per packing's keys)."""
+    if len(values) < 4096:
+        return sorted(set(values.tolist()))
+    low = int(values.min())
+    return (np.flatnonzero(np.bincount(values - low)) + low).tolist()
 
 
 class BatchKeys(_Keys):
@@ -281,7 +286,7 @@ class BatchKeys(_Keys):
             first = _document_starts(g, k)
             g, k = g[first], k[first]
             found: list = [None] * len(g)
-            for gi in _distinct_ints(g):  # one look-up per group (add call), in bulk
+            for gi in distinct_ints(g):  # one look-up per group (add call), in bulk
                 at = np.flatnonzero(g == gi)
                 for j, key in zip(at.tolist(), p.tables[gi].take(k[at])):
                     found[j] = key
@@ -375,7 +380,7 @@ class KeyLookup:
             if self._reader is None:
                 self._reader = self._open_reader()
             try:
-                for s in _distinct_ints(shard):
+                for s in distinct_ints(shard):
                     at = np.flatnonzero(shard == s)
                     handle = self._reader.handle(s)
                     if handle.has_ids:

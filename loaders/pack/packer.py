@@ -18,7 +18,7 @@ import numpy.ma  # noqa: F401 - np.unique imports it on its first call: 10 ms in
 
 from loaders.pack.batching import Batching, BestFit, RowPlan, best_fit_bins, packing_order
 from loaders.pack.packed import (BatchKeys, KeyList, PackedBatch, PackingKeys, compact_ids, consumed_array,
-                                 records_only)
+                                 distinct_ints, records_only)
 
 FIELDS = ("pos", "idx", "n", "length", "group", "key", "src", "off")
 GATHER_TOKENS = 65_536  # tokens gathered per np.take: 512 KiB of int64 indices, within a core's L2 cache
@@ -39,16 +39,6 @@ def split_documents(pos: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, s
         keep = np.array([c not in delivered.get(p, ()) for p, c in zip(out["pos"].tolist(), idx.tolist())], bool)
         out = {k: v[keep] for k, v in out.items()}
     return out
-
-
-def _distinct(values: np.ndarray) -> set[int]:
-    """The distinct values of ``values`` (``int64``, >= 0, spanning a small range: src and group numbers).
-
-    One counting pass: ``np.unique`` sorts, and did so twice per packing over the whole buffer."""
-    if not len(values):
-        return set()
-    low = int(values.min())
-    return set((np.flatnonzero(np.bincount(values - low)) + low).tolist())
 
 
 def _fields(table: np.ndarray) -> dict[str, np.ndarray]:
@@ -165,10 +155,10 @@ class ArrayPacker:
 
     def _drop_pools(self) -> None:
         """Forget the token arrays and key lists no buffered chunk reads any more (the newest stay)."""
-        live = _distinct(self.buf["src"]) | self._current  # and the current add call's arrays
+        live = set(distinct_ints(self.buf["src"])) | self._current  # and the current add call's arrays
         for g in [g for g in self.pools if g not in live]:
             del self._src_of[id(self.pools.pop(g))]
-        live = _distinct(self.buf["group"]) | {self._next_group - 1}
+        live = set(distinct_ints(self.buf["group"])) | {self._next_group - 1}
         for g in [g for g in self.keys if g not in live]:
             del self.keys[g]
 
