@@ -9,7 +9,8 @@ of four ``int64`` ``[B, T]`` arrays (16x less), and worker processes never impor
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -61,6 +62,10 @@ class KeyTable(Protocol):
         """``(handle, local)`` when every document is in one shard with ids (``local``: ``int64`` index
         there, by document), else ``None``."""
 
+    def refs(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where documents ``index`` (``int64``) are: ``int64`` ``(shard, local)``, the reader's shard
+        number and the document's index in that shard."""
+
 
 def encode_strings(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """``values`` as their UTF-8 bytes concatenated (``uint8``) and where each starts (``int64 [len + 1]``)."""
@@ -105,6 +110,14 @@ class KeyList:
         """``None``: keys, not a shard's documents."""
         return None
 
+    def refs(self, index: np.ndarray):
+        """Never: keys given as a list are in no shard.
+
+        Raises:
+            TypeError: always.
+        """
+        raise TypeError("keys given as a list have no shard references (only a consumer's read loop sends batches)")
+
 
 class GroupKeys:
     """The :class:`KeyTable` of documents gathered from several shards (one group of a consumer's read loop).
@@ -112,12 +125,17 @@ class GroupKeys:
     Args:
         handles: the shards' open handles (``None``: an unreadable shard, whose documents have the key
             ``""``); each gives ``key_list()``, ``has_ids`` and, when it has ids, ``id_bytes_of(index)``.
+        shards: ``int64`` ``[handles]``: each handle's shard number in the reader.
         handle, local: ``int64`` ``[documents]``: each document's handle and its index in that shard.
     """
 
-    def __init__(self, handles: list, handle: np.ndarray, local: np.ndarray):
-        self.handles, self.handle, self.local = handles, handle, local
+    def __init__(self, handles: list, shards: np.ndarray, handle: np.ndarray, local: np.ndarray):
+        self.handles, self.shards, self.handle, self.local = handles, shards, handle, local
         self.has_ids = all(h is None or h.has_ids for h in handles)
+
+    def refs(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``int64`` ``(shard, local)`` of documents ``docs`` (``int64``)."""
+        return self.shards[self.handle[docs]], self.local[docs]
 
     def take(self, docs: np.ndarray) -> list[str]:
         """Sample keys of documents ``docs`` (``int64`` array), in bulk."""
@@ -190,19 +208,38 @@ class PackingKeys:
     def __init__(self, tables: dict, group: np.ndarray, index: np.ndarray, bounds: list[int]):
         self.tables, self.group, self.index, self.bounds = tables, group, index, bounds
         self._encoded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._refs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def _runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(first, group, index)``: the chunks starting a run of one document (runs split at batch
+        bounds), and their groups and document indices (``int64``)."""
+        first = _document_starts(self.group, self.index, np.asarray(self.bounds, np.int64))
+        return first, self.group[first], self.index[first]
+
+    def refs(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch ``i``'s keys as references, one per run of chunks of one document: ``int64``
+        ``(shard, local)`` (:meth:`KeyTable.refs`), found for the whole packing at once, no id read."""
+        if self._refs is None:
+            first, g, k = self._runs()
+            shard, local = np.empty(len(g), np.int64), np.empty(len(g), np.int64)
+            for gi in distinct_ints(g):
+                where = np.flatnonzero(g == gi)
+                shard[where], local[where] = self.tables[gi].refs(k[where])
+            self._refs = shard, local, np.searchsorted(first, np.asarray(self.bounds, np.int64))
+        shard, local, runs = self._refs
+        a, b = int(runs[i]), int(runs[i + 1])
+        return shard[a:b], local[a:b]
 
     @functools.cached_property
     def has_ids(self) -> bool:
         """Whether every group's table gives raw ids (:attr:`KeyTable.has_ids`; found on first need)."""
-        return all(self.tables[g].has_ids for g in _distinct_ints(self.group))
+        return all(self.tables[g].has_ids for g in distinct_ints(self.group))
 
     def encoded(self, i: int) -> "EncodedKeys":
         """Batch ``i``'s raw ids (:attr:`has_ids` must hold), one entry per run of chunks of one document."""
         if self._encoded is None:
-            cuts = np.asarray(self.bounds, np.int64)
-            first = _document_starts(self.group, self.index, cuts)
-            g, k = self.group[first], self.index[first]
-            groups = sorted(_distinct_ints(g))
+            first, g, k = self._runs()
+            groups = distinct_ints(g)
             at = [np.flatnonzero(g == gi) for gi in groups]
             shards = [self.tables[gi].one_shard() for gi in groups]
             if shards and all(s is not None and s[0] is shards[0][0] for s in shards):
@@ -215,23 +252,28 @@ class PackingKeys:
                 parts = [self.tables[gi].take_bytes(k[where]) for gi, where in zip(groups, at)]
                 data, offsets = (parts[0] if len(parts) == 1 else _interleave(parts, at, len(g))) \
                     if parts else encode_strings([])
-            self._encoded = data, offsets, np.searchsorted(first, cuts)
+            self._encoded = data, offsets, np.searchsorted(first, np.asarray(self.bounds, np.int64))
         data, offsets, runs = self._encoded
         a, b = int(runs[i]), int(runs[i + 1])
         return EncodedKeys(data[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a], raw_ids=True)
 
 
-def _distinct_ints(values: np.ndarray) -> list[int]:
-    """The distinct values of a small ``int64`` array, as ints (a set: few groups per batch)."""
-    return list(set(values.tolist())) if len(values) < 4096 else np.unique(values).tolist()
+def distinct_ints(values: np.ndarray) -> list[int]:
+    """The distinct values of an ``int64`` array of numbers >= 0 spanning a small range (group, src and
+    shard numbers), ascending, as ints: a set of a short array; one counting pass over a long one
+    (``np.unique`` sorts or hashes: ~0.3 ms per packing's keys)."""
+    if len(values) < 4096:
+        return sorted(set(values.tolist()))
+    low = int(values.min())
+    return (np.flatnonzero(np.bincount(values - low)) + low).tolist()
 
 
 class BatchKeys(_Keys):
     """The sample keys of one batch of a packing (:class:`PackingKeys`), looked up only when read
     (most batches' keys never are).
 
-    Reads as a list of ``str`` with one key per run of chunks of the same document. It pickles
-    and crosses to the trainer as :class:`EncodedKeys` (:meth:`encoded`).
+    Reads as a list of ``str`` with one key per run of chunks of the same document. A worker sends
+    it through its ring as references (:meth:`refs`); it pickles as :class:`EncodedKeys` (:meth:`encoded`).
     """
 
     def __init__(self, packing: PackingKeys, i: int):
@@ -244,13 +286,18 @@ class BatchKeys(_Keys):
             first = _document_starts(g, k)
             g, k = g[first], k[first]
             found: list = [None] * len(g)
-            for gi in _distinct_ints(g):  # one look-up per group (add call), in bulk
+            for gi in distinct_ints(g):  # one look-up per group (add call), in bulk
                 at = np.flatnonzero(g == gi)
                 for j, key in zip(at.tolist(), p.tables[gi].take(k[at])):
                     found[j] = key
             self._keys = _runs_of(found)
             self._packing = None
         return self._keys
+
+    def refs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The keys as ``int64`` ``(shard, local)`` references, one per run of chunks of one document
+        (:meth:`PackingKeys.refs`); only before the keys are read."""
+        return self._packing.refs(self._i)
 
     def encoded(self) -> "EncodedKeys":
         """The keys as bytes: raw ids when every table has them (escaped only if ever read), gathered
@@ -261,6 +308,14 @@ class BatchKeys(_Keys):
 
     def __reduce__(self):
         return self.encoded().__reduce__()
+
+
+def _decode(data: np.ndarray, offsets: np.ndarray, raw_ids: bool) -> list[str]:
+    """Entries of :func:`encode_strings`' ``(data, offsets)`` as strings; raw ids escaped into keys
+    (:func:`shards.format.keys.escape_keys`; raises ValueError on an empty one)."""
+    text, cut = data.tobytes(), offsets.tolist()
+    values = [text[a:b].decode("utf-8") for a, b in zip(cut[:-1], cut[1:])]
+    return escape_keys(values) if raw_ids else values
 
 
 class EncodedKeys(_Keys):
@@ -279,22 +334,87 @@ class EncodedKeys(_Keys):
 
     def _list(self) -> list[str]:
         if self._keys is None:
-            text, cut = self.data.tobytes(), self.offsets.tolist()
-            values = [text[a:b].decode("utf-8") for a, b in zip(cut[:-1], cut[1:])]
-            self._keys = _runs_of(escape_keys(values) if self.raw_ids else values)
+            self._keys = _runs_of(_decode(self.data, self.offsets, self.raw_ids))
         return self._keys
 
     def __reduce__(self):
         return EncodedKeys, (self.data, self.offsets, self.raw_ids)
 
 
-def encode_keys(keys) -> EncodedKeys:
-    """A batch's keys (:class:`BatchKeys`, :class:`EncodedKeys` or a list of keys) as :class:`EncodedKeys`."""
-    if isinstance(keys, EncodedKeys):
-        return keys
+def key_refs(keys) -> tuple[np.ndarray, np.ndarray]:
+    """A worker batch's keys (:class:`BatchKeys`, or none: a records-only batch) as ``int64``
+    ``(shard, local)`` references (:meth:`BatchKeys.refs`).
+
+    Raises:
+        TypeError: keys given as a list of strings (not from a consumer's read loop).
+    """
     if isinstance(keys, BatchKeys):
-        return keys.encoded()
-    return EncodedKeys(*encode_strings(list(keys)), raw_ids=False)
+        return keys.refs()
+    if len(keys):
+        raise TypeError("a worker sends keys as shard references: a batch of listed keys cannot go through its ring")
+    return np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+
+class KeyLookup:
+    """Sample keys of ``(shard, local)`` references, looked up through a reader of this process's own,
+    opened on first need; its shards are let go after each look-up, so it pins nothing in the cache.
+
+    Args:
+        open_reader: makes the reader (:meth:`loaders.worker.stream.TextStream.open_reader`: the shard
+            numbers of the references are its own).
+    """
+
+    def __init__(self, open_reader: Callable[[], object]):
+        self._open_reader, self._reader = open_reader, None
+        self._lock = threading.Lock()  # keys may be read from more than one thread
+
+    def keys(self, shard: np.ndarray, local: np.ndarray) -> list[str]:
+        """The key of each reference (``int64`` ``[n]`` each): raw ids of only these documents, decoded
+        and escaped, where the shard has ids; else its key list.
+
+        Raises:
+            shards.ShardError: a shard cannot be opened here; ValueError: an empty raw id.
+        """
+        out: list[str] = [""] * len(shard)
+        with self._lock:
+            if self._reader is None:
+                self._reader = self._open_reader()
+            try:
+                for s in distinct_ints(shard):
+                    at = np.flatnonzero(shard == s)
+                    handle = self._reader.handle(s)
+                    if handle.has_ids:
+                        found = _decode(*handle.id_bytes_of(local[at]), raw_ids=True)
+                    else:
+                        listed = handle.key_list()
+                        found = [listed[j] for j in local[at].tolist()]
+                    for i, key in zip(at.tolist(), found):
+                        out[i] = key
+            finally:
+                self._reader.retain(set())
+        return out
+
+
+class RefKeys(_Keys):
+    """Sample keys carried as ``(shard, local)`` references (what a worker's ring holds), looked up
+    through ``lookup`` on first read; pickled, they go as the list of keys.
+
+    Args:
+        shard, local: ``int64`` ``[entries]``, one per run of chunks of one document.
+        lookup: the :class:`KeyLookup` of the process reading them.
+    """
+
+    def __init__(self, shard: np.ndarray, local: np.ndarray, lookup: KeyLookup):
+        self.shard, self.local, self._lookup = shard, local, lookup
+
+    def _list(self) -> list[str]:
+        if self._keys is None:
+            self._keys = _runs_of(self._lookup.keys(self.shard, self.local))
+            self._lookup = None
+        return self._keys
+
+    def __reduce__(self):
+        return list, (self._list(),)
 
 
 @dataclass
@@ -305,7 +425,8 @@ class PackedBatch:
         ids: ``uint16``/``int32`` ``[B, T]`` token ids, 0 on padding.
         lens: ``int32`` ``[chunks]``: chunk lengths in row order (each chunk is its own document).
         row_chunks: ``int32`` ``[B]``: chunks per row (rows are filled from the left).
-        keys: sample keys of the documents that contributed tokens (a list, or :class:`BatchKeys`).
+        keys: sample keys of the documents that contributed tokens (a list, :class:`BatchKeys`, or
+            :class:`RefKeys` from a worker's ring).
         consumed: ``int64`` ``[k, 3]``: ``(global position, chunk, n_chunks)`` records (see
             :mod:`loaders.order.progress`); a list of such tuples is converted.
         worker: the loader worker (of its rank) that packed it: where the workers' round-robin

@@ -14,7 +14,8 @@ Protocol. Each worker has a ring (:class:`BatchRing`): an anonymous shared file 
 ``memfd_create``, elsewhere a temporary file unlinked at once; never named in ``/dev/shm``, so
 nothing outlives the two processes, however they end) mapped by the parent and the worker. The worker gets ``(stream, worker, num_workers)`` pickled
 (:class:`loaders.worker.stream.TextStream`, whose cache pickles as its config: the worker opens its own).
-It writes the arrays (token ids, chunk lengths, row counts, resume records, keys as UTF-8 bytes) of
+It writes the arrays (token ids, chunk lengths, row counts, resume records, keys as shard and document
+numbers, looked up in the parent only if read: :class:`loaders.pack.packed.RefKeys`) of
 each run of batches one packing made (:meth:`loaders.worker.stream.TextStream.consumer_runs`) into
 the ring as one record (more where the ids' dtype changes or half the ring is full), each field's
 arrays of all its batches one after another, and sends only small pickled headers over its pipe:
@@ -45,7 +46,7 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from loaders.pack.packed import EncodedKeys, PackedBatch, encode_keys
+from loaders.pack.packed import KeyLookup, PackedBatch, RefKeys, key_refs
 
 RING_MIN_BYTES = 8 << 20  # a worker's ring: at least this, and 16 full batches of int32 ids (see ring_bytes)
 _ALIGN = 64  # records start on cache lines; arrays inside a record on 8 bytes
@@ -119,7 +120,7 @@ class BatchRing:
         self._map.close()
 
 
-_FIXED = (np.dtype(np.int32), np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.uint8), np.dtype(np.int64))
+_FIXED = (np.dtype(np.int32), np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.int64), np.dtype(np.int64))
 
 
 def _layout(spec: tuple) -> tuple[list[tuple[np.dtype, int, int]], int]:
@@ -127,11 +128,11 @@ def _layout(spec: tuple) -> tuple[list[tuple[np.dtype, int, int]], int]:
     ``(dtype, elements, byte offset)`` in the record, and its size in bytes.
 
     ``spec`` is a header's ``(offset, ids dtype, ids shapes [(B, T), ...], then per batch: chunks, rows,
-    records, key bytes, keys, raw ids, worker, document tokens, one document per row)``: ids, ``int32``
-    lengths, ``int32`` row counts, ``int64`` resume records (3 each), ``uint8`` key bytes and ``int64``
-    key offsets (keys + 1 per batch), each field on 8 bytes."""
+    records, keys, worker, document tokens, one document per row)``: ids, ``int32`` lengths, ``int32``
+    row counts, ``int64`` resume records (3 each), and the keys as ``int64`` shard numbers and ``int64``
+    document indices in their shards (:func:`loaders.pack.packed.key_refs`), each field on 8 bytes."""
     counts = (sum(b * t for b, t in spec[2]), sum(spec[3]), sum(spec[4]), 3 * sum(spec[5]), sum(spec[6]),
-              sum(spec[7]) + len(spec[7]))
+              sum(spec[6]))
     out, at = [], 0
     for dt, n in zip((np.dtype(spec[1]), *_FIXED), counts):
         out.append((dt, n, at))
@@ -139,12 +140,11 @@ def _layout(spec: tuple) -> tuple[list[tuple[np.dtype, int, int]], int]:
     return out, at
 
 
-def _record_spec(batches: list[PackedBatch], keys: list[EncodedKeys]) -> list:
-    """The header of a record holding ``batches`` (their ``keys`` encoded), its offset still 0 (see :func:`_layout`)."""
+def _record_spec(batches: list[PackedBatch], refs: list[tuple[np.ndarray, np.ndarray]]) -> list:
+    """The header of a record holding ``batches`` (their keys as ``refs``), its offset still 0 (see :func:`_layout`)."""
     return [0, batches[0].ids.dtype.str, [b.ids.shape for b in batches], [len(b.lens) for b in batches],
-            [len(b.row_chunks) for b in batches], [len(b.consumed) for b in batches], [len(k.data) for k in keys],
-            [len(k.offsets) - 1 for k in keys], [k.raw_ids for k in keys], [b.worker for b in batches],
-            [b.doc_tokens for b in batches], [b.one_document for b in batches]]
+            [len(b.row_chunks) for b in batches], [len(b.consumed) for b in batches], [len(s) for s, _ in refs],
+            [b.worker for b in batches], [b.doc_tokens for b in batches], [b.one_document for b in batches]]
 
 
 class _RingWriter:
@@ -188,10 +188,10 @@ class _RingWriter:
         """
         batches, keys, size = [], [], 0
         for batch in run:
-            k = encode_keys(batch.keys)
+            k = key_refs(batch.keys)  # references: the parent looks keys up only if it reads them
             # its bytes in a record (see _layout), and up to 8 more per field for alignment
             one = (batch.ids.nbytes + 4 * (len(batch.lens) + len(batch.row_chunks)) + 24 * len(batch.consumed)
-                   + len(k.data) + 8 * len(k.offsets) + 48)
+                   + 16 * len(k[0]) + 48)
             if batches and (batch.ids.dtype != batches[0].ids.dtype or size + one > self.size // 2):
                 self._write(batches, keys)
                 batches, keys, size = [], [], 0
@@ -201,7 +201,7 @@ class _RingWriter:
         if batches:
             self._write(batches, keys)
 
-    def _write(self, batches: list[PackedBatch], keys: list[EncodedKeys]) -> None:
+    def _write(self, batches: list[PackedBatch], keys: list[tuple[np.ndarray, np.ndarray]]) -> None:
         """Copy ``batches`` into the ring as one record, each field's arrays concatenated in place."""
         spec = _record_spec(batches, keys)
         fields, size = _layout(tuple(spec))
@@ -219,7 +219,7 @@ class _RingWriter:
         self.head += skip
         at = spec[0] = self.head % self.size
         parts = ([b.ids.reshape(-1) for b in batches], [b.lens for b in batches], [b.row_chunks for b in batches],
-                 [b.consumed.reshape(-1) for b in batches], [k.data for k in keys], [k.offsets for k in keys])
+                 [b.consumed.reshape(-1) for b in batches], [s for s, _ in keys], [d for _, d in keys])
         for arrays, (dt, n, off) in zip(parts, fields):
             np.concatenate(arrays, out=self.view[at + off:at + off + dt.itemsize * n].view(dt))
         self.head += size
@@ -234,20 +234,21 @@ class _RingWriter:
         self._take_credit(wait=False)
 
 
-def _read_record(view: np.ndarray, spec: tuple) -> list[PackedBatch]:
+def _read_record(view: np.ndarray, spec: tuple, lookup: KeyLookup) -> list[PackedBatch]:
     """Copy the record ``spec`` out of the ring ``view`` (one ``memcpy``: a batch outlives its ring space)
-    into new batches, whose arrays are writable views of that copy."""
+    into new batches, whose arrays are writable views of that copy; their keys are looked up through
+    ``lookup`` when read."""
     fields, size = _layout(spec)
     record = view[spec[0]:spec[0] + size].copy()
-    ids, lens, rows, consumed, key_data, key_offsets = (record[off:off + dt.itemsize * n].view(dt)
-                                                        for dt, n, off in fields)
+    ids, lens, rows, consumed, key_shard, key_local = (record[off:off + dt.itemsize * n].view(dt)
+                                                       for dt, n, off in fields)
     out = []
-    i = c = r = k = kb = ko = 0
-    for (b, t), nc, nr, nk, nkb, nkeys, raw, worker, doc_tokens, one_doc in zip(*spec[2:]):
+    i = c = r = k = e = 0
+    for (b, t), nc, nr, nk, ne, worker, doc_tokens, one_doc in zip(*spec[2:]):
         out.append(PackedBatch(ids[i:i + b * t].reshape(b, t), lens[c:c + nc], rows[r:r + nr],
-                               EncodedKeys(key_data[kb:kb + nkb], key_offsets[ko:ko + nkeys + 1], raw),
+                               RefKeys(key_shard[e:e + ne], key_local[e:e + ne], lookup),
                                consumed[3 * k:3 * (k + nk)].reshape(nk, 3), worker, doc_tokens, one_doc))
-        i, c, r, k, kb, ko = i + b * t, c + nc, r + nr, k + nk, kb + nkb, ko + nkeys + 1
+        i, c, r, k, e = i + b * t, c + nc, r + nr, k + nk, e + ne
     return out
 
 
@@ -330,6 +331,7 @@ class WorkerPool:
         from loaders.pack.batching import batching
 
         self.peak_rss_mb = 0.0  # the largest finished worker's peak resident memory, MiB
+        self.key_lookup = KeyLookup(stream.open_reader)  # keys of its batches, when read, through a reader of ours
         size = ring_size or ring_bytes(batching(stream.cfg).micro_batch_tokens)
         jobs = [pickle.dumps((stream, w, num_workers), protocol=pickle.HIGHEST_PROTOCOL) for w in range(num_workers)]
         self.rings: list[BatchRing] = []
@@ -365,7 +367,7 @@ class WorkerPool:
                 return False
             _, end, specs = msg
             for spec in specs:
-                into.extend(_read_record(self.rings[w].view, spec))
+                into.extend(_read_record(self.rings[w].view, spec, self.key_lookup))
             try:
                 self.procs[w].credits.write(_CREDIT.pack(end))
             except BrokenPipeError:  # the worker has gone: its next header read says how

@@ -175,7 +175,8 @@ class TextStream:
     def _pack_group(self, reader: Reader, packer: ArrayPacker, pos, shard, local) -> Iterator[PackedBatch]:
         """Locate one group's documents shard by shard (no copy), then feed their chunks in position order."""
         pools, handles, pool_of, lengths, offsets, where = [], [], [], [], [], []
-        for s in dict.fromkeys(shard.tolist()):
+        shards = list(dict.fromkeys(shard.tolist()))
+        for s in shards:
             m = np.flatnonzero(shard == s)
             try:
                 handle = reader.handle(s)
@@ -199,7 +200,7 @@ class TextStream:
         at[np.concatenate(where)] = np.arange(len(pos))  # position order -> row in the located arrays
         lengths, offsets, pool_of = np.concatenate(lengths)[at], np.concatenate(offsets)[at], np.concatenate(pool_of)[at]
         which = np.repeat(np.arange(len(handles)), [len(w) for w in where])[at]
-        keys = GroupKeys(handles, which, local[np.concatenate(where)][at])
+        keys = GroupKeys(handles, np.asarray(shards, np.int64), which, local[np.concatenate(where)][at])
         for p, n in zip(pos[lengths <= 0].tolist(), lengths[lengths <= 0].tolist()):
             packer.pending.append((p, BAD if n < 0 else EMPTY, 0))
         real = lengths > 0

@@ -144,6 +144,23 @@ def _store(table: DocTable, path: str) -> None:
     store_file(path, lambda f: np.save(f, np.concatenate([flat, np.frombuffer(ids, np.int64)])), "document table")
 
 
+CHECK_DOCUMENTS = 1 << 16  # documents checked at a time by _inside_blocks: its temporaries stay in the CPU cache
+
+
+def _inside_blocks(block: np.ndarray, start: np.ndarray, length: np.ndarray, block_tokens: np.ndarray) -> bool:
+    """Whether every document (``int64`` ``block``, ``start``, ``length``, ``[documents]``) lies inside
+    its block (``block_tokens``: ``int64`` ``[blocks]``). Checked a slice at a time with no mask
+    array: every process opening the table pays it (whole-array masks took 3x as long: 30 against 10 ms
+    for 1.75 M documents)."""
+    for lo in range(0, len(block), CHECK_DOCUMENTS):
+        b, s, n = (x[lo:lo + CHECK_DOCUMENTS] for x in (block, start, length))
+        # block as uint64: a negative one is huge, so one max covers both bounds
+        if int(b.view(np.uint64).max()) >= len(block_tokens) or min(int(s.min()), int(n.min())) < 0 \
+                or (s + n > block_tokens[b]).any():
+            return False
+    return True
+
+
 def _load(path: str, blocks: int) -> DocTable | None:
     """The stored table (views of its memory map, or of its content read into memory when the file
     has at most ``RESIDENT_BYTES`` bytes), or ``None`` when it is unreadable or does not fit the shard
@@ -160,9 +177,8 @@ def _load(path: str, blocks: int) -> DocTable | None:
         if min(n, nb, n_bytes) < 0 or nb != blocks or len(a) != at[-1] + -(-n_bytes // 8):
             raise ValueError(f"sizes do not add up (documents {n}, blocks {nb}, id bytes {n_bytes})")
         block, start, length, block_tokens, id_offsets = (a[lo:hi] for lo, hi in zip(at[:-1], at[1:]))
-        inside = (block >= 0) & (block < nb) & (start >= 0) & (length >= 0)
-        if not inside.all() or (start + length > block_tokens[np.where(inside, block, 0)]).any() \
-                or (np.diff(id_offsets) < 0).any() or (n and (id_offsets[0] != 0 or id_offsets[-1] != n_bytes)):
+        if not _inside_blocks(block, start, length, block_tokens) or (id_offsets[1:] < id_offsets[:-1]).any() \
+                or (n and (id_offsets[0] != 0 or id_offsets[-1] != n_bytes)):
             raise ValueError("a document lies outside its block, or the ids overlap")
     except Exception as e:  # noqa: BLE001 - whatever is wrong with a store file (empty, foreign, corrupt), it is rebuilt
         log.warning("document table %s unreadable (%s: %s); rebuilding it from the block metadata", path,

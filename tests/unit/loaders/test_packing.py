@@ -136,19 +136,21 @@ def test_long_documents_pack_to_995_percent_with_the_default_window():
     assert len(delivered) == len(set(delivered)) == int(sum(-(-lengths // seq_len)))
 
 
-def _array_run(packer, docs, seq_len, group):
+def _array_run(packer, docs, seq_len, group, arrays=2):
     """The array packer's batches over ``docs``, added ``group`` documents at a time (as shuffle blocks
-    arrive), each group's documents in two token arrays (as in two shards); empty ones are pending."""
+    arrive), each group's documents in ``arrays`` token arrays (as in two shards; one: a raw shard's
+    one mapping); empty ones are pending."""
     from loaders.pack.packer import split_documents
 
     got = []
     for start in range(0, len(docs), group):
         part = docs[start:start + group]
         lens = np.array([len(d) for d in part], np.int64)
-        which = np.arange(len(part)) % 2
-        pools = [np.concatenate([d for d, w in zip(part, which) if w == k] + [np.zeros(0, np.uint16)]) for k in (0, 1)]
+        which = np.arange(len(part)) % arrays
+        pools = [np.concatenate([d for d, w in zip(part, which) if w == k] + [np.zeros(0, np.uint16)])
+                 for k in range(arrays)]
         offs = np.zeros(len(part), np.int64)
-        for k in (0, 1):
+        for k in range(arrays):
             offs[which == k] = np.cumsum(lens[which == k]) - lens[which == k]
         real = lens > 0
         for p in np.flatnonzero(~real):
@@ -195,6 +197,22 @@ def test_best_fit_bins_is_chunk_by_chunk_best_fit(counts, seq_len):
     assert bin_of.dtype == fill.dtype == np.int64
     assert bin_of.tolist() == want
     assert fill.tolist() == [seq_len - r for r in rooms]
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.one_of(st.integers(0, 12), st.integers(12, 80)), min_size=1, max_size=80),
+       seq_len=st.integers(2, 16), rows=st.integers(1, 4), window=st.integers(1, 400), group=st.integers(1, 30))
+def test_array_packer_over_one_token_array_gives_the_object_packers_batches(lengths, seq_len, rows, window, group):
+    """Every group's documents in one token array (a raw shard): rows that are one whole chunk are
+    copied as windows of it, the others gathered by index; the object packer's batches either way."""
+    from loaders.pack.batching import BestFit
+    from loaders.pack.packer import ArrayPacker
+
+    rng = np.random.default_rng(len(lengths))
+    docs = [rng.integers(1, 60000, n).astype(np.uint16) for n in lengths]
+    ref = [TokenBatch.from_packed(b) for b in _packed_run(BestFitPacker(seq_len, rows, window), docs, seq_len)]
+    got = _array_run(ArrayPacker(BestFit(seq_len, rows), window), docs, seq_len, group, arrays=1)
+    _assert_same_batches(got, ref, lengths)
 
 
 @settings(max_examples=40, deadline=None)

@@ -11,7 +11,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from loaders.pack.packed import PackedBatch, PackingKeys, BatchKeys, EncodedKeys, GroupKeys, encode_keys
+from loaders.pack.packed import BatchKeys, EncodedKeys, GroupKeys, KeyLookup, PackedBatch, PackingKeys, RefKeys
 from loaders.rank.loader import build_text_loader
 from loaders.worker.pool import WorkerError, WorkerPool
 from tests.unit.loaders.test_loader import _cfg, write_text_shards
@@ -143,39 +143,99 @@ class _Handle:
         return escape_keys(self.ids)
 
 
-def test_keys_encoded_for_a_packing_read_as_the_looked_up_keys():
-    """Keys of two groups over two shards, runs split at batch bounds: the bytes a worker sends read
-    (after escaping) as the keys looked up in process, batch by batch, also after a pickle."""
-    import pickle
+class _Reader:
+    """A reader of ``_Handle`` s by shard number that counts the shards it opens and keeps open."""
 
+    def __init__(self, handles: dict):
+        self.handles, self.opened, self.open = handles, [], set()
+
+    def handle(self, shard):
+        self.opened.append(shard)
+        self.open.add(shard)
+        return self.handles[shard]
+
+    def retain(self, shards):
+        self.open &= shards
+
+
+def _two_shard_packing():
+    """Two groups over shards 10 and 11, runs split at batch bounds; and the keys looked up in process."""
     a, b = _Handle(["a/0", "a.1", "ä 2"]), _Handle(["b/0", "b/1"])
-    tables = {0: GroupKeys([a, b], np.array([0, 1, 0, 1, 0]), np.array([0, 0, 1, 1, 2])),
-              7: GroupKeys([b], np.array([0]), np.array([1]))}
+    tables = {0: GroupKeys([a, b], np.array([10, 11]), np.array([0, 1, 0, 1, 0]), np.array([0, 0, 1, 1, 2])),
+              7: GroupKeys([b], np.array([11]), np.array([0]), np.array([1]))}
     group = np.array([0, 0, 7, 0, 0, 0, 7, 0], np.int64)  # chunks in row order; doc 2 of group 0 crosses a batch
     index = np.array([0, 0, 0, 2, 2, 4, 0, 1], np.int64)
-    packing = PackingKeys(tables, group, index, [0, 4, 8])
-    looked_up = [list(BatchKeys(packing, i)) for i in range(2)]
+    return tables, group, index, {10: a, 11: b}
+
+
+def test_keys_go_as_shard_references_and_read_as_the_looked_up_keys():
+    """A worker's keys leave as (shard, document) references, one per run of a document's chunks
+    (no id read); looked up in the parent they read as the keys looked up in process, batch by
+    batch, also after a pickle; the lookup keeps no shard open."""
+    import pickle
+
+    tables, group, index, handles = _two_shard_packing()
+    looked_up = [list(BatchKeys(PackingKeys(tables, group, index, [0, 4, 8]), i)) for i in range(2)]
     assert looked_up == [["a%2F0", "b%2F1", "a%2E1"], ["a%2E1", "%C3%A4%202", "b%2F1", "b%2F0"]]
-    sent = [encode_keys(BatchKeys(PackingKeys(tables, group, index, [0, 4, 8]), i)) for i in range(2)]
-    assert all(isinstance(k, EncodedKeys) and k.raw_ids for k in sent)
+    packing = PackingKeys(tables, group, index, [0, 4, 8])
+    refs = [BatchKeys(packing, i).refs() for i in range(2)]
+    assert [(s.tolist(), d.tolist()) for s, d in refs] == [([10, 11, 10], [0, 1, 1]), ([10, 10, 11, 11], [1, 2, 1, 0])]
+    reader = _Reader(handles)
+    lookup = KeyLookup(lambda: reader)
+    sent = [RefKeys(s, d, lookup) for s, d in refs]
+    assert reader.opened == []  # nothing is looked up until a batch's keys are read
     assert [list(k) for k in sent] == looked_up
+    assert [list(pickle.loads(pickle.dumps(RefKeys(s, d, lookup)))) for s, d in refs] == looked_up
+    assert reader.open == set()
+
+
+def test_keys_pickled_from_a_packing_read_as_the_looked_up_keys():
+    """Pickled (a batch crossing to another process without a ring), keys go as their raw ids, gathered
+    once per packing, and read (after escaping) as the keys looked up in process."""
+    import pickle
+
+    tables, group, index, _ = _two_shard_packing()
+    packing = PackingKeys(tables, group, index, [0, 4, 8])
+    looked_up = [list(BatchKeys(PackingKeys(tables, group, index, [0, 4, 8]), i)) for i in range(2)]
+    sent = [BatchKeys(packing, i).encoded() for i in range(2)]
+    assert all(isinstance(k, EncodedKeys) and k.raw_ids for k in sent)
     assert [list(pickle.loads(pickle.dumps(k))) for k in sent] == looked_up
     batch = PackedBatch(np.zeros((1, 4), np.uint16), np.array([4], np.int32), np.array([1], np.int32),
-                        BatchKeys(packing, 1))
+                        BatchKeys(PackingKeys(tables, group, index, [0, 4, 8]), 1))
     assert list(pickle.loads(pickle.dumps(batch)).keys) == looked_up[1]
 
 
 def test_keys_of_groups_that_all_read_one_shard_are_gathered_at_once():
     """Groups that all read the same shard (the usual case) take the one-gather path: the same keys."""
     a, b = _Handle(["x/0", "x/1", "x/2", "x/3"]), _Handle(["y/0"])
-    tables = {0: GroupKeys([a], np.zeros(2, np.int64), np.array([3, 1])),
-              5: GroupKeys([a], np.zeros(3, np.int64), np.array([0, 2, 1]))}
+    tables = {0: GroupKeys([a], np.array([3]), np.zeros(2, np.int64), np.array([3, 1])),
+              5: GroupKeys([a], np.array([3]), np.zeros(3, np.int64), np.array([0, 2, 1]))}
     group, index = np.array([5, 0, 0, 5, 5], np.int64), np.array([2, 0, 1, 0, 0], np.int64)
-    assert tables[0].one_shard() is not None and GroupKeys([a, b], np.zeros(1, np.int64), np.zeros(1, np.int64)
-                                                           ).one_shard() is None
-    sent = [list(encode_keys(BatchKeys(PackingKeys(tables, group, index, [0, 2, 5]), i))) for i in range(2)]
+    assert tables[0].one_shard() is not None and GroupKeys([a, b], np.array([3, 4]), np.zeros(1, np.int64),
+                                                           np.zeros(1, np.int64)).one_shard() is None
+    sent = [list(BatchKeys(PackingKeys(tables, group, index, [0, 2, 5]), i).encoded()) for i in range(2)]
     assert sent == [list(BatchKeys(PackingKeys(tables, group, index, [0, 2, 5]), i)) for i in range(2)]
     assert sent == [["x%2F1", "x%2F3"], ["x%2F1", "x%2F0"]]
+
+
+def test_a_worker_never_reads_ids_and_the_parent_looks_keys_up_only_when_read(shards, monkeypatch):
+    """Forked workers with id gathering made to fail: the epoch runs, its batches carry key references,
+    the parent opens no shard for keys until one batch's are read, and every batch's keys equal the
+    in-process ones."""
+    from loaders.pack import packed
+
+    def no_ids(*args):
+        raise AssertionError("a worker gathered raw ids")
+
+    want = [list(b.keys) for b in build_text_loader(_cfg(shards, num_workers=2), in_process=True)]
+    monkeypatch.setattr(packed.PackingKeys, "encoded", no_ids)  # inherited by the forked workers
+    loader = build_text_loader(_cfg(shards, num_workers=2, worker_start="fork"))
+    got = list(loader)
+    assert all(isinstance(b.keys, RefKeys) for b in got)
+    lookup = got[0].keys._lookup
+    assert lookup._reader is None
+    assert [list(b.keys) for b in got] == want
+    assert not lookup._reader._open  # no shard stays open (or pinned) for keys
 
 
 @pytest.mark.parametrize("start", ["fork", "spawn"])
@@ -193,16 +253,22 @@ def test_without_memfd_the_rings_are_unlinked_temporary_files(shards, start, mon
 
 def test_a_run_goes_through_the_ring_as_few_records_and_comes_back_equal():
     """A run is written as one record per stretch of one ids dtype within half the ring (here: 4
-    records for 6 batches), and read back as the same batches: ids, shapes, lengths, rows, records, keys."""
+    records for 6 batches), and read back as the same batches: ids, shapes, lengths, rows, records,
+    keys (looked up from their references)."""
     import io
     import pickle
 
     from loaders.pack.packed import records_only
     from loaders.worker.pool import BatchRing, _read_record, _RingWriter
 
+    handle = _Handle([f"k{v}" for v in range(70002)])
+    lookup = KeyLookup(lambda: _Reader({4: handle}))
+
     def batch(dtype, rows, width, v, worker=1):
+        table = GroupKeys([handle], np.array([4]), np.zeros(2, np.int64), np.array([v, v - 1]))
+        keys = BatchKeys(PackingKeys({0: table}, np.zeros(2, np.int64), np.arange(2), [0, 2]), 0)
         return PackedBatch(np.full((rows, width), v, dtype), np.full(rows, width, np.int32), np.ones(rows, np.int32),
-                           [f"k{v}", f"k/{v}"], np.array([[v, 0, 1]] * rows), worker,
+                           keys, np.array([[v, 0, 1]] * rows), worker,
                            *((rows * width, True) if v % 2 else (None, None)))  # counted by the packer, or not
 
     ring = BatchRing(4096)
@@ -217,7 +283,7 @@ def test_a_run_goes_through_the_ring_as_few_records_and_comes_back_equal():
         out.seek(0)
         _, end, specs = pickle.load(out)
         assert [len(s[2]) for s in specs] == [2, 1, 1, 2]  # dtype changes; 30 int32 rows take half the ring
-        got = [b for s in specs for b in _read_record(ring.view, s)]
+        got = [b for s in specs for b in _read_record(ring.view, s, lookup)]
         head = writer.head
     finally:
         writer = None  # its view of the ring must go before the ring unmaps

@@ -190,3 +190,16 @@ def test_a_flipped_byte_in_a_zstd_block_is_an_error_not_other_tokens(tmp_path):
     with pytest.raises(ShardError, match="cannot decode block 0.*checksum"):
         bad.tokens(first)
     bad.close()
+
+
+@pytest.mark.parametrize("field, at, value", [(None, 0, 0), ("block", 5, -1), ("block", 6, 2), ("start", 4, -3),
+                                              ("length", 7, -1), ("length", 6, 8)])
+def test_documents_outside_their_block_are_found_in_any_slice(monkeypatch, field, at, value):
+    """The check goes a slice of documents at a time (here 3): a negative or too-large block, a negative
+    start or length, or an end past the block's tokens is found in whichever slice it lies."""
+    monkeypatch.setattr(dt, "CHECK_DOCUMENTS", 3)
+    table = {"block": np.array([0, 0, 0, 1, 1, 1, 1, 1], np.int64), "start": np.array([0, 3, 6, 0, 2, 4, 6, 8]),
+             "length": np.array([3, 3, 4, 2, 2, 2, 2, 2], np.int64)}
+    if field:
+        table[field][at] = value
+    assert dt._inside_blocks(table["block"], table["start"], table["length"], np.array([10, 10])) is (field is None)
