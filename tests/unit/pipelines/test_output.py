@@ -16,7 +16,8 @@ from pipelines.records import Doc
 from pipelines.io.frames import decode_list, encode
 from pipelines.stages.write_shards import (TMP_DIR, AssignBucketsFn, SpilledSamples, WriteBucketFn, assign_bucket,
                                            commit_shards, encode_sample, spill,
-                                encoded_size, finalize, num_buckets, sample_order, tokenizer_output)
+                                encoded_size, finalize, held_bytes, num_buckets, sample_order,
+                                tokenizer_output)
 from pipelines.stages.tokenize import train_sentencepiece, trained_file
 from shards import iter_samples
 from tests.support.pipeline import synthetic_config
@@ -147,7 +148,7 @@ def test_a_large_bundle_emits_its_runs_early(monkeypatch, tmp_path):
 
     samples = _bucket_samples(400, 2)
     total = sum(encoded_size(s) for s in samples)
-    monkeypatch.setattr(sharding, "RUN_BUFFER_BYTES", total // 4)
+    monkeypatch.setattr(sharding, "RUN_BUFFER_BYTES", sum(held_bytes(s) for s in samples) // 4)
     fn, cfg = AssignBucketsFn(str(tmp_path)), ShardsConfig(target_bytes=total // 2)
     fn.start_bundle()
     early = [run for k in range(0, len(samples), 20)
@@ -157,6 +158,33 @@ def test_a_large_bundle_emits_its_runs_early(monkeypatch, tmp_path):
     runs = [_read(path) for _, path in early + late]
     assert sorted(map(repr, (s for run in runs for s in run))) == sorted(map(repr, samples))
     assert all(run == sorted(run, key=sample_order) for run in runs)
+
+
+def test_a_bundle_of_short_documents_holds_its_bound_in_objects_not_in_encoded_bytes(monkeypatch, tmp_path):
+    """Issue 38: the buffer was counted in encoded bytes, which a short document's objects take
+    several times over, so at 16x a quarter of the demo corpus the bundle held 135 MB for 32 MB."""
+    import pipelines.stages.write_shards as sharding
+
+    rng = np.random.default_rng(3)
+    samples = [encode_sample((Doc(f"src/f.jsonl:{i}", "x" * 40, "src"), rng.integers(0, 8000, 8).astype(np.uint16)))
+               for i in range(8000)]
+    held, encoded = sum(held_bytes(s) for s in samples), sum(encoded_size(s) for s in samples)
+    assert held > 8 * encoded  # 8 tokens: 32 encoded bytes, about 400 bytes of objects
+    bound = held // 16
+    monkeypatch.setattr(sharding, "RUN_BUFFER_BYTES", bound)
+    fn, cfg = AssignBucketsFn(str(tmp_path)), ShardsConfig(num_shards=2)
+    files = [SpilledSamples(spill(str(tmp_path), encode(samples[k:k + 100])), 0) for k in range(0, len(samples), 100)]
+    del samples
+    fn.start_bundle()
+    tracemalloc.start()
+    try:
+        runs = [run for spilled in files for run in fn.process(spilled, encoded, cfg)]
+        runs += [wv.value for wv in fn.finish_bundle()]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(runs) >= 2 * 15  # each bucket's run written 15 times or more
+    assert peak < 2.5 * bound, (peak, bound)  # the buffer, its sort and a run's encoding at once
 
 
 def test_a_job_with_a_given_tokenizer_that_keeps_no_document_fails_and_commits_nothing(tmp_path, capsys):
