@@ -41,7 +41,8 @@ from pipelines.stages.filters import LISTED
 from pipelines.stages.quality.c4 import bad_words_pattern
 from pipelines.stages.near_dedup import NearDedup
 from pipelines.stages.keys import KeyStats, sample_sizes
-from pipelines.stages.payload import OTHERS, Candidates, PayloadFn, SampleTexts, SplitSignatures, by_split
+from pipelines.stages.payload import (OTHERS, Candidates, HotDocs, PayloadFn, SampleTexts, SplitSignatures,
+                                     by_split)
 from pipelines.stages.split import VAL, VAL_DIR, val_shard_config
 from pipelines.stages.tokenize import NoRecordsError, build_model
 from pipelines.stages.write_shards import WriteShards, finalize
@@ -92,7 +93,11 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
             Candidates(work, cfg.dedup.exact, cfg.dedup.near), stats).with_outputs(OTHERS, main="repeated")
         docs = found[OTHERS]
     if cfg.dedup.exact:
-        dedups.append(found.repeated | "ExactDedup" >> ExactDedup(cfg.dedup.write_duplicates, keyed_input=True))
+        def hot_docs(hot):  # read back from the records, where Work put them
+            return read.splits | "HotDocs" >> beam.ParDo(HotDocs(work), stats, hot)
+
+        dedups.append(found.repeated | "ExactDedup" >> ExactDedup(cfg.dedup.write_duplicates, keyed_input=True,
+                                                                  hot_docs=hot_docs))
         docs = (dedups[-1].docs, found[OTHERS]) | "Deduped" >> beam.Flatten() if cfg.dedup.near else dedups[-1].docs
     if cfg.dedup.near:
         def signatures(near_docs):  # read from the records, where Work put them
