@@ -81,7 +81,7 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
     kept = read.splits | "Work" >> beam.ParDo(SplitWorkFn(work, cfg, inputs.root, total_bytes)).with_outputs(
         DEAD, EVENTS, LISTED, main="docs")
     if cfg.decontam.eval_sets:  # the only step that lists
-        kept[LISTED] | "DecontaminatedWrite" >> WriteJsonl(f"{out}/{DECONTAMINATED_DIR}")
+        kept[LISTED] | "DecontaminatedWrite" >> WriteJsonl(f"{out}/{DECONTAMINATED_DIR}", work.spill)
     summary = summarize([kept[EVENTS]], kept[DEAD])  # read only to explain an empty sample
     events, duplicates = [read.events, kept[EVENTS]], []
     # From here on the documents are one row each in an array per split (KEY_ROW): their text and
@@ -111,7 +111,8 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
         events.append(dedup.events)
         duplicates.append(dedup.duplicates)
     if duplicates and cfg.dedup.write_duplicates:
-        duplicates | "AllDuplicates" >> beam.Flatten() | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}")
+        (duplicates | "AllDuplicates" >> beam.Flatten()
+         | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}", work.spill))
     # Trained on the kept documents before dedup (the sample counts a repeated text once), so
     # the model is ready before dedup ends; its texts are read back from the records.
     sizes = kept.docs | "SampleSizes" >> beam.FlatMap(sample_sizes)
@@ -136,7 +137,7 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
     counts = events | "AllEvents" >> beam.Flatten() | "SumEvents" >> beam.CombinePerKey(sum)
     (kept[DEAD]
      | "DeadJson" >> beam.Map(lambda d: d.to_json())
-     | "DeadWrite" >> WriteJsonl(f"{out}/{DEAD_LETTER_DIR}"))
+     | "DeadWrite" >> WriteJsonl(f"{out}/{DEAD_LETTER_DIR}", work.spill))
     (p
      | "Start" >> beam.Create([None])
      | "Finalize" >> beam.Map(finalize, out, cfg.shards, cfg.tokenizer, beam.pvalue.AsList(written.shards),

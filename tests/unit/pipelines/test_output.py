@@ -238,3 +238,29 @@ def test_the_tokenizer_files_are_made_once_for_the_training_and_validation_sets(
         assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "out" / "val" / name).read_bytes()
     assert json.loads((tmp_path / "out" / "val" / "manifest.json").read_text())["tokenizer_identity"] == json.loads(
         (tmp_path / "out" / "manifest.json").read_text())["tokenizer_identity"]
+
+
+def test_jsonl_parts_are_the_sorted_lines_merged_from_bounded_runs(monkeypatch, tmp_path):
+    """Issue 38: the listing's lines reach the part writer as sorted runs in the spill folder (a
+    bundle holds at most JSONL_RUN_BYTES of them), and each part is their merge: the same bytes as
+    all its lines sorted at once."""
+    import pipelines.io.output as output
+    from pipelines.stages.clean import stable_bucket
+
+    monkeypatch.setattr(output, "JSONL_RUN_BYTES", 4000)
+    rng = np.random.default_rng(5)
+    lines = [json.dumps({"id": f"in.jsonl/{int(i)}", "note": "é\u2028" * int(i % 3), "kind": "exact"},
+                        ensure_ascii=False) for i in rng.integers(0, 10_000, 600)]
+    with beam.Pipeline() as p:
+        p | beam.Create(lines, reshuffle=False) | output.WriteJsonl(str(tmp_path / "dups"), str(tmp_path / "spill"))
+    parts = {}
+    for line in lines:
+        parts.setdefault(stable_bucket(line, output.JSONL_PARTS), []).append(line)
+    assert sorted(f.name for f in (tmp_path / "dups").iterdir()) == [f"part-{k:05d}.jsonl" for k in sorted(parts)]
+    for k, part in parts.items():
+        assert (tmp_path / "dups" / f"part-{k:05d}.jsonl").read_bytes() == "".join(
+            f"{line}\n" for line in sorted(part)).encode("utf-8")
+    assert len(list((tmp_path / "spill").iterdir())) > 3 * len(parts)  # spilled early, several runs per part
+    with beam.Pipeline() as p:
+        p | beam.Create([]) | output.WriteJsonl(str(tmp_path / "none"), str(tmp_path / "spill"))
+    assert not (tmp_path / "none").exists()  # no line, no file
