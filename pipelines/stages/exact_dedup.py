@@ -161,5 +161,6 @@ class ExactDedup(beam.PTransform):
         dups = out[DUPLICATES]
         if self.list_duplicates:
             hot = beam.pvalue.AsDict(out[HOT])
-            dups = (dups, self.hot_docs(hot) | "ListHot" >> beam.FlatMap(_list_hot, hot)) | "AllExact" >> beam.Flatten()
+            listed_hot = self.hot_docs(hot) | "ListHot" >> beam.FlatMap(_list_hot, hot)
+            dups = (dups, listed_hot) | "AllExact" >> beam.Flatten()
         return DedupOutput(docs=out.docs, events=out[EVENTS], duplicates=dups)
