@@ -138,7 +138,8 @@ _PENDING_SHARE = 4  # compacted once the pending rows pass 1/_PENDING_SHARE of t
 def _compact(acc) -> None:
     """Fold ``acc``'s pending rows into its sorted distinct pairs, in place. The parts are dropped
     once joined and the join is sorted in place, so a compaction holds the rows about twice
-    (``np.unique`` held them four times: the parts, its copy, its sorted result and its counts)."""
+    (``np.unique`` held them five to six times over: the parts, their join, its copy, its result
+    and its counts)."""
     if not acc[0]:
         return
     rows = np.concatenate([acc[2], *acc[0]])
