@@ -41,7 +41,8 @@ from pipelines.stages.filters import LISTED
 from pipelines.stages.quality.c4 import bad_words_pattern
 from pipelines.stages.near_dedup import NearDedup
 from pipelines.stages.keys import KeyStats, sample_sizes
-from pipelines.stages.payload import OTHERS, Candidates, PayloadFn, SampleTexts, SplitSignatures, by_split
+from pipelines.stages.payload import (OTHERS, Candidates, HotDocs, PayloadFn, SampleTexts, SplitSignatures,
+                                     by_split)
 from pipelines.stages.split import VAL, VAL_DIR, val_shard_config
 from pipelines.stages.tokenize import NoRecordsError, build_model
 from pipelines.stages.write_shards import WriteShards, finalize
@@ -80,7 +81,7 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
     kept = read.splits | "Work" >> beam.ParDo(SplitWorkFn(work, cfg, inputs.root, total_bytes)).with_outputs(
         DEAD, EVENTS, LISTED, main="docs")
     if cfg.decontam.eval_sets:  # the only step that lists
-        kept[LISTED] | "DecontaminatedWrite" >> WriteJsonl(f"{out}/{DECONTAMINATED_DIR}")
+        kept[LISTED] | "DecontaminatedWrite" >> WriteJsonl(f"{out}/{DECONTAMINATED_DIR}", work.spill)
     summary = summarize([kept[EVENTS]], kept[DEAD])  # read only to explain an empty sample
     events, duplicates = [read.events, kept[EVENTS]], []
     # From here on the documents are one row each in an array per split (KEY_ROW): their text and
@@ -92,7 +93,11 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
             Candidates(work, cfg.dedup.exact, cfg.dedup.near), stats).with_outputs(OTHERS, main="repeated")
         docs = found[OTHERS]
     if cfg.dedup.exact:
-        dedups.append(found.repeated | "ExactDedup" >> ExactDedup(cfg.dedup.write_duplicates, keyed_input=True))
+        def hot_docs(hot):  # read back from the records, where Work put them
+            return read.splits | "HotDocs" >> beam.ParDo(HotDocs(work), stats, hot)
+
+        dedups.append(found.repeated | "ExactDedup" >> ExactDedup(cfg.dedup.write_duplicates, keyed_input=True,
+                                                                  hot_docs=hot_docs))
         docs = (dedups[-1].docs, found[OTHERS]) | "Deduped" >> beam.Flatten() if cfg.dedup.near else dedups[-1].docs
     if cfg.dedup.near:
         def signatures(near_docs):  # read from the records, where Work put them
@@ -106,7 +111,8 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
         events.append(dedup.events)
         duplicates.append(dedup.duplicates)
     if duplicates and cfg.dedup.write_duplicates:
-        duplicates | "AllDuplicates" >> beam.Flatten() | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}")
+        (duplicates | "AllDuplicates" >> beam.Flatten()
+         | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}", work.spill))
     # Trained on the kept documents before dedup (the sample counts a repeated text once), so
     # the model is ready before dedup ends; its texts are read back from the records.
     sizes = kept.docs | "SampleSizes" >> beam.FlatMap(sample_sizes)
@@ -131,7 +137,7 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
     counts = events | "AllEvents" >> beam.Flatten() | "SumEvents" >> beam.CombinePerKey(sum)
     (kept[DEAD]
      | "DeadJson" >> beam.Map(lambda d: d.to_json())
-     | "DeadWrite" >> WriteJsonl(f"{out}/{DEAD_LETTER_DIR}"))
+     | "DeadWrite" >> WriteJsonl(f"{out}/{DEAD_LETTER_DIR}", work.spill))
     (p
      | "Start" >> beam.Create([None])
      | "Finalize" >> beam.Map(finalize, out, cfg.shards, cfg.tokenizer, beam.pvalue.AsList(written.shards),

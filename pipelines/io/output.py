@@ -11,7 +11,9 @@ keeps it for ``--resume``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import heapq
 import os
 import sys
 import uuid
@@ -21,6 +23,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from pipelines.stages.clean import stable_bucket
+from pipelines.stages.write_shards import spill
 
 DEAD_LETTER_DIR = "dead_letter"
 DUPLICATES_DIR = "duplicates"
@@ -299,18 +302,63 @@ def remove_artifacts(output_dir: str, prefix: str) -> list[str]:
     return [p.rsplit("/", 1)[-1] for p in found]
 
 
+JSONL_RUN_BYTES = 8 << 20  # memory a bundle's lines hold (sys.getsizeof) before it spills its runs
+
+
+class _PartRunsFn(beam.DoFn):
+    """JSON lines → ``(part, path of a run)`` per part and bundle: the bundle's lines of part
+    ``stable_bucket(line, JSONL_PARTS)``, sorted, in a file of the spill folder; written early
+    once they hold ``JSONL_RUN_BYTES``, so a bundle of the whole corpus (the DirectRunner's) holds
+    no more than that, and the grouping moves paths, not one line per listed document."""
+
+    def __init__(self, spill_folder: str):
+        self.spill_folder = spill_folder
+
+    def start_bundle(self):
+        """Start empty runs."""
+        self._runs: dict[int, list[str]] = {}
+        self._held = 0
+
+    def process(self, line: str):
+        """Add ``line`` to its part's run; writes the runs past ``JSONL_RUN_BYTES``."""
+        self._runs.setdefault(stable_bucket(line, JSONL_PARTS), []).append(line)
+        self._held += sys.getsizeof(line)
+        if self._held > JSONL_RUN_BYTES:
+            yield from self._emit()
+
+    def finish_bundle(self):
+        """Write the runs left."""
+        for run in self._emit():
+            yield beam.transforms.window.GlobalWindows.windowed_value(run)
+
+    def _emit(self):
+        runs, self._runs, self._held = self._runs, {}, 0
+        for part in sorted(runs):
+            lines = runs.pop(part)
+            lines.sort()
+            yield part, spill(self.spill_folder, "".join(f"{line}\n" for line in lines).encode("utf-8"))
+
+
+def _run_lines(f):
+    """The lines of an open run file, without their newline (str, in file order)."""
+    for line in f:
+        yield line[:-1].decode("utf-8")
+
+
 class _WritePartFn(beam.DoFn):
     def __init__(self, folder_url: str):
         self.folder_url = folder_url
 
     def process(self, item):
-        part, lines = item
+        part, paths = item
         fs, root = fsspec.core.url_to_fs(self.folder_url)
         fs.makedirs(root, exist_ok=True)
-        # one whole-object write per part: a retried bundle rewrites the same name, and nothing
-        # is ever written for an empty part (S3 refuses an upload of zero parts)
-        body = "".join(f"{line}\n" for line in sorted(lines)).encode("utf-8")
-        fs.pipe_file(f"{root}/part-{part:05d}.jsonl", body)
+        # the runs merged a line at a time; one file per part, written only when a line exists
+        # (a retried bundle rewrites the same name; S3 refuses an upload of zero parts)
+        with contextlib.ExitStack() as files, fs.open(f"{root}/part-{part:05d}.jsonl", "wb") as out:
+            runs = [_run_lines(files.enter_context(fsspec.open(path, "rb"))) for path in paths]
+            for line in heapq.merge(*runs):
+                out.write(f"{line}\n".encode("utf-8"))
         yield part
 
 
@@ -318,14 +366,19 @@ class WriteJsonl(beam.PTransform):
     """``PCollection[str]`` of JSON lines → ``{folder_url}/part-NNNNN.jsonl`` files (fsspec).
 
     Lines go to part ``stable_bucket(line, JSONL_PARTS)``, are sorted within it (same files on
-    every runner) and written in one piece; an empty collection writes no file at all. Used for
-    ``dead_letter/`` and ``duplicates/`` instead of Beam's ``WriteToText``, whose S3 writer fails
-    on an empty file and whose ``beam-temp-*`` folders outlive a failed run.
+    every runner: each bundle's lines of a part sorted into a run in ``spill_folder``, the runs
+    merged) and written part by part; an empty collection writes no file at all. Used for
+    ``dead_letter/``, ``duplicates/`` and ``decontaminated/`` instead of Beam's ``WriteToText``,
+    whose S3 writer fails on an empty file and whose ``beam-temp-*`` folders outlive a failed run.
+
+    Args:
+        folder_url: the folder of the part files.
+        spill_folder: where the sorted runs go (the job's ``OUT/.work/spill/``).
     """
 
-    def __init__(self, folder_url: str):
+    def __init__(self, folder_url: str, spill_folder: str):
         super().__init__()
-        self.folder_url = folder_url.rstrip("/")
+        self.folder_url, self.spill_folder = folder_url.rstrip("/"), spill_folder
 
     def expand(self, lines):
         """``lines`` (PCollection of str, one JSON object each) → ``part-NNNNN.jsonl`` files under the folder.
@@ -333,6 +386,6 @@ class WriteJsonl(beam.PTransform):
         Lines are spread over a fixed number of parts by a stable hash, so reruns write the same files;
         an empty part is never written (no file at all when there is no line)."""
         return (lines
-                | "Part" >> beam.Map(lambda line: (stable_bucket(line, JSONL_PARTS), line))
+                | "Part" >> beam.ParDo(_PartRunsFn(self.spill_folder))
                 | "GroupPart" >> beam.GroupByKey()
                 | "WritePart" >> beam.ParDo(_WritePartFn(self.folder_url)))

@@ -15,7 +15,6 @@ from pipelines.stages.keys import DocKey
 
 LIST_MAX = 64  # members a combiner accumulator lists before a key counts as a hot key
 HOT = "hot"  # tag of the (content hash, keeper id) of each hot key
-IDS = "ids"  # tag of ExactDedup's stream of DocHash, one per document
 
 
 def key_by_hash(doc: DocKey) -> tuple[str, DocKey]:
@@ -107,17 +106,12 @@ def _emit_keeper(item: tuple[str, ExactGroup], list_duplicates: bool):
 
 
 class DocHash(NamedTuple):
-    """One document of :class:`ExactDedup`'s id stream: its content hash (hex), id and source."""
+    """One document of a hot key, as :class:`ExactDedup`'s ``hot_docs`` gives it: its content hash
+    (hex), id and source."""
 
     hash: str
     id: str
     source: str
-
-
-def _with_ids(pair: tuple[str, DocKey]):
-    text_hash, doc = pair
-    yield beam.pvalue.TaggedOutput(IDS, DocHash(text_hash, doc.id, doc.source))
-    yield pair
 
 
 def _list_hot(item: DocHash, hot: dict):
@@ -135,24 +129,30 @@ class ExactDedup(beam.PTransform):
     ``CombinePerKey(KeepSmallestId())`` picks the keeper with a bounded accumulator however
     many copies share a key. A dropped copy names the keeper's id (a copy that has the keeper's
     own id is not listed): keys with at most ``LIST_MAX`` copies are listed from the combiner's
-    output; hot keys (more copies) from the :class:`DocHash` stream joined with a side input
-    holding only the hot keys' keepers (at most one entry per ``LIST_MAX`` documents), so no
-    key's copies are ever grouped.
+    output; hot keys (more copies) from ``hot_docs``, the :class:`DocHash` of the hot keys'
+    documents, read again where they lie (the job reads them from the split records), joined
+    with a side input holding only the hot keys' keepers (at most one entry per ``LIST_MAX``
+    documents). So no key's copies are ever grouped, and no stream of one object per document
+    waits for that side input (the DirectRunner held it whole until the combine was done).
+
+    Args:
+        list_duplicates: list the dropped copies.
+        keyed_input: the input is ``(content hash, DocKey)`` pairs already.
+        hot_docs: with ``list_duplicates``, ``hot_docs(hot)`` is the PCollection of the
+            :class:`DocHash` of the documents whose hash is a key of ``hot`` (a side input:
+            ``{content hash: keeper id}``, the hot keys); with no hot key it may be empty.
     """
 
-    def __init__(self, list_duplicates: bool = True, keyed_input: bool = False):
+    def __init__(self, list_duplicates: bool = True, keyed_input: bool = False, hot_docs=None):
         super().__init__()
-        self.list_duplicates, self.keyed_input = list_duplicates, keyed_input
+        if list_duplicates and hot_docs is None:
+            raise ValueError("ExactDedup(list_duplicates=True) needs hot_docs, the documents of the hot keys")
+        self.list_duplicates, self.keyed_input, self.hot_docs = list_duplicates, keyed_input, hot_docs
 
     def expand(self, docs):
         """Key by content hash (unless ``keyed_input``), keep one document per key, count and list the others:
         a :class:`~pipelines.records.DedupOutput` (not annotated: Beam warns about a return type that is not a PCollection)."""
         keyed = docs if self.keyed_input else docs | "KeyByHash" >> beam.Map(key_by_hash)
-        if self.list_duplicates:
-            # the ids for ListHot are a second output of the combine's own input step, so a runner
-            # that materialises steps (Dask) never keeps the documents until ListHot's side input is ready
-            split = keyed | "Ids" >> beam.FlatMap(_with_ids).with_outputs(IDS, main="docs")
-            keyed, ids = split.docs, split[IDS]
         combiner = KeepSmallestId(LIST_MAX if self.list_duplicates else 0)
         out = (keyed
                | "KeepSmallestId" >> beam.CombinePerKey(combiner)
@@ -160,7 +160,7 @@ class ExactDedup(beam.PTransform):
                    EVENTS, DUPLICATES, HOT, main="docs"))
         dups = out[DUPLICATES]
         if self.list_duplicates:
-            hot = (ids
-                   | "ListHot" >> beam.FlatMap(_list_hot, beam.pvalue.AsDict(out[HOT])))
-            dups = (dups, hot) | "AllExact" >> beam.Flatten()
+            hot = beam.pvalue.AsDict(out[HOT])
+            listed_hot = self.hot_docs(hot) | "ListHot" >> beam.FlatMap(_list_hot, hot)
+            dups = (dups, listed_hot) | "AllExact" >> beam.Flatten()
         return DedupOutput(docs=out.docs, events=out[EVENTS], duplicates=dups)

@@ -13,6 +13,7 @@ from pipelines.io.frames import PartWriter
 from pipelines.io.reading import Split
 from pipelines.io.resume import WorkFolder, split_id
 from pipelines.records import disambiguate_id
+from pipelines.stages.exact_dedup import DocHash
 from pipelines.stages.keys import DocKey, RepeatStats, hashes_of, ids_of, record_docs
 from pipelines.stages.split import VAL, SplitBatchFn
 from pipelines.stages.tokenize import TokenizeFn
@@ -80,6 +81,30 @@ class Candidates(beam.DoFn):
                 yield key.hash, key
             elif self.others:
                 yield beam.pvalue.TaggedOutput(OTHERS, key)
+
+
+class HotDocs(beam.DoFn):
+    """``split`` → the :class:`~pipelines.stages.exact_dedup.DocHash` of each of its documents whose
+    content hash is a hot key of exact dedup, ids made unique (:func:`unique_keys`), read from its
+    record: what :class:`~pipelines.stages.exact_dedup.ExactDedup` lists the hot keys' copies from.
+    A run without hot keys reads no record.
+
+    Args:
+        work: the job's work folder.
+    """
+
+    def __init__(self, work: WorkFolder):
+        self.work = work
+
+    def process(self, split: Split, stats: RepeatStats, hot: dict):
+        """Yield the hot keys' documents of ``split`` (side inputs: the
+        :class:`~pipelines.stages.keys.RepeatStats`, ``hot``: ``{content hash: keeper id}``)."""
+        if not hot:
+            return
+        _, pairs = record_docs(_load(self.work, split))
+        for key in unique_keys([key for key, _ in pairs], stats):
+            if key.hash in hot:
+                yield DocHash(key.hash, key.id, key.source)
 
 
 class SampleTexts(beam.DoFn):

@@ -75,7 +75,7 @@ def sample_order(doc: EncodedDocument) -> tuple[str, bytes]:
 
 
 RUN_FRAME_SAMPLES = 32  # samples per frame of a run: the writer holds one frame of each run as objects
-RUN_BUFFER_BYTES = 32 << 20  # encoded bytes a bundle buffers before it emits its runs early
+RUN_BUFFER_BYTES = 32 << 20  # memory a bundle's samples hold as objects (held_bytes) before it emits its runs early
 
 
 class SpilledSamples(NamedTuple):
@@ -84,6 +84,15 @@ class SpilledSamples(NamedTuple):
 
     path: str
     size: int
+
+
+def held_bytes(doc: EncodedDocument) -> int:
+    """About the memory a decoded sample holds as Python objects: the tuple, its key and source,
+    its ``fields`` dict and their values (``sys.getsizeof`` of each). A short document's objects
+    take several times its encoded bytes (:func:`encoded_size`), so a buffer counted in those grew
+    far past its bound (at 16x a quarter of the demo corpus, 135 MB for 32 MB counted)."""
+    return (sys.getsizeof(doc) + sys.getsizeof(doc.key) + sys.getsizeof(doc.source) + sys.getsizeof(doc.fields)
+            + sum(sys.getsizeof(v) for v in doc.fields.values()))
 
 
 def spill(folder: str, data: bytes) -> str:
@@ -99,9 +108,9 @@ class AssignBucketsFn(beam.DoFn):
     """:class:`SpilledSamples` → ``(bucket, path of a run)`` per bucket, once per bundle: the bundle's
     samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`, encoded as frames
     of ``RUN_FRAME_SAMPLES`` (:func:`pipelines.io.frames.encode`) into a file of ``folder``
-    (:func:`spill`). A bundle that buffers more than ``RUN_BUFFER_BYTES`` (by :func:`encoded_size`,
-    plus stored text) writes its runs early and starts new ones, so a runner with large bundles (the
-    DirectRunner's can be the whole corpus) never holds more than that as objects here.
+    (:func:`spill`). A bundle whose samples hold more than ``RUN_BUFFER_BYTES`` as objects
+    (:func:`held_bytes`) writes its runs early and starts new ones, so a runner with large bundles (the
+    DirectRunner's can be the whole corpus) never holds more than that here.
 
     Why runs, and why in files: :class:`WriteBucketFn` merges a bucket's runs, reading one frame of
     each at a time, so it holds the bucket as bytes, not as one object tree per sample; and the group
@@ -127,7 +136,7 @@ class AssignBucketsFn(beam.DoFn):
             for doc in decode_stream(f):
                 bucket, _ = assign_bucket(doc, total_bytes, cfg)
                 self._runs.setdefault(bucket, []).append(doc)
-                self._buffered += encoded_size(doc, cfg.layout) + len(doc.fields.get("text", ""))  # stored text too
+                self._buffered += held_bytes(doc)
                 if self._buffered > RUN_BUFFER_BYTES:
                     yield from self._emit()
 

@@ -1,9 +1,11 @@
 """Issue 38: the job's global steps move compact per-document keys, never the text or the tokens.
 
 The DirectRunner (in memory) buffers every PCollection that crosses a grouping or is read as a
-side input whole, so anything there that carries text grows the job's memory with the corpus. The
-text stays in the split records of ``OUT/.work/`` and is read back one split at a time; this test
-fails when a grouping's input or a side input carries a document's text or tokens again."""
+side input whole, and the main input of a step while its side inputs are not ready, so anything
+there that carries text grows the job's memory with the corpus. The text stays in the split
+records of ``OUT/.work/`` and is read back one split at a time; these tests fail when a grouping's
+input, a side input or such a main input carries a document's text or tokens again, or (near dedup
+off) one element per document instead of one per split or per repeated document."""
 from __future__ import annotations
 
 import json
@@ -23,7 +25,8 @@ checked: dict[str, int] = {}  # label → elements checked (the DirectRunner run
 
 
 class _Crossings(PipelineVisitor):
-    """Collects the input of every GroupByKey and every side input's PCollection."""
+    """Collects the input of every GroupByKey, every side input's PCollection and the main input
+    of every step that reads a side input."""
 
     def __init__(self):
         self.found: dict[str, beam.PCollection] = {}
@@ -33,6 +36,8 @@ class _Crossings(PipelineVisitor):
             self.found[f"{node.full_label} input"] = node.inputs[0]
         for side in node.side_inputs:
             self.found[f"{node.full_label} side input"] = side.pvalue
+        if node.side_inputs and node.inputs:
+            self.found[f"{node.full_label} main input"] = node.inputs[0]
 
 
 def _check(element, label: str):
@@ -53,18 +58,26 @@ def _build_checked(p, *args, **kwargs):
 build = job.build
 
 
-def test_no_grouping_or_side_input_carries_a_documents_text_or_tokens(tmp_path, monkeypatch):
-    texts = [f"{MARK} note {i} tells of {'apples ' * (i % 5)}and item {i * 7 % 13} in the garden by the river."
-             for i in range(80)]
-    rows = [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)]
-    rows += [{"id": f"copy{i}", "text": texts[i]} for i in range(0, 80, 8)]  # exact duplicates
+TEXTS = [f"{MARK} note {i} tells of {'apples ' * (i % 5)}and item {i * 7 % 13} in the garden by the river."
+         for i in range(80)]
+
+
+def _corpus(tmp_path):
+    """80 texts under their own ids, and 10 of them again under other ids; a tokenizer for them."""
+    rows = [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)]
+    rows += [{"id": f"copy{i}", "text": TEXTS[i]} for i in range(0, 80, 8)]  # exact duplicates
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    (tmp_path / "tok.model").write_bytes(train_sentencepiece([t.replace(MARK, "bird") for t in texts] * 4,
+    (tmp_path / "tok.model").write_bytes(train_sentencepiece([t.replace(MARK, "bird") for t in TEXTS] * 4,
                                                              TokenizerConfig(vocab_size=300)))
     cfg = synthetic_config()  # the quality rules off: the texts are short
+    cfg.tokenizer.path = str(tmp_path / "tok.model")
+    return cfg
+
+
+def test_no_grouping_or_side_input_carries_a_documents_text_or_tokens(tmp_path, monkeypatch):
+    cfg = _corpus(tmp_path)
     cfg.dedup.near, cfg.dedup.num_perm, cfg.dedup.bands = True, 16, 4
     cfg.split.val_fraction = 0.2
-    cfg.tokenizer.path = str(tmp_path / "tok.model")
     checked.clear()
     monkeypatch.setattr(job, "build", _build_checked)
     stats = job.run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
@@ -78,3 +91,18 @@ def test_no_grouping_or_side_input_carries_a_documents_text_or_tokens(tmp_path, 
     assert 10 <= checked["ExactDedup/KeepSmallestId/GroupByKey input"] <= 20
     assert any(label.startswith("JoinKept/") for label in checked)
     assert checked["Shards/GroupBucket input"] >= 1
+
+
+def test_without_near_dedup_no_crossing_carries_one_element_per_document(tmp_path, monkeypatch):
+    """Only the 20 documents of the 10 repeated texts cross a step as elements of their own (exact
+    dedup's input, its listing); the 70 others lie in their split's rows and records alone."""
+    cfg = _corpus(tmp_path)
+    cfg.dedup.near = False
+    checked.clear()
+    monkeypatch.setattr(job, "build", _build_checked)
+    stats = job.run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
+    assert stats["total"]["balanced"] and stats["total"]["duplicates"] == 10 and stats["total"]["kept"] == 80
+    assert checked["ExactDedup/KeepSmallestId/GroupByKey input"] == 20  # not vacuous: the candidates, one each
+    assert checked["KeyStats/CombinePerKey/GroupByKey input"] >= 1 and checked["Shards/GroupBucket input"] >= 1
+    per_document = {label: n for label, n in checked.items() if n > 20}
+    assert not per_document, per_document

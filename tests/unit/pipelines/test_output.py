@@ -16,7 +16,8 @@ from pipelines.records import Doc
 from pipelines.io.frames import decode_list, encode
 from pipelines.stages.write_shards import (TMP_DIR, AssignBucketsFn, SpilledSamples, WriteBucketFn, assign_bucket,
                                            commit_shards, encode_sample, spill,
-                                encoded_size, finalize, num_buckets, sample_order, tokenizer_output)
+                                encoded_size, finalize, held_bytes, num_buckets, sample_order,
+                                tokenizer_output)
 from pipelines.stages.tokenize import train_sentencepiece, trained_file
 from shards import iter_samples
 from shards.format.blocks import decode_meta_dict
@@ -149,7 +150,7 @@ def test_a_large_bundle_emits_its_runs_early(monkeypatch, tmp_path):
 
     samples = _bucket_samples(400, 2)
     total = sum(encoded_size(s) for s in samples)
-    monkeypatch.setattr(sharding, "RUN_BUFFER_BYTES", total // 4)
+    monkeypatch.setattr(sharding, "RUN_BUFFER_BYTES", sum(held_bytes(s) for s in samples) // 4)
     fn, cfg = AssignBucketsFn(str(tmp_path)), ShardsConfig(target_bytes=total // 2)
     fn.start_bundle()
     early = [run for k in range(0, len(samples), 20)
@@ -159,6 +160,33 @@ def test_a_large_bundle_emits_its_runs_early(monkeypatch, tmp_path):
     runs = [_read(path) for _, path in early + late]
     assert sorted(map(repr, (s for run in runs for s in run))) == sorted(map(repr, samples))
     assert all(run == sorted(run, key=sample_order) for run in runs)
+
+
+def test_a_bundle_of_short_documents_holds_its_bound_in_objects_not_in_encoded_bytes(monkeypatch, tmp_path):
+    """Issue 38: the buffer was counted in encoded bytes, which a short document's objects take
+    several times over, so at 16x a quarter of the demo corpus the bundle held 135 MB for 32 MB."""
+    import pipelines.stages.write_shards as sharding
+
+    rng = np.random.default_rng(3)
+    samples = [encode_sample((Doc(f"src/f.jsonl:{i}", "x" * 40, "src"), rng.integers(0, 8000, 8).astype(np.uint16)))
+               for i in range(8000)]
+    held, encoded = sum(held_bytes(s) for s in samples), sum(encoded_size(s) for s in samples)
+    assert held > 8 * encoded  # 8 tokens: 32 encoded bytes, about 400 bytes of objects
+    bound = held // 16
+    monkeypatch.setattr(sharding, "RUN_BUFFER_BYTES", bound)
+    fn, cfg = AssignBucketsFn(str(tmp_path)), ShardsConfig(num_shards=2)
+    files = [SpilledSamples(spill(str(tmp_path), encode(samples[k:k + 100])), 0) for k in range(0, len(samples), 100)]
+    del samples
+    fn.start_bundle()
+    tracemalloc.start()
+    try:
+        runs = [run for spilled in files for run in fn.process(spilled, encoded, cfg)]
+        runs += [wv.value for wv in fn.finish_bundle()]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(runs) >= 2 * 15  # each bucket's run written 15 times or more
+    assert peak < 2.5 * bound, (peak, bound)  # the buffer, its sort and a run's encoding at once
 
 
 def test_a_job_with_a_given_tokenizer_that_keeps_no_document_fails_and_commits_nothing(tmp_path, capsys):
@@ -212,3 +240,29 @@ def test_the_tokenizer_files_are_made_once_for_the_training_and_validation_sets(
         assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "out" / "val" / name).read_bytes()
     assert json.loads((tmp_path / "out" / "val" / "manifest.json").read_text())["tokenizer_identity"] == json.loads(
         (tmp_path / "out" / "manifest.json").read_text())["tokenizer_identity"]
+
+
+def test_jsonl_parts_are_the_sorted_lines_merged_from_bounded_runs(monkeypatch, tmp_path):
+    """Issue 38: the listing's lines reach the part writer as sorted runs in the spill folder (a
+    bundle holds at most JSONL_RUN_BYTES of them), and each part is their merge: the same bytes as
+    all its lines sorted at once."""
+    import pipelines.io.output as output
+    from pipelines.stages.clean import stable_bucket
+
+    monkeypatch.setattr(output, "JSONL_RUN_BYTES", 4000)
+    rng = np.random.default_rng(5)
+    lines = [json.dumps({"id": f"in.jsonl/{int(i)}", "note": "é\u2028" * int(i % 3), "kind": "exact"},
+                        ensure_ascii=False) for i in rng.integers(0, 10_000, 600)]
+    with beam.Pipeline() as p:
+        p | beam.Create(lines, reshuffle=False) | output.WriteJsonl(str(tmp_path / "dups"), str(tmp_path / "spill"))
+    parts = {}
+    for line in lines:
+        parts.setdefault(stable_bucket(line, output.JSONL_PARTS), []).append(line)
+    assert sorted(f.name for f in (tmp_path / "dups").iterdir()) == [f"part-{k:05d}.jsonl" for k in sorted(parts)]
+    for k, part in parts.items():
+        assert (tmp_path / "dups" / f"part-{k:05d}.jsonl").read_bytes() == "".join(
+            f"{line}\n" for line in sorted(part)).encode("utf-8")
+    assert len(list((tmp_path / "spill").iterdir())) > 3 * len(parts)  # spilled early, several runs per part
+    with beam.Pipeline() as p:
+        p | beam.Create([]) | output.WriteJsonl(str(tmp_path / "none"), str(tmp_path / "spill"))
+    assert not (tmp_path / "none").exists()  # no line, no file
