@@ -86,7 +86,7 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
     events, duplicates = [read.events, kept[EVENTS]], []
     # From here on the documents are one row each in an array per split (KEY_ROW): their text and
     # their DocKeys stay in the split records of OUT/.work/
-    stats = beam.pvalue.AsSingleton(kept.docs | "KeyStats" >> beam.CombineGlobally(KeyStats()))
+    stats = beam.pvalue.AsSingleton(kept.docs | "KeyStats" >> beam.CombineGlobally(KeyStats(work.spill)))
     dedups, docs = [], None
     if cfg.dedup.exact or cfg.dedup.near:  # the documents a global step decides on, read back per split
         found = read.splits | "Candidates" >> beam.ParDo(
