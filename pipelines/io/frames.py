@@ -123,6 +123,17 @@ def decode_stream(stream):
     Raises:
         ValueError: the file ends inside a frame.
     """
+    for chunk in chunks_stream(stream):
+        yield from chunk
+
+
+def chunks_stream(stream):
+    """The frames read from ``stream`` (a binary file object), each as its list of elements, one
+    frame read at a time (a generator): a reader that stops early reads no further.
+
+    Raises:
+        ValueError: the file ends inside a frame.
+    """
     while True:
         head = stream.read(_HEADER.size)
         if not head:
@@ -135,7 +146,7 @@ def decode_stream(stream):
         buffers = [stream.read(length) for length in lengths]
         if len(data) < size or any(len(b) < n for b, n in zip(buffers, lengths)):
             raise ValueError("frame runs past the end of the file")
-        yield from pickle.loads(data, buffers=buffers)
+        yield pickle.loads(data, buffers=buffers)
 
 
 def decode_list(part: bytes) -> list:

@@ -2,9 +2,10 @@
 and reused by the next run of the same job, which recomputes only the rest.
 
 Each :class:`~pipelines.io.reading.Split` goes through the per-document stages as one unit
-(:class:`SplitWorkFn`: ReadSplit → Parse → Steps); what it made of the split (the kept documents,
-the dead letters, the events, then each kept document's
-:class:`~pipelines.stages.keys.DocKey` and MinHash signature) is written at the end of the split, atomically (a
+(:class:`SplitWorkFn`: ReadSplit → Parse → Steps); what it made of the split (each kept document's
+:class:`~pipelines.stages.keys.DocKey` and MinHash signature, first, so that the passes that need keys
+alone stop reading there, then the kept documents, the dead letters and the events) is written at
+the end of the split, atomically (a
 ``.partial`` file renamed into place), to ``OUT/.work/<split id>.<job fingerprint>.split``. A split
 whose record exists is read from it instead of from the input. The global stages (tokenizer, dedup,
 tokenize, shards, finalize) always run on the union, so the output is byte-identical to an
@@ -38,11 +39,13 @@ from pipelines.io.listing import InputListing
 from pipelines.io.read import ParseFn
 from pipelines.io.reading import Split, read_split
 from pipelines.stages.filters import FilterFn, build_steps
-from pipelines.stages.keys import KEY_BATCH, KEYS, doc_keys, key_rows
+from pipelines.stages.keys import KEY_BATCH, KEYS, doc_keys, key_rows, record_keys
 
 WORK_DIR = ".work"  # hidden: readers of OUT never list it
 JOB_FILE = "job.json"
-RECORD_SUFFIX = ".v2.split"  # v2: the record ends with its documents' keys; a v1 record is recomputed
+# v3: the record starts with its documents' keys (frames of their own, read without the documents:
+# WorkFolder.load_keys); a record of an earlier version is recomputed
+RECORD_SUFFIX = ".v3.split"
 SPILL_DIR = "spill"  # under WORK_DIR: encoded samples between the final pass and the shard writer
 _SHOWN = 3  # changes named in a refusal before "and N more"
 # documents filtered together, so that a model step (classifier.kind=hf) scores them in batches; a
@@ -176,6 +179,16 @@ class WorkFolder:
         except FileNotFoundError:
             return None
 
+    def load_keys(self, split: Split) -> list | None:
+        """The ``(DocKey, signature)`` pairs of ``split``'s record (:func:`~pipelines.stages.keys.record_keys`:
+        its documents are not read), ``None`` when it has none."""
+        fs, path = fsspec.core.url_to_fs(self.record(split))
+        try:
+            with fs.open(path, "rb") as f:
+                return record_keys(f)
+        except FileNotFoundError:
+            return None
+
     def save(self, split: Split, data: bytes) -> None:
         """Write ``split``'s record atomically: into a ``.partial`` file of its own, renamed into place."""
         fs, path = fsspec.core.url_to_fs(self.record(split))
@@ -252,7 +265,7 @@ class SplitWorkFn(beam.DoFn):
             value = tagged.value.value  # finish_bundle's events are windowed; here they go out of process
             kept.append((EVENTS, value))
             yield beam.pvalue.TaggedOutput(EVENTS, value)
-        self.work.save(split, kept.getvalue() + keys.getvalue())  # two frame lists joined are one
+        self.work.save(split, keys.getvalue() + kept.getvalue())  # two frame lists joined are one
 
     def _keys(self, docs: list, sid: str, first: int, keys: frames.PartWriter, made: list) -> None:
         for pair in doc_keys(docs, sid, first, self.dedup):

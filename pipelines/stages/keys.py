@@ -26,7 +26,7 @@ from pipelines.stages.clean import content_hash
 from pipelines.stages.near_dedup import minhash_batch
 from pipelines.stages.tokenizer_sample import SampleSize, sample_key
 
-KEYS = "keys"  # tag of a split record's keys, after its documents
+KEYS = "keys"  # tag of a split record's keys, in frames of their own before its documents
 KEY_BATCH = 512  # documents whose MinHash signatures are computed in one call
 
 
@@ -267,6 +267,18 @@ class KeyStats(beam.CombineFn):
                 pairs = pairs[np.concatenate([[True], pairs[1:] != pairs[:-1]])]
             ids.append(_repeated_adjacent(pairs[["i1", "i2"]].astype(HASH)))
         return RepeatStats(np.concatenate(texts), np.concatenate(ids))
+
+
+def record_keys(stream) -> list[tuple[DocKey, bytes | None]]:
+    """A split record's ``(key, signature)`` pairs, in order, read from ``stream`` (the record's file,
+    binary) a frame at a time up to its first frame of documents: the passes that need keys alone
+    neither read nor decode the split's documents (:mod:`pipelines.io.resume` writes the keys first)."""
+    pairs = []
+    for chunk in frames.chunks_stream(stream):
+        if chunk[0][0] != KEYS:
+            break
+        pairs += [value for _, value in chunk]
+    return pairs
 
 
 def record_docs(data: bytes) -> tuple[list[Doc], list[tuple[DocKey, bytes | None]]]:

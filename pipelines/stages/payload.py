@@ -27,8 +27,10 @@ SPLIT = "split"  # CoGroupByKey tag of the split itself
 TOKENIZE_DOCS = 1024  # documents handed to the tokenizer at once (it encodes ENCODE_DOCS at a time)
 
 
-def _load(work: WorkFolder, split: Split) -> bytes:
-    data = work.load(split)
+def _load(work: WorkFolder, split: Split, keys_only: bool = False):
+    """``split``'s record as bytes, or with ``keys_only`` its ``(DocKey, signature)`` pairs alone
+    (:meth:`~pipelines.io.resume.WorkFolder.load_keys`)."""
+    data = work.load_keys(split) if keys_only else work.load(split)
     if data is None:  # Work records every split before any global step can read it
         raise RuntimeError(f"the record of input split {split.path} [{split.start}, {split.end}) is missing from "
                            f"{work.url}; was it deleted during the run?")
@@ -73,8 +75,7 @@ class Candidates(beam.DoFn):
 
     def process(self, split: Split, stats: RepeatStats):
         """Yield the documents of ``split`` (read from its record) that a global step decides on."""
-        _, pairs = record_docs(_load(self.work, split))
-        keys = unique_keys([key for key, _ in pairs], stats)
+        keys = unique_keys([key for key, _ in _load(self.work, split, keys_only=True)], stats)
         dup = repeated(keys, stats) if self.exact else np.zeros(len(keys), bool)
         for key, candidate in zip(keys, dup):
             if candidate:
@@ -101,8 +102,7 @@ class HotDocs(beam.DoFn):
         :class:`~pipelines.stages.keys.RepeatStats`, ``hot``: ``{content hash: keeper id}``)."""
         if not hot:
             return
-        _, pairs = record_docs(_load(self.work, split))
-        for key in unique_keys([key for key, _ in pairs], stats):
+        for key in unique_keys([key for key, _ in _load(self.work, split, keys_only=True)], stats):
             if key.hash in hot:
                 yield DocHash(key.hash, key.id, key.source)
 
@@ -144,7 +144,7 @@ class SplitSignatures(beam.DoFn):
         if not kept:
             return
         (split,) = grouped[SPLIT]
-        _, keys = record_docs(_load(self.work, split))
+        keys = _load(self.work, split, keys_only=True)
         for index, doc_id in kept:
             yield doc_id, keys[index][1]
 

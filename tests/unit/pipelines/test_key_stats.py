@@ -4,6 +4,7 @@ shared ids (``KeyStats``); only the documents of a repeated hash go on as ``DocK
 from __future__ import annotations
 
 import collections
+import io
 import json
 
 import numpy as np
@@ -15,7 +16,8 @@ from pipelines.io.frames import encode
 from pipelines.io.resume import _replay
 from pipelines.job import run
 from pipelines.records import Doc, disambiguate_id
-from pipelines.stages.keys import KEY_ROW, KEYS, KeyStats, doc_keys, id_hash, key_rows, sample_sizes
+from pipelines.stages.keys import (KEY_ROW, KEYS, KeyStats, doc_keys, id_hash, key_rows, record_keys,
+                                   sample_sizes)
 from pipelines.stages.payload import repeated, unique_keys
 from pipelines.stages.tokenize import train_sentencepiece
 from pipelines.stages.tokenizer_sample import sample_key
@@ -78,6 +80,15 @@ def test_a_split_is_one_array_of_rows_on_work_s_main_output():
     (out,) = [o for o in _replay(record) if isinstance(o, np.ndarray)]
     assert out.tolist() == key_rows([k for k, _ in pairs]).tolist()
     assert list(_replay(encode([(None, DOCS[0])]))) == []  # a split that keeps nothing emits no rows
+
+
+def test_a_record_s_keys_are_read_without_its_documents():
+    """The keys come first in a split record; the keys-only passes (Candidates, HotDocs, near dedup's
+    signatures) stop at the first frame of documents: a record damaged past it still gives its keys."""
+    pairs = doc_keys(DOCS, "sp", 0, DedupConfig(near=False))
+    record = encode([(KEYS, p) for p in pairs], chunk=3) + encode([(None, d) for d in DOCS], chunk=3)
+    assert record_keys(io.BytesIO(record + b"not a frame")) == pairs
+    assert record_keys(io.BytesIO(encode([(None, d) for d in DOCS]))) == []  # a split that keeps nothing
 
 
 @pytest.mark.parametrize("exact", [True, False])
