@@ -64,7 +64,7 @@ def clusters(docs: dict[str, str], rounds: int) -> tuple[dict[str, str], int]:
             sigs = dict((key.id, sig) for key, sig in pairs)
             out = (p | beam.Create([key for key, _ in pairs])
                    | NearDedup(cfg, lambda keys: keys | beam.Map(lambda key: (key.id, sigs[key.id]))))
-            out.duplicates | beam.io.WriteToText(f"{tmp}/duplicates", shard_name_template="")
+            out.duplicates | beam.Flatten() | beam.io.WriteToText(f"{tmp}/duplicates", shard_name_template="")
             (out.events | beam.Filter(lambda e: e[0][0] == RUN_SOURCE) | beam.Map(lambda e: str(e[1]))
              | "Unresolved" >> beam.io.WriteToText(f"{tmp}/unresolved", shard_name_template=""))
         with open(f"{tmp}/duplicates", encoding="utf-8") as f:

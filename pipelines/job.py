@@ -109,10 +109,9 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
         docs = p | "NoneListed" >> beam.Create([])
     for dedup in dedups:
         events.append(dedup.events)
-        duplicates.append(dedup.duplicates)
-    if duplicates and cfg.dedup.write_duplicates:
-        (duplicates | "AllDuplicates" >> beam.Flatten()
-         | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}", work.spill))
+        duplicates += dedup.duplicates
+    if duplicates and cfg.dedup.write_duplicates:  # each stage's lines spilled where they are made
+        tuple(duplicates) | "DuplicatesWrite" >> WriteJsonl(f"{out}/{DUPLICATES_DIR}", work.spill)
     # Trained on the kept documents before dedup (the sample counts a repeated text once), so
     # the model is ready before dedup ends; its texts are read back from the records.
     sizes = kept.docs | "SampleSizes" >> beam.FlatMap(sample_sizes)

@@ -147,7 +147,9 @@ class DedupOutput(NamedTuple):
     Attributes:
         docs: the documents kept (:class:`Doc`).
         events: ``((source, name), n)`` events (``duplicate`` or ``filtered:near_duplicate``).
-        duplicates: one :func:`duplicate_record` JSON line per dropped document.
+        duplicates: a tuple of PCollections of one :func:`duplicate_record` JSON line per dropped
+            document, left apart so that :class:`pipelines.io.output.WriteJsonl` spills each one's lines
+            in the stage that makes them (a Flatten of them was held whole by the DirectRunner).
     """
 
     docs: "beam.PCollection"

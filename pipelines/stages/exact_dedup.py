@@ -158,9 +158,8 @@ class ExactDedup(beam.PTransform):
                | "KeepSmallestId" >> beam.CombinePerKey(combiner)
                | "Emit" >> beam.FlatMap(_emit_keeper, self.list_duplicates).with_outputs(
                    EVENTS, DUPLICATES, HOT, main="docs"))
-        dups = out[DUPLICATES]
+        dups = (out[DUPLICATES],)
         if self.list_duplicates:
             hot = beam.pvalue.AsDict(out[HOT])
-            listed_hot = self.hot_docs(hot) | "ListHot" >> beam.FlatMap(_list_hot, hot)
-            dups = (dups, listed_hot) | "AllExact" >> beam.Flatten()
+            dups += (self.hot_docs(hot) | "ListHot" >> beam.FlatMap(_list_hot, hot),)
         return DedupOutput(docs=out.docs, events=out[EVENTS], duplicates=dups)

@@ -589,4 +589,4 @@ class NearDedup(beam.PTransform):
                | "JoinDoc" >> beam.CoGroupByKey()
                | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="docs"))
         events = (out[EVENTS], unresolved) | "NearEvents" >> beam.Flatten()
-        return DedupOutput(docs=out.docs, events=events, duplicates=out[DUPLICATES])
+        return DedupOutput(docs=out.docs, events=events, duplicates=(out[DUPLICATES],))

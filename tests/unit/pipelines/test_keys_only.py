@@ -106,3 +106,37 @@ def test_without_near_dedup_no_crossing_carries_one_element_per_document(tmp_pat
     assert checked["KeyStats/CombinePerKey/GroupByKey input"] >= 1 and checked["Shards/GroupBucket input"] >= 1
     per_document = {label: n for label, n in checked.items() if n > 20}
     assert not per_document, per_document
+
+
+def test_duplicate_lines_cross_no_step_boundary(tmp_path, monkeypatch):
+    """The DirectRunner holds whole every Flatten's inputs and every grouping's: duplicates/ lines (one
+    per dropped document) went through two Flattens (exact dedup's listed and hot keys, then every
+    dedup stage's) before they were split into runs; now each stage spills its own lines."""
+    cfg = _corpus(tmp_path)
+    cfg.dedup.near = False
+    seen: dict[str, beam.PCollection] = {}
+
+    class Flattens(PipelineVisitor):
+        def visit_transform(self, node):
+            if isinstance(node.transform, (beam.Flatten, beam.GroupByKey)):
+                for i, pcoll in enumerate(node.inputs):
+                    seen[f"{node.full_label} input {i}"] = pcoll
+
+    def build_checked(p, *args, **kwargs):
+        build(p, *args, **kwargs)
+        p.visit(Flattens())
+        for n, (label, pcoll) in enumerate(sorted(seen.items())):
+            pcoll | f"Check{n}" >> beam.Map(_check_no_line, label)
+
+    checked.clear()
+    monkeypatch.setattr(job, "build", build_checked)
+    stats = job.run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
+    assert stats["total"]["duplicates"] == 10
+    lines = (tmp_path / "out" / "duplicates").glob("*.jsonl")
+    assert sum(len(f.read_text().splitlines()) for f in lines) == 10
+    assert checked["DuplicatesWrite/GroupPart input 0"] >= 1  # not vacuous: the runs' paths crossed
+
+
+def _check_no_line(element, label: str):
+    assert b"duplicate_of" not in pickle.dumps(element), f"{label} carries a duplicates/ line: {str(element)[:200]}"
+    checked[label] = checked.get(label, 0) + 1

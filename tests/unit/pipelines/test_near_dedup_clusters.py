@@ -169,7 +169,7 @@ def _near_dedup(docs: list[Doc], cfg: DedupConfig):
         out = (p | beam.Create([key for key, _ in pairs])
                | NearDedup(cfg, lambda keys: keys | beam.Map(lambda key: (key.id, sigs[key.id]))))
         return (out.docs | beam.Map(lambda d: d.id),
-                out.duplicates | beam.Map(lambda line: (json.loads(line)["id"], json.loads(line)["duplicate_of"])),
+                out.duplicates | beam.Flatten() | beam.Map(lambda line: (json.loads(line)["id"], json.loads(line)["duplicate_of"])),
                 out.events | beam.Filter(lambda e: e[0][0] == RUN_SOURCE))
 
     kept, listed, run_events, result = _collected(build)
