@@ -23,7 +23,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from pipelines.stages.clean import stable_bucket
-from pipelines.stages.write_shards import spill
+from pipelines.stages.write_shards import BucketRuns
 
 DEAD_LETTER_DIR = "dead_letter"
 DUPLICATES_DIR = "duplicates"
@@ -316,27 +316,22 @@ class _PartRunsFn(beam.DoFn):
 
     def start_bundle(self):
         """Start empty runs."""
-        self._runs: dict[int, list[str]] = {}
-        self._held = 0
+        self._runs = BucketRuns(self.spill_folder, JSONL_RUN_BYTES, _line_run)
 
     def process(self, line: str):
         """Add ``line`` to its part's run; writes the runs past ``JSONL_RUN_BYTES``."""
-        self._runs.setdefault(stable_bucket(line, JSONL_PARTS), []).append(line)
-        self._held += sys.getsizeof(line)
-        if self._held > JSONL_RUN_BYTES:
-            yield from self._emit()
+        yield from self._runs.add(stable_bucket(line, JSONL_PARTS), line, sys.getsizeof(line))
 
     def finish_bundle(self):
         """Write the runs left."""
-        for run in self._emit():
+        for run in self._runs.flush():
             yield beam.transforms.window.GlobalWindows.windowed_value(run)
 
-    def _emit(self):
-        runs, self._runs, self._held = self._runs, {}, 0
-        for part in sorted(runs):
-            lines = runs.pop(part)
-            lines.sort()
-            yield part, spill(self.spill_folder, "".join(f"{line}\n" for line in lines).encode("utf-8"))
+
+def _line_run(lines: list[str]) -> bytes:
+    """A part's lines, sorted, one per line, UTF-8."""
+    lines.sort()
+    return "".join(f"{line}\n" for line in lines).encode("utf-8")
 
 
 def _run_lines(f):

@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -104,6 +105,42 @@ def spill(folder: str, data: bytes) -> str:
     return path
 
 
+class BucketRuns:
+    """One bundle's items per bucket, each bucket's written as one sorted run file (:func:`spill`) when
+    the items hold more than ``limit`` bytes, and at the end of the bundle.
+
+    Args:
+        folder: the spill folder (fsspec URL).
+        limit: bytes the held items may take (as the caller counts them) before the runs are written.
+        encode_run: a bucket's items → the run file's bytes (it sorts them).
+    """
+
+    def __init__(self, folder: str, limit: int, encode_run: Callable[[list], bytes]):
+        self.folder, self.limit, self.encode_run = folder, limit, encode_run
+        self._runs: dict[int, list] = {}
+        self._held = 0
+
+    def add(self, bucket: int, item, size: int) -> Iterator[tuple[int, str]]:
+        """Hold ``item`` (``size`` bytes) in ``bucket``'s run; yields ``(bucket, path)`` of every run
+        once the held items pass ``limit``."""
+        self._runs.setdefault(bucket, []).append(item)
+        self._held += size
+        if self._held > self.limit:
+            yield from self.flush()
+
+    def flush(self) -> Iterator[tuple[int, str]]:
+        """Write every held run, in bucket order; yields ``(bucket, path)`` of each."""
+        runs, self._runs, self._held = self._runs, {}, 0
+        for bucket in sorted(runs):
+            yield bucket, spill(self.folder, self.encode_run(runs.pop(bucket)))
+
+
+def _sample_run(samples: list) -> bytes:
+    """A bucket's samples sorted by :func:`sample_order`, as frames of ``RUN_FRAME_SAMPLES``."""
+    samples.sort(key=sample_order)
+    return encode(samples, RUN_FRAME_SAMPLES)
+
+
 class AssignBucketsFn(beam.DoFn):
     """:class:`SpilledSamples` → ``(bucket, path of a run)`` per bucket, once per bundle: the bundle's
     samples of that bucket (:func:`assign_bucket`) sorted by :func:`sample_order`, encoded as frames
@@ -126,8 +163,7 @@ class AssignBucketsFn(beam.DoFn):
 
     def start_bundle(self):
         """Start empty runs."""
-        self._runs: dict[int, list] = {}
-        self._buffered = 0
+        self._runs = BucketRuns(self.folder, RUN_BUFFER_BYTES, _sample_run)
 
     def process(self, spilled: SpilledSamples, total_bytes: int, cfg: ShardsConfig):
         """Add each document of ``spilled`` to its bucket's run (``total_bytes``: the side input of
@@ -135,22 +171,12 @@ class AssignBucketsFn(beam.DoFn):
         with fsspec.open(spilled.path, "rb") as f:
             for doc in decode_stream(f):
                 bucket, _ = assign_bucket(doc, total_bytes, cfg)
-                self._runs.setdefault(bucket, []).append(doc)
-                self._buffered += held_bytes(doc)
-                if self._buffered > RUN_BUFFER_BYTES:
-                    yield from self._emit()
+                yield from self._runs.add(bucket, doc, held_bytes(doc))
 
     def finish_bundle(self):
         """Write the runs left, in bucket order."""
-        for run in self._emit():
+        for run in self._runs.flush():
             yield beam.transforms.window.GlobalWindows.windowed_value(run)
-
-    def _emit(self):
-        runs, self._runs, self._buffered = self._runs, {}, 0
-        for bucket in sorted(runs):
-            samples = runs.pop(bucket)
-            samples.sort(key=sample_order)
-            yield bucket, spill(self.folder, encode(samples, RUN_FRAME_SAMPLES))
 
 
 def bucket_name(bucket: int) -> str:
