@@ -23,7 +23,12 @@ corpus (``FIXED_FRACTION`` of the demo corpus, about 0.1 MB) measures each runne
 
 ``--near`` turns MinHash near-dedup on (``dedup.near=true``), the steps datatrove's baseline also
 runs. ``multi`` is ``--direct_running_mode=multi_processing --direct_num_workers=W`` (``--workers``);
-``datatrove`` runs :func:`datatrove_baseline.run_datatrove` in a child process. The runners take
+``datatrove`` runs :func:`datatrove_baseline.run_datatrove` in a child process. With ``datatrove``
+among the runners, both sides tokenise with one tokenizer: a first, untimed colaflow run on the 1x
+corpus trains it (``OUT/tokenizer/``, kept between invocations), every colaflow run is brought its
+``tokenizer.json`` (``tokenizer.path``: no training) and datatrove's last step is its
+``DocumentTokenizer`` with the same file, so both do the equivalent steps: clean, redact, filter,
+MinHash near dedup, tokenise, write token files (colaflow also exact-dedups). The runners take
 turns at each scale (interleaved), so a slower hour on the shared machine hits them alike.
 
 Printed per runner and scale: input MB, wall s, CPU s per input MB and MB per CPU-s (driver plus
@@ -146,21 +151,38 @@ def _spilled_bytes(dask_worker) -> float:
 
 
 DATATROVE = ("import sys; sys.path.insert(0, sys.argv[3]); import datatrove_baseline as d; "
-             "d.run_datatrove(sys.argv[1], '*.jsonl', sys.argv[2])")
+             "d.run_datatrove(sys.argv[1], '*.jsonl', sys.argv[2], sys.argv[4] if len(sys.argv) > 4 else None)")
+
+
+def shared_tokenizer(base: Path, out: Path, fraction: float, env: dict) -> Path:
+    """The ``tokenizer.json`` colaflow trains on the 1x corpus (one untimed run, default settings
+    but for ``SETTINGS``), copied to ``out/tokenizer/`` with its ``tokenizer_config.json``; reused
+    when already there. Returns its path."""
+    keep = out / "tokenizer"
+    if not (keep / "tokenizer.json").exists():
+        corpus, run = out / "corpus-1x", out / "tokenizer-run"
+        make_corpus(base, corpus, 1, fraction)
+        run_job(corpus, run, ["dedup.near=false"], env)
+        keep.mkdir(parents=True, exist_ok=True)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (keep / name).write_bytes((run / name).read_bytes())
+    return keep / "tokenizer.json"
 
 
 def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path, memory_limit: str = "0",
-            settings: list[str] | None = None) -> dict:
+            settings: list[str] | None = None, tokenizer: Path | None = None) -> dict:
     """One run; returns wall_s, cpu_s (driver plus Dask workers), peak RSS (MB) per worker
     process (the DirectRunner's worker is the driver process itself) and, for Dask, ``held``:
     MB held in worker memory per stage at the peak (the 3 largest) and ``spilled_mb``: MB the
     workers wrote to disk (with a ``memory_limit``, e.g. ``"500MB"``, per worker). ``settings``:
-    config overrides (``dedup.near=true``) of every colaflow run."""
+    config overrides (``dedup.near=true``) of every colaflow run; ``tokenizer``: the ``tokenizer.json``
+    datatrove tokenises with (colaflow's runs are brought it through ``settings``)."""
     env, settings = child_env(), settings or []
     if runner in ("direct", "multi", "datatrove"):
         if runner == "datatrove":
             subprocess.run(["rm", "-rf", str(out)], check=True)  # datatrove skips the tasks it finds done
             cmd = [sys.executable, "-c", DATATROVE, str(corpus), str(out), str(ROOT / "benchmarks")]
+            cmd += [str(tokenizer)] if tokenizer else []
             wall, usage = run_job(corpus, out, [], env, cmd)
         else:
             multi = ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
@@ -227,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     if not glob.glob(f"{base}/*.jsonl"):
         write_corpus(str(base))
     runners = args.runners.split(",")
+    settings, tokenizer = ["dedup.near=true"] if args.near else [], None
+    if "datatrove" in runners:  # both sides tokenise with the same tokenizer (see the module docstring)
+        tokenizer = shared_tokenizer(base, out, args.fraction, child_env())
+        settings.append(f"tokenizer.path={tokenizer}")
+        print(f"colaflow and datatrove tokenise with {tokenizer} (colaflow trains no tokenizer in these runs)",
+              flush=True)
     rows, fixed = [], {}
     for scale in ["fixed"] + [int(s) for s in args.scales.split(",")]:
         corpus = out / f"corpus-{scale}x"
@@ -235,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         for runner in runners:
             workers = args.workers * (scale if runner == "dask-weak" and scale != "fixed" else 1)
             r = measure(runner, corpus, out / f"shards-{runner}-{scale}x", workers, out / f"logs-{scale}x-{runner}",
-                        args.memory_limit if runner == "dask-spill" else "0", ["dedup.near=true"] if args.near else [])
+                        args.memory_limit if runner == "dask-spill" else "0", settings, tokenizer)
             r.update(runner=runner, scale=scale, mb=size / 1e6, cpu_s_per_mb=r["cpu_s"] / (size / 1e6), workers=workers)
             if runner.startswith("dask"):
                 r["partitions"] = partition_count(None, workers, size)

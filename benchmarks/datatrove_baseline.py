@@ -4,9 +4,13 @@ datatrove (Hugging Face, https://github.com/huggingface/datatrove) runs: JsonlRe
 repair → PII formatter (e-mail, IP) → length filter → exact dedup is not part of it →
 MinHash signature (5-grams, 14 bands x 8 rows = 112 hashes, the same parameters as ours) →
 buckets (one task per band, as datatrove requires) → clusters → filter → JsonlWriter, with
-one worker (one core, like the in-memory DirectRunner). It neither trains a tokenizer nor writes shards, which our pipeline
-also does, so the ratio understates our speed. Words are split on whitespace (datatrove's
-default English tokenizer needs NLTK data downloads).
+one worker (one core, like the in-memory DirectRunner). Given a ``tokenizer`` (a Hugging Face
+``tokenizer.json``), the last step is datatrove's ``DocumentTokenizer`` with it instead of the
+JsonlWriter: the kept documents tokenised with an EOS each and written as token files, the
+equivalent of colaflow's tokenising and shard writing when colaflow is brought the same tokenizer.
+Exact dedup stays out: its copies are near duplicates too (similarity 1), which MinHash drops,
+so the ratio understates our speed by colaflow's exact-dedup pass. Words are split on whitespace
+(datatrove's default English tokenizer needs NLTK data downloads).
 
 Where datatrove's optional speed-ups are not installed, the baseline says so (:func:`substitutes`)
 and runs without them: without ``xxhash`` MinHash hashes each shingle with datatrove's own
@@ -43,8 +47,19 @@ def substitutes() -> list[str]:
     return out
 
 
-def run_datatrove(input_dir: str, glob_pattern: str, work: str) -> tuple[float, int]:
-    """Run the datatrove pipeline on ``input_dir/glob_pattern``; returns ``(seconds, documents kept)``."""
+def run_datatrove(input_dir: str, glob_pattern: str, work: str, tokenizer: str | None = None) -> tuple[float, int]:
+    """Run the datatrove pipeline on ``input_dir/glob_pattern``.
+
+    Args:
+        input_dir: folder of JSONL files (``text`` and ``id`` keys).
+        glob_pattern: which files of it to read.
+        work: empty folder for datatrove's signatures, buckets, clusters, logs and output.
+        tokenizer: a Hugging Face ``tokenizer.json`` (beside its ``tokenizer_config.json``, which
+            names the EOS token): tokenise the kept documents into token files instead of writing JSONL.
+
+    Returns:
+        ``(wall seconds, documents kept)``.
+    """
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster,
                                                   MinhashDedupFilter, MinhashDedupSignature)
@@ -108,14 +123,26 @@ def run_datatrove(input_dir: str, glob_pattern: str, work: str) -> tuple[float, 
                        MinhashDedupSignature(sigs, config=cfg, language=words)], "sigs")
     stage2 = executor([MinhashDedupBuckets(sigs, buckets, config=cfg)], "buckets", stage1, tasks=cfg.num_buckets)
     stage3 = executor([MinhashDedupCluster(buckets, clusters, config=cfg)], "clusters", stage2)
+    if tokenizer:
+        from datatrove.pipeline.tokens import DocumentTokenizer
+
+        config = os.path.join(os.path.dirname(tokenizer), "tokenizer_config.json")
+        with open(config, encoding="utf-8") as f:
+            eos = json.load(f)["eos_token"]
+        last = DocumentTokenizer(os.path.join(work, "out"), tokenizer, eos_token=eos, shuffle_documents=False)
+    else:
+        last = writer_class(os.path.join(work, "out"))
     stage4 = executor([reader(), FTFYFormatter(), PIIFormatter(), LambdaFilter(lambda d: 0 < len(d.text) <= 5_000_000),
-                       MinhashDedupFilter(clusters), writer_class(os.path.join(work, "out"))], "filter", stage3)
+                       MinhashDedupFilter(clusters), last], "filter", stage3)
     start = time.perf_counter()
     stage4.run()
     seconds = time.perf_counter() - start
     kept = 0
     for root, _, files in os.walk(os.path.join(work, "out")):
         for name in files:
-            with gzip.open(os.path.join(root, name), "rt", encoding="utf-8") as f:
-                kept += sum(1 for _ in f)
+            if name.endswith(".ds.index"):  # one uint64 end offset per document
+                kept += os.path.getsize(os.path.join(root, name)) // 8
+            elif name.endswith(".jsonl.gz"):
+                with gzip.open(os.path.join(root, name), "rt", encoding="utf-8") as f:
+                    kept += sum(1 for _ in f)
     return seconds, kept
