@@ -1,6 +1,6 @@
 """Benchmark: the Beam pipeline vs a plain Python loop doing the same transforms on the same data.
 
-Both sides parse, clean, redact, exact-dedup (smallest id wins), train the tokenizer on the
+Both sides parse, clean, redact, exact-dedup (smallest id wins, then the first in input order), train the tokenizer on the
 same hash-ordered sample, tokenise and write the same bucketed shards, so their manifests
 must match; the script checks that and prints input MB/s for each and the ratio.
 
@@ -41,7 +41,8 @@ from pipelines.stages.filters import build_steps  # noqa: E402
 from pipelines.stages.step import run_steps  # noqa: E402
 from pipelines.io.reading import iter_units  # noqa: E402
 from pipelines.records import Doc, file_format, parse_unit  # noqa: E402
-from pipelines.stages.write_shards import encode_sample, encoded_size, num_buckets  # noqa: E402
+from pipelines.stages.write_shards import encode_sample, encoded_size, num_buckets, sample_order  # noqa: E402
+from shards.format.layouts import get_layout  # noqa: E402
 from pipelines.stages.tokenize import SmallestHashSample, identity, token_dtype, trained_file  # noqa: E402
 from shards.tokenizers import build  # noqa: E402
 from shards import Manifest, ShardInfo, TarShardWriter, shard_name  # noqa: E402
@@ -97,7 +98,7 @@ def plain_loop(paths: list[str], out: str, cfg: PipelineConfig) -> Manifest:
                 if int(h[:16], 16) < cfg.tokenizer.sample_fraction * 2**64:  # sample before dedup
                     acc = sampler.add_input(acc, (h, doc.text))
                 best = keepers.get(h)
-                if best is None or (doc.id, doc.text) < (best.id, best.text):
+                if best is None or doc.id < best.id:  # the smallest id, the first in input order among equal ids
                     keepers[h] = doc
     if cfg.dedup.near:
         keepers = near_dedup(keepers, cfg.dedup)
@@ -106,20 +107,23 @@ def plain_loop(paths: list[str], out: str, cfg: PipelineConfig) -> Manifest:
     head, tail = [ends.bos_id] if ends.add_bos else [], [ends.eos_id] if ends.add_eos else []
     dtype = token_dtype(tok.vocab_size)
     docs = list(keepers.values())
-    samples = [encode_sample((d, np.asarray(head + t + tail, dtype=dtype)))
+    layout = get_layout(cfg.shards.layout)
+    samples = [encode_sample((d, np.asarray(head + t + tail, dtype=dtype)), cfg.shards.store_text, cfg.shards.layout)
                for d, t in zip(docs, tok.encode_batch([d.text for d in docs])) if t]
-    n = num_buckets(sum(encoded_size(s) for s in samples), cfg.shards)
+    n = num_buckets(sum(encoded_size(s, cfg.shards.layout) for s in samples), cfg.shards)
     buckets = defaultdict(list)
     for s in samples:
-        buckets[stable_bucket(s[0], n)].append(s)
+        buckets[stable_bucket(s.key, n)].append(s)
     infos = []
     for index, bucket in enumerate(sorted(buckets)):
         with TarShardWriter(os.path.join(out, shard_name(cfg.shards.prefix, index))) as w:
+            sink = layout.sink(w.write, cfg.shards.compression, cfg.shards.block_tokens)
             last = None
-            for key, fields, n_tokens, _, _ in sorted(buckets[bucket], key=lambda s: (s[0], s[1]["json"])):
-                if key != last:
-                    w.write(key, fields, tokens=n_tokens)
-                last = key
+            for s in sorted(buckets[bucket], key=sample_order):
+                if s.key != last:  # a second text under one id: the shard writer keeps the first too
+                    sink.add(s)
+                last = s.key
+            sink.flush()
         infos.append(w.info)
     return Manifest(shards=[ShardInfo(*[getattr(i, f) for f in ("name", "samples", "tokens", "bytes", "sha256")])
                             for i in infos], vocab_size=tok.vocab_size, token_dtype=dtype.name)
