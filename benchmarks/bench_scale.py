@@ -25,10 +25,12 @@ corpus (``FIXED_FRACTION`` of the demo corpus, about 0.1 MB) measures each runne
 runs. ``multi`` is ``--direct_running_mode=multi_processing --direct_num_workers=W`` (``--workers``);
 ``datatrove`` runs :func:`datatrove_baseline.run_datatrove` in a child process. With ``datatrove``
 among the runners, both sides tokenise with one tokenizer: a first, untimed colaflow run on the 1x
-corpus trains it (``OUT/tokenizer/``, kept between invocations), every colaflow run is brought its
-``tokenizer.json`` (``tokenizer.path``: no training) and datatrove's last step is its
-``DocumentTokenizer`` with the same file, so both do the equivalent steps: clean, redact, filter,
-MinHash near dedup, tokenise, write token files (colaflow also exact-dedups). The runners take
+corpus trains it (sentencepiece, colaflow's default; ``OUT/tokenizer/``, kept between invocations),
+every colaflow run is brought its ``tokenizer.model`` (``tokenizer.path``: no training) and
+datatrove's last step is its ``DocumentTokenizer`` with the ``tokenizer.json`` colaflow exported
+from the same model (the Hugging Face form, the only one datatrove reads; the run checked it gives
+the same ids), so both do the equivalent steps: clean, redact, filter, MinHash near dedup, tokenise
+into the same ids, write token files (colaflow also exact-dedups). The runners take
 turns at each scale (interleaved), so a slower hour on the shared machine hits them alike.
 
 Printed per runner and scale: input MB, wall s, CPU s per input MB and MB per CPU-s (driver plus
@@ -154,19 +156,22 @@ DATATROVE = ("import sys; sys.path.insert(0, sys.argv[3]); import datatrove_base
              "d.run_datatrove(sys.argv[1], '*.jsonl', sys.argv[2], sys.argv[4] if len(sys.argv) > 4 else None)")
 
 
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json")
+
+
 def shared_tokenizer(base: Path, out: Path, fraction: float, env: dict) -> Path:
-    """The ``tokenizer.json`` colaflow trains on the 1x corpus (one untimed run, default settings
-    but for ``SETTINGS``), copied to ``out/tokenizer/`` with its ``tokenizer_config.json``; reused
-    when already there. Returns its path."""
+    """The tokenizer colaflow trains on the 1x corpus (one untimed run, default settings but for
+    ``SETTINGS``): its :data:`TOKENIZER_FILES` copied to ``out/tokenizer/``, reused when already
+    there. Returns the folder."""
     keep = out / "tokenizer"
-    if not (keep / "tokenizer.json").exists():
+    if not all((keep / name).exists() for name in TOKENIZER_FILES):
         corpus, run = out / "corpus-1x", out / "tokenizer-run"
         make_corpus(base, corpus, 1, fraction)
         run_job(corpus, run, ["dedup.near=false"], env)
         keep.mkdir(parents=True, exist_ok=True)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
+        for name in TOKENIZER_FILES:
             (keep / name).write_bytes((run / name).read_bytes())
-    return keep / "tokenizer.json"
+    return keep
 
 
 def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path, memory_limit: str = "0",
@@ -176,7 +181,7 @@ def measure(runner: str, corpus: Path, out: Path, workers: int, logs: Path, memo
     MB held in worker memory per stage at the peak (the 3 largest) and ``spilled_mb``: MB the
     workers wrote to disk (with a ``memory_limit``, e.g. ``"500MB"``, per worker). ``settings``:
     config overrides (``dedup.near=true``) of every colaflow run; ``tokenizer``: the ``tokenizer.json``
-    datatrove tokenises with (colaflow's runs are brought it through ``settings``)."""
+    datatrove tokenises with (colaflow's runs are brought the same model through ``settings``)."""
     env, settings = child_env(), settings or []
     if runner in ("direct", "multi", "datatrove"):
         if runner == "datatrove":
@@ -251,10 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     runners = args.runners.split(",")
     settings, tokenizer = ["dedup.near=true"] if args.near else [], None
     if "datatrove" in runners:  # both sides tokenise with the same tokenizer (see the module docstring)
-        tokenizer = shared_tokenizer(base, out, args.fraction, child_env())
-        settings.append(f"tokenizer.path={tokenizer}")
-        print(f"colaflow and datatrove tokenise with {tokenizer} (colaflow trains no tokenizer in these runs)",
-              flush=True)
+        folder = shared_tokenizer(base, out, args.fraction, child_env())
+        settings.append(f"tokenizer.path={folder / 'tokenizer.model'}")
+        tokenizer = folder / "tokenizer.json"
+        print(f"colaflow tokenises with {folder / 'tokenizer.model'} (sentencepiece; no training in these runs), "
+              f"datatrove with {tokenizer} (the same model in Hugging Face's form)", flush=True)
     rows, fixed = [], {}
     for scale in ["fixed"] + [int(s) for s in args.scales.split(",")]:
         corpus = out / f"corpus-{scale}x"
