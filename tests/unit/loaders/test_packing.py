@@ -467,3 +467,30 @@ def test_loader_batches_are_the_ones_before_the_packer_rework(tmp_path, compress
     _golden_shards(str(tmp_path), compression)
     for workers in (1, 2):
         assert _stream_digest(str(tmp_path), workers) == STREAM_GOLDEN[(compression, workers)], (compression, workers)
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.one_of(st.integers(0, 5), st.integers(0, 10**6)), max_size=300))
+def test_distinct_ints_and_first_seen_are_the_set_and_first_appearance_order(values):
+    """The group/shard helpers: ascending distinct values (short, one value, small range, wide range) and
+    distinct values in order of first appearance (what ``dict.fromkeys`` gives)."""
+    from loaders.pack.packed import distinct_ints
+    from loaders.worker.stream import _first_seen
+
+    a = np.array(values, np.int64)
+    for arr in (a, np.repeat(a, 50)):  # short and long arrays take different ways
+        assert distinct_ints(arr) == sorted(set(arr.tolist()))
+        assert _first_seen(arr) == list(dict.fromkeys(arr.tolist()))
+
+
+def test_a_chunk_outside_its_token_array_raises_instead_of_reading_another_token():
+    """The single-array gather does not check each index: a chunk past the array's end (a shard whose
+    offsets disagree with its tokens) raises before it."""
+    from loaders.pack.batching import BestFit
+    from loaders.pack.packer import ArrayPacker, split_documents
+
+    pool = np.arange(100, dtype=np.uint16)
+    chunks = split_documents(np.arange(2, dtype=np.int64), np.array([30, 20]), np.array([0, 90]), 16)
+    packer = ArrayPacker(BestFit(16, 2), 1000)
+    with pytest.raises(IndexError, match="outside its token array of 100 tokens"):
+        list(packer.add(pool, ["a", "b"], chunks)) + list(packer.flush())
