@@ -260,11 +260,16 @@ class PackingKeys:
 
 def distinct_ints(values: np.ndarray) -> list[int]:
     """The distinct values of an ``int64`` array of numbers >= 0 spanning a small range (group, src and
-    shard numbers), ascending, as ints: a set of a short array; one counting pass over a long one
-    (``np.unique`` sorts or hashes: ~0.3 ms per packing's keys)."""
-    if len(values) < 4096:
+    shard numbers), ascending, as ints: a set of a short array; else one value when the least and the
+    greatest agree, or one counting pass (``np.unique`` sorts or hashes: ~0.3 ms per packing's keys;
+    a set of a few thousand ints ~0.1 ms)."""
+    if len(values) < 64:
         return sorted(set(values.tolist()))
-    low = int(values.min())
+    low, high = int(values.min()), int(values.max())
+    if low == high:
+        return [low]
+    if high - low > 4 * len(values):  # not a small range after all: counting would cost more than sorting
+        return np.unique(values).tolist()
     return (np.flatnonzero(np.bincount(values - low)) + low).tolist()
 
 

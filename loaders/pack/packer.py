@@ -42,6 +42,15 @@ def split_documents(pos: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, s
     return out
 
 
+def _check_bounds(pool: np.ndarray, off: np.ndarray, lens: np.ndarray) -> None:
+    """Raise ``IndexError`` unless every chunk (``int64`` first token ``off`` and ``lens`` tokens, > 0)
+    lies inside the token array ``pool``: the gathers after it do not check each index."""
+    if len(off) and (int(off.min()) < 0 or int((off + lens).max()) > len(pool)):
+        bad = int(np.flatnonzero((off < 0) | (off + lens > len(pool)))[0])
+        raise IndexError(f"chunk of {int(lens[bad])} tokens at {int(off[bad])} is outside its token array "
+                         f"of {len(pool)} tokens")
+
+
 def _fields(table: np.ndarray) -> dict[str, np.ndarray]:
     """The rows of a chunk table (``int64 [len(FIELDS), chunks]``) by field name (views, no copy)."""
     return dict(zip(FIELDS, table))
@@ -59,8 +68,13 @@ class ArrayPacker:
 
     def __init__(self, mode: Batching, window: int, pad_id: int = 0):
         self.mode, self.window, self.pad_id = mode, max(window, 1), pad_id
-        self._table = np.zeros((len(FIELDS), 0), np.int64)  # the buffer: one row per field, one column per chunk
-        self.buf = _fields(self._table)  # its rows by field name (views)
+        # the buffer: one row per field, one column per chunk, in the first `_size` columns of `_table`. New
+        # chunks go into its spare columns, a packing moves the chunks it leaves into `_spare` (then the two
+        # swap) and reads the chunks it packs into `_picked`: on short documents the buffer is ~16,000 chunks
+        # (1 MB), which a fresh table per append and per packing copied whole every time
+        self._table = self._spare = self._picked = np.zeros((len(FIELDS), 0), np.int64)
+        self._size = 0
+        self.buf = _fields(self._table)  # the buffer's rows by field name (views)
         self.buffered = 0  # tokens in the buffer
         self.ready: list[PackedBatch] = []  # packed, waiting to be emitted
         self.pools: dict[int, np.ndarray] = {}  # token arrays by src number
@@ -109,8 +123,7 @@ class ArrayPacker:
             base = int(tokens[at - 1]) if at else 0
             reach = int(np.searchsorted(tokens, base + self.window - self.buffered))  # chunk that fills the window
             end = int(doc_end[min(reach, n - 1)])
-            self._table = np.concatenate([self._table, new[:, at:end]], axis=1)
-            self.buf = _fields(self._table)
+            self._append(new[:, at:end])
             self.buffered += int(tokens[end - 1]) - base
             at = end
             while self.ready or self.buffered >= self.window:
@@ -123,11 +136,41 @@ class ArrayPacker:
         plans, taken = self.mode.select(b["length"], b["pos"], b["idx"], self.window, final)
         batches = [batch for plan in plans if len(plan.counts) for batch in self._build(plan)]
         rest = np.flatnonzero(~taken)  # in buffer order: the next packing's sort stays a radix sort
-        self._table = self._table[:, rest]
-        self.buf = _fields(self._table)
+        if self._spare.shape != self._table.shape:
+            self._spare = np.empty_like(self._table)
+        self._table, self._spare = self._take(rest, self._spare), self._table
+        self._resize(len(rest))
         self.buffered = int(self.buf["length"].sum())
         self._drop_pools()
         return batches
+
+    def _append(self, columns: np.ndarray) -> None:
+        """Put chunk columns (``int64 [len(FIELDS), k]``) after the buffered ones: in the table's spare
+        columns, the table doubled first when they are too few."""
+        size = self._size + columns.shape[1]
+        if size > self._table.shape[1]:
+            table = np.empty((len(FIELDS), max(size, 2 * self._table.shape[1])), np.int64)
+            table[:, :self._size] = self._table[:, :self._size]
+            self._table = table
+        self._table[:, self._size:size] = columns
+        self._resize(size)
+
+    def _resize(self, size: int) -> None:
+        """The buffer is now the table's first ``size`` columns."""
+        self._size = size
+        self.buf = _fields(self._table[:, :size])
+
+    def _take(self, columns: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Buffered chunks ``columns`` (``int64`` indices below the buffer's size) into the first columns
+        of ``out`` (``int64 [len(FIELDS), >= len(columns)]``); returns ``out``.
+
+        One contiguous row at a time: ``np.take(..., axis=1)`` copies a table with spare columns whole
+        first. The indices are in range by construction, so ``mode="wrap"`` only skips ``raise``'s
+        buffered copy of the output."""
+        k = len(columns)
+        for f in range(len(FIELDS)):
+            np.take(self._table[f, :self._size], columns, out=out[f, :k], mode="wrap")
+        return out
 
     def pop(self) -> PackedBatch:
         """Next batch; packs the buffer first when no packed batch is waiting."""
@@ -186,7 +229,9 @@ class ArrayPacker:
 
     def _build(self, plan: RowPlan) -> list[PackedBatch]:
         """The batches of ``plan`` (rows of ``plan.width`` tokens, ``plan.rows`` per batch), gathered in one pass."""
-        c = _fields(self._table[:, plan.chunks])
+        if self._picked.shape[1] < len(plan.chunks):
+            self._picked = np.empty((len(FIELDS), max(len(plan.chunks), self._table.shape[1])), np.int64)
+        c = _fields(self._take(plan.chunks, self._picked)[:, :len(plan.chunks)])  # reused: copy what batches keep
         counts, T, B = plan.counts, plan.width, plan.rows
         R = len(counts)
         n_rows = R - int(np.argmax(counts[::-1] > 0)) if counts.any() else 0  # rows holding chunks
@@ -201,6 +246,7 @@ class ArrayPacker:
         pools = [self.pools[g] for g in used]
         if len(used) == 1:
             pool, off, real = pools[0], c["off"], n_rows  # real: rows with chunks (the rest: the last batch's empty rows)
+            _check_bounds(pool, off, lens)
             ids = np.empty((R, T), pool.dtype)
             short = np.flatnonzero(fill[:real] < T)
             gaps = np.zeros(len(lens), np.int64)  # a padded row's cells follow its last chunk
@@ -216,11 +262,14 @@ class ArrayPacker:
                     continue
                 # each cell's token by index (padding cells repeat the row's last token, set to pad_id after);
                 # np.take with intp indices: about twice as fast as fancy indexing here. The indices are
-                # made and used GATHER_TOKENS at a time, so they stay in the CPU cache (1.5x faster)
+                # made and used GATHER_TOKENS at a time, so they stay in the CPU cache (1.5x faster).
+                # mode="wrap": the chunks are in bounds (checked above), and "raise" gathers into a buffer
+                # first, then copies it out (1.2-1.5x the time)
                 for r0 in range(a0, b0, step):
                     r1 = min(b0, r0 + step)
                     a, b = int(chunk_end[r0] - counts[r0]), int(chunk_end[r1 - 1])
-                    np.take(pool, self._runs(off[a:b], lens[a:b], gaps[a:b], 0), out=ids[r0:r1].reshape(-1))
+                    np.take(pool, self._runs(off[a:b], lens[a:b], gaps[a:b], 0), out=ids[r0:r1].reshape(-1),
+                            mode="wrap")
             ids[real:] = self.pad_id
             for r in pad:
                 ids[r, fill[r]:] = self.pad_id
@@ -243,9 +292,9 @@ class ArrayPacker:
         ids = ids if ids.dtype in (np.uint16, np.int32) else compact_ids(ids)
         consumed = np.stack([c["pos"], c["idx"], c["n"]], 1)
         lens32, counts32 = lens.astype(np.int32), counts.astype(np.int32)
-        group = c["group"]
+        group = c["group"].copy()
         bounds = np.concatenate([[0], chunk_end[B - 1::B]]).tolist()
-        keys = PackingKeys(dict(self.keys), group, c["key"], bounds)  # the live groups' keys (a few)
+        keys = PackingKeys(dict(self.keys), group, c["key"].copy(), bounds)  # the live groups' keys (a few)
         # what a TokenBatch asks of each batch, for all of them at once (~10 us of numpy calls per batch otherwise):
         # document tokens, and whether each row is empty or one chunk filling it
         doc_tokens = np.diff(done[bounds]).tolist()

@@ -26,7 +26,10 @@ from shards import Manifest
 
 log = logging.getLogger(__name__)
 
-RECORD_EVERY = 64  # delivered batches whose consumed records are applied to the resume state at once
+# delivered batches whose consumed records are applied to the resume state at once: its sorts cost about
+# half as much per batch at 256 as at 64 (long documents: 5 against 10 us a batch); the records held
+# meanwhile are ~1 MB on short documents
+RECORD_EVERY = 256
 
 
 def dataset_fingerprint(manifest: Manifest) -> str:

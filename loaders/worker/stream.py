@@ -12,12 +12,21 @@ from loaders.order.positions import decode_positions
 from loaders.order.progress import BAD, EMPTY, Progress, deal_fits
 from loaders.order.split import NodePlan, consumer_arrays, plan_nodes
 from loaders.pack.batching import batching
-from loaders.pack.packed import GroupKeys, PackedBatch
+from loaders.pack.packed import GroupKeys, PackedBatch, distinct_ints
 from loaders.pack.packer import ArrayPacker, split_documents
 from loaders.protocols import Order, Reader, ShardSource, Sources
 from shards import ShardError
 
 log = logging.getLogger(__name__)
+
+
+def _first_seen(values: np.ndarray) -> list[int]:
+    """The distinct values of an ``int64`` array in the order they first appear (``dict.fromkeys`` of a
+    block's 4096 shard numbers costs ~0.15 ms; most blocks read one shard)."""
+    if not len(values) or values.min() == values.max():
+        return values[:1].tolist()
+    distinct, first = np.unique(values, return_index=True)
+    return distinct[np.argsort(first)].tolist()
 
 
 def _runs(packer: ArrayPacker, batches: Iterator[PackedBatch]) -> Iterator[list[PackedBatch]]:
@@ -166,7 +175,7 @@ class TextStream:
             plan = self.plan(order, num_workers)
             reader.prefetch(plan.shards(order, self.node, self.prefix))  # this node's shards only
             for pos, shard, local in self._dealt(order, worker, num_workers, plan):
-                reader.retain(set(shard.tolist()))
+                reader.retain(set(distinct_ints(shard)))
                 yield from _runs(packer, self._pack_group(reader, packer, pos, shard, local))
             yield from _runs(packer, packer.flush())
         finally:
@@ -175,7 +184,7 @@ class TextStream:
     def _pack_group(self, reader: Reader, packer: ArrayPacker, pos, shard, local) -> Iterator[PackedBatch]:
         """Locate one group's documents shard by shard (no copy), then feed their chunks in position order."""
         pools, handles, pool_of, lengths, offsets, where = [], [], [], [], [], []
-        shards = list(dict.fromkeys(shard.tolist()))
+        shards = _first_seen(shard)
         for s in shards:
             m = np.flatnonzero(shard == s)
             try:

@@ -414,3 +414,83 @@ def test_array_token_budget_packs_once_per_half_window():
     batches = _array_run(packer, docs, 128, 100)
     _check_all(batches, docs, 128)
     assert len(batches) > 4 * len(calls) and len(calls) <= 2 * sum(len(d) for d in docs) // window + 2
+
+
+# sha256 of every batch the loader gave on these shards (workers 1 and 2, both layouts of token blocks) at
+# 7d7df22, before the packer's buffer, gathers and group bookkeeping were reworked: the rework must not move
+# a token, a chunk, a key or a resume record (see _stream_digest)
+STREAM_GOLDEN = {
+    ("none", 1): "d57c091975c9bfa3a2969694cbc164aa870b39cc242715caffc539458bb95574",
+    ("none", 2): "f78e2f874383c77277640787a60b8c4802122d19edc2bc864b305075975906b5",
+    ("zstd", 1): "cf2a0526a5ce498f5131662c1a49b40f08e6429a3d7fdfb779189e9884f95ffb",
+    ("zstd", 2): "332704724f0a09e542890701c5ea2be4e6dadcc968e6f23f6097b2d15550a458",
+}
+
+
+def _stream_digest(directory: str, workers: int) -> str:
+    """sha256 over one epoch of the in-process loader on ``directory``: every batch's packed ids, chunk
+    lengths, row chunk counts, resume records, keys, worker, token count and one-document flag."""
+    import hashlib
+
+    from loaders.config import DataConfig
+    from loaders.rank.loader import build_text_loader
+
+    cfg = DataConfig(manifest=directory, seq_len=64, micro_batch_size=4, num_workers=workers, pack_window=1500,
+                     shuffle_block=96)
+    h = hashlib.sha256()
+    for b in build_text_loader(cfg, in_process=True):
+        p = b.packed
+        for a in (p.ids, p.lens, p.row_chunks, p.consumed):
+            h.update(f"{a.dtype.str}{a.shape}".encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+        h.update(repr((list(p.keys), p.worker, p.num_doc_tokens, p.one_document)).encode())
+    return h.hexdigest()
+
+
+def _golden_shards(directory: str, compression: str) -> None:
+    """Token-block shards of 600 documents of 1 to ~1,000 tokens (most short, as the demo corpus's),
+    in blocks of ~700 tokens, several shards."""
+    from shards import Manifest, TokenBlockWriter
+
+    rng = np.random.default_rng(38)
+    w = TokenBlockWriter(directory, max_bytes=40 * 1024, block_tokens=700, compression=compression)
+    for i in range(600):
+        n = int(rng.choice([1, 3, 9, 20, 40, 64, 65, 130, 400, 1000], p=[.05, .1, .2, .2, .15, .1, .05, .07, .05, .03]))
+        w.add(f"doc{i:04d}", "golden", rng.integers(0, 60000, n).astype(np.uint16))
+    Manifest(shards=w.close(), vocab_size=60000, layout="token_blocks").save(directory)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_loader_batches_are_the_ones_before_the_packer_rework(tmp_path, compression):
+    """The loader gives bit for bit the batches it gave before the rework (a golden digest per layout and
+    worker count): raw blocks gather from one memory map per shard, zstd blocks from one array per block."""
+    _golden_shards(str(tmp_path), compression)
+    for workers in (1, 2):
+        assert _stream_digest(str(tmp_path), workers) == STREAM_GOLDEN[(compression, workers)], (compression, workers)
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.one_of(st.integers(0, 5), st.integers(0, 10**6)), max_size=300))
+def test_distinct_ints_and_first_seen_are_the_set_and_first_appearance_order(values):
+    """The group/shard helpers: ascending distinct values (short, one value, small range, wide range) and
+    distinct values in order of first appearance (what ``dict.fromkeys`` gives)."""
+    from loaders.pack.packed import distinct_ints
+    from loaders.worker.stream import _first_seen
+
+    a = np.array(values, np.int64)
+    for arr in (a, np.repeat(a, 50)):  # short and long arrays take different ways
+        assert distinct_ints(arr) == sorted(set(arr.tolist()))
+        assert _first_seen(arr) == list(dict.fromkeys(arr.tolist()))
+
+
+def test_a_chunk_outside_its_token_array_raises_instead_of_reading_another_token():
+    """The single-array gather does not check each index: a chunk past the array's end (a shard whose
+    offsets disagree with its tokens) raises before it."""
+    from loaders.pack.batching import BestFit
+    from loaders.pack.packer import ArrayPacker, split_documents
+
+    pool = np.arange(100, dtype=np.uint16)
+    chunks = split_documents(np.arange(2, dtype=np.int64), np.array([30, 20]), np.array([0, 90]), 16)
+    packer = ArrayPacker(BestFit(16, 2), 1000)
+    with pytest.raises(IndexError, match="outside its token array of 100 tokens"):
+        list(packer.add(pool, ["a", "b"], chunks)) + list(packer.flush())
