@@ -47,6 +47,25 @@ def _root_log_handlers_restored():
     root.setLevel(level)
 
 
+# What trainer.distributed.parallel.init_distributed puts in os.environ when a test trains in process
+# without torchrun (RANK=0, WORLD_SIZE=1, MASTER_PORT=<its port>, ...).
+_TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _torchrun_env_restored():
+    """A test that trains in process leaves ``RANK``/``MASTER_PORT``... in the worker's environment; a
+    later test's ``python -m trainer`` child inherited them, took itself for a torchrun rank and failed
+    with EADDRINUSE on the port the worker's process group still holds. Each test ends with them as it began."""
+    saved = {k: os.environ.get(k) for k in _TORCHRUN_ENV}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture
 def http_server(tmp_path):
     """A Range-capable HTTP server on 127.0.0.1 serving a fresh folder.
@@ -136,3 +155,41 @@ def s3_server():
             else:
                 os.environ[k] = v
         server.stop()
+
+
+# The slowest test files of `make test` (measured with --durations on 2 cores), slowest first. They are
+# collected first so that xdist (`--dist worksteal`, see the Makefile) starts them at once and the run ends
+# on short tests spread over both workers, not on a 70 s test that one worker picked up last. Whole files
+# move, in their own order, so a module-scoped fixture is still built once per file and worker.
+SLOW_FILES_FIRST = (
+    "tests/integration/test_demo.py",
+    "tests/integration/test_stages_demo.py",
+    "tests/unit/trainer/test_run_folder.py",
+    "tests/unit/pipelines/test_engines.py",
+    "tests/unit/pipelines/test_pipeline.py",
+    "tests/unit/trainer/test_elastic.py",
+    "tests/unit/pipelines/test_near_dedup_bounded.py",
+    "tests/integration/test_continue_pretraining.py",
+    "tests/unit/trainer/test_checkpoint_s3.py",
+    "tests/unit/trainer/test_checkpoint_reshard.py",
+    "tests/unit/pipelines/test_near_dedup_clusters.py",
+    "tests/unit/trainer/test_replay.py",
+    "tests/unit/pipelines/test_resume.py",
+    "tests/unit/pipelines/test_warc.py",
+    "tests/unit/pipelines/test_overwrite.py",
+    "tests/unit/pipelines/test_runs.py",
+    "tests/unit/pipelines/test_usage.py",
+    "tests/unit/trainer/test_zero.py",
+    "tests/integration/test_examples.py",
+    "tests/integration/test_trainer_e2e.py",
+    "tests/integration/test_mixture_train.py",
+    "tests/integration/test_own_tokenizer.py",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Order the items so that :data:`SLOW_FILES_FIRST` come first (stable: the rest keep their order)."""
+    rank = {path: i for i, path in enumerate(SLOW_FILES_FIRST)}
+    root = config.rootpath
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
