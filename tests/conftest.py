@@ -47,25 +47,6 @@ def _root_log_handlers_restored():
     root.setLevel(level)
 
 
-# What trainer.distributed.parallel.init_distributed puts in os.environ when a test trains in process
-# without torchrun (RANK=0, WORLD_SIZE=1, MASTER_PORT=<its port>, ...).
-_TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-@pytest.fixture(autouse=True)
-def _torchrun_env_restored():
-    """A test that trains in process leaves ``RANK``/``MASTER_PORT``... in the worker's environment; a
-    later test's ``python -m trainer`` child inherited them, took itself for a torchrun rank and failed
-    with EADDRINUSE on the port the worker's process group still holds. Each test ends with them as it began."""
-    saved = {k: os.environ.get(k) for k in _TORCHRUN_ENV}
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 @pytest.fixture
 def http_server(tmp_path):
     """A Range-capable HTTP server on 127.0.0.1 serving a fresh folder.

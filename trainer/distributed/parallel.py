@@ -60,8 +60,10 @@ def free_port() -> int:
 def init_distributed(device: str = "auto") -> DistInfo:
     """Join (or create) the default process group from torchrun's env vars.
 
-    Without torchrun (no ``RANK`` in the environment) a world of size 1 is created on a free local
-    port, so the same DDP/FSDP code paths run. Backend: nccl on CUDA, gloo on CPU.
+    Without torchrun (no ``RANK`` in the environment) a world of size 1 is created on an in-memory
+    store, so the same DDP/FSDP code paths run; the environment is left as it was (torchrun's
+    variables set here would be inherited by any child process, which would take itself for a rank
+    of this world). Backend: nccl on CUDA, gloo on CPU.
 
     Raises:
         ValueError: ``device="cuda"`` on a machine without CUDA.
@@ -70,9 +72,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device=cuda but torch.cuda.is_available() is False; use device=cpu")
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(free_port()))
+    alone = "RANK" not in os.environ
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device == "cuda":
         torch.cuda.set_device(local_rank)
@@ -80,8 +80,9 @@ def init_distributed(device: str = "auto") -> DistInfo:
     else:
         dev = torch.device("cpu")
     if not dist.is_initialized():
+        alone_args = {"store": dist.HashStore(), "rank": 0, "world_size": 1} if alone else {}
         dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10),
-                                device_id=dev if device == "cuda" else None)
+                                device_id=dev if device == "cuda" else None, **alone_args)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev)
 
 

@@ -1,7 +1,10 @@
 """ZeRO stages 0-3 with real torch.distributed gloo processes: memory per rank, training agreement
 (also of the memory options: selective checkpointing, activation and ZeRO-3 CPU offload), gradient
 accumulation normalised by the global token count, DCP checkpoint round trip."""
+import json
 import os
+import subprocess
+import sys
 import tempfile
 
 import torch
@@ -191,3 +194,22 @@ def test_accumulation_over_micro_batches_equals_one_batch():
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-7)
     torch.distributed.destroy_process_group()
+
+
+def test_a_world_of_one_leaves_the_environment_alone():
+    """Without torchrun, init_distributed once wrote RANK/MASTER_PORT... into os.environ: a child
+    process started afterwards (``python -m trainer``) took itself for a torchrun rank of that world
+    and failed with EADDRINUSE on its port."""
+    code = ("import os, json\n"
+            "from trainer.distributed.parallel import init_distributed\n"
+            "info = init_distributed('cpu')\n"
+            "import torch.distributed as dist\n"
+            "t = __import__('torch').ones(3)\n"
+            "dist.all_reduce(t)\n"
+            "print(json.dumps({'env': sorted(k for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')"
+            " if k in os.environ), 'world': info.world_size, 'rank': info.rank, 'sum': t.tolist()}))\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"env": [], "world": 1, "rank": 0, "sum": [1.0, 1.0, 1.0]}
