@@ -61,7 +61,8 @@ def doc_keys(docs: list[Doc], split: str, first: int, dedup: DedupConfig) -> lis
         first: the index of ``docs[0]`` among the split's kept documents.
         dedup: with ``near``, the signatures are computed (uint32 bytes; else ``None``). They stay
             in the split's record, out of the keys: only near dedup reads them
-            (:class:`SplitSignatures`), so no other global step holds them.
+            (:class:`pipelines.stages.payload.Candidates` for the band rows, :class:`~pipelines.stages.payload.NearDocs`
+            for the candidates), so no other global step holds them.
     Returns:
         ``(key, signature)`` per document, in order.
     """
