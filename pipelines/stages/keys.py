@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
-import apache_beam as beam
 import numpy as np
 
 from pipelines.config import DedupConfig
