@@ -195,6 +195,12 @@ class NearCandidates(NamedTuple):
         span = self._span(split)
         return span.stop > span.start
 
+    def shared(self, hashes: np.ndarray) -> np.ndarray:
+        """Whether each of uint64 band hashes ``hashes`` is held by two documents or more (bool array;
+        a binary search in the sorted ``keys``: ``np.isin`` would sort them again at every call)."""
+        at = np.minimum(np.searchsorted(self.keys, hashes), max(len(self.keys) - 1, 0))
+        return self.keys[at] == hashes if len(self.keys) else np.zeros(len(hashes), bool)
+
     def in_split(self, split: str, count: int) -> np.ndarray:
         """Whether each of the ``count`` documents of ``split`` is a candidate (bool array)."""
         return np.isin(np.arange(count, dtype=np.uint64), self.refs["index"][self._span(split)])
@@ -296,7 +302,7 @@ def _buckets(doc: NearDoc, bands: int, candidates: NearCandidates):
     """``doc``'s band buckets that hold another document (by hash): ``(bucket, Member)`` each, the
     bucket as :func:`band_keys` makes it, so that a hash shared by two unequal bands splits apart."""
     sig = np.frombuffer(doc.signature, dtype=np.uint32)
-    shared = np.isin(band_hashes(sig[None, :], bands)[0], candidates.keys)
+    shared = candidates.shared(band_hashes(sig[None, :], bands)[0])
     member = Member(doc.id, doc.signature)
     for key, is_shared in zip(band_keys(doc.signature, bands), shared):
         if is_shared:
