@@ -123,8 +123,9 @@ def band_keys(signature: np.ndarray | bytes, bands: int) -> list[bytes]:
 
 
 # One document in one LSH band bucket: the band's 64-bit hash (:func:`band_hashes`), the document's
-# split (:func:`split_number`) and its index in the split's record. 24 bytes, not a Python object each.
-BAND_ROW = np.dtype([("key", "u8"), ("split", "u8"), ("index", "u8")])
+# content hash (two big-endian halves, as keys.HASH), its split (:func:`split_number`) and its index in
+# the split's record. 40 bytes, not a Python object each.
+BAND_ROW = np.dtype([("key", "u8"), ("t1", "u8"), ("t2", "u8"), ("split", "u8"), ("index", "u8")])
 DOC_REF = np.dtype([("split", "u8"), ("index", "u8")])  # a document: its split number, its index there
 
 
@@ -156,12 +157,13 @@ def split_number(split: str) -> int:
     return int.from_bytes(hashlib.blake2b(split.encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def band_rows(split: str, signatures: np.ndarray, bands: int) -> np.ndarray:
+def band_rows(split: str, signatures: np.ndarray, texts: np.ndarray, bands: int) -> np.ndarray:
     """The :data:`BAND_ROW` s of one split's documents: ``bands`` per document.
 
     Args:
         split: the split's id.
         signatures: uint32 ``(documents, num_perm)``: row ``i`` is the document of index ``i``.
+        texts: the documents' content hashes, fields ``h1`` and ``h2`` (uint64; :data:`pipelines.stages.keys.HASH`).
         bands: LSH bands.
     Returns:
         a :data:`BAND_ROW` array of ``documents * bands`` rows.
@@ -169,6 +171,8 @@ def band_rows(split: str, signatures: np.ndarray, bands: int) -> np.ndarray:
     hashes = band_hashes(signatures, bands)
     rows = np.empty(hashes.size, BAND_ROW)
     rows["key"] = hashes.ravel()
+    rows["t1"] = np.repeat(texts["h1"], bands)
+    rows["t2"] = np.repeat(texts["h2"], bands)
     rows["split"] = split_number(split)
     rows["index"] = np.repeat(np.arange(len(signatures), dtype=np.uint64), bands)
     return rows
@@ -210,12 +214,19 @@ class BandStats(SpilledRuns):
     """Combine :data:`BAND_ROW` arrays (one per split) into :class:`NearCandidates`, on disk
     (:class:`~pipelines.stages.sorted_runs.SpilledRuns`): a run holds its rows sorted, and the
     output is found one range of the band hash at a time over all runs, so it holds ``RUN_ROWS``
-    rows and about 1/2**BUCKET_BITS of all rows (24 bytes a band a document), not one bucket
+    rows and about 1/2**BUCKET_BITS of all rows (40 bytes a band a document), not one bucket
     membership object per band and document.
 
     Args:
         folder: the spill folder (fsspec URL; ``OUT/.work/spill``), which every worker can reach.
+        distinct_texts: a bucket is shared when it holds two distinct content hashes (``dedup.exact``:
+            exact dedup keeps one copy of a text, so a text's copies alone make no candidate), else
+            when it holds two documents.
     """
+
+    def __init__(self, folder: str, distinct_texts: bool):
+        super().__init__(folder)
+        self.distinct_texts = distinct_texts
 
     def sections(self, rows: np.ndarray) -> list[np.ndarray]:
         """One section: ``rows`` sorted."""
@@ -224,16 +235,20 @@ class BandStats(SpilledRuns):
         return [rows]
 
     def found(self, runs: list[SortedRun]) -> NearCandidates:
-        """The band hashes held twice or more and the documents that hold them, a range at a time."""
+        """The shared band hashes and the documents that hold them, a range of the hash at a time."""
         keys, refs = [np.empty(0, np.uint64)], [np.empty(0, DOC_REF)]
         for b in range(1 << BUCKET_BITS):
-            rows = read_range(runs, 0, BAND_ROW, b)
-            same = rows["key"][1:] == rows["key"][:-1]
-            repeated = np.zeros(len(rows), bool)
-            repeated[1:] |= same
-            repeated[:-1] |= same
-            keys.append(np.unique(rows["key"][repeated]))
-            refs.append(rows[repeated][["split", "index"]].astype(DOC_REF))
+            rows = read_range(runs, 0, BAND_ROW, b)  # sorted by band hash, then content hash
+            if not len(rows):
+                continue
+            first = np.flatnonzero(np.concatenate([[True], rows["key"][1:] != rows["key"][:-1]]))
+            last = np.concatenate([first[1:], [len(rows)]]) - 1
+            if self.distinct_texts:  # a group's first and last rows differ in text when it holds two texts
+                shared = (rows["t1"][first] != rows["t1"][last]) | (rows["t2"][first] != rows["t2"][last])
+            else:
+                shared = last > first
+            keys.append(rows["key"][first[shared]])
+            refs.append(rows[np.repeat(shared, last - first + 1)][["split", "index"]].astype(DOC_REF))
         return NearCandidates(np.concatenate(keys), np.unique(np.concatenate(refs)))
 
 
@@ -586,7 +601,7 @@ class NearDedup(beam.PTransform):
     similarity ``>= threshold`` makes an edge; the connected components of the edges are the
     clusters (:class:`Clusters`). Steps:
     (1) :class:`BandStats` combines the splits' band rows on disk into the band hashes held by
-    two documents or more and those documents (:class:`NearCandidates`, a side input of two
+    two documents or more (two texts under ``dedup.exact``) and those documents (:class:`NearCandidates`, a side input of two
     arrays); (2) ``candidates`` reads those documents back from the split records (a
     :class:`NearDoc` each, with its signature): a document in no shared bucket never crosses a
     grouping, a side input or a join; (3) each candidate's shared buckets (:func:`band_keys`, so
@@ -620,7 +635,8 @@ class NearDedup(beam.PTransform):
     def expand(self, rows):
         """Drop, count and list every document of a near-duplicate cluster but its smallest id: a
         :class:`NearOutput` (not annotated: Beam warns about a return type that is not a PCollection)."""
-        found = beam.pvalue.AsSingleton(rows | "Buckets" >> beam.CombineGlobally(BandStats(self.folder)))
+        found = beam.pvalue.AsSingleton(
+            rows | "Buckets" >> beam.CombineGlobally(BandStats(self.folder, distinct_texts=self.cfg.exact)))
         docs = self.candidates(found)
         members = docs | "Shared" >> beam.FlatMap(_buckets, self.cfg.bands, found)
         keepers = members | "Keepers" >> beam.CombinePerKey(_SmallestId())

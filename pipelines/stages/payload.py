@@ -86,7 +86,7 @@ class Candidates(beam.DoFn):
                     yield key.hash, key
         if self.bands and pairs:
             sigs = np.frombuffer(b"".join(sig for _, sig in pairs), dtype=np.uint32).reshape(len(pairs), -1)
-            yield beam.pvalue.TaggedOutput(BANDS, band_rows(split_id(split), sigs, self.bands))
+            yield beam.pvalue.TaggedOutput(BANDS, band_rows(split_id(split), sigs, hashes_of(keys), self.bands))
 
 
 class HotDocs(beam.DoFn):

@@ -9,7 +9,7 @@ import apache_beam as beam
 import numpy as np
 
 from pipelines.config import DedupConfig
-from pipelines.stages.keys import DocKey
+from pipelines.stages.keys import DocKey, hashes_of
 from pipelines.stages.near_dedup import NearDedup, NearDoc, NearOutput, band_rows
 
 
@@ -34,9 +34,12 @@ def near_dedup(p, pairs: list[tuple[DocKey, bytes]], cfg: DedupConfig, folder: s
     """
     splits: dict[str, list] = defaultdict(list)
     for key, sig in pairs:
-        splits[key.split].append((key.index, sig))
-    arrays = [band_rows(split, np.frombuffer(b"".join(sig for _, sig in sorted(docs)), np.uint32).reshape(len(docs), -1),
-                        cfg.bands) for split, docs in splits.items()]
+        splits[key.split].append((key.index, key, sig))
+    arrays = []
+    for split, docs in splits.items():
+        docs.sort(key=lambda doc: doc[0])
+        sigs = np.frombuffer(b"".join(sig for _, _, sig in docs), np.uint32).reshape(len(docs), -1)
+        arrays.append(band_rows(split, sigs, hashes_of([key for _, key, _ in docs]), cfg.bands))
 
     def candidates(found):
         return (p | f"{label}/Docs" >> beam.Create(pairs)

@@ -1,6 +1,6 @@
 """Near dedup's band buckets: one BAND_ROW array per split, combined on disk by BandStats into the
-band hashes of two documents or more and those documents, the same whatever the runs and partials
-(against counting every band of every document in a dict)."""
+band hashes of two documents (or two texts) or more and those documents, the same whatever the runs
+and partials (against counting every band of every document in a dict)."""
 from __future__ import annotations
 
 import collections
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import pipelines.stages.sorted_runs as sorted_runs
+from pipelines.stages.keys import HASH
 from pipelines.stages.near_dedup import BAND_ROW, DOC_REF, BandStats, band_hashes, band_keys, band_rows, split_number
 
 BANDS = 4
@@ -31,23 +32,34 @@ def test_band_hashes_agree_with_band_keys():
     assert len({h for hs in by_key.values() for h in hs}) == len(by_key)  # no collision here
 
 
+def _texts(sigs: np.ndarray) -> np.ndarray:
+    """A content hash per document: the same for the documents of equal signatures (copies of a text)."""
+    texts = np.empty(len(sigs), HASH)
+    texts["h1"] = [hash(row.tobytes()) & 0xFFFF for row in sigs]  # few values: equal texts across splits
+    texts["h2"] = 7
+    return texts
+
+
 @pytest.mark.parametrize("run_rows", [1, 50, 1 << 17])
-def test_band_stats_finds_the_shared_buckets_whatever_the_partitioning(monkeypatch, tmp_path, run_rows):
+@pytest.mark.parametrize("distinct_texts", [False, True])
+def test_band_stats_finds_the_shared_buckets_whatever_the_partitioning(monkeypatch, tmp_path, run_rows, distinct_texts):
     monkeypatch.setattr(sorted_runs, "RUN_ROWS", run_rows)
     splits = {f"{i:016x}": _signatures(30 + i, i) for i in range(6)}
-    arrays = [band_rows(split, sigs, BANDS) for split, sigs in splits.items()]
+    splits["copies"] = np.concatenate([splits["0000000000000000"][:10]] * 2)  # copies of 10 texts
+    arrays = [band_rows(split, sigs, _texts(sigs), BANDS) for split, sigs in splits.items()]
     assert all(a.dtype == BAND_ROW and len(a) == len(splits[s]) * BANDS for a, s in zip(arrays, splits))
-    fn = BandStats(str(tmp_path))
+    fn = BandStats(str(tmp_path), distinct_texts)
     accs = [fn.create_accumulator(), fn.create_accumulator()]
     for i, rows in enumerate(arrays):
         accs[i % 2] = fn.add_input(accs[i % 2], rows)
     found = fn.extract_output(fn.merge_accumulators([fn.compact(a) for a in accs]))
-    members = collections.defaultdict(set)
+    members, texts = collections.defaultdict(set), collections.defaultdict(set)
     for split, sigs in splits.items():
-        for index, row in enumerate(band_hashes(sigs, BANDS).tolist()):
+        for index, (row, text) in enumerate(zip(band_hashes(sigs, BANDS).tolist(), _texts(sigs).tolist())):
             for h in row:
                 members[h].add((split_number(split), index))
-    shared = sorted(h for h, m in members.items() if len(m) > 1)
+                texts[h].add(text)
+    shared = sorted(h for h, m in members.items() if len(texts[h] if distinct_texts else m) > 1)
     assert found.keys.tolist() == shared
     assert found.refs.dtype == DOC_REF
     assert found.refs.tolist() == sorted({ref for h in shared for ref in members[h]})
