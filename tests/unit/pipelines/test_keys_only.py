@@ -165,9 +165,9 @@ def _near_corpus(tmp_path, docs: int):
 
 def test_with_near_dedup_no_crossing_carries_one_element_per_document(tmp_path, monkeypatch):
     """Near dedup's band buckets cross as one array per split and are found on disk; only the
-    candidates (documents in a band bucket of two or more: the 10 exact copies' keepers, the 5
-    near-copies and their originals) cross a step as elements of their own, never the 300 others
-    (before, every document crossed as a DocKey, its memberships and its signature)."""
+    candidates (documents in a band bucket of two texts or more: the 5 near-copies and their
+    originals; a text's exact copies make none) cross a step as elements of their own, never the
+    300 others (before, every document crossed as a DocKey, its memberships and its signature)."""
     cfg = _near_corpus(tmp_path, 300)
     checked.clear()
     monkeypatch.setattr(job, "build", _build_checked)
