@@ -8,7 +8,7 @@ A~B and B~C pass the threshold while A~C does not; the three ids are dealt at ra
 middle's id is the largest in a third of the chains. Truth is the exact Jaccard similarity of the same
 word 5-gram sets MinHash estimates (lower-cased, whitespace words): a pair is a duplicate when it is
 >= ``dedup.threshold``, and a chain's truth clusters are the connected components of those pairs.
-``NearDedup`` runs on the DirectRunner (on the documents' keys, as Work makes them) with the
+``NearDedup`` runs on the DirectRunner (on the documents' band rows and signatures, as the job reads them) with the
 default settings (112 permutations, 14 bands, 8 clustering rounds) and its clusters are read from
 its duplicates listing (each dropped id with its representative); the label pairs its clustering
 settled after the rounds are printed too (0: the rounds finished every cluster).
@@ -53,7 +53,7 @@ def clusters(docs: dict[str, str], rounds: int) -> tuple[dict[str, str], int]:
     from pipelines.config import DedupConfig
     from pipelines.records import Doc
     from pipelines.stages.keys import doc_keys
-    from pipelines.stages.near_dedup import NearDedup
+    from tests.support.near import near_dedup
 
     runner = DirectRunner()
     runner.is_interactive()  # skip the Prism download attempt (offline)
@@ -61,9 +61,7 @@ def clusters(docs: dict[str, str], rounds: int) -> tuple[dict[str, str], int]:
         with beam.Pipeline(runner=runner) as p:
             cfg = DedupConfig(near=True, near_rounds=rounds)
             pairs = doc_keys([Doc(k, v, "s") for k, v in docs.items()], "bench", 0, cfg)  # as Work makes them
-            sigs = dict((key.id, sig) for key, sig in pairs)
-            out = (p | beam.Create([key for key, _ in pairs])
-                   | NearDedup(cfg, lambda keys: keys | beam.Map(lambda key: (key.id, sigs[key.id]))))
+            out = near_dedup(p, pairs, cfg, f"{tmp}/runs")  # band rows and candidates, as the job makes them
             out.duplicates | beam.Flatten() | beam.io.WriteToText(f"{tmp}/duplicates", shard_name_template="")
             (out.events | beam.Filter(lambda e: e[0][0] == RUN_SOURCE) | beam.Map(lambda e: str(e[1]))
              | "Unresolved" >> beam.io.WriteToText(f"{tmp}/unresolved", shard_name_template=""))

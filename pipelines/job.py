@@ -41,8 +41,7 @@ from pipelines.stages.filters import LISTED
 from pipelines.stages.quality.c4 import bad_words_pattern
 from pipelines.stages.near_dedup import NearDedup
 from pipelines.stages.keys import KeyStats, sample_sizes
-from pipelines.stages.payload import (OTHERS, Candidates, HotDocs, PayloadFn, SampleTexts, SplitSignatures,
-                                     by_split)
+from pipelines.stages.payload import BANDS, Candidates, HotDocs, NearDocs, PayloadFn, SampleTexts, by_split
 from pipelines.stages.split import VAL, VAL_DIR, val_shard_config
 from pipelines.stages.tokenize import NoRecordsError, build_model
 from pipelines.stages.write_shards import WriteShards, finalize
@@ -87,26 +86,27 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
     # From here on the documents are one row each in an array per split (KEY_ROW): their text and
     # their DocKeys stay in the split records of OUT/.work/
     stats = beam.pvalue.AsSingleton(kept.docs | "KeyStats" >> beam.CombineGlobally(KeyStats(work.spill)))
-    dedups, docs = [], None
+    dedups, docs, dropped = [], None, None
     if cfg.dedup.exact or cfg.dedup.near:  # the documents a global step decides on, read back per split
         found = read.splits | "Candidates" >> beam.ParDo(
-            Candidates(work, cfg.dedup.exact, cfg.dedup.near), stats).with_outputs(OTHERS, main="repeated")
-        docs = found[OTHERS]
+            Candidates(work, cfg.dedup.exact, cfg.dedup.bands if cfg.dedup.near else 0), stats).with_outputs(
+                BANDS, main="repeated")
     if cfg.dedup.exact:
         def hot_docs(hot):  # read back from the records, where Work put them
             return read.splits | "HotDocs" >> beam.ParDo(HotDocs(work), stats, hot)
 
         dedups.append(found.repeated | "ExactDedup" >> ExactDedup(cfg.dedup.write_duplicates, keyed_input=True,
                                                                   hot_docs=hot_docs))
-        docs = (dedups[-1].docs, found[OTHERS]) | "Deduped" >> beam.Flatten() if cfg.dedup.near else dedups[-1].docs
-    if cfg.dedup.near:
-        def signatures(near_docs):  # read from the records, where Work put them
-            return by_split(read.splits, near_docs, "JoinNear") | "Signatures" >> beam.ParDo(SplitSignatures(work))
-
-        dedups.append(docs | "NearDedup" >> NearDedup(cfg.dedup, signatures))
         docs = dedups[-1].docs
-    if docs is None:  # no dedup: the final pass keeps every document itself
+    if docs is None:  # no exact dedup: the final pass keeps every document itself
         docs = p | "NoneListed" >> beam.Create([])
+    if cfg.dedup.near:
+        def near_docs(candidates):  # read from the records, where Work put the signatures
+            return by_split(read.splits, docs, "JoinNear") | "NearDocs" >> beam.ParDo(
+                NearDocs(work, cfg.dedup.exact), stats, candidates)
+
+        dedups.append(found[BANDS] | "NearDedup" >> NearDedup(cfg.dedup, work.spill, near_docs))
+        dropped = dedups[-1].dropped
     for dedup in dedups:
         events.append(dedup.events)
         duplicates += dedup.duplicates
@@ -119,9 +119,9 @@ def build(p: beam.Pipeline, inputs: InputListing, output_dir: str, cfg: Pipeline
         sizes, lambda limit: read.splits | "Tokenizer/Select" >> beam.ParDo(
             SampleTexts(work), limit, cfg.tokenizer.sample_fraction),
         cfg.tokenizer, summary=summary, given=tokenizer)
-    # The final pass: each split's kept documents read back from its record (those dedup listed,
-    # and without near dedup those no global step decided on), tokenised and spilled.
-    payload = (by_split(read.splits, docs, "JoinKept")
+    # The final pass: each split's kept documents read back from its record (those exact dedup
+    # listed and those no global step decided on, less those near dedup dropped), tokenised and spilled.
+    payload = (by_split(read.splits, docs, "JoinKept", dropped)
                | "Payload" >> beam.ParDo(PayloadFn(work, cfg), beam.pvalue.AsSingleton(model), stats).with_outputs(
                    EVENTS, VAL, main="train"))
     events.append(payload[EVENTS])

@@ -141,12 +141,12 @@ class TokenizedDoc(NamedTuple):
 
 
 class DedupOutput(NamedTuple):
-    """The outputs of a dedup stage (:class:`pipelines.stages.exact_dedup.ExactDedup`,
-    :class:`pipelines.stages.near_dedup.NearDedup`), each a ``PCollection``.
+    """The outputs of exact dedup (:class:`pipelines.stages.exact_dedup.ExactDedup`; near dedup's are
+    :class:`pipelines.stages.near_dedup.NearOutput`), each a ``PCollection``.
 
     Attributes:
-        docs: the documents kept (:class:`Doc`).
-        events: ``((source, name), n)`` events (``duplicate`` or ``filtered:near_duplicate``).
+        docs: the documents kept (:class:`~pipelines.stages.keys.DocKey` s).
+        events: ``((source, name), n)`` events (``duplicate``).
         duplicates: a tuple of PCollections of one :func:`duplicate_record` JSON line per dropped
             document, left apart so that :class:`pipelines.io.output.WriteJsonl` spills each one's lines
             in the stage that makes them (a Flatten of them was held whole by the DirectRunner).

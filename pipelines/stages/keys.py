@@ -12,11 +12,8 @@ the others are kept by the final pass on its own.
 from __future__ import annotations
 
 import hashlib
-import uuid
 from typing import NamedTuple
 
-import apache_beam as beam
-import fsspec
 import numpy as np
 
 from pipelines.config import DedupConfig
@@ -24,6 +21,7 @@ from pipelines.io import frames
 from pipelines.records import Doc
 from pipelines.stages.clean import content_hash
 from pipelines.stages.near_dedup import minhash_batch
+from pipelines.stages.sorted_runs import BUCKET_BITS, SortedRun, SpilledRuns, distinct, read_range
 from pipelines.stages.tokenizer_sample import SampleSize, sample_key
 
 KEYS = "keys"  # tag of a split record's keys, in frames of their own before its documents
@@ -62,7 +60,8 @@ def doc_keys(docs: list[Doc], split: str, first: int, dedup: DedupConfig) -> lis
         first: the index of ``docs[0]`` among the split's kept documents.
         dedup: with ``near``, the signatures are computed (uint32 bytes; else ``None``). They stay
             in the split's record, out of the keys: only near dedup reads them
-            (:class:`SplitSignatures`), so no other global step holds them.
+            (:class:`pipelines.stages.payload.Candidates` for the band rows, :class:`~pipelines.stages.payload.NearDocs`
+            for the candidates), so no other global step holds them.
     Returns:
         ``(key, signature)`` per document, in order.
     """
@@ -131,68 +130,8 @@ class RepeatStats(NamedTuple):
     shared_ids: np.ndarray
 
 
-# A document's (id hash, content hash), sorted by id first: a run's second section (KeyStats)
+# A document's (id hash, content hash), sorted by id first: a KeyStats run's second section
 _BY_ID = np.dtype([("i1", "u8"), ("i2", "u8"), ("h1", "u8"), ("h2", "u8")])
-BUCKET_BITS = 8  # KeyStats reads its runs back in 2**BUCKET_BITS ranges of the hash (the top bits of h1, i1)
-RUN_ROWS = 1 << 17  # documents KeyStats holds (6 MB of KEY_ROWs) before it writes them as a run
-
-
-class PairRun(NamedTuple):
-    """One :class:`KeyStats` run: a file of the spill folder holding some documents' content hashes
-    (:data:`HASH`, sorted) and then their distinct (id hash, content hash) pairs (``_BY_ID``, sorted).
-
-    Attributes:
-        path: the file's fsspec URL.
-        by_text: int64[2**BUCKET_BITS + 1]: where each range of the content hash starts in the first
-            section (in rows); the last is its row count.
-        by_id: int64[2**BUCKET_BITS + 1]: the same for the id hash in the second section.
-    """
-
-    path: str
-    by_text: np.ndarray
-    by_id: np.ndarray
-
-
-def _bucket_starts(top: np.ndarray) -> np.ndarray:
-    """Where each of the 2**BUCKET_BITS ranges of sorted uint64 array ``top`` starts, and its length
-    (int64[2**BUCKET_BITS + 1])."""
-    bounds = np.arange(1, 1 << BUCKET_BITS, dtype=np.uint64) << np.uint64(64 - BUCKET_BITS)
-    return np.concatenate([[0], np.searchsorted(top, bounds), [len(top)]]).astype(np.int64)
-
-
-def _write_run(folder: str, rows: np.ndarray) -> PairRun:
-    """Write :data:`KEY_ROW` array ``rows`` as a :class:`PairRun` in ``folder`` (a new file).
-
-    Args:
-        folder: the spill folder (fsspec URL).
-        rows: some documents' :data:`KEY_ROW` s.
-    Returns:
-        the run.
-    """
-    texts = rows[["h1", "h2"]].astype(HASH)
-    texts.sort()
-    pairs = np.empty(len(rows), _BY_ID)
-    for name in _BY_ID.names:
-        pairs[name] = rows[name]
-    pairs.sort()
-    pairs = pairs[np.concatenate([[True], pairs[1:] != pairs[:-1]])] if len(pairs) else pairs
-    path = f"{folder.rstrip('/')}/{uuid.uuid4().hex}.pairs"
-    fs, local = fsspec.core.url_to_fs(path)
-    fs.makedirs(local.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(local, "wb") as f:
-        f.write(texts.tobytes())
-        f.write(pairs.tobytes())
-    return PairRun(path, _bucket_starts(texts["h1"]), _bucket_starts(pairs["i1"]))
-
-
-def _read_range(path: str, dtype: np.dtype, base: int, first: int, stop: int) -> np.ndarray:
-    """Rows ``first`` to ``stop`` (in ``dtype`` rows) of the section of run file ``path`` that starts at
-    byte ``base``."""
-    if stop == first:
-        return np.empty(0, dtype)
-    fs, local = fsspec.core.url_to_fs(path)
-    data = fs.cat_file(local, start=int(base + first * dtype.itemsize), end=int(base + stop * dtype.itemsize))
-    return np.frombuffer(data, dtype)
 
 
 def _repeated_adjacent(values: np.ndarray) -> np.ndarray:
@@ -200,71 +139,35 @@ def _repeated_adjacent(values: np.ndarray) -> np.ndarray:
     return np.unique(values[1:][values[1:] == values[:-1]])
 
 
-class KeyStats(beam.CombineFn):
-    """Combine :data:`KEY_ROW` arrays (one per split) into :class:`RepeatStats`, on disk: every
-    ``RUN_ROWS`` documents are written as a :class:`PairRun` to ``folder``, and the output is found one
-    range of the hash at a time over all runs, so it holds ``RUN_ROWS`` documents and about
-    1/2**BUCKET_BITS of the runs' rows, not 32 bytes for every document (which held 35 MB, 70 MB while
-    compacting, at 16x the demo corpus).
-
-    Accumulator ``[pending KEY_ROW arrays, pending rows, runs]``; runs are read, never deleted here:
-    they go with ``OUT/.work/`` at the end of the job.
+class KeyStats(SpilledRuns):
+    """Combine :data:`KEY_ROW` arrays (one per split) into :class:`RepeatStats`, on disk
+    (:class:`~pipelines.stages.sorted_runs.SpilledRuns`): a run holds its documents' content hashes
+    (:data:`HASH`, sorted) and then their distinct (id hash, content hash) pairs (sorted by id), and
+    the output is found one range of the hash at a time over all runs, so it holds ``RUN_ROWS``
+    documents and about 1/2**BUCKET_BITS of the runs' rows, not 32 bytes for every document (which
+    held 35 MB, 70 MB while compacting, at 16x the demo corpus).
 
     Args:
         folder: the spill folder (fsspec URL; ``OUT/.work/spill``), which every worker can reach.
     """
 
-    def __init__(self, folder: str):
-        self.folder = folder
+    def sections(self, rows: np.ndarray) -> list[np.ndarray]:
+        """A run of :data:`KEY_ROW` s ``rows``: their content hashes, sorted; their distinct (id, text) pairs, sorted."""
+        texts = rows[["h1", "h2"]].astype(HASH)
+        texts.sort()
+        pairs = np.empty(len(rows), _BY_ID)
+        for name in _BY_ID.names:
+            pairs[name] = rows[name]
+        pairs.sort()
+        return [texts, distinct(pairs)]
 
-    def create_accumulator(self):
-        """No rows yet."""
-        return [[], 0, []]
-
-    def _flush(self, acc) -> None:
-        if acc[1]:
-            rows = np.concatenate(acc[0])
-            acc[0], acc[1] = [], 0
-            acc[2].append(_write_run(self.folder, rows))
-
-    def add_input(self, acc, rows: np.ndarray):
-        """Add one split's :data:`KEY_ROW` array."""
-        acc[0].append(rows)
-        acc[1] += len(rows)
-        if acc[1] >= RUN_ROWS:
-            self._flush(acc)
-        return acc
-
-    def compact(self, acc):
-        """The accumulator with its pending rows written as a run (Beam calls it before a partial is
-        sent, so a partial is a list of file names)."""
-        self._flush(acc)
-        return acc
-
-    def merge_accumulators(self, accumulators):
-        """All partial accumulators' pending rows and runs together."""
-        merged = self.create_accumulator()
-        for acc in accumulators:
-            merged[0] += acc[0]
-            merged[1] += acc[1]
-            merged[2] += acc[2]
-        return merged
-
-    def extract_output(self, acc) -> RepeatStats:
+    def found(self, runs: list[SortedRun]) -> RepeatStats:
         """The :class:`RepeatStats`, a range of the hash at a time: a content hash is repeated when two
         documents hold it; an id is shared when two distinct (id, text) pairs hold it."""
-        self._flush(acc)
-        runs, texts, ids = acc[2], [np.empty(0, HASH)], [np.empty(0, HASH)]
+        texts, ids = [np.empty(0, HASH)], [np.empty(0, HASH)]
         for b in range(1 << BUCKET_BITS):
-            found = np.concatenate([np.empty(0, HASH)] + [
-                _read_range(r.path, HASH, 0, r.by_text[b], r.by_text[b + 1]) for r in runs])
-            found.sort()
-            texts.append(_repeated_adjacent(found))
-            pairs = np.concatenate([np.empty(0, _BY_ID)] + [
-                _read_range(r.path, _BY_ID, r.by_text[-1] * HASH.itemsize, r.by_id[b], r.by_id[b + 1]) for r in runs])
-            pairs.sort()
-            if len(pairs):  # the same pair in two runs counts once
-                pairs = pairs[np.concatenate([[True], pairs[1:] != pairs[:-1]])]
+            texts.append(_repeated_adjacent(read_range(runs, 0, HASH, b)))
+            pairs = distinct(read_range(runs, 1, _BY_ID, b))  # the same pair in two runs counts once
             ids.append(_repeated_adjacent(pairs[["i1", "i2"]].astype(HASH)))
         return RepeatStats(np.concatenate(texts), np.concatenate(ids))
 

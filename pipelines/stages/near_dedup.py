@@ -3,9 +3,10 @@
 MinHash (Broder 1997, "On the resemblance and containment of documents") estimates the
 Jaccard similarity of word-shingle sets; LSH banding (Leskovec, Rajaraman & Ullman, "Mining
 of Massive Datasets", section 3.4) makes documents that agree on all rows of some band
-candidates. Per band bucket, a combiner reduces the members' ids to the smallest (the
-keeper) without holding the bucket; the candidate pairs are each bucket's keeper with its other
-members (as datatrove pairs a bucket's first document with the rest). The pairs whose estimated
+candidates. The buckets are found on compact arrays, one per split, of each document's band hashes
+(:func:`band_rows`), combined on disk (:class:`BandStats`); only the documents in a bucket of two
+or more are read back, and per bucket the member of the smallest id (the keeper) is compared with
+each other member (as datatrove pairs a bucket's first document with the rest). The pairs whose estimated
 Jaccard similarity is ≥ ``threshold`` are the edges of a graph whose connected components are the
 clusters (:class:`Clusters`: alternating large-star and small-star rounds, Kiveris et al. 2014,
 "Connected Components in MapReduce and Beyond"): each cluster keeps its smallest id and drops the
@@ -21,6 +22,7 @@ broadcasting over chunks of at most ``CHUNK_ROWS`` shingles (bounded memory).
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import zlib
 from collections import defaultdict
@@ -32,10 +34,9 @@ from apache_beam.metrics import Metrics
 
 from pipelines.accounting.stats import EVENTS, NAMESPACE, RUN_SOURCE, event
 from pipelines.config import DedupConfig
-from pipelines.records import DUPLICATES, DedupOutput, duplicate_record
+from pipelines.records import DUPLICATES, duplicate_record
+from pipelines.stages.sorted_runs import BUCKET_BITS, SortedRun, SpilledRuns, read_range
 
-LIST_MAX = 64  # bucket members listed by the combiner before a bucket counts as hot
-PARTITION_DOCS = 50_000  # documents whose band buckets share one BucketTable accumulator
 CHUNK_ROWS = 8192  # shingles per broadcast: 8192 x num_perm x 8 bytes (7 MB at 112)
 _SEED = 1234
 _ROLL = np.uint64(0x100000001B3)  # FNV-1 64-bit prime, multiplier of the rolling shingle hash
@@ -121,79 +122,189 @@ def band_keys(signature: np.ndarray | bytes, bands: int) -> list[bytes]:
     return [bytes((i,)) + raw[i * width:(i + 1) * width] for i in range(bands)]
 
 
-def partitions(num_docs: int) -> int:
-    """Partitions per band: about ``PARTITION_DOCS`` documents' buckets each (at least 1)."""
-    return max(1, -(-num_docs // PARTITION_DOCS))
+# One document in one LSH band bucket: the band's 64-bit hash (:func:`band_hashes`), the document's
+# content hash (two big-endian halves, as keys.HASH), its split (:func:`split_number`) and its index in
+# the split's record. 40 bytes, not a Python object each.
+BAND_ROW = np.dtype([("key", "u8"), ("t1", "u8"), ("t2", "u8"), ("split", "u8"), ("index", "u8")])
+DOC_REF = np.dtype([("split", "u8"), ("index", "u8")])  # a document: its split number, its index there
 
 
-class Membership(NamedTuple):
-    """A document in one LSH band bucket (:func:`band_keys`)."""
+def band_hashes(signatures: np.ndarray, bands: int) -> np.ndarray:
+    """64-bit hashes of the LSH band buckets of ``signatures`` (as :func:`band_keys` splits them, the
+    band number mixed in): equal buckets give equal hashes; unequal ones rarely do, and
+    :class:`NearDedup` tells those apart by their :func:`band_keys`.
 
-    bucket: bytes
-    doc_id: str
+    Args:
+        signatures: uint32 ``(documents, num_perm)``, ``num_perm`` a multiple of ``bands``.
+        bands: LSH bands.
+    Returns:
+        uint64 ``(documents, bands)``.
+    """
+    rows = signatures.reshape(len(signatures), bands, -1).astype(np.uint64)
+    h = np.broadcast_to(np.arange(1, bands + 1, dtype=np.uint64) * _MIX, rows.shape[:2]).copy()
+    for j in range(rows.shape[2]):
+        h = (h ^ rows[:, :, j]) * _ROLL  # wraps mod 2^64
+    h ^= h >> np.uint64(33)
+    h *= _MIX
+    h ^= h >> np.uint64(33)
+    return h
 
 
-class BucketEntry(NamedTuple):
-    """A :class:`BucketTable` entry of a bucket with more than one member.
+def split_number(split: str) -> int:
+    """A split's id (:func:`pipelines.io.resume.split_id`) as the 64-bit number :data:`BAND_ROW` holds
+    (BLAKE2b of any string, so two splits share one only by a 2^-64 chance, which costs comparisons,
+    never a wrong outcome: the documents are told apart by id)."""
+    return int.from_bytes(hashlib.blake2b(split.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+def band_rows(split: str, signatures: np.ndarray, texts: np.ndarray, bands: int) -> np.ndarray:
+    """The :data:`BAND_ROW` s of one split's documents: ``bands`` per document.
+
+    Args:
+        split: the split's id.
+        signatures: uint32 ``(documents, num_perm)``: row ``i`` is the document of index ``i``.
+        texts: the documents' content hashes, fields ``h1`` and ``h2`` (uint64; :data:`pipelines.stages.keys.HASH`).
+        bands: LSH bands.
+    Returns:
+        a :data:`BAND_ROW` array of ``documents * bands`` rows.
+    """
+    hashes = band_hashes(signatures, bands)
+    rows = np.empty(hashes.size, BAND_ROW)
+    rows["key"] = hashes.ravel()
+    rows["t1"] = np.repeat(texts["h1"], bands)
+    rows["t2"] = np.repeat(texts["h2"], bands)
+    rows["split"] = split_number(split)
+    rows["index"] = np.repeat(np.arange(len(signatures), dtype=np.uint64), bands)
+    return rows
+
+
+class NearCandidates(NamedTuple):
+    """What :class:`BandStats` finds in all documents' :data:`BAND_ROW` s.
 
     Attributes:
-        count: members of the bucket.
-        ids: their ids while at most ``list_max`` (unsorted, repeats possible), else ``None`` (a hot bucket).
-        keeper: the smallest id.
+        keys: uint64, sorted: the band hashes held by two documents or more.
+        refs: :data:`DOC_REF`, sorted: the documents that hold one of them (the candidates).
     """
 
-    count: int
-    ids: list[str] | None
-    keeper: str
+    keys: np.ndarray
+    refs: np.ndarray
+
+    def _span(self, split: str) -> slice:
+        number = np.uint64(split_number(split))
+        col = self.refs["split"]
+        return slice(int(np.searchsorted(col, number, side="left")), int(np.searchsorted(col, number, side="right")))
+
+    def any_in(self, split: str) -> bool:
+        """Whether a document of ``split`` is a candidate."""
+        span = self._span(split)
+        return span.stop > span.start
+
+    def shared(self, hashes: np.ndarray) -> np.ndarray:
+        """Whether each of uint64 band hashes ``hashes`` is held by two documents or more (bool array;
+        a binary search in the sorted ``keys``: ``np.isin`` would sort them again at every call)."""
+        at = np.minimum(np.searchsorted(self.keys, hashes), max(len(self.keys) - 1, 0))
+        return self.keys[at] == hashes if len(self.keys) else np.zeros(len(hashes), bool)
+
+    def in_split(self, split: str, count: int) -> np.ndarray:
+        """Whether each of the ``count`` documents of ``split`` is a candidate (bool array)."""
+        return np.isin(np.arange(count, dtype=np.uint64), self.refs["index"][self._span(split)])
 
 
-class BucketTable(beam.CombineFn):
-    """Combine the :class:`Membership` s of one band partition into a table ``{bucket: id}`` (one
-    member) or ``{bucket: BucketEntry}``.
+class BandStats(SpilledRuns):
+    """Combine :data:`BAND_ROW` arrays (one per split) into :class:`NearCandidates`, on disk
+    (:class:`~pipelines.stages.sorted_runs.SpilledRuns`): a run holds its rows sorted, and the
+    output is found one range of the band hash at a time over all runs, so it holds ``RUN_ROWS``
+    rows and about 1/2**BUCKET_BITS of all rows (40 bytes a band a document), not one bucket
+    membership object per band and document.
 
-    Ids are listed while a bucket has at most ``list_max`` members (else ``None``: a hot
-    bucket), so an entry is bounded, and a partition holds about ``PARTITION_DOCS`` buckets
-    (:func:`partitions`), so the accumulator is bounded too. Keying by partition instead of by
-    bucket lets the runner pre-combine memberships where they are made: a shuffle moves one
-    table per partition, not one element per (document, band).
+    Args:
+        folder: the spill folder (fsspec URL; ``OUT/.work/spill``), which every worker can reach.
+        distinct_texts: a bucket is shared when it holds two distinct content hashes (``dedup.exact``:
+            exact dedup keeps one copy of a text, so a text's copies alone make no candidate), else
+            when it holds two documents.
     """
 
-    def __init__(self, list_max: int):
-        self.list_max = list_max
+    def __init__(self, folder: str, distinct_texts: bool):
+        super().__init__(folder)
+        self.distinct_texts = distinct_texts
+
+    def sections(self, rows: np.ndarray) -> list[np.ndarray]:
+        """One section: ``rows`` sorted."""
+        rows = rows.copy()
+        rows.sort()
+        return [rows]
+
+    def found(self, runs: list[SortedRun]) -> NearCandidates:
+        """The shared band hashes and the documents that hold them, a range of the hash at a time."""
+        keys, refs = [np.empty(0, np.uint64)], [np.empty(0, DOC_REF)]
+        for b in range(1 << BUCKET_BITS):
+            rows = read_range(runs, 0, BAND_ROW, b)  # sorted by band hash, then content hash
+            if not len(rows):
+                continue
+            first = np.flatnonzero(np.concatenate([[True], rows["key"][1:] != rows["key"][:-1]]))
+            last = np.concatenate([first[1:], [len(rows)]]) - 1
+            if self.distinct_texts:  # a group's first and last rows differ in text when it holds two texts
+                shared = (rows["t1"][first] != rows["t1"][last]) | (rows["t2"][first] != rows["t2"][last])
+            else:
+                shared = last > first
+            keys.append(rows["key"][first[shared]])
+            refs.append(rows[np.repeat(shared, last - first + 1)][["split", "index"]].astype(DOC_REF))
+        return NearCandidates(np.concatenate(keys), np.unique(np.concatenate(refs)))
+
+
+class NearDoc(NamedTuple):
+    """A candidate of near dedup (a document in a band bucket of two or more), as read from its split's record.
+
+    Attributes:
+        id: its id (made unique, :func:`pipelines.stages.payload.unique_keys`).
+        source: the corpus it came from.
+        split: the id of its split.
+        index: its index in the split's record.
+        signature: its MinHash signature (uint32 bytes); ``None`` where only its place is needed.
+    """
+
+    id: str
+    source: str
+    split: str
+    index: int
+    signature: bytes | None
+
+
+class Member(NamedTuple):
+    """A candidate in one of its band buckets: its id and signature (uint32 bytes)."""
+
+    id: str
+    signature: bytes
+
+
+class DocPlace(NamedTuple):
+    """Where a document lies: its split's id and its index in the split's record."""
+
+    split: str
+    index: int
+
+
+class _SmallestId(beam.CombineFn):
+    """Combine a bucket's :class:`Member` s into the one of the smallest id (its keeper): one member held."""
 
     def create_accumulator(self):
-        """An empty table ``{bucket bytes: entry}``."""
-        return {}
+        """No member yet."""
+        return None
 
-    def _add(self, table: dict, bucket: bytes, entry) -> None:
-        old = table.get(bucket)
-        if old is None:
-            table[bucket] = entry
-            return
-        if isinstance(old, str):  # a bucket of one member is its id alone: most buckets, kept small
-            old = BucketEntry(1, [old], old)
-        if isinstance(entry, str):
-            entry = BucketEntry(1, [entry], entry)
-        ids = None if old.ids is None or entry.ids is None or len(old.ids) + len(entry.ids) > self.list_max \
-            else old.ids + entry.ids
-        table[bucket] = BucketEntry(old.count + entry.count, ids, min(old.keeper, entry.keeper))
-
-    def add_input(self, acc, member: Membership):
-        """Add one membership to the table."""
-        self._add(acc, member.bucket, member.doc_id)
-        return acc
+    def add_input(self, acc, member: Member):
+        """Keep the smaller id."""
+        return member if acc is None or member.id < acc.id else acc
 
     def merge_accumulators(self, accumulators):
-        """Merge partial tables bucket by bucket (member lists capped at ``list_max``)."""
-        accumulators = iter(accumulators)
-        out = next(accumulators)
+        """The smallest of the partial keepers."""
+        best = None
         for acc in accumulators:
-            for bucket, entry in acc.items():
-                self._add(out, bucket, entry)
-        return out
+            if acc is not None:
+                best = self.add_input(best, acc)
+        return best
 
     def extract_output(self, acc):
-        """The partition's table: per bucket a doc id, or a :class:`BucketEntry`."""
+        """The keeper."""
         return acc
 
 
@@ -202,81 +313,30 @@ def similarity(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
     return float(np.mean(sig_a == sig_b))
 
 
-def _memberships(item: tuple[str, bytes], bands: int, num_docs: int):
-    doc_id, sig = item
-    parts = partitions(num_docs)
-    for key in band_keys(sig, bands):
-        yield key[0] * parts + int.from_bytes(key[1:5], "little") % parts, Membership(key, doc_id)
+def _buckets(doc: NearDoc, bands: int, candidates: NearCandidates):
+    """``doc``'s band buckets that hold another document (by hash): ``(bucket, Member)`` each, the
+    bucket as :func:`band_keys` makes it, so that a hash shared by two unequal bands splits apart."""
+    sig = np.frombuffer(doc.signature, dtype=np.uint32)
+    shared = candidates.shared(band_hashes(sig[None, :], bands)[0])
+    member = Member(doc.id, doc.signature)
+    for key, is_shared in zip(band_keys(doc.signature, bands), shared):
+        if is_shared:
+            yield key, member
 
 
-def _bucket_pairs(item):
-    _, table = item
-    for bucket, entry in table.items():  # order is irrelevant: pairs are made distinct downstream
-        if isinstance(entry, str):
-            continue
-        if entry.ids is None:  # a hot bucket: its pairs come from the side-input pass
-            yield beam.pvalue.TaggedOutput("hot", (bucket, entry.keeper))
-            continue
-        for doc_id in sorted(set(entry.ids)):
-            if doc_id != entry.keeper:
-                yield entry.keeper, doc_id
+def _similar(item: tuple[bytes, Member], threshold: float, keepers: dict):
+    """A bucket's member against the bucket's keeper: ``(member id, keeper id)`` when similar."""
+    bucket, member = item
+    keeper = keepers[bucket]
+    if member.id != keeper.id and similarity(np.frombuffer(keeper.signature, dtype=np.uint32),
+                                             np.frombuffer(member.signature, dtype=np.uint32)) >= threshold:
+        yield member.id, keeper.id
 
 
 def _held(n: int) -> int:
     """Record ``n`` elements held at once for one key (Beam distribution ``colaflow/neardup_held``)."""
     _HELD.update(n)
     return n
-
-
-class HotKeeper(NamedTuple):
-    """The keeper of a hot bucket: its id and MinHash signature (uint32 bytes)."""
-
-    id: str
-    signature: bytes
-
-
-def _hot_keepers(item):
-    """``(keeper id, {"sig": [its signature], "hot": [its hot buckets]})`` → ``(bucket, HotKeeper)``."""
-    keeper, grouped = item
-    sigs, hot = list(grouped["sig"]), list(grouped["hot"])  # 1 signature, at most ``bands`` buckets
-    _held(len(sigs) + len(hot))
-    for sig in sigs:
-        for bucket in hot:
-            yield bucket, HotKeeper(keeper, sig)
-
-
-def _hot_losers(item: tuple[str, bytes], bands: int, threshold: float, hot: dict):
-    """A document against the keeper of each hot bucket it is in: ``(doc id, keeper)`` when similar."""
-    if not hot:  # the usual case: no bucket over LIST_MAX members
-        return
-    doc_id, sig = item
-    for key in band_keys(sig, bands):
-        keeper = hot.get(key)
-        if keeper is not None and keeper.id != doc_id and similarity(
-                np.frombuffer(keeper.signature, dtype=np.uint32), np.frombuffer(sig, dtype=np.uint32)) >= threshold:
-            yield doc_id, keeper.id
-
-
-_AS_KEEPER, _AS_MEMBER = 0, 1  # which side of a candidate pair a signature is: (side, signature)
-
-
-def _sig_per_pair(item):
-    doc_id, grouped = item
-    as_keeper, as_member = list(grouped["as_keeper"]), list(grouped["as_member"])
-    _held(len(as_keeper) + len(as_member) + 1)  # listed buckets only: <= bands * (LIST_MAX + 1)
-    for sig in grouped["sig"]:
-        for member in as_keeper:
-            yield (doc_id, member), (_AS_KEEPER, sig)
-        for keeper in as_member:
-            yield (keeper, doc_id), (_AS_MEMBER, sig)
-
-
-def _compare(item, threshold: float):
-    (keeper, member), sides = item
-    sigs = dict(sides)
-    if len(sigs) == 2 and similarity(np.frombuffer(sigs[_AS_KEEPER], dtype=np.uint32),
-                                     np.frombuffer(sigs[_AS_MEMBER], dtype=np.uint32)) >= threshold:
-        yield member, keeper
 
 
 def large_star(node: str, neighbours) -> Iterator[tuple[str, str]]:
@@ -502,52 +562,63 @@ class Clusters(beam.PTransform):
 
 
 def _drop_losers(item):
+    """``(id, {"doc": [NearDoc], "rep": [representative]})`` → for a dropped document its
+    :class:`DocPlace`, its ``filtered:near_duplicate`` event and its duplicates line."""
     _, grouped = item
     reps = list(grouped["rep"])  # at most 2, equal: the document's cluster representative (see Clusters)
-    _held(len(reps) + 1)
-    for doc in grouped["doc"]:
-        if reps:
-            yield event(doc.source, "filtered:near_duplicate")
-            yield beam.pvalue.TaggedOutput(DUPLICATES, duplicate_record(doc.id, doc.source, reps[0], "near"))
-        else:
-            yield doc
+    docs = list(grouped["doc"])  # one, or the copies of one text under one id (dedup.exact off)
+    _held(len(reps) + len(docs))
+    if not reps:
+        return
+    for doc in docs:
+        yield event(doc.source, "filtered:near_duplicate")
+        yield beam.pvalue.TaggedOutput(DUPLICATES, duplicate_record(doc.id, doc.source, reps[0], "near"))
+        yield DocPlace(doc.split, doc.index)
+
+
+class NearOutput(NamedTuple):
+    """:class:`NearDedup`'s outputs, each a ``PCollection``.
+
+    Attributes:
+        dropped: the :class:`DocPlace` of every dropped document (the final pass leaves them out).
+        events: ``((source, name), n)``: ``filtered:near_duplicate``, and ``near_unresolved`` (run-level).
+        duplicates: a tuple of one PCollection of :func:`~pipelines.records.duplicate_record` lines (kind ``near``).
+    """
+
+    dropped: "beam.PCollection"
+    events: "beam.PCollection"
+    duplicates: tuple
 
 
 class NearDedup(beam.PTransform):
-    """``PCollection[DocKey]`` (:class:`~pipelines.stages.keys.DocKey` s) → :class:`~pipelines.records.DedupOutput`:
-    one per cluster of near-duplicates (its smallest id), ``filtered:near_duplicate`` events, and one
-    :func:`~pipelines.records.duplicate_record` line (kind ``near``) per dropped document, naming
-    its cluster's kept representative.
+    """``PCollection[BAND_ROW array]`` (:func:`band_rows`, one per split) → :class:`NearOutput`:
+    every document of a near-duplicate cluster but its smallest id dropped, counted
+    (``filtered:near_duplicate``) and listed (a :func:`~pipelines.records.duplicate_record` of kind
+    ``near`` naming its cluster's smallest id).
 
-    Shuffles carry ids, plus signatures where a comparison needs them:
-    (1) ``(band partition, (bucket, id))`` per band; (2) ``CombinePerKey(BucketTable)`` → per
-    bucket the smallest id (the keeper) and, for buckets of at most ``LIST_MAX`` members, all
-    members; (3) listed buckets → candidate pairs ``(keeper, member)``, signatures joined with
-    the pairs by id (as keeper and as member), the two signatures of each pair grouped by the pair
-    and compared; (4) hot buckets (more than ``LIST_MAX`` members): each keeper's signature is
-    joined to its hot buckets by the keeper's id, and that side input (hot buckets only: at most
-    ``bands * documents / LIST_MAX`` entries) is read by a pass over all signatures that compares
-    each member with the keeper directly, so a hot bucket's members are never grouped or paired;
-    (5) the similar pairs of (3) and (4) are the edges of :class:`Clusters` (``dedup.near_rounds``
-    rounds of two groupings by node, then a check that every edge's ends agree on their label,
-    what disagrees settled up to ``dedup.near_resolve_max`` pairs and counted as the run-level
-    event ``near_unresolved``); (6) documents joined with their cluster's representative by id.
-
-    Memory per key is bounded whatever the size of the largest bucket: every grouping holds at
-    most ``bands * (LIST_MAX + 1) + 1`` elements for one key (a document is keeper or member of
-    at most ``bands`` listed buckets of at most ``LIST_MAX`` members; a keeper of at most
-    ``bands`` hot buckets; a dropped document has at most two copies of its representative). The
-    largest count held is reported as the Beam distribution ``colaflow/neardup_held``. The
-    clustering of (5) holds one node's neighbourhood (ids) per key, at most the node's cluster,
-    never the corpus (``colaflow/neardup_neighbours``); the settling after it holds at most
-    ``dedup.near_resolve_max`` pairs.
+    Per LSH band bucket, the member of the smallest id is the keeper, and each other member is
+    compared with the keeper only (as datatrove pairs a bucket's first document with the rest);
+    similarity ``>= threshold`` makes an edge; the connected components of the edges are the
+    clusters (:class:`Clusters`). Steps:
+    (1) :class:`BandStats` combines the splits' band rows on disk into the band hashes held by
+    two documents or more (two texts under ``dedup.exact``) and those documents (:class:`NearCandidates`, a side input of two
+    arrays); (2) ``candidates`` reads those documents back from the split records (a
+    :class:`NearDoc` each, with its signature): a document in no shared bucket never crosses a
+    grouping, a side input or a join; (3) each candidate's shared buckets (:func:`band_keys`, so
+    that a hash shared by unequal bands splits apart), their keepers (``CombinePerKey``: one member
+    held per bucket), read as a side input by the comparison of each member with its bucket's
+    keeper; (4) :class:`Clusters` over the similar pairs (``dedup.near_rounds`` rounds of two
+    groupings by node, then the label check, what disagrees settled up to ``dedup.near_resolve_max``
+    pairs and counted as the run-level event ``near_unresolved``); (5) the candidates joined with
+    their representative by id. What steps (2) to (5) hold grows with the candidates, not the corpus.
 
     Args:
         cfg: the dedup settings (``num_perm``, ``bands``, ``threshold``, ``near_rounds``,
             ``near_resolve_max``).
-        signatures: ``signatures(docs)``: the PCollection of ``(id, MinHash signature as uint32
-            bytes)`` of the documents ``docs`` (the job reads them from the split records, where
-            Work put them, so they cross no global step before this one).
+        folder: the spill folder (fsspec URL; ``OUT/.work/spill``) of :class:`BandStats`' runs.
+        candidates: ``candidates(found)``: the PCollection of :class:`NearDoc` s of the documents that
+            ``found`` (the :class:`NearCandidates` side input) marks, ids made unique and exact
+            dedup's duplicates left out (the job reads them from the split records).
 
     Raises:
         ValueError: ``num_perm`` is not a multiple of ``bands`` (at construction).
@@ -555,38 +626,24 @@ class NearDedup(beam.PTransform):
             label pairs unjoined.
     """
 
-    def __init__(self, cfg: DedupConfig, signatures):
+    def __init__(self, cfg: DedupConfig, folder: str, candidates):
         super().__init__()
         if cfg.num_perm % cfg.bands:
             raise ValueError(f"dedup.num_perm={cfg.num_perm} must be a multiple of dedup.bands={cfg.bands}")
-        self.cfg, self.signatures = cfg, signatures
+        self.cfg, self.folder, self.candidates = cfg, folder, candidates
 
-    def expand(self, docs):
+    def expand(self, rows):
         """Drop, count and list every document of a near-duplicate cluster but its smallest id: a
-        :class:`~pipelines.records.DedupOutput` (not annotated: Beam warns about a return type that is not a PCollection)."""
-        sigs = self.signatures(docs)
-        num_docs = docs | "Count" >> beam.combiners.Count.Globally()
-        buckets = (sigs
-                   | "Bands" >> beam.FlatMap(_memberships, self.cfg.bands, beam.pvalue.AsSingleton(num_docs))
-                   | "Buckets" >> beam.CombinePerKey(BucketTable(LIST_MAX))
-                   | "Pairs" >> beam.FlatMap(_bucket_pairs).with_outputs("hot", main="pairs"))
-        pairs = buckets.pairs | "OncePerPair" >> beam.Distinct()
-        listed_losers = ({"sig": sigs, "as_keeper": pairs,
-                          "as_member": pairs | "ByMember" >> beam.KvSwap()}
-                         | "JoinSig" >> beam.CoGroupByKey()
-                         | "SigPerPair" >> beam.FlatMap(_sig_per_pair)
-                         | "PerPair" >> beam.GroupByKey()
-                         | "Compare" >> beam.FlatMap(_compare, self.cfg.threshold))
-        hot = ({"sig": sigs, "hot": buckets.hot | "ByKeeper" >> beam.KvSwap()}
-               | "JoinKeeperSig" >> beam.CoGroupByKey()
-               | "HotKeepers" >> beam.FlatMap(_hot_keepers))
-        hot_losers = sigs | "HotLosers" >> beam.FlatMap(_hot_losers, self.cfg.bands, self.cfg.threshold,
-                                                        beam.pvalue.AsDict(hot))
-        reps, unresolved = ((listed_losers, hot_losers)
-                            | "AllPairs" >> beam.Flatten()
-                            | "Clusters" >> Clusters(self.cfg.near_rounds, self.cfg.near_resolve_max))
-        out = ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d)), "rep": reps}
+        :class:`NearOutput` (not annotated: Beam warns about a return type that is not a PCollection)."""
+        found = beam.pvalue.AsSingleton(
+            rows | "Buckets" >> beam.CombineGlobally(BandStats(self.folder, distinct_texts=self.cfg.exact)))
+        docs = self.candidates(found)
+        members = docs | "Shared" >> beam.FlatMap(_buckets, self.cfg.bands, found)
+        keepers = members | "Keepers" >> beam.CombinePerKey(_SmallestId())
+        pairs = members | "Compare" >> beam.FlatMap(_similar, self.cfg.threshold, beam.pvalue.AsDict(keepers))
+        reps, unresolved = pairs | "Clusters" >> Clusters(self.cfg.near_rounds, self.cfg.near_resolve_max)
+        out = ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d._replace(signature=None))), "rep": reps}
                | "JoinDoc" >> beam.CoGroupByKey()
-               | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="docs"))
+               | "Drop" >> beam.FlatMap(_drop_losers).with_outputs(EVENTS, DUPLICATES, main="dropped"))
         events = (out[EVENTS], unresolved) | "NearEvents" >> beam.Flatten()
-        return DedupOutput(docs=out.docs, events=events, duplicates=(out[DUPLICATES],))
+        return NearOutput(dropped=out.dropped, events=events, duplicates=(out[DUPLICATES],))

@@ -15,6 +15,7 @@ from pipelines.io.resume import WorkFolder, split_id
 from pipelines.records import disambiguate_id
 from pipelines.stages.exact_dedup import DocHash
 from pipelines.stages.keys import DocKey, RepeatStats, hashes_of, ids_of, record_docs
+from pipelines.stages.near_dedup import NearCandidates, NearDoc, band_rows
 from pipelines.stages.split import VAL, SplitBatchFn
 from pipelines.stages.tokenize import TokenizeFn
 from pipelines.stages.tokenizer_sample import SampleLimit, sample_text
@@ -22,7 +23,8 @@ from pipelines.stages.write_shards import RUN_FRAME_SAMPLES, SpilledSamples, enc
 from shards.tokenizers import TokenizerFile
 
 KEPT = "kept"  # CoGroupByKey tag of a split's kept (index, id) pairs
-OTHERS = "others"  # Candidates' tag of the documents whose content hash no other document has
+DROPPED = "dropped"  # CoGroupByKey tag of the indexes of a split's documents near dedup dropped
+BANDS = "bands"  # Candidates' tag of a split's BAND_ROW array (near dedup's input)
 SPLIT = "split"  # CoGroupByKey tag of the split itself
 TOKENIZE_DOCS = 1024  # documents handed to the tokenizer at once (it encodes ENCODE_DOCS at a time)
 
@@ -59,29 +61,32 @@ def repeated(keys: list[DocKey], stats: RepeatStats) -> np.ndarray:
 
 class Candidates(beam.DoFn):
     """``split`` → ``(content hash, DocKey)`` of each of its documents whose hash another document
-    has too (exact dedup's input; without ``exact``, none), ids made unique (:func:`unique_keys`); with
-    ``others``, the :class:`~pipelines.stages.keys.DocKey` of every other document on tag ``others``
-    (near dedup's input besides exact dedup's keepers). A document of a hash no other has is kept
-    as it is, so without ``others`` it crosses no global step.
+    has too (exact dedup's input; without ``exact``, none), ids made unique (:func:`unique_keys`);
+    with ``bands``, on tag ``bands``, one :data:`~pipelines.stages.near_dedup.BAND_ROW` array of all
+    its documents (:func:`~pipelines.stages.near_dedup.band_rows` of the signatures in its record:
+    near dedup's input). A document of a hash no other has is kept as it is, crossing no global
+    step but as rows of its split's arrays.
 
     Args:
         work: the job's work folder.
         exact: ``dedup.exact``.
-        others: ``dedup.near``.
+        bands: ``dedup.bands`` under ``dedup.near``, else 0.
     """
 
-    def __init__(self, work: WorkFolder, exact: bool, others: bool):
-        self.work, self.exact, self.others = work, exact, others
+    def __init__(self, work: WorkFolder, exact: bool, bands: int):
+        self.work, self.exact, self.bands = work, exact, bands
 
     def process(self, split: Split, stats: RepeatStats):
         """Yield the documents of ``split`` (read from its record) that a global step decides on."""
-        keys = unique_keys([key for key, _ in _load(self.work, split, keys_only=True)], stats)
-        dup = repeated(keys, stats) if self.exact else np.zeros(len(keys), bool)
-        for key, candidate in zip(keys, dup):
-            if candidate:
-                yield key.hash, key
-            elif self.others:
-                yield beam.pvalue.TaggedOutput(OTHERS, key)
+        pairs = _load(self.work, split, keys_only=True)
+        keys = unique_keys([key for key, _ in pairs], stats)
+        if self.exact:
+            for key, candidate in zip(keys, repeated(keys, stats)):
+                if candidate:
+                    yield key.hash, key
+        if self.bands and pairs:
+            sigs = np.frombuffer(b"".join(sig for _, sig in pairs), dtype=np.uint32).reshape(len(pairs), -1)
+            yield beam.pvalue.TaggedOutput(BANDS, band_rows(split_id(split), sigs, hashes_of(keys), self.bands))
 
 
 class HotDocs(beam.DoFn):
@@ -125,44 +130,58 @@ class SampleTexts(beam.DoFn):
             yield from sample_text((key.hash, docs[key.index]), limit, fraction)
 
 
-class SplitSignatures(beam.DoFn):
-    """``(split id, {"split": [Split], "kept": [(index, id), ...]})`` → ``(id, MinHash signature)``
-    of each listed document, read from the split's record (computed by Work): near dedup's input,
-    so the signatures cross no other global step.
+class NearDocs(beam.DoFn):
+    """``(split id, {"split": [Split], "kept": [(index, id), ...]})`` (the split's documents exact dedup
+    kept) → the :class:`~pipelines.stages.near_dedup.NearDoc` of each of its documents that
+    ``found`` marks as near dedup's candidates, read from its record (keys and signatures only), ids
+    made unique (:func:`unique_keys`), exact dedup's duplicates left out. A split without a
+    candidate is not read.
 
     Args:
         work: the job's work folder.
+        exact: ``dedup.exact`` (else every candidate goes on).
     """
 
-    def __init__(self, work: WorkFolder):
-        self.work = work
+    def __init__(self, work: WorkFolder, exact: bool):
+        self.work, self.exact = work, exact
 
-    def process(self, item):
-        """Yield ``(id, signature bytes)`` of the listed documents of one split."""
-        _, grouped = item
-        kept = list(grouped[KEPT])
-        if not kept:
-            return
+    def process(self, item, stats: RepeatStats, found: NearCandidates):
+        """Yield the candidates of one split (side inputs: the :class:`~pipelines.stages.keys.RepeatStats`,
+        the :class:`~pipelines.stages.near_dedup.NearCandidates`)."""
+        sid, grouped = item
         (split,) = grouped[SPLIT]
-        keys = _load(self.work, split, keys_only=True)
-        for index, doc_id in kept:
-            yield doc_id, keys[index][1]
+        if not found.any_in(sid):
+            return
+        pairs = _load(self.work, split, keys_only=True)
+        keys = unique_keys([key for key, _ in pairs], stats)
+        exact_kept = set(index for index, _ in grouped[KEPT])
+        dup = repeated(keys, stats) if self.exact else np.zeros(len(keys), bool)
+        for i in np.flatnonzero(found.in_split(sid, len(keys))):
+            key = keys[i]
+            if dup[i] and key.index not in exact_kept:  # a copy exact dedup dropped
+                continue
+            yield NearDoc(key.id, key.source, key.split, key.index, pairs[i][1])
 
 
-def by_split(splits, docs, label: str):
+def by_split(splits, docs, label: str, dropped=None):
     """The CoGroupByKey of each split (a PCollection of :class:`~pipelines.io.reading.Split`) with
-    the ``(index, id)`` of its documents among ``docs`` (:class:`~pipelines.stages.keys.DocKey` s),
-    under the steps ``{label}/SplitById``, ``{label}/BySplit`` and ``{label}`` (the join): what
-    :class:`SplitSignatures` and :class:`PayloadFn` read."""
-    return ({SPLIT: splits | f"{label}/SplitById" >> beam.Map(lambda s: (split_id(s), s)),
-             KEPT: docs | f"{label}/BySplit" >> beam.Map(lambda key: (key.split, (key.index, key.id)))}
-            | label >> beam.CoGroupByKey())
+    the ``(index, id)`` of its documents among ``docs`` (:class:`~pipelines.stages.keys.DocKey` s)
+    and, given ``dropped`` (:class:`~pipelines.stages.near_dedup.DocPlace` s), the indexes of its
+    documents among those (tag ``dropped``), under the steps ``{label}/SplitById``,
+    ``{label}/BySplit``, ``{label}/DroppedBySplit`` and ``{label}`` (the join): what
+    :class:`NearDocs` and :class:`PayloadFn` read."""
+    tagged = {SPLIT: splits | f"{label}/SplitById" >> beam.Map(lambda s: (split_id(s), s)),
+              KEPT: docs | f"{label}/BySplit" >> beam.Map(lambda key: (key.split, (key.index, key.id)))}
+    if dropped is not None:
+        tagged[DROPPED] = dropped | f"{label}/DroppedBySplit" >> beam.Map(lambda place: (place.split, place.index))
+    return tagged | label >> beam.CoGroupByKey()
 
 
 class PayloadFn(beam.DoFn):
-    """``(split id, {"split": [Split], "kept": [(index, id), ...]})`` → the split's kept documents,
-    read from its record under the ids the dedup stages gave them (without ``dedup.near``, also
-    every document :class:`Candidates` left out: under its unique id, :func:`unique_keys`), tokenised
+    """``(split id, {"split": [Split], "kept": [(index, id), ...], "dropped": [index, ...]})`` → the
+    split's kept documents, read from its record: those exact dedup listed (``kept``, under the ids
+    it gave them) and every document :class:`Candidates` left out (under its unique id,
+    :func:`unique_keys`), less those near dedup dropped (``dropped``); tokenised
     (:class:`~pipelines.stages.tokenize.TokenizeFn`), split into train and validation
     (:class:`~pipelines.stages.split.SplitBatchFn`) and encoded
     (:func:`~pipelines.stages.write_shards.encode_sample`) into one spill file per part: a
@@ -172,12 +191,12 @@ class PayloadFn(beam.DoFn):
     Args:
         work: the job's work folder (the records; spill files go to its ``spill`` folder).
         cfg: the job's config (``tokenizer``, ``split.val_fraction``, ``shards.store_text`` and ``layout``,
-            ``dedup.exact`` and ``near``).
+            ``dedup.exact``).
     """
 
     def __init__(self, work: WorkFolder, cfg: PipelineConfig):
         self.work, self.store_text, self.layout = work, cfg.shards.store_text, cfg.shards.layout
-        self.exact, self.listed_only = cfg.dedup.exact, cfg.dedup.near
+        self.exact = cfg.dedup.exact
         self.tokenize = TokenizeFn(cfg.tokenizer)
         self.split = SplitBatchFn(cfg.split.val_fraction) if cfg.split.val_fraction > 0 else None
 
@@ -193,25 +212,23 @@ class PayloadFn(beam.DoFn):
         """A fresh event tally."""
         self.tokenize.start_bundle()
 
-    def _kept(self, listed: dict, pairs: list, stats: RepeatStats) -> dict:
-        """``listed`` (index → id) plus, without ``dedup.near``, the documents no global step decided
-        on: every one without ``dedup.exact``, else those of a hash no other document has."""
-        if not self.listed_only:
-            keys = unique_keys([key for key, _ in pairs], stats)
-            dup = repeated(keys, stats) if self.exact else np.zeros(len(keys), bool)
-            listed.update((key.index, key.id) for key, candidate in zip(keys, dup) if not candidate)
+    def _kept(self, listed: dict, pairs: list, stats: RepeatStats, dropped: set) -> dict:
+        """``listed`` (index → id) plus the documents no global step decided on (every one without
+        ``dedup.exact``, else those of a hash no other document has), less the indexes ``dropped``."""
+        keys = unique_keys([key for key, _ in pairs], stats)
+        dup = repeated(keys, stats) if self.exact else np.zeros(len(keys), bool)
+        listed.update((key.index, key.id) for key, candidate in zip(keys, dup) if not candidate)
+        for index in dropped:
+            listed.pop(index, None)
         return listed
 
     def process(self, item, model: TokenizerFile, stats: RepeatStats):
         """Tokenise, split and spill the kept documents of one split (side inputs: ``model``, the
         :class:`~pipelines.stages.keys.RepeatStats`)."""
         _, grouped = item
-        listed = dict(grouped[KEPT])
-        if not listed and self.listed_only:
-            return
         (split,) = grouped[SPLIT]
         docs, pairs = record_docs(_load(self.work, split))
-        kept = self._kept(listed, pairs, stats)
+        kept = self._kept(dict(grouped[KEPT]), pairs, stats, set(grouped.get(DROPPED, ())))
         chosen = [docs[index]._replace(id=kept[index]) for index in sorted(kept)]
         del docs, pairs  # the split's other documents are not needed past here
         parts = {None: [PartWriter(RUN_FRAME_SAMPLES), 0], VAL: [PartWriter(RUN_FRAME_SAMPLES), 0]}

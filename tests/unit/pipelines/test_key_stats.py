@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import pipelines.stages.keys as keys_module
+import pipelines.stages.sorted_runs as sorted_runs
 from pipelines.config import DedupConfig, TokenizerConfig
 from pipelines.io.frames import encode
 from pipelines.io.resume import _replay
@@ -43,7 +44,7 @@ def _stats(rows_per_split, merge_at: int, folder):
 
 @pytest.mark.parametrize("run_rows", [1, 1 << 17])
 def test_key_stats_finds_repeated_hashes_and_shared_ids_whatever_the_partitioning(monkeypatch, tmp_path, run_rows):
-    monkeypatch.setattr(keys_module, "RUN_ROWS", run_rows)  # 1: a run per split
+    monkeypatch.setattr(sorted_runs, "RUN_ROWS", run_rows)  # 1: a run per split
     keys = _keys()
     rows = key_rows(keys)
     assert rows.dtype == KEY_ROW and rows.nbytes == 48 * len(keys)
@@ -122,7 +123,7 @@ def test_key_stats_agrees_with_counting_every_document(monkeypatch, tmp_path):
     """Runs of a few splits each, read back a range of the hash at a time (all 256 ranges hold rows),
     give what counting the documents in Python gives: texts under two ids, an id over two texts, one
     (text, id) pair in two runs (a repeated text, not a shared id)."""
-    monkeypatch.setattr(keys_module, "RUN_ROWS", 3000)
+    monkeypatch.setattr(sorted_runs, "RUN_ROWS", 3000)
     rng = np.random.default_rng(1)
     splits = [_random_rows(rng, 1000) for _ in range(20)]
     splits[0][["h1", "h2"]][:50] = splits[0][["h1", "h2"]][50:100]
@@ -145,7 +146,7 @@ def test_key_stats_holds_a_run_not_every_document(monkeypatch, tmp_path):
     to a file, and the output is found one range of the hash at a time."""
     import tracemalloc
 
-    monkeypatch.setattr(keys_module, "RUN_ROWS", 16384)
+    monkeypatch.setattr(sorted_runs, "RUN_ROWS", 16384)
     rng = np.random.default_rng(0)
     splits = [_random_rows(rng, 8192) for _ in range(48)]
     for rows in splits:

@@ -4,12 +4,14 @@ The DirectRunner (in memory) buffers every PCollection that crosses a grouping o
 side input whole, and the main input of a step while its side inputs are not ready, so anything
 there that carries text grows the job's memory with the corpus. The text stays in the split
 records of ``OUT/.work/`` and is read back one split at a time; these tests fail when a grouping's
-input, a side input or such a main input carries a document's text or tokens again, or (near dedup
-off) one element per document instead of one per split or per repeated document."""
+input, a side input or such a main input carries a document's text or tokens again, or one element
+per document instead of one per split or per repeated (or, near dedup on, near-duplicate candidate)
+document."""
 from __future__ import annotations
 
 import json
 import pickle
+import random
 
 import apache_beam as beam
 from apache_beam.pipeline import PipelineVisitor
@@ -140,3 +142,41 @@ def test_duplicate_lines_cross_no_step_boundary(tmp_path, monkeypatch):
 def _check_no_line(element, label: str):
     assert b"duplicate_of" not in pickle.dumps(element), f"{label} carries a duplicates/ line: {str(element)[:200]}"
     checked[label] = checked.get(label, 0) + 1
+
+
+def _near_corpus(tmp_path, docs: int):
+    """``docs`` texts of 80 words drawn at random (no two alike), 10 of them again under other ids and
+    5 of them again with one word changed (near-copies); a tokenizer for them."""
+    rng = random.Random(38)
+    vocab = [f"word{i}" for i in range(2000)]
+    texts = [" ".join([MARK] + rng.choices(vocab, k=79)) for _ in range(docs)]
+    rows = [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)]
+    rows += [{"id": f"copy{i}", "text": texts[i]} for i in range(0, 100, 10)]  # exact duplicates
+    rows += [{"id": f"near{i}", "text": texts[i].replace(texts[i].split()[40], "changed", 1)}
+             for i in range(5, 100, 20)]  # near-copies, Jaccard about 0.88 on 5-grams
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (tmp_path / "tok.model").write_bytes(train_sentencepiece([t.replace(MARK, "bird") for t in texts[:100]],
+                                                             TokenizerConfig(vocab_size=300)))
+    cfg = synthetic_config()
+    cfg.tokenizer.path = str(tmp_path / "tok.model")
+    cfg.dedup.near, cfg.dedup.num_perm, cfg.dedup.bands = True, 16, 4
+    return cfg
+
+
+def test_with_near_dedup_no_crossing_carries_one_element_per_document(tmp_path, monkeypatch):
+    """Near dedup's band buckets cross as one array per split and are found on disk; only the
+    candidates (documents in a band bucket of two texts or more: the 5 near-copies and their
+    originals; a text's exact copies make none) cross a step as elements of their own, never the
+    300 others (before, every document crossed as a DocKey, its memberships and its signature)."""
+    cfg = _near_corpus(tmp_path, 300)
+    checked.clear()
+    monkeypatch.setattr(job, "build", _build_checked)
+    stats = job.run(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), cfg, report=False)
+    total = stats["total"]
+    near = total["filtered"]["near_duplicate"]  # 16 MinHash values estimate Jaccard coarsely
+    assert total["balanced"] and total["duplicates"] == 10 and 1 <= near <= 5 and total["kept"] == 305 - near
+    # not vacuous: the band arrays crossed, the candidates were compared with their bucket's keeper
+    assert checked["NearDedup/Buckets/CombinePerKey/GroupByKey input"] >= 1
+    assert 10 <= checked["NearDedup/Keepers/GroupByKey input"] <= 4 * 20
+    per_document = {label: n for label, n in checked.items() if n >= 100}
+    assert not per_document, per_document

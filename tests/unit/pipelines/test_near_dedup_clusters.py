@@ -27,8 +27,9 @@ from pipelines.config import DedupConfig, PipelineConfig, TokenizerConfig
 from pipelines.job import run
 from pipelines.records import Doc
 from pipelines.stages.keys import doc_keys
-from pipelines.stages.near_dedup import NEIGHBOURS_METRIC, Clusters, NearDedup, minhash, settle, similarity
+from pipelines.stages.near_dedup import NEIGHBOURS_METRIC, Clusters, minhash, settle, similarity
 from pipelines.stages.tokenize import train_sentencepiece
+from tests.support.near import near_dedup
 from tests.support.pipeline import synthetic_config
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the Dask workers cannot import this module
@@ -159,20 +160,20 @@ def test_a_sorted_chain_needs_log_rounds_and_too_few_are_reported():
 
 
 def _near_dedup(docs: list[Doc], cfg: DedupConfig):
-    """NearDedup on the DirectRunner, on the documents' DocKeys with their signatures beside them (as
-    the job reads them from the split records): (kept ids, listed (id, duplicate_of), run-level
-    events, largest neighbourhood)."""
+    """NearDedup on the DirectRunner, on the documents' band rows and signatures (as the job reads
+    them from the split records): (kept ids, listed (id, duplicate_of), run-level events, largest
+    neighbourhood)."""
     pairs = doc_keys(docs, "s0", 0, cfg)
-    sigs = {key.id: sig for key, sig in pairs}
 
     def build(p):
-        out = (p | beam.Create([key for key, _ in pairs])
-               | NearDedup(cfg, lambda keys: keys | beam.Map(lambda key: (key.id, sigs[key.id]))))
-        return (out.docs | beam.Map(lambda d: d.id),
+        out = near_dedup(p, pairs, cfg, runs)
+        return (out.dropped | beam.Map(lambda place: place.index),
                 out.duplicates | beam.Flatten() | beam.Map(lambda line: (json.loads(line)["id"], json.loads(line)["duplicate_of"])),
                 out.events | beam.Filter(lambda e: e[0][0] == RUN_SOURCE))
 
-    kept, listed, run_events, result = _collected(build)
+    with tempfile.TemporaryDirectory() as runs:
+        dropped, listed, run_events, result = _collected(build)
+    kept = [doc.id for i, doc in enumerate(docs) if i not in set(dropped)]
     listed = [tuple(x) for x in listed]
     run_events = [(tuple(key), n) for key, n in run_events]
     held = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE).with_name(NEIGHBOURS_METRIC))
