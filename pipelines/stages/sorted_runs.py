@@ -8,6 +8,7 @@ buckets of two members or more) are the two users.
 """
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import NamedTuple
 
@@ -102,13 +103,28 @@ def distinct(rows: np.ndarray) -> np.ndarray:
     return rows[np.concatenate([[True], rows[1:] != rows[:-1]])] if len(rows) else rows
 
 
+@dataclasses.dataclass
+class Spilled:
+    """A :class:`SpilledRuns` accumulator.
+
+    Attributes:
+        pending: the arrays added since the last run was written.
+        rows: their rows, in all.
+        runs: the runs written so far.
+    """
+
+    pending: list[np.ndarray] = dataclasses.field(default_factory=list)
+    rows: int = 0
+    runs: list[SortedRun] = dataclasses.field(default_factory=list)
+
+
 class SpilledRuns(beam.CombineFn):
     """Combine numpy arrays of rows (one per split) on disk: every ``RUN_ROWS`` rows are written as a
     :class:`SortedRun` to ``folder`` (:meth:`sections` says what a run holds), and the output is
     found over all runs one range of the key at a time (:meth:`found`, with :func:`read_range`).
 
-    Accumulator ``[pending arrays, pending rows, runs]``; runs are read, never deleted here: they go
-    with ``OUT/.work/`` at the end of the job.
+    The accumulator is a :class:`Spilled`; runs are read, never deleted here: they go with
+    ``OUT/.work/`` at the end of the job.
 
     Args:
         folder: the spill folder (fsspec URL; ``OUT/.work/spill``), which every worker can reach.
@@ -125,40 +141,40 @@ class SpilledRuns(beam.CombineFn):
         """The output, from all runs."""
         raise NotImplementedError
 
-    def create_accumulator(self):
+    def create_accumulator(self) -> Spilled:
         """No rows yet."""
-        return [[], 0, []]
+        return Spilled()
 
-    def _flush(self, acc) -> None:
-        if acc[1]:
-            rows = np.concatenate(acc[0])
-            acc[0], acc[1] = [], 0
-            acc[2].append(write_run(self.folder, self.sections(rows)))
+    def _flush(self, acc: Spilled) -> None:
+        if acc.rows:
+            rows = np.concatenate(acc.pending)
+            acc.pending, acc.rows = [], 0
+            acc.runs.append(write_run(self.folder, self.sections(rows)))
 
-    def add_input(self, acc, rows: np.ndarray):
+    def add_input(self, acc: Spilled, rows: np.ndarray) -> Spilled:
         """Add one split's rows."""
-        acc[0].append(rows)
-        acc[1] += len(rows)
-        if acc[1] >= RUN_ROWS:
+        acc.pending.append(rows)
+        acc.rows += len(rows)
+        if acc.rows >= RUN_ROWS:
             self._flush(acc)
         return acc
 
-    def compact(self, acc):
+    def compact(self, acc: Spilled) -> Spilled:
         """The accumulator with its pending rows written as a run (Beam calls it before a partial is
         sent, so a partial is a list of file names)."""
         self._flush(acc)
         return acc
 
-    def merge_accumulators(self, accumulators):
+    def merge_accumulators(self, accumulators) -> Spilled:
         """All partial accumulators' pending rows and runs together."""
         merged = self.create_accumulator()
         for acc in accumulators:
-            merged[0] += acc[0]
-            merged[1] += acc[1]
-            merged[2] += acc[2]
+            merged.pending += acc.pending
+            merged.rows += acc.rows
+            merged.runs += acc.runs
         return merged
 
-    def extract_output(self, acc):
+    def extract_output(self, acc: Spilled):
         """:meth:`found` over all runs, the pending rows written first."""
         self._flush(acc)
-        return self.found(acc[2])
+        return self.found(acc.runs)
