@@ -166,12 +166,13 @@ class SpilledRuns(beam.CombineFn):
         return acc
 
     def merge_accumulators(self, accumulators) -> Spilled:
-        """All partial accumulators' pending rows and runs together."""
+        """All partial accumulators' pending rows and runs together, the pending rows written as a run
+        whenever they reach ``RUN_ROWS`` (partials that were not compacted would else add up unbounded)."""
         merged = self.create_accumulator()
         for acc in accumulators:
-            merged.pending += acc.pending
-            merged.rows += acc.rows
             merged.runs += acc.runs
+            for rows in acc.pending:
+                self.add_input(merged, rows)
         return merged
 
     def extract_output(self, acc: Spilled):

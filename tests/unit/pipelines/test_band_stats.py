@@ -69,3 +69,20 @@ def test_band_stats_finds_the_shared_buckets_whatever_the_partitioning(monkeypat
         assert mask.tolist() == [(split_number(split), i) in set(found.refs.tolist()) for i in range(len(sigs))]
         assert found.any_in(split) == bool(mask.any())
     assert not found.any_in("not a split")
+
+
+def test_merging_partials_writes_their_pending_rows_past_run_rows(monkeypatch, tmp_path):
+    # partials that were not compacted each hold fewer than RUN_ROWS rows; merged, they must not be
+    # held together past RUN_ROWS (the bound on what SpilledRuns holds), and the output is the same
+    monkeypatch.setattr(sorted_runs, "RUN_ROWS", 40)
+    fn = BandStats(str(tmp_path), False)
+    arrays = [band_rows(f"{i:016x}", sigs, _texts(sigs), BANDS) for i, sigs in
+              enumerate(_signatures(9, i) for i in range(8))]  # 36 rows each
+    partials = [fn.add_input(fn.create_accumulator(), rows) for rows in arrays]
+    assert all(acc.rows == 36 and not acc.runs for acc in partials)
+    merged = fn.merge_accumulators(partials)
+    assert merged.rows < sorted_runs.RUN_ROWS
+    whole = fn.create_accumulator()
+    for rows in arrays:
+        whole = fn.add_input(whole, rows)
+    assert fn.extract_output(merged).refs.tolist() == fn.extract_output(whole).refs.tolist()
