@@ -134,7 +134,8 @@ class SpilledRuns(beam.CombineFn):
         self.folder = folder
 
     def sections(self, rows: np.ndarray) -> list[np.ndarray]:
-        """The sorted sections a run of ``rows`` holds (see :func:`write_run`)."""
+        """The sorted sections a run of ``rows`` holds (see :func:`write_run`); ``rows`` is the run's own
+        array (:meth:`_flush` concatenated it), which a section may be, sorted in place."""
         raise NotImplementedError
 
     def found(self, runs: list[SortedRun]):
