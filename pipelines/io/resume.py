@@ -46,7 +46,7 @@ JOB_FILE = "job.json"
 # v3: the record starts with its documents' keys (frames of their own, read without the documents:
 # WorkFolder.load_keys); a record of an earlier version is recomputed
 RECORD_SUFFIX = ".v3.split"
-SPILL_DIR = "spill"  # under WORK_DIR: encoded samples between the final pass and the shard writer
+SPILL_DIR = "spill"  # under WORK_DIR: run files of one run (KeyStats, BandStats, JSONL lines, encoded samples)
 _SHOWN = 3  # changes named in a refusal before "and N more"
 # documents filtered together, so that a model step (classifier.kind=hf) scores them in batches; a
 # split's whole output is held in memory anyway (its record), this adds at most 256 parsed documents
@@ -164,7 +164,8 @@ class WorkFolder:
 
     @property
     def spill(self) -> str:
-        """``OUT/.work/spill``: the encoded samples of the final pass (always stale at a run's start)."""
+        """``OUT/.work/spill``: the run files of this run (sorted key and band runs, JSONL lines, the final
+        pass's encoded samples; always stale at a run's start)."""
         return f"{self.url}/{SPILL_DIR}"
 
     def record(self, split: Split) -> str:

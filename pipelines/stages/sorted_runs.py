@@ -1,8 +1,10 @@
 """Global statistics over one numpy array of rows per split, kept on disk instead of in memory:
 :class:`SpilledRuns` writes every ``RUN_ROWS`` rows as a run file of sorted sections in the spill
 folder (``OUT/.work/spill``) and reads its output back one of ``2**BUCKET_BITS`` ranges of the
-sorted key at a time over all runs, so what it holds is ``RUN_ROWS`` rows plus about
-``1/2**BUCKET_BITS`` of all rows, whatever the corpus. :class:`pipelines.stages.keys.KeyStats`
+sorted key at a time over all runs, so what it holds is its pending rows (fewer than ``RUN_ROWS``
+plus one split's array) and one range over all runs: about ``1/2**BUCKET_BITS`` of all rows (it
+grows with the corpus, 256 times slower than the rows; more where one key holds many rows, a range
+being read whole), besides its output. :class:`pipelines.stages.keys.KeyStats`
 (repeated content hashes, shared ids) and :class:`pipelines.stages.near_dedup.BandStats` (LSH band
 buckets of two members or more) are the two users.
 """
