@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -120,19 +120,18 @@ class BucketRuns:
         self._runs: dict[int, list] = {}
         self._held = 0
 
-    def add(self, bucket: int, item, size: int) -> Iterator[tuple[int, str]]:
-        """Hold ``item`` (``size`` bytes) in ``bucket``'s run; yields ``(bucket, path)`` of every run
-        once the held items pass ``limit``."""
+    def add(self, bucket: int, item, size: int) -> list[tuple[int, str]]:
+        """Hold ``item`` (``size`` bytes) in ``bucket``'s run; returns ``(bucket, path)`` of every run
+        written (all of them once the held items pass ``limit``, else none). A list, not a generator:
+        the item is held whether or not the caller reads what comes back."""
         self._runs.setdefault(bucket, []).append(item)
         self._held += size
-        if self._held > self.limit:
-            yield from self.flush()
+        return self.flush() if self._held > self.limit else []
 
-    def flush(self) -> Iterator[tuple[int, str]]:
-        """Write every held run, in bucket order; yields ``(bucket, path)`` of each."""
+    def flush(self) -> list[tuple[int, str]]:
+        """Write every held run, in bucket order; returns ``(bucket, path)`` of each."""
         runs, self._runs, self._held = self._runs, {}, 0
-        for bucket in sorted(runs):
-            yield bucket, spill(self.folder, self.encode_run(runs.pop(bucket)))
+        return [(bucket, spill(self.folder, self.encode_run(runs.pop(bucket)))) for bucket in sorted(runs)]
 
 
 def _sample_run(samples: list) -> bytes:

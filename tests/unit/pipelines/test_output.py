@@ -266,3 +266,17 @@ def test_jsonl_parts_are_the_sorted_lines_merged_from_bounded_runs(monkeypatch, 
     with beam.Pipeline() as p:
         p | beam.Create([]) | output.WriteJsonl(str(tmp_path / "none"), str(tmp_path / "spill"))
     assert not (tmp_path / "none").exists()  # no line, no file
+
+
+def test_bucket_runs_hold_an_item_whether_or_not_the_caller_reads_what_add_returns(tmp_path):
+    # add() was a generator: an item whose returned iterator went unread was never held, dropped silently
+    from pipelines.stages.write_shards import BucketRuns
+
+    runs = BucketRuns(str(tmp_path), limit=100, encode_run=lambda items: "".join(sorted(items)).encode())
+    runs.add(3, "b", 1)
+    runs.add(3, "a", 1)
+    runs.add(1, "c", 1)
+    written = runs.flush()
+    assert [bucket for bucket, _ in written] == [1, 3]
+    assert [open(path, "rb").read() for _, path in written] == [b"c", b"ab"]
+    assert runs.add(2, "x" * 200, 200) and not runs.flush()  # past the limit: written at once
