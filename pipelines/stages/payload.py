@@ -59,6 +59,21 @@ def repeated(keys: list[DocKey], stats: RepeatStats) -> np.ndarray:
     return np.isin(hashes_of(keys), stats.hashes)
 
 
+def exact_kept(keys: list[DocKey], stats: RepeatStats, exact: bool, listed) -> np.ndarray:
+    """Whether exact dedup keeps each of ``keys`` (bool array): every one without ``exact``, else
+    those of a content hash no other document has and those it listed as kept.
+
+    Args:
+        keys: one split's documents, in order.
+        stats: the run's :class:`~pipelines.stages.keys.RepeatStats`.
+        exact: ``dedup.exact``.
+        listed: the indexes of the split's documents exact dedup kept (a container: ``in`` is asked).
+    """
+    if not exact:
+        return np.ones(len(keys), bool)
+    return np.array([not dup or key.index in listed for key, dup in zip(keys, repeated(keys, stats))], bool)
+
+
 class Candidates(beam.DoFn):
     """``split`` → ``(content hash, DocKey)`` of each of its documents whose hash another document
     has too (exact dedup's input; without ``exact``, none), ids made unique (:func:`unique_keys`);
@@ -154,12 +169,9 @@ class NearDocs(beam.DoFn):
             return
         pairs = _load(self.work, split, keys_only=True)
         keys = unique_keys([key for key, _ in pairs], stats)
-        exact_kept = set(index for index, _ in grouped[KEPT])
-        dup = repeated(keys, stats) if self.exact else np.zeros(len(keys), bool)
-        for i in np.flatnonzero(found.in_split(sid, len(keys))):
+        kept = exact_kept(keys, stats, self.exact, {index for index, _ in grouped[KEPT]})
+        for i in np.flatnonzero(found.in_split(sid, len(keys)) & kept):
             key = keys[i]
-            if dup[i] and key.index not in exact_kept:  # a copy exact dedup dropped
-                continue
             yield NearDoc(key.id, key.source, key.split, key.index, pairs[i][1])
 
 
@@ -213,14 +225,12 @@ class PayloadFn(beam.DoFn):
         self.tokenize.start_bundle()
 
     def _kept(self, listed: dict, pairs: list, stats: RepeatStats, dropped: set) -> dict:
-        """``listed`` (index → id) plus the documents no global step decided on (every one without
-        ``dedup.exact``, else those of a hash no other document has), less the indexes ``dropped``."""
+        """index → id of the documents exact dedup keeps (:func:`exact_kept`: ``listed``, index → id,
+        under its ids, and those no global step decided on), less the indexes ``dropped``."""
         keys = unique_keys([key for key, _ in pairs], stats)
-        dup = repeated(keys, stats) if self.exact else np.zeros(len(keys), bool)
-        listed.update((key.index, key.id) for key, candidate in zip(keys, dup) if not candidate)
-        for index in dropped:
-            listed.pop(index, None)
-        return listed
+        return {key.index: listed.get(key.index, key.id)
+                for key, kept in zip(keys, exact_kept(keys, stats, self.exact, listed))
+                if kept and key.index not in dropped}
 
     def process(self, item, model: TokenizerFile, stats: RepeatStats):
         """Tokenise, split and spill the kept documents of one split (side inputs: ``model``, the
