@@ -33,7 +33,7 @@ class DocKey(NamedTuple):
 
     Attributes:
         hash: :func:`pipelines.stages.clean.content_hash` of its text (32 hex digits).
-        id: its id (:class:`pipelines.stages.exact_dedup.UniqueIds` may make it unique).
+        id: its id as read (:func:`pipelines.stages.payload.unique_keys` makes an id two texts share unique).
         source: the corpus it came from.
         split: :func:`pipelines.io.resume.split_id` of the input split whose record holds its text.
         index: its position among the kept documents of that record.
