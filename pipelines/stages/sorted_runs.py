@@ -70,7 +70,7 @@ def write_run(folder: str, sections: list[np.ndarray]) -> SortedRun:
     found, offset = [], 0
     with fs.open(local, "wb") as f:
         for rows in sections:
-            f.write(rows.tobytes())
+            f.write(np.ascontiguousarray(rows).view(np.uint8).data)  # the rows' own bytes: tobytes() copied them
             found.append(Section(offset, _bucket_starts(rows[rows.dtype.names[0]])))
             offset += rows.nbytes
     return SortedRun(path, tuple(found))
