@@ -87,15 +87,17 @@ def read_range(runs: list[SortedRun], section: int, dtype: np.dtype, bucket: int
     Returns:
         a ``dtype`` array.
     """
-    parts = [np.empty(0, dtype)]
-    for run in runs:
-        sec = run.sections[section]
-        first, stop = int(sec.starts[bucket]), int(sec.starts[bucket + 1])
-        if stop > first:
+    secs = [run.sections[section] for run in runs]
+    sizes = [int(sec.starts[bucket + 1] - sec.starts[bucket]) for sec in secs]
+    # each run's part read into its place, one part's bytes held at a time (parts joined by
+    # np.concatenate held the range twice)
+    found, at = np.empty(sum(sizes), dtype), 0
+    for run, sec, n in zip(runs, secs, sizes):
+        if n:
             fs, local = fsspec.core.url_to_fs(run.path)
-            data = fs.cat_file(local, start=sec.offset + first * dtype.itemsize, end=sec.offset + stop * dtype.itemsize)
-            parts.append(np.frombuffer(data, dtype))
-    found = np.concatenate(parts)
+            start = sec.offset + int(sec.starts[bucket]) * dtype.itemsize
+            found[at:at + n] = np.frombuffer(fs.cat_file(local, start=start, end=start + n * dtype.itemsize), dtype)
+            at += n
     found.sort()
     return found
 
