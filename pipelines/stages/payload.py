@@ -68,6 +68,8 @@ def exact_kept(keys: list[DocKey], stats: RepeatStats, exact: bool, listed) -> n
         stats: the run's :class:`~pipelines.stages.keys.RepeatStats`.
         exact: ``dedup.exact``.
         listed: the indexes of the split's documents exact dedup kept (a container: ``in`` is asked).
+    Returns:
+        bool ``(len(keys),)``.
     """
     if not exact:
         return np.ones(len(keys), bool)
