@@ -38,11 +38,14 @@ from pipelines.records import DUPLICATES, duplicate_record
 from pipelines.stages.sorted_runs import BUCKET_BITS, SortedRun, SpilledRuns, read_range
 
 CHUNK_ROWS = 8192  # shingles per broadcast: 8192 x num_perm x 8 bytes (7 MB at 112)
+# members of a band bucket compared with its keeper at one key: a bucket of more documents is
+# split into parts (1,000 members of 448-byte signatures: about 0.5 MB held per key)
+PART_MEMBERS = 1000
 _SEED = 1234
 _ROLL = np.uint64(0x100000001B3)  # FNV-1 64-bit prime, multiplier of the rolling shingle hash
 _MIX = np.uint64(0xFF51AFD7ED558CCD)  # MurmurHash3 fmix64 constant
 HELD_METRIC = "neardup_held"
-_HELD = Metrics.distribution(NAMESPACE, HELD_METRIC)  # elements held for one key after a grouping
+_HELD = Metrics.distribution(NAMESPACE, HELD_METRIC)  # elements held for one key after a grouping (Compare, Drop)
 NEIGHBOURS_METRIC = "neardup_neighbours"
 _NEIGHBOURS = Metrics.distribution(NAMESPACE, NEIGHBOURS_METRIC)  # one node's neighbourhood in a clustering round
 
@@ -184,10 +187,14 @@ class NearCandidates(NamedTuple):
     Attributes:
         keys: uint64, sorted: the band hashes held by two documents or more.
         refs: :data:`DOC_REF`, sorted: the documents that hold one of them (the candidates).
+        hot: uint64, sorted: those of ``keys`` held by more than :data:`PART_MEMBERS` documents.
+        hot_parts: uint32, one per ``hot``: the parts its bucket is compared in, ``ceil(documents / PART_MEMBERS)``.
     """
 
     keys: np.ndarray
     refs: np.ndarray
+    hot: np.ndarray
+    hot_parts: np.ndarray
 
     def _span(self, split: str) -> slice:
         number = np.uint64(split_number(split))
@@ -205,6 +212,14 @@ class NearCandidates(NamedTuple):
         at = np.minimum(np.searchsorted(self.keys, hashes), max(len(self.keys) - 1, 0))
         return self.keys[at] == hashes if len(self.keys) else np.zeros(len(hashes), bool)
 
+    def parts(self, hashes: np.ndarray) -> np.ndarray:
+        """The parts the bucket of each of uint64 band hashes ``hashes`` is compared in: 1 but for the
+        ``hot`` ones (int64 array)."""
+        if not len(self.hot):
+            return np.ones(len(hashes), np.int64)
+        at = np.minimum(np.searchsorted(self.hot, hashes), len(self.hot) - 1)
+        return np.where(self.hot[at] == hashes, self.hot_parts[at], 1).astype(np.int64)
+
     def in_split(self, split: str, count: int) -> np.ndarray:
         """Whether each of the ``count`` documents of ``split`` is a candidate (bool array)."""
         return np.isin(np.arange(count, dtype=np.uint64), self.refs["index"][self._span(split)])
@@ -215,7 +230,9 @@ class BandStats(SpilledRuns):
     (:class:`~pipelines.stages.sorted_runs.SpilledRuns`): a run holds its rows sorted, and the
     output is found one range of the band hash at a time over all runs, so it holds ``RUN_ROWS``
     rows and about 1/2**BUCKET_BITS of all rows (40 bytes a band a document), not one bucket
-    membership object per band and document.
+    membership object per band and document. A bucket's rows counted there tell how many parts its
+    comparison is split into (:data:`PART_MEMBERS`): they are all of its documents, exact
+    duplicates included, at least as many as its members.
 
     Args:
         folder: the spill folder (fsspec URL; ``OUT/.work/spill``), which every worker can reach.
@@ -234,8 +251,10 @@ class BandStats(SpilledRuns):
         return [rows]
 
     def found(self, runs: list[SortedRun]) -> NearCandidates:
-        """The shared band hashes and the documents that hold them, a range of the hash at a time."""
+        """The shared band hashes, the documents that hold them and the hot ones' parts, a range of the
+        hash at a time."""
         keys, refs = [np.empty(0, np.uint64)], [np.empty(0, DOC_REF)]
+        hot, hot_parts = [np.empty(0, np.uint64)], [np.empty(0, np.uint32)]
         for b in range(1 << BUCKET_BITS):
             rows = read_range(runs, 0, BAND_ROW, b)  # sorted by band hash, then content hash
             if not len(rows):
@@ -248,7 +267,12 @@ class BandStats(SpilledRuns):
                 shared = last > first
             keys.append(rows["key"][first[shared]])
             refs.append(rows[np.repeat(shared, last - first + 1)][["split", "index"]].astype(DOC_REF))
-        return NearCandidates(np.concatenate(keys), np.unique(np.concatenate(refs)))
+            parts = (last - first + PART_MEMBERS) // PART_MEMBERS  # ceil(rows / PART_MEMBERS)
+            split = shared & (parts > 1)
+            hot.append(rows["key"][first[split]])
+            hot_parts.append(parts[split].astype(np.uint32))
+        return NearCandidates(np.concatenate(keys), np.unique(np.concatenate(refs)), np.concatenate(hot),
+                              np.concatenate(hot_parts))
 
 
 class NearDoc(NamedTuple):
@@ -274,6 +298,12 @@ class Member(NamedTuple):
 
     id: str
     signature: bytes
+
+
+# Beam keys are plain tuples (deterministically encoded): a band bucket (:func:`band_keys`) with the
+# number of parts it is compared in (:meth:`NearCandidates.parts`), and one part of a bucket.
+Bucket = tuple[bytes, int]  # (bucket, parts)
+BucketPart = tuple[bytes, int]  # (bucket, part), 0 <= part < parts
 
 
 class DocPlace(NamedTuple):
@@ -312,24 +342,50 @@ def similarity(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
     return float(np.mean(sig_a == sig_b))
 
 
-def _buckets(doc: NearDoc, bands: int, candidates: NearCandidates):
-    """``doc``'s band buckets that hold another document (by hash): ``(bucket, Member)`` each, the
-    bucket as :func:`band_keys` makes it, so that a hash shared by two unequal bands splits apart."""
+def _buckets(doc: NearDoc, bands: int, candidates: NearCandidates) -> Iterator[tuple[Bucket, Member]]:
+    """``doc``'s band buckets that hold another document (by hash): ``((bucket, parts), Member)``
+    each, the bucket as :func:`band_keys` makes it, so that a hash shared by two unequal bands splits
+    apart; ``parts`` (:meth:`NearCandidates.parts`, of the hash) is the same for all of a bucket's members."""
     sig = np.frombuffer(doc.signature, dtype=np.uint32)
-    shared = candidates.shared(band_hashes(sig[None, :], bands)[0])
+    hashes = band_hashes(sig[None, :], bands)[0]
     member = Member(doc.id, doc.signature)
-    for key, is_shared in zip(band_keys(doc.signature, bands), shared):
+    for key, is_shared, parts in zip(band_keys(doc.signature, bands), candidates.shared(hashes),
+                                     candidates.parts(hashes)):
         if is_shared:
-            yield key, member
+            yield (key, int(parts)), member
 
 
-def _similar(item: tuple[bytes, Member], threshold: float, keepers: dict):
-    """A bucket's member against the bucket's keeper: ``(member id, keeper id)`` when similar."""
-    bucket, member = item
-    keeper = keepers[bucket]
-    if member.id != keeper.id and similarity(np.frombuffer(keeper.signature, dtype=np.uint32),
-                                             np.frombuffer(member.signature, dtype=np.uint32)) >= threshold:
-        yield member.id, keeper.id
+def _part(member_id: str, parts: int) -> int:
+    """The part of its bucket a member is compared in: a stable hash (CRC-32) of its id mod ``parts``,
+    the same in every worker (Python's ``hash`` of a str differs per process)."""
+    return zlib.crc32(member_id.encode("utf-8")) % parts
+
+
+def _member_part(item: tuple[Bucket, Member]) -> tuple[BucketPart, Member]:
+    """A member keyed by its part of its bucket."""
+    (bucket, parts), member = item
+    return (bucket, _part(member.id, parts)), member
+
+
+def _keeper_parts(item: tuple[Bucket, Member]) -> Iterator[tuple[BucketPart, Member]]:
+    """A bucket's keeper once per part of the bucket, where that part's members meet it."""
+    (bucket, parts), keeper = item
+    for part in range(parts):
+        yield (bucket, part), keeper
+
+
+def _similar(item: tuple[BucketPart, dict], threshold: float) -> Iterator[tuple[str, str]]:
+    """One part of a bucket, ``{"keeper": [its keeper], "member": [its members]}``: each member against
+    the keeper, ``(member id, keeper id)`` when similar. It holds the part: about
+    :data:`PART_MEMBERS` members (a hash spreads them; one id's copies, ``dedup.exact`` off, go to one part)."""
+    _, grouped = item
+    (keeper,) = grouped["keeper"]  # every part of a bucket has its keeper, once
+    members = list(grouped["member"])
+    _held(len(members) + 1)
+    sig = np.frombuffer(keeper.signature, dtype=np.uint32)
+    for member in members:
+        if member.id != keeper.id and similarity(sig, np.frombuffer(member.signature, dtype=np.uint32)) >= threshold:
+            yield member.id, keeper.id
 
 
 def _held(n: int) -> int:
@@ -605,11 +661,19 @@ class NearDedup(beam.PTransform):
     :class:`NearDoc` each, with its signature): a document in no shared bucket never crosses a
     grouping, a side input or a join; (3) each candidate's shared buckets (:func:`band_keys`, so
     that a hash shared by unequal bands splits apart), their keepers (``CombinePerKey``: one member
-    held per bucket), read as a side input by the comparison of each member with its bucket's
-    keeper; (4) :class:`Clusters` over the similar pairs (``dedup.near_rounds`` rounds of two
-    groupings by node, then the label check, what disagrees settled up to ``dedup.near_resolve_max``
-    pairs and counted as the run-level event ``near_unresolved``); (5) the candidates joined with
-    their representative by id. What steps (2) to (5) hold grows with the candidates, not the corpus.
+    held per bucket), and each member joined with its bucket's keeper (``CoGroupByKey``) to be
+    compared: a bucket of more than :data:`PART_MEMBERS` documents (counted by :class:`BandStats`)
+    is split into ``ceil(documents / PART_MEMBERS)`` parts, a member going to the part of a stable
+    hash of its id and the keeper to every part, so a key holds one keeper and about
+    :data:`PART_MEMBERS` members however hot the bucket (a side input of the keepers was held
+    whole by every worker: one signature per shared bucket); (4) :class:`Clusters` over the similar
+    pairs (``dedup.near_rounds`` rounds of two groupings by node, then the label check, what
+    disagrees settled up to ``dedup.near_resolve_max`` pairs and counted as the run-level event
+    ``near_unresolved``); (5) the candidates joined with their representative by id. What steps (2)
+    to (5) hold in all grows with the candidates, not the corpus; what one key holds is bounded by
+    :data:`PART_MEMBERS` (step 3), one cluster's ids (step 4) and one id's copies (step 5), and no
+    worker holds a side input that grows with the candidates but the :class:`NearCandidates` arrays
+    (8 bytes a shared bucket and 16 a candidate).
 
     Args:
         cfg: the dedup settings (``num_perm``, ``bands``, ``threshold``, ``near_rounds``,
@@ -638,8 +702,11 @@ class NearDedup(beam.PTransform):
             rows | "Buckets" >> beam.CombineGlobally(BandStats(self.folder, distinct_texts=self.cfg.exact)))
         docs = self.candidates(found)
         members = docs | "Shared" >> beam.FlatMap(_buckets, self.cfg.bands, found)
-        keepers = members | "Keepers" >> beam.CombinePerKey(_SmallestId())
-        pairs = members | "Compare" >> beam.FlatMap(_similar, self.cfg.threshold, beam.pvalue.AsDict(keepers))
+        keepers = (members | "Keepers" >> beam.CombinePerKey(_SmallestId())
+                   | "KeeperParts" >> beam.FlatMap(_keeper_parts))
+        pairs = ({"keeper": keepers, "member": members | "MemberParts" >> beam.Map(_member_part)}
+                 | "JoinKeeper" >> beam.CoGroupByKey()
+                 | "Compare" >> beam.FlatMap(_similar, self.cfg.threshold))
         reps, unresolved = pairs | "Clusters" >> Clusters(self.cfg.near_rounds, self.cfg.near_resolve_max)
         out = ({"doc": docs | "KeyById" >> beam.Map(lambda d: (d.id, d._replace(signature=None))), "rep": reps}
                | "JoinDoc" >> beam.CoGroupByKey()

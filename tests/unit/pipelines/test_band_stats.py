@@ -1,6 +1,7 @@
 """Near dedup's band buckets: one BAND_ROW array per split, combined on disk by BandStats into the
-band hashes of two documents (or two texts) or more and those documents, the same whatever the runs
-and partials (against counting every band of every document in a dict)."""
+band hashes of two documents (or two texts) or more, those documents and the parts the buckets of
+many documents are compared in, the same whatever the runs and partials (against counting every
+band of every document in a dict)."""
 from __future__ import annotations
 
 import collections
@@ -8,6 +9,7 @@ import collections
 import numpy as np
 import pytest
 
+import pipelines.stages.near_dedup as near_dedup
 import pipelines.stages.sorted_runs as sorted_runs
 from pipelines.stages.keys import HASH
 from pipelines.stages.near_dedup import BAND_ROW, DOC_REF, BandStats, band_hashes, band_keys, band_rows, split_number
@@ -44,6 +46,7 @@ def _texts(sigs: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("distinct_texts", [False, True])
 def test_band_stats_finds_the_shared_buckets_whatever_the_partitioning(monkeypatch, tmp_path, run_rows, distinct_texts):
     monkeypatch.setattr(sorted_runs, "RUN_ROWS", run_rows)
+    monkeypatch.setattr(near_dedup, "PART_MEMBERS", 4)  # buckets of 5 documents or more in parts
     splits = {f"{i:016x}": _signatures(30 + i, i) for i in range(6)}
     splits["copies"] = np.concatenate([splits["0000000000000000"][:10]] * 2)  # copies of 10 texts
     arrays = [band_rows(split, sigs, _texts(sigs), BANDS) for split, sigs in splits.items()]
@@ -64,6 +67,9 @@ def test_band_stats_finds_the_shared_buckets_whatever_the_partitioning(monkeypat
     assert found.refs.dtype == DOC_REF
     assert found.refs.tolist() == sorted({ref for h in shared for ref in members[h]})
     assert found.shared(np.array(shared + [1, 2], np.uint64)).tolist() == [True] * len(shared) + [False, False]
+    parts = [-(-len(members[h]) // 4) for h in shared]  # ceil(documents / PART_MEMBERS)
+    assert found.parts(np.array(shared + [1], np.uint64)).tolist() == parts + [1]
+    assert found.hot.tolist() == [h for h, n in zip(shared, parts) if n > 1] and max(parts) > 2  # not vacuous
     for split, sigs in splits.items():
         mask = found.in_split(split, len(sigs))
         assert mask.tolist() == [(split_number(split), i) in set(found.refs.tolist()) for i in range(len(sigs))]
