@@ -117,13 +117,13 @@ class ArrayPacker:
                         chunks["doc"], src[pool] if pool is not None else np.full(n, src[0] if len(src) else 0),
                         chunks["off"]]).astype(np.int64, copy=False)
         # the stream adds a whole document's chunks, then packs once the window is reached
-        doc_end = np.searchsorted(chunks["doc"], chunks["doc"], side="right")
+        doc = chunks["doc"]
         tokens = np.cumsum(chunks["length"])  # tokens of the new chunks up to each
         at = 0
         while at < n:
             base = int(tokens[at - 1]) if at else 0
             reach = int(np.searchsorted(tokens, base + self.window - self.buffered))  # chunk that fills the window
-            end = int(doc_end[min(reach, n - 1)])
+            end = int(np.searchsorted(doc, doc[min(reach, n - 1)], side="right"))  # its document's end
             self._append(new[:, at:end])
             self.buffered += int(tokens[end - 1]) - base
             at = end
