@@ -14,7 +14,6 @@ length, its document's global position and its index in the document) and return
 """
 from __future__ import annotations
 
-import collections
 import heapq
 from typing import NamedTuple, Protocol
 
@@ -95,14 +94,18 @@ def best_fit_bins(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.nda
     # chunks over half a row come next: each opens a bin (every open bin holds a longer one); a run of
     # equal ones opens consecutive bins with one room, so each room's list is already a heap
     big_lens = np.flatnonzero(per[T // 2 + 1:T])[::-1] + T // 2 + 1
-    heaps: collections.defaultdict[int, list[int]] = collections.defaultdict(list)  # room -> heap of bin numbers
+    # room -> heap of bin numbers (None: no open bin has that room); a list indexed by room, not a
+    # dict: the loop below looks a room up a few times per bin filled (15% of its time with a defaultdict)
+    heaps: list[list[int] | None] = [None] * T
+    rooms = 0  # bit r: an open bin has r free tokens
     bins = full
     for n, c in zip(big_lens.tolist(), per[big_lens].tolist()):
         heaps[T - n] = list(range(bins, bins + c))
+        rooms |= 1 << (T - n)
         bins += c
-    rooms = sum(1 << r for r in heaps)  # bit r: an open bin has r free tokens
     big = bins  # bins opened so far: one per chunk so far
     run_bin, run_len = [], []  # the bin of each later chunk in packing order, run-length coded
+    add_bin, add_len = run_bin.append, run_len.append
     small = np.flatnonzero(per[:T // 2 + 1])[::-1]
     pop, push = heapq.heappop, heapq.heappush
     # equal chunks in a row go to one bin while they fit: after one lands in the best-fit bin,
@@ -116,17 +119,25 @@ def best_fit_bins(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.nda
                 whole, part = divmod(left, q)
                 run_bin.extend(range(bins, bins + whole))
                 run_len.extend([q] * whole)
-                if whole and T - q * n:  # their rooms are below n and new bins have the highest numbers
-                    if not heaps[T - q * n]:
-                        rooms |= 1 << (T - q * n)
-                    heaps[T - q * n].extend(range(bins, bins + whole))  # still a heap
+                room = T - q * n
+                if whole and room:  # their rooms are below n and new bins have the highest numbers
+                    heap = heaps[room]
+                    if heap:
+                        heap.extend(range(bins, bins + whole))  # still a heap
+                    else:
+                        heaps[room] = list(range(bins, bins + whole))
+                        rooms |= 1 << room
                 bins += whole
                 if part:
-                    run_bin.append(bins)
-                    run_len.append(part)
-                    if not heaps[T - part * n]:
-                        rooms |= 1 << (T - part * n)
-                    heaps[T - part * n].append(bins)
+                    add_bin(bins)
+                    add_len(part)
+                    room = T - part * n
+                    heap = heaps[room]
+                    if heap:
+                        heap.append(bins)
+                    else:
+                        heaps[room] = [bins]
+                        rooms |= 1 << room
                     bins += 1
                 break
             room = n + (fits & -fits).bit_length() - 1  # least room >= n
@@ -137,15 +148,17 @@ def best_fit_bins(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.nda
             q = room // n
             if q > left:
                 q = left
-            run_bin.append(k)
-            run_len.append(q)
+            add_bin(k)
+            add_len(q)
             left -= q
             room -= q * n
             if room:
                 heap = heaps[room]
-                if not heap:
+                if heap:
+                    push(heap, k)
+                else:
+                    heaps[room] = [k]
                     rooms |= 1 << room
-                push(heap, k)
     run_bin, run_len = np.array(run_bin, np.int64), np.array(run_len, np.int64)
     bin_of = np.concatenate([np.arange(big, dtype=np.int64), np.repeat(run_bin, run_len)])
     # a run's chunks share one length: its tokens are len x that length, summed per bin over runs, not chunks

@@ -84,6 +84,7 @@ class ArrayPacker:
         self._src_of: dict[int, int] = {}  # id() of a live token array -> its src number
         self._current: set[int] = set()  # src numbers of the current add call
         self._work = [np.empty(0, np.int64), np.empty(0, np.int64)]  # see _scratch
+        self._iota = np.zeros(0, np.int64)  # 0, 1, 2, ... (see _runs)
 
     def add(self, pools, keys, chunks: dict[str, np.ndarray]) -> Iterator[PackedBatch]:
         """Add chunks in order and yield every batch that becomes ready: the batches adding their documents
@@ -116,13 +117,13 @@ class ArrayPacker:
                         chunks["doc"], src[pool] if pool is not None else np.full(n, src[0] if len(src) else 0),
                         chunks["off"]]).astype(np.int64, copy=False)
         # the stream adds a whole document's chunks, then packs once the window is reached
-        doc_end = np.searchsorted(chunks["doc"], chunks["doc"], side="right")
+        doc = chunks["doc"]
         tokens = np.cumsum(chunks["length"])  # tokens of the new chunks up to each
         at = 0
         while at < n:
             base = int(tokens[at - 1]) if at else 0
             reach = int(np.searchsorted(tokens, base + self.window - self.buffered))  # chunk that fills the window
-            end = int(doc_end[min(reach, n - 1)])
+            end = int(np.searchsorted(doc, doc[min(reach, n - 1)], side="right"))  # its document's end
             self._append(new[:, at:end])
             self.buffered += int(tokens[end - 1]) - base
             at = end
@@ -214,18 +215,17 @@ class ArrayPacker:
         return self._work[slot][:n]
 
     def _runs(self, start: np.ndarray, lens: np.ndarray, gaps: np.ndarray | None, slot: int) -> np.ndarray:
-        """Chunk ``k``'s ``lens[k]`` consecutive values from ``start[k]``, all chunks one after another,
-        as one cumulative sum (in work array ``slot``); ``gaps[k]`` more cells after chunk ``k`` repeat
-        its last value (row padding)."""
+        """Chunk ``k``'s ``lens[k]`` consecutive values from ``start[k]``, all chunks one after another
+        (in work array ``slot``); ``gaps[k]`` more cells after chunk ``k`` go on counting (row padding).
+
+        Each chunk's start less its first cell, repeated, plus 0, 1, 2, ...: 1.3x faster than a
+        cumulative sum of steps (numpy's cumsum is a serial loop)."""
         width = lens if gaps is None else lens + gaps
         ends = np.cumsum(width)
-        d = self._scratch(int(ends[-1]) if len(ends) else 0, slot)
-        d.fill(1)
-        for k in np.flatnonzero(gaps).tolist() if gaps is not None else ():
-            d[ends[k] - gaps[k]:ends[k]] = 0
-        last = np.concatenate([[0], start[:-1] + lens[:-1] - 1])  # the value just before each chunk
-        d[ends - width] = start - last
-        return np.cumsum(d, out=d)
+        n = int(ends[-1]) if len(ends) else 0
+        if len(self._iota) < n:
+            self._iota = np.arange(max(n, 2 * len(self._iota)), dtype=np.int64)
+        return np.add(np.repeat(start - (ends - width), width), self._iota[:n], out=self._scratch(n, slot))
 
     def _build(self, plan: RowPlan) -> list[PackedBatch]:
         """The batches of ``plan`` (rows of ``plan.width`` tokens, ``plan.rows`` per batch), gathered in one pass."""
@@ -260,11 +260,12 @@ class ArrayPacker:
                     # gather by index (most rows of long documents)
                     ids[a0:b0] = sliding_window_view(pool, T)[off[chunk_end[a0:b0] - 1]]
                     continue
-                # each cell's token by index (padding cells repeat the row's last token, set to pad_id after);
+                # each cell's token by index (padding cells read on past the row's last chunk, wrapped into the
+                # token array by mode="wrap", and are set to pad_id after);
                 # np.take with intp indices: about twice as fast as fancy indexing here. The indices are
                 # made and used GATHER_TOKENS at a time, so they stay in the CPU cache (1.5x faster).
-                # mode="wrap": the chunks are in bounds (checked above), and "raise" gathers into a buffer
-                # first, then copies it out (1.2-1.5x the time)
+                # mode="wrap": the chunks are in bounds (checked above; only padding cells wrap), and "raise"
+                # gathers into a buffer first, then copies it out (1.2-1.5x the time)
                 for r0 in range(a0, b0, step):
                     r1 = min(b0, r0 + step)
                     a, b = int(chunk_end[r0] - counts[r0]), int(chunk_end[r1 - 1])

@@ -101,10 +101,10 @@ class TokenBatch:
 
     @classmethod
     def from_packed(cls, p: PackedBatch) -> "TokenBatch":
-        """A batch over the packed batch's arrays (no copy); the full tensors come on first access."""
+        """A batch over the packed batch's arrays (no copy); tensors over them, and the full tensors,
+        come on first access (a loop that only counts tokens makes none)."""
         b = cls.__new__(cls)
-        b._full, b.packed = None, p
-        b._compact = (torch.from_numpy(p.ids), torch.from_numpy(p.lens), torch.from_numpy(p.row_chunks))
+        b._full, b._compact, b.packed = None, None, p  # the tensors over its arrays come on first need (_tensors)
         b._doc_tokens = p.num_doc_tokens
         b._one_document = p.one_document if p.one_document is not None else \
             one_document_rows(p.lens, p.row_chunks, p.ids.shape[1])
@@ -118,9 +118,16 @@ class TokenBatch:
         b.keys, b.consumed, b.worker = self.keys, self.consumed, self.worker
         return b
 
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        """The compact ``(ids, lens, row_chunks)`` tensors (see :func:`expand`); over the packed arrays, made once."""
+        if self._compact is None:
+            p = self.packed
+            self._compact = (torch.from_numpy(p.ids), torch.from_numpy(p.lens), torch.from_numpy(p.row_chunks))
+        return self._compact
+
     def _fields(self) -> tuple[torch.Tensor, ...]:
         if self._full is None:
-            self._full = expand(*self._compact)
+            self._full = expand(*self._tensors())
         return self._full
 
     @property
@@ -152,6 +159,8 @@ class TokenBatch:
     @property
     def shape(self) -> tuple[int, int]:
         """``(B, T)``: rows and tokens per row."""
+        if self.packed is not None:  # no tensor needed
+            return self.packed.ids.shape
         t = self._compact[0] if self._full is None else self._full[0]
         return tuple(t.shape)
 
@@ -189,7 +198,7 @@ class TokenBatch:
     def __reduce__(self):
         # CPU batches travel (worker process -> trainer) as plain arrays in the pickle: one
         # pipe write instead of one shared-memory file and descriptor hand-over per tensor.
-        if self.packed is not None and self._compact[0].device.type == "cpu":
+        if self.packed is not None:  # a packed batch is on the CPU (moving one makes a new batch)
             return TokenBatch.from_packed, (self.packed,)
         tensors = self._fields()
         if all(t.device.type == "cpu" and not t.requires_grad for t in tensors):
@@ -201,7 +210,7 @@ class TokenBatch:
         compact tensors (about ``2 B T`` bytes) and is expanded there."""
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         if self._full is None:
-            return self._lazy(tuple(move(t) for t in self._compact), self._doc_tokens)
+            return self._lazy(tuple(move(t) for t in self._tensors()), self._doc_tokens)
         b = TokenBatch(*(move(t) for t in self._full), self.keys, self.consumed)
         b._one_document = self.one_document_rows
         return b
@@ -209,7 +218,7 @@ class TokenBatch:
     def pin_memory(self) -> "TokenBatch":
         """The batch in pinned host memory (faster, asynchronous host-to-GPU copies)."""
         if self._full is None:
-            return self._lazy(tuple(t.pin_memory() for t in self._compact), self._doc_tokens)
+            return self._lazy(tuple(t.pin_memory() for t in self._tensors()), self._doc_tokens)
         return TokenBatch(*(t.pin_memory() for t in self._full), self.keys, self.consumed)
 
 

@@ -325,11 +325,13 @@ def _thread_prefetch(runs: Generator, depth: int, pin: bool,
     end = object()
 
     def hand_over(items: list) -> bool:
-        """Move ``items`` to ``ready`` as room comes, as many at once as fit."""
+        """Move ``items`` to ``ready`` as room comes, as many at once as fit: once ``ready`` is full, when
+        it is down to half (a wake-up of this thread per ``depth // 2`` batches taken, not per batch)."""
         while items:
             with cond:
-                while len(ready) >= depth and not stop.is_set():
-                    cond.wait(0.1)
+                if len(ready) >= depth:
+                    while len(ready) > depth // 2 and not stop.is_set():
+                        cond.wait(0.1)
                 if stop.is_set():
                     return False
                 take = depth - len(ready)
@@ -363,7 +365,7 @@ def _thread_prefetch(runs: Generator, depth: int, pin: bool,
                     on_get(len(ready) - (not isinstance(ready[-1], TokenBatch) if ready else 0))
                 while not ready:
                     cond.wait()
-                if len(ready) >= depth:  # the thread may be waiting for room
+                if len(ready) == depth // 2 + 1:  # down to half once this one is taken: the thread may wait for that
                     cond.notify_all()
                 item = ready.popleft()
             if item is end:

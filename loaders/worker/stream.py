@@ -125,12 +125,14 @@ class TextStream:
     def _deal_point(self, num_workers: int) -> tuple[int, np.ndarray, bool]:
         """``(start, skip, refilter)`` the deal starts from: :attr:`deal`'s when it was made for this
         world size, node count and worker count (``refilter``: positions consumed since are skipped
-        after the deal, so each consumer keeps the documents it had, in order), else the resume point."""
+        after the deal, so each consumer keeps the documents it had, in order; none were when the
+        resume point is the deal's), else the resume point."""
         deal = self.deal
         if not deal_fits(deal, self.world_size, num_workers, self.num_nodes):
             return self.prefix, self.skip, False
         dealt = decode_positions(deal["done"])
-        return int(deal["prefix"]), dealt[dealt >= deal["prefix"]], True
+        start, skip = int(deal["prefix"]), dealt[dealt >= deal["prefix"]]
+        return start, skip, self.prefix != start or not np.array_equal(self.skip, skip)
 
     def plan(self, order: Order, num_workers: int) -> NodePlan:
         """The node-level deal of the epoch for ``num_workers`` workers per rank (:func:`loaders.order.split.plan_nodes`)."""
@@ -205,11 +207,13 @@ class TextStream:
             lengths.append(np.where(ok, n, -1))
             offsets.append(off)
             where.append(m)
-        at = np.empty(len(pos), np.int64)
-        at[np.concatenate(where)] = np.arange(len(pos))  # position order -> row in the located arrays
-        lengths, offsets, pool_of = np.concatenate(lengths)[at], np.concatenate(offsets)[at], np.concatenate(pool_of)[at]
-        which = np.repeat(np.arange(len(handles)), [len(w) for w in where])[at]
-        keys = GroupKeys(handles, np.asarray(shards, np.int64), which, local[np.concatenate(where)][at])
+        lengths, offsets, pool_of = np.concatenate(lengths), np.concatenate(offsets), np.concatenate(pool_of)
+        which = np.repeat(np.arange(len(handles)), [len(w) for w in where])
+        if len(shards) > 1:  # back to position order (one shard's rows are in it already: most groups)
+            at = np.empty(len(pos), np.int64)
+            at[np.concatenate(where)] = np.arange(len(pos))  # position order -> row in the located arrays
+            lengths, offsets, pool_of, which = lengths[at], offsets[at], pool_of[at], which[at]
+        keys = GroupKeys(handles, np.asarray(shards, np.int64), which, local)
         for p, n in zip(pos[lengths <= 0].tolist(), lengths[lengths <= 0].tolist()):
             packer.pending.append((p, BAD if n < 0 else EMPTY, 0))
         real = lengths > 0
