@@ -22,7 +22,8 @@ epoch does), and the ``numpy.memmap`` floor (in-process). Tokens/s counts docume
 delivered (LitData and memmap: B x T per batch). ``--repeat N`` repeats each corpus N times (the
 default makes a demo pass about 100 M tokens, long enough for a stable ratio).
 
-Write time (``--rounds`` interleaved writes of the corpus once, median): colaflow raw and zstd
+Write time (``--rounds`` interleaved writes of the corpus ``--write-repeat`` times over, median; the default
+makes the flat file's write about 0.1 s, long enough for a stable ratio): colaflow raw and zstd
 token blocks (``TokenBlockWriter.add_many`` + manifest: tokens, per-block metadata of ids, sources and
 lengths, tar headers, sha256, fsync), their ``shards index`` step apart (``*_index``: DALI ``.idx`` and
 ``shardindex.json`` for other readers), LitData's ``optimize()``, the flat file (``flat``: tokens and
@@ -30,7 +31,8 @@ int64 offsets, no fsync; ``flat_fsync``: fsynced) and the flat file with the doc
 as JSON, fsynced (``flat_meta``: the information a shard holds). ``--write-only`` times only the
 writes (no LitData).
 
-    python benchmarks/bench_tokens.py [--work /tmp/colaflow-bench-tokens] [--rounds 5] [--repeat 26] [--write-only]
+    python benchmarks/bench_tokens.py [--work /tmp/colaflow-bench-tokens] [--rounds 5] [--repeat 26] [--write-repeat 8]
+                                      [--write-only]
                                       [--no-litdata]
 """
 from __future__ import annotations
@@ -183,8 +185,8 @@ def _fsync(folder: str, *names: str) -> None:
             os.fsync(f.fileno())
 
 
-def write_once(corpus, with_litdata: bool) -> dict:
-    """The writers timed on ``corpus`` (``(ids, sources, tokens)``) once: colaflow raw and zstd (each
+def timed_writers(corpus, with_litdata: bool) -> dict:
+    """The writers timed on ``corpus`` (``(ids, sources, tokens)``): colaflow raw and zstd (each
     with its ``shards index`` step timed apart), the flat file (also fsynced), the flat file with ids and
     sources, and LitData's ``optimize()`` when ``with_litdata``."""
     ids, sources, tokens = corpus
@@ -201,7 +203,7 @@ def print_writes(name: str, corpus, write_s: dict[str, float]) -> None:
     """Print median write seconds with their ratios to the flat file (also fsynced) and to the flat file with
     ids and sources."""
     if corpus is not None:
-        print(f"== {name}: {len(corpus[2]):,} documents, {sum(map(len, corpus[2])):,} tokens, written once")
+        print(f"== {name}: {len(corpus[2]):,} documents, {sum(map(len, corpus[2])):,} tokens written")
     for k, v in write_s.items():
         print(f"  write {k:20s} {v:7.3f} s  {v / write_s['flat']:6.2f}x flat  "
               f"{v / write_s['flat_fsync']:5.2f}x flat_fsync  {v / write_s['flat_meta']:5.2f}x flat_meta")
@@ -258,8 +260,10 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--repeat", type=int, default=26, help="corpus copies per pass (26: about 100 M demo tokens)")
+    ap.add_argument("--write-repeat", type=int, default=8,
+                    help="corpus copies per timed write (8: the flat file takes about 0.1 s)")
     ap.add_argument("--write-only", action="store_true",
-                    help="only the write times of each corpus once (--rounds interleaved rounds; no LitData)")
+                    help="only the write times (--rounds interleaved rounds; no LitData)")
     ap.add_argument("--no-litdata", action="store_true",
                     help="skip LitData's writes and passes (colaflow and the floor only)")
     ap.add_argument("--pass", dest="one_pass", help=argparse.SUPPRESS)
@@ -280,11 +284,12 @@ def main() -> int:
     corpora = {"demo": (ids, sources, tokens), "long": long_corpus(ids, sources, tokens)}
     if args.write_only:
         for name, once in corpora.items():
-            print_writes(name, once, write_seconds(write_once(once, False), args.rounds, args.work))
+            written = repeated(*once, args.write_repeat)
+            print_writes(name, written, write_seconds(timed_writers(written, False), args.rounds, args.work))
         return 0
     results: dict = {}
     for name, once in corpora.items():
-        write_s = write_seconds(write_once(once, have_litdata), args.rounds, args.work)
+        write_s = write_seconds(timed_writers(repeated(*once, args.write_repeat), have_litdata), args.rounds, args.work)
         c_ids, c_src, c_tok = repeated(*once, args.repeat)
         n_tok = sum(len(t) for t in c_tok)
         base = os.path.join(args.work, f"{name}-x{args.repeat}")
@@ -301,7 +306,7 @@ def main() -> int:
                 writers[kind](d)
         bpt = {k: dir_bytes(d) / n_tok for k, d in dirs.items()}
         res = results[name] = {"documents": len(c_tok), "tokens": n_tok, "mean_doc_tokens": n_tok / len(c_tok),
-                               "write_s": write_s, "write_vs_flat": {k: v / write_s["flat"] for k, v in write_s.items()},
+                               "write_s": write_s, "write_repeat": args.write_repeat, "write_vs_flat": {k: v / write_s["flat"] for k, v in write_s.items()},
                                "write_vs_flat_meta": {k: v / write_s["flat_meta"] for k, v in write_s.items()},
                                "bytes_per_token": bpt, "vs_flat": {k: v / bpt["flat"] for k, v in bpt.items()},
                                "loader": {}}

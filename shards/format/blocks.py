@@ -27,7 +27,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from shards.format.keys import escape_key
-from shards.format.sample import encode_npy, zstd_compress, zstd_decompress
+from shards.format.sample import npy_concat, zstd_compress, zstd_decompress
 
 BLOCK_LAYOUT = "token_block"
 META_SUFFIX = "json.zst"
@@ -210,15 +210,16 @@ def _encode(ids: list, sources: list, lengths_json: bytes, pieces: list[np.ndarr
     if len(dtypes) != 1 or next(iter(dtypes)) not in TOKEN_DTYPES:
         raise ValueError(f"block tokens must be 1-D and all uint16 or all uint32, got {sorted(map(str, dtypes))}")
     dtype = next(iter(dtypes))
-    tokens = pieces[0] if len(pieces) == 1 else join_tokens(pieces, dtype)
-    tokens = tokens.astype(dtype.newbyteorder("<"), copy=False)
+    if dtype != dtype.newbyteorder("<"):  # a big-endian host: blocks are little-endian everywhere
+        dtype = dtype.newbyteorder("<")
+        pieces = [p.astype(dtype) for p in pieces]
     head = f'{{"layout":"{BLOCK_LAYOUT}","version":{META_VERSION},"dtype":"{dtype.name}"'.encode()
     extra = {k: v for k, v in (("texts", texts), ("metas", metas)) if v is not None}
     tail = b"," + json.dumps(extra, ensure_ascii=False, separators=(",", ":")).encode()[1:] if extra else b"}"
     # the columns go in as ready JSON (column_json, json_uint_arrays) between the fixed members and the optional ones
     meta_json = b"".join((head, b',"ids":', column_json(ids), b',"sources":', column_json(sources), b',"lengths":',
                           lengths_json, tail))
-    npy = encode_npy(tokens)
+    npy = npy_concat(pieces, dtype)  # one copy of the tokens, however many pieces
     fields = {META_SUFFIX: zstd_compress(meta_json, META_ZSTD_LEVEL),
               (RAW_SUFFIX if compression == "none" else ZSTD_SUFFIX): npy if compression == "none"
               else zstd_compress(npy, BLOCK_ZSTD_LEVEL)}

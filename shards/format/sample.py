@@ -39,14 +39,27 @@ _IMAGE_MAGIC = {"jpg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n"}
 def encode_npy(array: np.ndarray) -> bytes:
     """Serialise an array as ``.npy`` bytes (no pickle): the bytes ``np.save`` writes."""
     if array.ndim == 1 and array.dtype.kind in "biuf" and array.flags.c_contiguous:
-        # a token array: np.save's header, then the data copied once (np.save into a BytesIO copies it
-        # three times); a 1-D numeric header is always .npy version 1.0, the version np.save picks for it
-        head = io.BytesIO()
-        np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(array))
-        return b"".join((head.getvalue(), array.data))
+        return npy_concat([array], array.dtype)
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return buf.getvalue()
+
+
+def npy_concat(pieces: list[np.ndarray], dtype: np.dtype) -> bytes:
+    """The ``.npy`` bytes ``np.save`` writes for the 1-D concatenation of ``pieces``, each piece's data
+    copied once (a token block's documents: joining them first and then prefixing the header copies twice).
+
+    Args:
+        pieces: 1-D ``dtype`` arrays (``biuf`` kinds; strided views are made contiguous first).
+        dtype: their dtype.
+    """
+    head = io.BytesIO()  # a 1-D numeric header is always .npy version 1.0, the version np.save picks for it
+    np.lib.format.write_array_header_1_0(head, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                "fortran_order": False, "shape": (sum(len(p) for p in pieces),)})
+    try:
+        return b"".join([head.getvalue(), *pieces])
+    except (TypeError, BufferError):  # a strided view exposes no contiguous buffer
+        return b"".join([head.getvalue(), *(np.ascontiguousarray(p) for p in pieces)])
 
 
 # Members up to this size are compressed by a compressor kept per level and thread (one is not safe to
