@@ -12,7 +12,6 @@ import hashlib
 import os
 import tarfile
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO, Sequence
 
 import numpy as np
@@ -28,52 +27,20 @@ TMP_SUFFIX = ".partial"
 # cache slots, and no member ever needs GNU base-256 size fields, which wids cannot parse.
 MAX_SHARD_BYTES = 4 << 30
 DEFAULT_BLOCK_SHARD_BYTES = 256 << 20  # TokenBlockWriter's shard size when no limit is given
-HASH_ASIDE_BYTES = 64 << 10  # writes this large are hashed on a helper thread (:class:`_HashingFile`)
 
 
 class _HashingFile:
-    """File wrapper that hashes (sha256) and counts every byte written.
-
-    A write of at least :data:`HASH_ASIDE_BYTES` (a token block) is hashed on a helper thread while the
-    file takes it: hashing and writing both release the GIL, so a block costs about the slower of the
-    two instead of both. Updates stay in write order, one in flight (at most one block is held).
-    """
+    """File wrapper that hashes and counts every byte written."""
 
     def __init__(self, f: BinaryIO):
         self._f = f
-        self._sha256 = hashlib.sha256()
+        self.sha256 = hashlib.sha256()
         self.size = 0
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: Future | None = None
 
     def write(self, b: bytes) -> int:
-        self._settle()
+        self.sha256.update(b)
         self.size += len(b)
-        if len(b) < HASH_ASIDE_BYTES:
-            self._sha256.update(b)
-        else:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="shard-sha256")
-            self._pending = self._pool.submit(self._sha256.update, b)
         return self._f.write(b)
-
-    def _settle(self) -> None:
-        if self._pending is not None:
-            self._pending.result()
-            self._pending = None
-
-    def hexdigest(self) -> str:
-        """The sha256 of every byte written so far."""
-        self._settle()
-        return self._sha256.hexdigest()
-
-    def close(self) -> None:
-        """Close the file and stop the helper thread (after the update in flight)."""
-        self._settle()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-        self._f.close()
 
 
 def sample_tar_bytes(fields: dict[str, bytes]) -> int:
@@ -192,18 +159,18 @@ class TarShardWriter:
         self._out.write(tarfile.NUL * (final_size(self._out.size - 2 * tarfile.BLOCKSIZE) - self._out.size))
         self._raw.flush()
         os.fsync(self._raw.fileno())
-        self._out.close()
+        self._raw.close()
         if self.samples == 0:
             os.unlink(self.tmp_path)
             raise ValueError(f"{self.path}: refusing to write an empty shard")
         os.replace(self.tmp_path, self.path)
         self.info = ShardInfo(os.path.basename(self.path), self.samples, self.tokens,
-                              self._out.size, self._out.hexdigest(), self.documents, self.blocks)
+                              self._out.size, self._out.sha256.hexdigest(), self.documents, self.blocks)
         return self.info
 
     def abort(self) -> None:
         """Drop the partial file."""
-        self._out.close()
+        self._raw.close()
         if os.path.exists(self.tmp_path):
             os.unlink(self.tmp_path)
 

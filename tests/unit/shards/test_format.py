@@ -18,7 +18,7 @@ from colaflow.config import ConfigError, apply_overrides, from_dict
 from shards.io.index import build_shard_index, dali_index_path, read_dali_index, write_dali_index
 from shards.format.keys import MAX_KEY_CHARS, MAX_NAME_BYTES, escape_keys, is_hashed_key, member_name
 from shards.format.sample import encode_npy, npy_concat
-from shards.io.writer import HASH_ASIDE_BYTES, TMP_SUFFIX, _member_header
+from shards.io.writer import TMP_SUFFIX, _member_header
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
 JPG = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 3
@@ -183,22 +183,6 @@ def test_npy_concat_is_np_save_of_the_concatenation(dtype):
     buf = io.BytesIO()
     np.save(buf, np.concatenate(pieces).astype(dtype), allow_pickle=False)  # concatenate gives native order
     assert npy_concat(pieces, np.dtype(dtype)) == buf.getvalue()
-
-
-def test_the_shard_checksum_covers_every_byte_when_large_members_are_hashed_aside(tmp_path):
-    # members over HASH_ASIDE_BYTES are hashed on a helper thread: the digest must still be the file's,
-    # with small writes (headers, padding, small members) between them in order
-    path = str(tmp_path / "shard-000000.tar")
-    rng = np.random.default_rng(0)
-    sizes = [HASH_ASIDE_BYTES + 1, 10, 3 * HASH_ASIDE_BYTES, HASH_ASIDE_BYTES, 513]
-    with TarShardWriter(path) as w:
-        for i, n in enumerate(sizes):
-            w.write(f"s{i}", {"bin": rng.integers(0, 256, n, dtype=np.uint8).tobytes(), "json": b"{}"})
-    with open(path, "rb") as f:
-        data = f.read()
-    assert w.info.sha256 == hashlib.sha256(data).hexdigest() and w.info.bytes == len(data)
-    with tarfile.open(path) as tf:
-        assert [m.size for m in tf.getmembers() if m.name.endswith(".bin")] == sizes
 
 
 def test_streaming_and_random_access_agree(tmp_path):
