@@ -149,7 +149,6 @@ SLOW_FILES_FIRST = (
     "tests/unit/pipelines/test_engines.py",
     "tests/unit/pipelines/test_pipeline.py",
     "tests/unit/trainer/test_elastic.py",
-    "tests/unit/pipelines/test_near_dedup_bounded.py",
     "tests/integration/test_continue_pretraining.py",
     "tests/unit/trainer/test_checkpoint_s3.py",
     "tests/unit/trainer/test_checkpoint_reshard.py",

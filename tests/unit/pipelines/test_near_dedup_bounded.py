@@ -1,9 +1,9 @@
 """Near-dedup holds a bounded number of elements per key however large the largest LSH bucket:
-30,000 near-copies of one document (every band bucket holds all of them) on the DirectRunner: a
+3,000 near-copies of one document (every band bucket holds all of them) on the DirectRunner: a
 bucket's keeper is combined (one member held) and joined with the bucket's members a part of about
-``PART_MEMBERS`` at a time, never with the whole bucket. Its clustering holds one node's
-neighbourhood per key, at most the node's cluster: 2,000 clusters hold no more than one cluster's
-ids at a key (the union-find combine before held all 10,000)."""
+``PART_MEMBERS`` at a time (3 parts here), never with the whole bucket (3,000 at one key). Its clustering
+holds one node's neighbourhood per key, at most the node's cluster: 2,000 clusters hold no more than one
+cluster's ids at a key (the union-find combine before held all 10,000)."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ from pipelines.records import Doc
 from pipelines.accounting.stats import NAMESPACE, RUN_SOURCE
 from tests.support.near import near_dedup
 
-COPIES = 30_000  # each bucket in 30 parts (PART_MEMBERS): the bounds below stay far under COPIES
+COPIES = 3_000  # each bucket in 3 parts (PART_MEMBERS): a whole bucket at one key would break the bound below
 BASE = " ".join(f"w{i % 37} x{i % 11}" for i in range(50))  # 100 words
 
 
@@ -30,7 +30,7 @@ def all_but_few(counts):
         raise BeamAssertException(f"expected all but d00000 and at most 19 escapes dropped, got {n}")
 
 
-def test_30k_near_copies_hold_a_bounded_number_per_key(tmp_path):
+def test_3k_near_copies_hold_a_bounded_number_per_key(tmp_path):
     cfg = DedupConfig(near=True, num_perm=16, bands=4)
     runner = DirectRunner()
     runner.is_interactive()  # skip the Prism download attempt (offline)
@@ -53,10 +53,10 @@ def test_30k_near_copies_hold_a_bounded_number_per_key(tmp_path):
     steps = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE).with_name(HELD_METRIC))["distributions"]
     held = {step: max(d.committed.max for d in steps if f"/{step}" in d.key.step) for step in ("Compare", "Drop")}
     assert 1 <= held["Drop"] <= 2  # a document and its representative
-    # a part of a bucket and its keeper: ids hashed into the 30 parts, about PART_MEMBERS each (the
-    # whole bucket of 30,000 is never grouped; one part's members are not all of them either)
+    # a part of a bucket and its keeper: ids hashed into the 3 parts, about PART_MEMBERS each (the
+    # whole bucket of 3,000 is never grouped; one part's members are not all of them either)
     assert PART_MEMBERS // 2 <= held["Compare"] <= PART_MEMBERS * 5 // 4
-    # one cluster of ~30,000: its smallest id holds its neighbourhood, the whole cluster (ids only)
+    # one cluster of ~3,000: its smallest id holds its neighbourhood, the whole cluster (ids only)
     assert 1 <= _largest(result, NEIGHBOURS_METRIC) <= COPIES
 
 

@@ -21,6 +21,9 @@ from shards.format.blocks import block_documents, decode_meta_dict
 from tests.support.pipeline import synthetic_config
 
 MULTI = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+# records per source: 200 KJV chapters are ~170k words, enough for 3 shards and a 600-piece tokenizer, and
+# 200 Shakespeare paragraphs repeat a stage direction (a duplicate); each of the four runs below reads them all
+PER_SOURCE = 200
 
 
 def small_config() -> PipelineConfig:
@@ -34,8 +37,8 @@ def small_config() -> PipelineConfig:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")
-    counts = write_corpus(str(d), limit_per_source=400)
-    assert counts == {"shakespeare": 400, "kjv": 400}
+    counts = write_corpus(str(d), limit_per_source=PER_SOURCE)
+    assert counts == {"shakespeare": PER_SOURCE, "kjv": PER_SOURCE}
     return d
 
 
@@ -63,14 +66,14 @@ def test_runners_write_byte_identical_output(runs):
 def test_stats_balance_and_counts(runs):
     _, _, stats, multi_stats = runs
     total = stats["total"]
-    assert total["input_records"] == 800
+    assert total["input_records"] == 2 * PER_SOURCE
     assert total["dead_letter"] == 0
     assert total["duplicates"] > 0  # stage directions such as "Exit." repeat in the first plays
-    assert total["kept"] + total["duplicates"] + sum(total["filtered"].values()) == 800
+    assert total["kept"] + total["duplicates"] + sum(total["filtered"].values()) == 2 * PER_SOURCE
     for entry in [total, *stats["sources"].values()]:
         assert entry["balanced"]
-    assert stats["sources"]["kjv"]["kept"] == 400
-    assert stats["metrics"]["input"] == 800 and stats["metrics"]["kept"] == total["kept"]  # Beam counters
+    assert stats["sources"]["kjv"]["kept"] == PER_SOURCE
+    assert stats["metrics"]["input"] == 2 * PER_SOURCE and stats["metrics"]["kept"] == total["kept"]  # Beam counters
     assert stats["metrics"]["duplicate"] == total["duplicates"]
     assert {k: v for k, v in stats.items() if k != "seconds"} == {
         k: v for k, v in multi_stats.items() if k != "seconds"}

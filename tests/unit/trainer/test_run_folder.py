@@ -197,6 +197,9 @@ def test_ctrl_c_ends_in_one_line_with_exit_130(tmp_path, common):
     deadline = time.time() + 120
     while not os.path.exists(tmp_path / "run" / "metrics.jsonl") and time.time() < deadline:
         time.sleep(0.2)
+    # stopped, the run is still live and holds its run-folder lock (a kernel lock of its process), but no
+    # longer trains through the two launches below: it burnt a core for nothing while they started up
+    proc.send_signal(signal.SIGSTOP)
     # issue 37: a second launch into the live run folder trained into it at once; now it is refused
     second = _train(common + ["steps=100000"], tmp_path)
     lines = [line for line in second.stderr.splitlines() if line.strip()]
@@ -205,6 +208,7 @@ def test_ctrl_c_ends_in_one_line_with_exit_130(tmp_path, common):
     dry = _train(common + ["--dry-run"], tmp_path)  # and a dry run says so (it said: use checkpoint.overwrite=true)
     lines = [line for line in dry.stderr.splitlines() if line.strip()]
     assert dry.returncode == 2 and len(lines) == 1 and f"is in use by a live run (pid {proc.pid})" in lines[0], lines
+    proc.send_signal(signal.SIGCONT)  # training again when Ctrl-C comes
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
