@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
+import threading
 from typing import Callable
 
 
@@ -102,13 +104,26 @@ def exit_status(e: BaseException) -> int:
 
 def guard(main: Callable[[], int]) -> int:
     """Run ``main`` and return its exit status; a closed pipe (``| head``) ends quietly with 0, Ctrl-C
-    with :data:`INTERRUPTED` (130) after ``interrupted`` on stderr. ``SystemExit`` (argparse's
+    with :data:`INTERRUPTED` (130) after ``interrupted`` on stderr, also when ``main`` fails with another
+    error after a Ctrl-C (a library that caught the ``KeyboardInterrupt``). ``SystemExit`` (argparse's
     ``--help`` and usage errors) passes through. An I/O failure (an ``OSError``: no space, read-only,
     no permission, a time-out, a refused connection; or an error caused by one) ends in one
     ``error:`` line naming the path and the cause (:func:`explain`) and :data:`RUNTIME` (1). Every network read ``main`` makes gets the
     timeout of ``COLAFLOW_CACHE_TIMEOUT_S`` (:mod:`colaflow.network`) unless it sets its own."""
     from colaflow.network import set_network_timeout, timeout_from_environment
     set_network_timeout(timeout_from_environment())  # no network read waits forever, whichever command
+    ctrl_c = []
+
+    def on_sigint(signum, frame):
+        ctrl_c.append(signum)
+        signal.default_int_handler(signum, frame)  # KeyboardInterrupt, as Python's own handler raises it
+
+    # a library can catch the KeyboardInterrupt and fail later for it (torch's lazy import of sympy, cut
+    # short, leaves it half made: AttributeError): any error after a Ctrl-C is the Ctrl-C
+    watch = threading.current_thread() is threading.main_thread() \
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if watch:
+        signal.signal(signal.SIGINT, on_sigint)
     try:
         return main()
     except BrokenPipeError:
@@ -119,10 +134,16 @@ def guard(main: Callable[[], int]) -> int:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - expected I/O failures end in one line; others keep their traceback
+        if ctrl_c:
+            print("interrupted", file=sys.stderr)
+            return INTERRUPTED
         if not (isinstance(e, (OSError, TimeoutError)) or io_cause(e) is not None):
             raise
         print(f"error: {explain(e)}", file=sys.stderr)
         return RUNTIME
+    finally:
+        if watch:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_cli(main: Callable[[], int]) -> None:

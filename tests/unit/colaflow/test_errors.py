@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from colaflow.errors import RUNTIME, explain, guard, io_cause
+from colaflow.errors import INTERRUPTED, RUNTIME, explain, guard, io_cause
 
 
 def test_a_wrapped_no_space_error_is_found_and_named():
@@ -58,3 +58,25 @@ def test_a_storage_error_of_colaflow_keeps_its_own_line():
                                          "left on device; free space there or choose another folder") from e
     except CheckpointStorageError as e:
         assert explain(e) == str(e)
+
+
+def test_ctrl_c_that_a_library_swallows_still_ends_as_interrupted(capsys):
+    """Found by hand: Ctrl-C about 3 s into ``python -m trainer`` landed in torch's lazy import of sympy,
+    which caught the KeyboardInterrupt, left the module half made, and the run ended in a traceback
+    (``module 'sympy' has no attribute 'printing'``, exit 1) instead of ``interrupted`` and 130."""
+    import os
+    import signal
+
+    def main():
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, delivered by the handler guard runs under
+            for _ in range(1000):
+                pass
+        except KeyboardInterrupt:
+            pass  # swallowed, as the half-finished import did
+        raise AttributeError("module 'sympy' has no attribute 'printing'")
+    assert guard(main) == INTERRUPTED
+    assert capsys.readouterr().err.strip() == "interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # guard leaves Ctrl-C as it found it
+    with pytest.raises(AttributeError):  # without a Ctrl-C, an unexpected error keeps its traceback
+        guard(lambda: (_ for _ in ()).throw(AttributeError("no Ctrl-C here")))
