@@ -69,10 +69,10 @@ def test_keeper_accumulator_is_bounded():
     assert fn.extract_output(acc)[0].id == "d000000" and fn.extract_output(acc)[2] is None
 
 
-def test_100k_exact_duplicates_are_counted_and_listed(tmp_path):
+def test_20k_exact_duplicates_are_counted_and_listed(tmp_path):
     model = tmp_path / "t.model"
     model.write_bytes(train_sentencepiece(["the same small text and another one"] * 50, TokenizerConfig(vocab_size=300)))
-    copies = 100_000
+    copies = 20_000  # a hot key (over 64 copies: listed by reading the split records again), 300x over
     lines = [json.dumps({"id": f"d{i:06d}", "text": "The same  small text." if i % 2 else "the same small TEXT.",
                          "source": "copies"}) for i in range(copies)]
     lines += [json.dumps({"id": f"u{i}", "text": f"unique text number {i}", "source": "unique"}) for i in range(3)]
@@ -95,7 +95,7 @@ def test_100k_exact_duplicates_are_counted_and_listed(tmp_path):
     assert (tmp_path / "out" / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_hot_lsh_bucket_goes_through_the_side_input(tmp_path):
+def test_a_hot_lsh_bucket_drops_all_but_its_smallest_id(tmp_path):
     model = tmp_path / "t.model"
     model.write_bytes(train_sentencepiece(["the river ran past old stone walls"] * 50, TokenizerConfig(vocab_size=300)))
     words = "the river ran past old stone walls and into a quiet valley where farmers grew wheat".split()
