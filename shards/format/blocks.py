@@ -22,7 +22,7 @@ import bisect
 import json
 import re
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -379,7 +379,7 @@ class BlockPacker:
 
     def _reset(self) -> None:
         # documents held for the block being filled, in order; chunk i holds the tokens of documents
-        # _chunk_first[i] up to the next chunk's first (a batch is one chunk: no per-document arrays)
+        # _chunk_first[i] up to the next chunk's first (a batch given as one array is one chunk)
         self._ids: list = []
         self._sources: list = []
         self._lengths: list[int] = []
@@ -404,13 +404,13 @@ class BlockPacker:
         if not str(doc_id):
             raise ValueError(f"document {len(self._ids)} of the block being filled has an empty id; "
                              "every document needs an id (its sample key)")
-        blocks = self._hold([doc_id], [source], [len(tokens)], tokens, None if text is None else [text],
+        blocks = self._hold([doc_id], [source], [len(tokens)], [tokens], None if text is None else [text],
                             [meta] if meta else None)  # an empty meta is no meta (the pipeline passes {})
         return blocks[0] if blocks else None
 
     def add_many(self, ids: Sequence, sources: Sequence, tokens: np.ndarray | Sequence[np.ndarray],
                  lengths: np.ndarray | Sequence[int] | None = None, texts: Sequence[str | None] | None = None,
-                 metas: Sequence[dict | None] | None = None) -> list[Block]:
+                 metas: Sequence[dict | None] | None = None, sink: Callable[[Block], None] | None = None) -> list[Block]:
         """Add documents in order; returns the blocks they finished (the last block stays open).
 
         Args:
@@ -422,8 +422,10 @@ class BlockPacker:
                 ``tokens`` is one array.
             texts: ``[documents]`` source texts (or ``None`` each) kept in the block metadata, or ``None``.
             metas: ``[documents]`` further metadata dicts (or ``None`` each), or ``None``.
+            sink: called with each finished block as soon as it is encoded, instead of returning them: a
+                writer writes it before the next is made, so a batch of any size holds one encoded block.
         Returns:
-            The finished :class:`Block` s in order (often none).
+            The finished :class:`Block` s in order (often none; none with ``sink``).
         Raises:
             ValueError: lists of different lengths, an empty id, tokens that are not 1-D ``uint16``/``uint32``
                 of one dtype, ``lengths`` that do not add up to the tokens, or one array without ``lengths``
@@ -433,57 +435,63 @@ class BlockPacker:
         if given != isinstance(tokens, np.ndarray):
             raise ValueError("give one concatenated token array with lengths, or a list of arrays without")
         if lengths is None:
-            dtypes = {t.dtype for t in tokens}
+            kinds = {(t.dtype, t.ndim) for t in tokens}
+            dtypes = {dtype for dtype, _ in kinds}
             if len(dtypes) > 1:  # joined, their tokens would be read at one width
                 raise ValueError(f"block tokens must be all uint16 or all uint32, got {sorted(map(str, dtypes))}")
-            lengths = list(map(len, tokens))
-            tokens = tokens[0] if len(tokens) == 1 else join_tokens(tokens, dtypes.pop()) if len(tokens) \
-                else np.zeros(0, np.uint16)
+            if any(ndim != 1 or dtype not in TOKEN_DTYPES for dtype, ndim in kinds):
+                raise ValueError("tokens must be 1-D uint16/uint32 arrays, got "
+                                 f"{sorted(f'{d}, {k}-D' for d, k in kinds)}")
+            # each document's array is held as it is: its tokens are copied once, into their block
+            lengths, chunks = list(map(len, tokens)), list(tokens)
         else:
-            lengths = np.asarray(lengths, dtype=np.int64).tolist()
+            lengths, chunks = np.asarray(lengths, dtype=np.int64).tolist(), [tokens]
         n, total = len(lengths), sum(lengths)
         if not len(ids) == len(sources) == n or any(c is not None and len(c) != n for c in (texts, metas)):
             raise ValueError(f"{len(ids)} ids, {len(sources)} sources and {n} token counts (and texts or metas"
                              " of another length?): give one of each per document")
-        if tokens.ndim != 1 or tokens.dtype not in TOKEN_DTYPES or len(tokens) != total \
-                or given and min(lengths, default=0) < 0:  # counted lengths are never negative
+        if given and (tokens.ndim != 1 or tokens.dtype not in TOKEN_DTYPES or len(tokens) != total
+                      or min(lengths, default=0) < 0):
             raise ValueError(f"tokens must be one 1-D uint16/uint32 array of the documents' {total} tokens "
                              f"(non-negative lengths), got {tokens.dtype}{list(tokens.shape)}")
         if "" in ids:
             raise ValueError(f"document {len(self._ids) + ids.index('')} of the block being filled has an empty "
                              "id; every document needs an id (its sample key)")
-        return self._hold(ids, list(sources), lengths, tokens, texts, metas) if n else []
+        return self._hold(ids, list(sources), lengths, chunks, texts, metas, sink) if n else []
 
-    def _hold(self, ids: list, sources: list, lengths: list[int], tokens: np.ndarray, texts, metas) -> list[Block]:
-        """Hold checked documents (``tokens``: theirs, concatenated); emit the blocks they finished."""
+    def _hold(self, ids: list, sources: list, lengths: list[int], chunks: list[np.ndarray], texts, metas,
+              sink: Callable[[Block], None] | None = None) -> list[Block]:
+        """Hold checked documents; emit the blocks they finished (to ``sink``). ``chunks``: their tokens as
+        one concatenated array or one array per document."""
         held = len(self._ids)
         self._ids += ids
         self._sources += sources
         self._lengths += lengths
-        self._chunk_first.append(held)
-        self._chunks.append(tokens)
+        self._chunk_first += [held] if len(chunks) == 1 else range(held, held + len(chunks))
+        self._chunks += chunks
         if texts is not None or self._texts is not None:
             self._texts = _extend(self._texts, texts, held, len(ids), None)
         if metas is not None or self._metas is not None:
             self._metas = _extend(self._metas, None if metas is None else [m or {} for m in metas], held, len(ids), {})
-        self._n += len(tokens)
+        self._n += sum(lengths)
         if self._n <= self.block_tokens:  # no document can have crossed the block size yet
             return []
         lengths = np.asarray(self._lengths, dtype=np.int64)
-        return self._emit(block_ends(lengths, self.block_tokens)[:-1], lengths)  # the last block stays open
+        return self._emit(block_ends(lengths, self.block_tokens)[:-1], lengths, sink)  # the last block stays open
 
     def flush(self) -> Block | None:
         """The block being filled, or ``None`` when empty."""
         return self._emit([len(self._ids)], np.asarray(self._lengths, dtype=np.int64))[0] if self._ids else None
 
-    def _emit(self, ends: list[int], lengths: np.ndarray) -> list[Block]:
-        """Encode the held documents up to each of ``ends`` as blocks; keep the ones after the last.
-        ``lengths``: ``int64 [held documents]``, their token counts."""
+    def _emit(self, ends: list[int], lengths: np.ndarray, sink: Callable[[Block], None] | None = None) -> list[Block]:
+        """Encode the held documents up to each of ``ends`` as blocks (each to ``sink`` if given, else returned);
+        keep the ones after the last. ``lengths``: ``int64 [held documents]``, their token counts."""
         if not ends:
             return []
         # token offset of each held document (an array: only a few entries per block are read)
         doc_at = np.concatenate([[0], np.cumsum(lengths)])
         out, start = [], 0
+        put = sink or out.append
         for end, lengths_json in zip(ends, json_uint_arrays(lengths[:ends[-1]], ends)):
             # a document without a text keeps its place as null: texts pair with ids by position
             texts = None if self._texts is None else self._texts[start:end]
@@ -492,7 +500,7 @@ class BlockPacker:
                                   self._pieces(start, end, doc_at), self.compression,
                                   texts if texts and any(t is not None for t in texts) else None,
                                   metas if metas and any(metas) else None)
-            out.append(Block(key, fields, end - start, int(doc_at[end] - doc_at[start])))
+            put(Block(key, fields, end - start, int(doc_at[end] - doc_at[start])))
             start = end
         if start == len(self._ids):
             self._reset()
@@ -518,25 +526,6 @@ class BlockPacker:
         if start > self._chunk_first[first]:
             pieces[0] = pieces[0][doc_at[start] - doc_at[self._chunk_first[first]]:]
         return pieces
-
-
-def join_tokens(pieces: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
-    """Token arrays one after another, as one read-only array.
-
-    ``bytes.join`` costs about a third of ``np.concatenate`` per array: over many short documents the
-    per-array cost, not the bytes copied, is the time.
-
-    Args:
-        pieces: arrays of ``dtype`` (a piece of more dimensions joins as its flattened C-order data).
-        dtype: their dtype.
-    Returns:
-        1-D ``dtype`` array of every piece's elements.
-    """
-    try:
-        data = b"".join(pieces)
-    except TypeError:  # a strided view exposes no contiguous buffer
-        data = b"".join([np.ascontiguousarray(p) for p in pieces])
-    return np.frombuffer(data, dtype)
 
 
 def _extend(column: list | None, values, held: int, n: int, empty) -> list | None:

@@ -16,7 +16,7 @@ from typing import BinaryIO, Sequence
 
 import numpy as np
 
-from shards.format.blocks import BlockPacker, is_block
+from shards.format.blocks import Block, BlockPacker, is_block
 from shards.format.keys import member_name
 from shards.format.manifest import ShardInfo
 
@@ -283,11 +283,13 @@ class TokenBlockWriter:
 
         Raises ``ValueError`` as :meth:`add_many` does."""
         block = self.packer.add(doc_id, source, tokens, text)
-        self._write([block] if block else [])
+        if block:
+            self._write_block(block)
 
     def add_many(self, ids: Sequence, sources: Sequence, tokens: np.ndarray | Sequence[np.ndarray],
                  lengths: np.ndarray | Sequence[int] | None = None, texts: Sequence[str] | None = None) -> None:
-        """Append documents in order; the blocks are the same however they are batched.
+        """Append documents in order; the blocks are the same however they are batched, and each is written as
+        soon as it is encoded (memory holds one encoded block, not the batch's).
 
         Args:
             ids, sources: ``[documents]`` document ids (none empty) and source names.
@@ -297,16 +299,16 @@ class TokenBlockWriter:
         Raises:
             ValueError: as :meth:`shards.format.blocks.BlockPacker.add_many` and :meth:`ShardSequenceWriter.write`.
         """
-        self._write(self.packer.add_many(ids, sources, tokens, lengths, texts))
+        self.packer.add_many(ids, sources, tokens, lengths, texts, sink=self._write_block)
 
-    def _write(self, blocks) -> None:
-        for block in blocks:
-            self.shards_writer.write(block.key, block.fields, block.tokens, block.documents)
+    def _write_block(self, block: Block) -> None:
+        self.shards_writer.write(block.key, block.fields, block.tokens, block.documents)
 
     def close(self) -> list[ShardInfo]:
         """Write the last block, commit the last shard; returns every shard's :class:`ShardInfo`."""
         block = self.packer.flush()
-        self._write([block] if block else [])
+        if block:
+            self._write_block(block)
         return self.shards_writer.close()
 
     def abort(self) -> None:

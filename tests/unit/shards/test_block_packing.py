@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -138,7 +139,7 @@ GOLDEN = {
 }
 
 
-@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("batched", [None, "one array", "array per document"])
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
 def test_token_block_shards_are_the_golden_bytes(tmp_path, compression, dtype, batched):
@@ -147,12 +148,35 @@ def test_token_block_shards_are_the_golden_bytes(tmp_path, compression, dtype, b
     if batched:  # uneven batches, as a pipeline's bundles would come
         for lo, hi in [(0, 1), (1, 150), (150, 151), (151, 400)]:
             ids, sources, tokens = map(list, zip(*docs[lo:hi]))
-            w.add_many(ids, sources, np.concatenate(tokens), [len(t) for t in tokens])
+            if batched == "one array":
+                w.add_many(ids, sources, np.concatenate(tokens), [len(t) for t in tokens])
+            else:
+                w.add_many(ids, sources, tokens)
     else:
         for doc in docs:
             w.add(*doc)
     got = hashlib.sha256(" ".join(x.sha256 for x in w.close()).encode()).hexdigest()
     assert got == GOLDEN[f"w-{compression}-{np.dtype(dtype).name}"]
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_a_writer_holds_one_encoded_block_not_the_batch(tmp_path, as_list):
+    """``add_many`` of a large batch encoded every block before writing the first (and joined a list of
+    arrays into one more copy): the writer's peak memory was twice the batch's tokens."""
+    rng = np.random.default_rng(0)
+    tokens = [rng.integers(0, 1 << 16, 2_000, dtype=np.uint16) for _ in range(400)]  # 1.6 MB: 100 blocks of 4 documents
+    ids, sources = [f"d{i}" for i in range(400)], ["s"] * 400
+    batch = tokens if as_list else np.concatenate(tokens)
+    w = TokenBlockWriter(str(tmp_path), block_tokens=8_192)
+    tracemalloc.start()
+    try:
+        w.add_many(ids, sources, batch, None if as_list else [2_000] * 400)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    [info] = w.close()
+    assert (info.documents, info.tokens, info.samples) == (400, 800_000, 100)
+    assert peak < 400_000  # a few 16 KB blocks and the writer's lists (about 160 KB); the batch is 1.6 MB
 
 
 @pytest.mark.parametrize("layout", ["token_blocks", "documents"])
