@@ -22,6 +22,7 @@ import bisect
 import json
 import re
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -206,7 +207,7 @@ def _encode(ids: list, sources: list, lengths_json: bytes, pieces: list[np.ndarr
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"shards.compression={compression!r}: use one of {COMPRESSIONS}")
-    dtypes = {p.dtype for p in pieces}
+    dtypes = set(map(attrgetter("dtype"), pieces))  # C calls: a block may hold thousands of short documents
     if len(dtypes) != 1 or next(iter(dtypes)) not in TOKEN_DTYPES:
         raise ValueError(f"block tokens must be 1-D and all uint16 or all uint32, got {sorted(map(str, dtypes))}")
     dtype = next(iter(dtypes))
@@ -435,7 +436,7 @@ class BlockPacker:
         if given != isinstance(tokens, np.ndarray):
             raise ValueError("give one concatenated token array with lengths, or a list of arrays without")
         if lengths is None:
-            kinds = {(t.dtype, t.ndim) for t in tokens}
+            kinds = set(zip(map(attrgetter("dtype"), tokens), map(attrgetter("ndim"), tokens)))
             dtypes = {dtype for dtype, _ in kinds}
             if len(dtypes) > 1:  # joined, their tokens would be read at one width
                 raise ValueError(f"block tokens must be all uint16 or all uint32, got {sorted(map(str, dtypes))}")

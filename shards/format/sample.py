@@ -55,7 +55,7 @@ def npy_concat(pieces: list[np.ndarray], dtype: np.dtype) -> bytes:
     """
     head = io.BytesIO()  # a 1-D numeric header is always .npy version 1.0, the version np.save picks for it
     np.lib.format.write_array_header_1_0(head, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
-                                                "fortran_order": False, "shape": (sum(len(p) for p in pieces),)})
+                                                "fortran_order": False, "shape": (sum(map(len, pieces)),)})
     try:
         return b"".join([head.getvalue(), *pieces])
     except (TypeError, BufferError):  # a strided view exposes no contiguous buffer
