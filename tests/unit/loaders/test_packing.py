@@ -406,8 +406,9 @@ def test_rows_of_the_shortest_documents_are_emitted_not_packed_again():
     lengths = np.full(40_000, 7, np.int64)
     pool = np.arange(len(lengths) * 7, dtype=np.int64).astype(np.uint16)
     chunks = split_documents(np.arange(len(lengths)), lengths, np.arange(len(lengths)) * 7, seq_len)
-    left, batches = {}, {}
-    for slack in (0, int(DataConfig().pack_slack * seq_len)):
+    left, batches, default = {}, {}, int(DataConfig().pack_slack * seq_len)
+    assert default == 2
+    for slack in (0, default):
         packer, left[slack] = ArrayPacker(BestFit(seq_len, rows, slack), window), []
         real_pack = packer._pack
         packer._pack = lambda final, p=packer, out=left[slack], pack=real_pack: (pack(final), out.append(p._size))[0]
@@ -415,8 +416,8 @@ def test_rows_of_the_shortest_documents_are_emitted_not_packed_again():
         delivered = sorted(int(c[0]) for b in batches[slack] for c in b.consumed)
         assert delivered == list(range(len(lengths)))  # every document once
     assert min(left[0][:-1]) * 7 > window // 2 - rows * 511  # slack 0: half a window kept back every time
-    assert max(left[2][:-1]) < rows * 73  # slack 2: less than a batch of rows kept back
-    assert len(left[2]) < len(left[0]) / 1.5
+    assert max(left[default][:-1]) < rows * 73  # slack 2: less than a batch of rows kept back
+    assert len(left[default]) < len(left[0]) / 1.5
     for slack in left:  # every row holds 73 chunks (511 tokens) but the flush's last
         assert len(batches[slack]) == -(-len(lengths) // (73 * rows))
         assert all(b.row_chunks.tolist() == [73] * rows for b in batches[slack][:-1])
