@@ -54,6 +54,12 @@ class DataConfig:
             document); larger = fewer padding tokens and more batches per packing, at about 20
             bytes of work memory per token (demo corpus, rows of 512, batch 16: 99.86 % real
             tokens at the default 262,144 = 512 rows of 512).
+        pack_slack: the room a packed row may have left, as a fraction of ``seq_len`` (rounded down
+            to tokens), and still count as full: a packing emits full rows and keeps back the
+            least full others to pack again with later documents. The default 0.005 bounds such a
+            row's padding by the 0.5 % that packing promises in all (rows of 512: at most 2 tokens);
+            0 emits only rows without padding first, and on short documents the rows of the
+            shortest ones (a token or two of room each) were then packed again at every packing.
         max_tokens: token budget per micro-batch in ``token_budget`` mode (>= ``seq_len``).
         prefetch_batches: batches the background thread keeps ready ahead of the trainer, per worker
             (or in all when ``num_workers`` is 0); at most that many, whatever a packing makes at once.
@@ -85,6 +91,7 @@ class DataConfig:
     step_policy: str = setting("pad", choices=STEP_POLICIES)
     batching: str = setting("packed", choices=tuple(BATCHING))
     pack_window: int = setting(262144, ge=1)
+    pack_slack: float = setting(0.005, ge=0, le=1)
     max_tokens: int = setting(2048, ge=1)
     prefetch_batches: int = setting(8, ge=1)
     pin_memory: bool = True

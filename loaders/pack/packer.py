@@ -323,6 +323,6 @@ def pack_documents(keys: list[str], documents: list[np.ndarray], seq_len: int, m
     chunks["doc"] = np.arange(len(documents), dtype=np.int64)[chunks["doc"]]
     order = packing_order(chunks["length"], chunks["pos"], chunks["idx"], seq_len)
     bins = len(best_fit_bins(chunks["length"][order], seq_len)[1])
-    packer = ArrayPacker(BestFit(seq_len, max(bins, min_rows)), int(lengths.sum()) + 1, pad_id)  # one packing: flush
+    packer = ArrayPacker(BestFit(seq_len, max(bins, min_rows), 0), int(lengths.sum()) + 1, pad_id)  # one packing: flush
     batches = list(packer.add(np.concatenate(documents), list(keys), chunks)) + list(packer.flush())
     return batches[0]

@@ -8,9 +8,9 @@ crosses into the next chunk, so one next-token target is lost per cut).
 ``packed`` mode (:class:`BestFitPacker`): chunks are buffered until they hold ``window`` tokens
 and packed into rows of ``seq_len`` by best-fit-decreasing (Johnson, "Near-optimal bin packing
 algorithms", MIT 1973; used for LM data by Ding et al., "Fewer Truncations Improve Language
-Modeling", ICML 2024). A packing emits its full bins, fullest first, in whole batches
-(:func:`bins_to_take`); the chunks of the other bins go back to the buffer and are packed again
-with new chunks, so only the end of the stream pays for badly filled rows.
+Modeling", ICML 2024). A packing emits its full bins (at most ``slack`` tokens of room), fullest
+first, in whole batches (:func:`bins_to_take`); the chunks of the other bins go back to the buffer
+and are packed again with new chunks, so only the end of the stream pays for badly filled rows.
 
 ``token_budget`` mode (:class:`TokenBudgetBatcher`): one chunk per row, chunks sorted by length
 in the window (``window`` tokens), rows padded to the longest chunk of the batch,
@@ -120,10 +120,11 @@ class BestFitPacker:
         seq_len: row length in tokens (T).
         rows: rows per batch (B).
         window: tokens buffered before a batch is packed (>= 1; checked after each whole document).
+        slack: the room (tokens) a full bin may have (:func:`bins_to_take`).
     """
 
-    def __init__(self, seq_len: int, rows: int, window: int):
-        self.seq_len, self.rows, self.window = seq_len, rows, max(window, 1)
+    def __init__(self, seq_len: int, rows: int, window: int, slack: int):
+        self.seq_len, self.rows, self.window, self.slack = seq_len, rows, max(window, 1), slack
         self.buffer: list[Chunk] = []
         self.buffered = 0  # tokens in the buffer
         self.ready_rows: list[list[list[Chunk]]] = []  # packed batches waiting to be emitted
@@ -146,7 +147,7 @@ class BestFitPacker:
             fill = [sum(c.length for c in b) for b in bins]
             order = sorted(range(len(bins)), key=lambda b: (-fill[b], b))
             take = order[:bins_to_take(np.array([fill[b] for b in order], np.int64), self.seq_len, self.rows,
-                                       self.window)]
+                                       self.window, self.slack)]
             taken = set(take)
             self.buffer = [c for b in range(len(bins)) if b not in taken for c in bins[b]]
             self.buffered = sum(c.length for c in self.buffer)

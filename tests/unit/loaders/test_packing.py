@@ -66,11 +66,12 @@ doc_lengths = st.lists(st.one_of(st.integers(1, 20), st.integers(1, 400)), min_s
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=doc_lengths, seq_len=st.integers(2, 64), rows=st.integers(1, 6), window=st.integers(1, 40))
-def test_packed_invariants(lengths, seq_len, rows, window):
+@given(lengths=doc_lengths, seq_len=st.integers(2, 64), rows=st.integers(1, 6), window=st.integers(1, 40),
+       slack=st.integers(0, 64))
+def test_packed_invariants(lengths, seq_len, rows, window, slack):
     rng = np.random.default_rng(len(lengths))
     docs = [rng.integers(1, 50000, n) for n in lengths]
-    batches = _run(BestFitPacker(seq_len, rows, window), docs, seq_len)
+    batches = _run(BestFitPacker(seq_len, rows, window, slack), docs, seq_len)
     assert all(tuple(b.input_ids.shape) == (rows, seq_len) for b in batches)
     _check_all(batches, docs, seq_len)
 
@@ -99,12 +100,17 @@ def test_long_document_chunks_restart_positions():
 @pytest.mark.parametrize("window", [16384, 65536])
 def test_packing_efficiency_with_reasonable_window(window):
     """Best-fit-decreasing over a window of 32 or 128 rows' worth of tokens keeps >= 99.5% real
-    tokens (vs ~40% for one document per row) on a long-tailed length distribution."""
+    tokens (vs ~40% for one document per row) on a long-tailed length distribution, at the default
+    slack (rows with 2 tokens of room count as full)."""
+    from loaders.config import DataConfig
+
     rng = np.random.default_rng(0)
     seq_len, rows = 512, 8
     lengths = np.minimum(rng.lognormal(5.0, 1.2, 4000).astype(int) + 1, 3000)
     docs = [rng.integers(0, 1000, n) for n in lengths]
-    batches = _run(BestFitPacker(seq_len, rows, window), docs, seq_len)
+    slack = int(DataConfig().pack_slack * seq_len)
+    assert slack == 2
+    batches = _run(BestFitPacker(seq_len, rows, window, slack), docs, seq_len)
     real = sum(b.num_doc_tokens for b in batches)
     slots = sum(b.input_ids.numel() for b in batches)
     assert real == int(lengths.sum())
@@ -124,7 +130,8 @@ def test_long_documents_pack_to_995_percent_with_the_default_window():
     lengths = np.maximum(1, rng.lognormal(np.log(1500), 0.8, 3000)).astype(np.int64)
     pool = rng.integers(1, 60000, int(lengths.sum())).astype(np.uint16)
     offsets = np.cumsum(lengths) - lengths
-    packer, got = ArrayPacker(BestFit(seq_len, rows), DataConfig().pack_window), []
+    cfg = DataConfig(seq_len=seq_len, micro_batch_size=rows)
+    packer, got = ArrayPacker(BestFit.from_config(cfg), cfg.pack_window), []
     for s in range(0, len(lengths), 500):
         part = slice(s, s + 500)
         got += list(packer.add(pool, [f"k{i}" for i in range(s, s + 500)],
@@ -201,8 +208,10 @@ def test_best_fit_bins_is_chunk_by_chunk_best_fit(counts, seq_len):
 
 @settings(max_examples=40, deadline=None)
 @given(lengths=st.lists(st.one_of(st.integers(0, 12), st.integers(12, 80)), min_size=1, max_size=80),
-       seq_len=st.integers(2, 16), rows=st.integers(1, 4), window=st.integers(1, 400), group=st.integers(1, 30))
-def test_array_packer_over_one_token_array_gives_the_object_packers_batches(lengths, seq_len, rows, window, group):
+       seq_len=st.integers(2, 16), rows=st.integers(1, 4), window=st.integers(1, 400), group=st.integers(1, 30),
+       slack=st.integers(0, 4))
+def test_array_packer_over_one_token_array_gives_the_object_packers_batches(lengths, seq_len, rows, window, group,
+                                                                            slack):
     """Every group's documents in one token array (a raw shard): rows that are one whole chunk are
     copied as windows of it, the others gathered by index; the object packer's batches either way."""
     from loaders.pack.batching import BestFit
@@ -210,23 +219,23 @@ def test_array_packer_over_one_token_array_gives_the_object_packers_batches(leng
 
     rng = np.random.default_rng(len(lengths))
     docs = [rng.integers(1, 60000, n).astype(np.uint16) for n in lengths]
-    ref = [TokenBatch.from_packed(b) for b in _packed_run(BestFitPacker(seq_len, rows, window), docs, seq_len)]
-    got = _array_run(ArrayPacker(BestFit(seq_len, rows), window), docs, seq_len, group, arrays=1)
+    ref = [TokenBatch.from_packed(b) for b in _packed_run(BestFitPacker(seq_len, rows, window, slack), docs, seq_len)]
+    got = _array_run(ArrayPacker(BestFit(seq_len, rows, slack), window), docs, seq_len, group, arrays=1)
     _assert_same_batches(got, ref, lengths)
 
 
 @settings(max_examples=40, deadline=None)
 @given(lengths=st.lists(st.integers(0, 70), min_size=1, max_size=80), seq_len=st.integers(2, 32),
-       rows=st.integers(1, 4), window=st.integers(1, 400), group=st.integers(1, 30))
-def test_array_packer_gives_the_object_packers_batches(lengths, seq_len, rows, window, group):
+       rows=st.integers(1, 4), window=st.integers(1, 400), group=st.integers(1, 30), slack=st.integers(0, 8))
+def test_array_packer_gives_the_object_packers_batches(lengths, seq_len, rows, window, group, slack):
     """The loader's numpy packer emits exactly the object packer's batches (ids, chunks, order) in ``packed`` mode."""
     from loaders.pack.batching import BestFit
     from loaders.pack.packer import ArrayPacker
 
     rng = np.random.default_rng(len(lengths))
     docs = [rng.integers(1, 60000, n).astype(np.uint16) for n in lengths]
-    ref = [TokenBatch.from_packed(b) for b in _packed_run(BestFitPacker(seq_len, rows, window), docs, seq_len)]
-    got = _array_run(ArrayPacker(BestFit(seq_len, rows), window), docs, seq_len, group)
+    ref = [TokenBatch.from_packed(b) for b in _packed_run(BestFitPacker(seq_len, rows, window, slack), docs, seq_len)]
+    got = _array_run(ArrayPacker(BestFit(seq_len, rows, slack), window), docs, seq_len, group)
     _assert_same_batches(got, ref, lengths)
 
 
@@ -250,15 +259,15 @@ def test_array_packer_gives_the_token_budget_batches(lengths, seq_len, extra, wi
 
 @settings(max_examples=60, deadline=None)
 @given(lengths=doc_lengths, seq_len=st.integers(2, 64), rows=st.integers(1, 6), window=st.integers(1, 40),
-       extra=st.integers(0, 200), group=st.integers(1, 30))
-def test_array_packer_invariants_in_both_modes(lengths, seq_len, rows, window, extra, group):
+       extra=st.integers(0, 200), group=st.integers(1, 30), slack=st.integers(0, 64))
+def test_array_packer_invariants_in_both_modes(lengths, seq_len, rows, window, extra, group, slack):
     """Every token once, boundaries kept, positions restart, labels stay inside documents, in both modes."""
     from loaders.pack.batching import BestFit, TokenBudget
     from loaders.pack.packer import ArrayPacker
 
     rng = np.random.default_rng(len(lengths))
     docs = [rng.integers(1, 50000, n).astype(np.uint16) for n in lengths]
-    packed = _array_run(ArrayPacker(BestFit(seq_len, rows), window), docs, seq_len, group)
+    packed = _array_run(ArrayPacker(BestFit(seq_len, rows, slack), window), docs, seq_len, group)
     assert all(tuple(b.input_ids.shape) == (rows, seq_len) for b in packed)
     _check_all(packed, docs, seq_len)
     budget = _array_run(ArrayPacker(TokenBudget(seq_len + extra, seq_len), window), docs, seq_len, group)
@@ -366,7 +375,7 @@ def test_bins_that_cannot_fill_are_emitted_not_repacked_with_every_document():
     lengths = rng.integers(1950, 2001, 300).astype(np.int64)
     pool = rng.integers(1, 60000, int(lengths.sum())).astype(np.uint16)
     offsets = np.cumsum(lengths) - lengths
-    packer, got, packings = ArrayPacker(BestFit(seq_len, rows), window), [], []
+    packer, got, packings = ArrayPacker(BestFit(seq_len, rows, 2), window), [], []
     real_pack = packer._pack
     packer._pack = lambda final: packings.append(packer.buffered) or real_pack(final)
     for s in range(0, len(lengths), 10):
@@ -378,10 +387,40 @@ def test_bins_that_cannot_fill_are_emitted_not_repacked_with_every_document():
     assert sum(b.num_doc_tokens for b in got) == int(lengths.sum())
     assert len(packings) <= 2 * int(lengths.sum()) // window + 2  # each packing emits >= half a window
     docs = [pool[o:o + n] for o, n in zip(offsets, lengths)]
-    ref = [TokenBatch.from_packed(b) for b in _packed_run(BestFitPacker(seq_len, rows, window), docs, seq_len)]
+    ref = [TokenBatch.from_packed(b) for b in _packed_run(BestFitPacker(seq_len, rows, window, 2), docs, seq_len)]
     assert len(ref) == len(got)
     for a, b in zip(ref, got):
         assert torch.equal(a.input_ids, TokenBatch.from_packed(b).input_ids)
+
+
+def test_rows_of_the_shortest_documents_are_emitted_not_packed_again():
+    """Documents of 7 tokens fill rows of 512 as 73 chunks and one token of room, which no later chunk
+    fills. Counted as not full (slack 0), they stayed buffered up to half the window and were sorted and
+    packed again at every packing (on the demo corpus ~18,000 such chunks for 17 batches a packing); with
+    the default slack (2 tokens of 512) a packing emits them all, in whole batches, at the same padding."""
+    from loaders.config import DataConfig
+    from loaders.pack.batching import BestFit
+    from loaders.pack.packer import ArrayPacker, split_documents
+
+    seq_len, rows, window = 512, 4, 32768
+    lengths = np.full(40_000, 7, np.int64)
+    pool = np.arange(len(lengths) * 7, dtype=np.int64).astype(np.uint16)
+    chunks = split_documents(np.arange(len(lengths)), lengths, np.arange(len(lengths)) * 7, seq_len)
+    left, batches, default = {}, {}, int(DataConfig().pack_slack * seq_len)
+    assert default == 2
+    for slack in (0, default):
+        packer, left[slack] = ArrayPacker(BestFit(seq_len, rows, slack), window), []
+        real_pack = packer._pack
+        packer._pack = lambda final, p=packer, out=left[slack], pack=real_pack: (pack(final), out.append(p._size))[0]
+        batches[slack] = list(packer.add(pool, [f"k{i}" for i in range(len(lengths))], chunks)) + list(packer.flush())
+        delivered = sorted(int(c[0]) for b in batches[slack] for c in b.consumed)
+        assert delivered == list(range(len(lengths)))  # every document once
+    assert min(left[0][:-1]) * 7 > window // 2 - rows * 511  # slack 0: half a window kept back every time
+    assert max(left[default][:-1]) < rows * 73  # slack 2: less than a batch of rows kept back
+    assert len(left[default]) < len(left[0]) / 1.5
+    for slack in left:  # every row holds 73 chunks (511 tokens) but the flush's last
+        assert len(batches[slack]) == -(-len(lengths) // (73 * rows))
+        assert all(b.row_chunks.tolist() == [73] * rows for b in batches[slack][:-1])
 
 
 def test_token_budget_groups_the_window_once_per_half_window():
@@ -491,6 +530,6 @@ def test_a_chunk_outside_its_token_array_raises_instead_of_reading_another_token
 
     pool = np.arange(100, dtype=np.uint16)
     chunks = split_documents(np.arange(2, dtype=np.int64), np.array([30, 20]), np.array([0, 90]), 16)
-    packer = ArrayPacker(BestFit(16, 2), 1000)
+    packer = ArrayPacker(BestFit(16, 2, 0), 1000)
     with pytest.raises(IndexError, match="outside its token array of 100 tokens"):
         list(packer.add(pool, ["a", "b"], chunks)) + list(packer.flush())
