@@ -418,7 +418,8 @@ class BlockPacker:
             ids: ``[documents]`` document ids (sample keys once escaped), none empty.
             sources: ``[documents]`` source names.
             tokens: one 1-D ``uint16``/``uint32`` array of all the documents' tokens concatenated
-                (with ``lengths``), or one 1-D array per document (without ``lengths``).
+                (with ``lengths``), or one 1-D array per document (without ``lengths``); held as given, not
+                copied, until their block is encoded: do not change them before :meth:`flush` or a later add.
             lengths: ``[documents]`` non-negative token counts summing to ``len(tokens)``, when
                 ``tokens`` is one array.
             texts: ``[documents]`` source texts (or ``None`` each) kept in the block metadata, or ``None``.
