@@ -98,11 +98,11 @@ def dry_run(cfg) -> int:
     lock_run_folder(cfg.run_dir, probe=True)  # a live run there: say so, not what a later launch would find
     plan = plan_run(cfg)
     if plan.checkpoint:
+        meta = read_meta(plan.checkpoint)
+        check_resume_tokenizer(meta, origins.tokenizer, plan.checkpoint)
         import torch  # reading the stored tensors back: torch and DCP, which a fresh run's dry run needs neither of
 
         from trainer.checkpointing.verify import check_stored
-        meta = read_meta(plan.checkpoint)
-        check_resume_tokenizer(meta, origins.tokenizer, plan.checkpoint)
         check_stored(plan.checkpoint, plan.checkpoint, meta["checksums"], meta.get("digests", {}), torch.device("cpu"))
     data = data_summary(cfg.data)
     check_runnable(cfg, data)
