@@ -34,7 +34,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-NAMES = ("auto", "flex", "dense")
+from trainer.choices import ATTENTION_NAMES
 
 
 def _repeat_kv(k: torch.Tensor, v: torch.Tensor, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,10 +148,10 @@ def resolve(name: str, device: torch.device) -> str:
     """The backend ``name`` stands for on ``device``: ``auto`` is ``flex`` on CUDA, else ``dense``.
 
     Raises:
-        ValueError: ``name`` is not one of :data:`NAMES`.
+        ValueError: ``name`` is not one of :data:`trainer.choices.ATTENTION_NAMES`.
     """
-    if name not in NAMES:
-        raise ValueError(f"model.attention={name!r}: use one of {', '.join(NAMES)}")
+    if name not in ATTENTION_NAMES:
+        raise ValueError(f"model.attention={name!r}: use one of {', '.join(ATTENTION_NAMES)}")
     if name == "auto":
         return "flex" if device.type == "cuda" else "dense"
     return name
@@ -163,7 +163,7 @@ def one_document_per_row(document_ids: torch.Tensor) -> bool:
 
 
 def document_mask(document_ids: torch.Tensor, backend: str = "auto", one_document: bool | None = None) -> AttentionMask:
-    """The attention mask record of ``document_ids`` int64 [B, T] for ``backend`` (see :data:`NAMES`).
+    """The attention mask record of ``document_ids`` int64 [B, T] for ``backend`` (see :data:`trainer.choices.ATTENTION_NAMES`).
 
     Returns :class:`CausalMask` when every row holds one document, else the backend's record.
     ``one_document`` says so from the host (:attr:`loaders.rank.batch.TokenBatch.one_document_rows`);

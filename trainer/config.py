@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from cache.config import CacheConfig
 from colaflow.config import ConfigError, check_fields, from_dict, setting
 from loaders.config import DataConfig
-from trainer.attention import NAMES as ATTENTION_NAMES
-from trainer.kernels.reference import NORM_EPS
-from trainer.memory import OFFLOAD_MODES, checkpoint_mode
+from trainer.choices import ATTENTION_NAMES, NORM_EPS, OFFLOAD_MODES, checkpoint_mode
 from trainer.run.hooks import parse_hooks
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,6 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_MODES = ("none", "full", "selective")
-OFFLOAD_MODES = ("none", "blocks", "model")
-
 _aten = torch.ops.aten
 # ops whose outputs selective checkpointing keeps: the FLOP-heavy ones, slow to recompute (as the
 # dispatcher sees them: nn.Linear arrives as mm/addmm, attention as SDPA's kernels or FlexAttention)
@@ -40,27 +37,12 @@ SAVED_OPS = frozenset({
 })
 
 
-def checkpoint_mode(value: bool | str) -> str:
-    """The checkpointing mode of an ``activation_checkpointing`` value: one of
-    :data:`CHECKPOINT_MODES`; ``true``/``false`` (configs written before ``selective``) mean
-    ``full``/``none``.
-
-    Raises:
-        ValueError: any other value.
-    """
-    if isinstance(value, bool):
-        return "full" if value else "none"
-    if value not in CHECKPOINT_MODES:
-        raise ValueError(f"activation_checkpointing={value!r}: use {', '.join(CHECKPOINT_MODES)} (true = full)")
-    return value
-
-
 def _keep_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def run_block(fn, *args, mode: str):
-    """``fn(*args)`` with activation checkpointing ``mode`` (see :data:`CHECKPOINT_MODES`); without
+    """``fn(*args)`` with activation checkpointing ``mode`` (see :data:`trainer.choices.CHECKPOINT_MODES`); without
     autograd recording (evaluation) it runs plainly."""
     if mode == "none" or not torch.is_grad_enabled():
         return fn(*args)

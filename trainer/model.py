@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer import attention, kernels, memory
+from trainer.choices import NORM_EPS, OFFLOAD_MODES, checkpoint_mode
 from trainer.config import ModelConfig
 
 
@@ -25,7 +26,7 @@ class Norm(nn.Module):
     """RMSNorm or LayerNorm over the last dim [..., D], through :mod:`trainer.kernels` (fused Triton
     kernels on CUDA, PyTorch otherwise)."""
 
-    def __init__(self, dim: int, kind: str = "rmsnorm", eps: float = kernels.NORM_EPS):
+    def __init__(self, dim: int, kind: str = "rmsnorm", eps: float = NORM_EPS):
         super().__init__()
         self.kind, self.eps = kind, eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -148,15 +149,15 @@ class GPT(nn.Module):
 
     def set_activation_checkpointing(self, mode: bool | str) -> None:
         """Checkpointing of every block: ``none`` (or ``False``), ``full`` (or ``True``) or
-        ``selective`` (:func:`trainer.memory.checkpoint_mode`)."""
+        ``selective`` (:func:`trainer.choices.checkpoint_mode`)."""
         for block in self.blocks:
-            block.checkpointing = memory.checkpoint_mode(mode)
+            block.checkpointing = checkpoint_mode(mode)
 
     def set_activation_offload(self, mode: str) -> None:
         """Keep the tensors saved for backward in host memory: ``none``, ``blocks`` (each block's)
-        or ``model`` (the whole forward's; :data:`trainer.memory.OFFLOAD_MODES`)."""
-        if mode not in memory.OFFLOAD_MODES:
-            raise ValueError(f"memory.offload_activations={mode!r}: use {', '.join(memory.OFFLOAD_MODES)}")
+        or ``model`` (the whole forward's; :data:`trainer.choices.OFFLOAD_MODES`)."""
+        if mode not in OFFLOAD_MODES:
+            raise ValueError(f"memory.offload_activations={mode!r}: use {', '.join(OFFLOAD_MODES)}")
         self.offload_model = mode == "model"
         for block in self.blocks:
             block.offload = mode == "blocks"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -28,8 +29,10 @@ from colaflow.config import apply_overrides, from_dict
 from colaflow.errors import exit_status, explain
 from colaflow.wording import help_text
 from loaders.config import DataConfig
-from loaders.rank.loader import TextLoader, build_text_loader
 from loaders.read.shard_reader import LocalShards
+
+if TYPE_CHECKING:
+    from loaders.rank.loader import TextLoader
 
 
 def _data_config(path: str | None, overrides: list[str], manifest: str | None) -> DataConfig:
@@ -47,6 +50,7 @@ def _data_config(path: str | None, overrides: list[str], manifest: str | None) -
 
 
 def _loaders(cfg: DataConfig, cache, world: int) -> list[TextLoader]:
+    from loaders.rank.loader import build_text_loader  # torch: --help and a config error need none
     return [build_text_loader(cfg, cache, r, world, in_process=True) for r in range(world)]
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from trainer.choices import NORM_EPS
 from trainer.kernels.dispatch import BACKENDS, ENV_VAR, resolve_backend, triton_available
 from trainer.kernels.linear_ce import REDUCTIONS, LinearCrossEntropyFunction, reduce_loss, run_chunks, torch_ce_chunk
 from trainer.kernels.reference import (
-    NORM_EPS,
     check_norm_params,
     layer_norm_reference,
     linear_cross_entropy_reference,

@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from trainer.kernels.reference import NORM_EPS, acc_dtype, check_norm_params
+from trainer.choices import NORM_EPS
+from trainer.kernels.reference import acc_dtype, check_norm_params
 
 MAX_FUSED_D = 65536  # one row must fit in one program's registers
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-NORM_EPS = 1e-5  # the one default epsilon of RMSNorm and LayerNorm (model config, kernels, reference)
+from trainer.choices import NORM_EPS
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:

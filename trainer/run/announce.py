@@ -3,13 +3,16 @@ epochs the planned steps cover, world size, ZeRO stage, and where it resumes fro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from colaflow.wording import count
 from loaders.config import DataConfig
 from loaders.pack.batching import batching
 from trainer.config import TrainConfig
-from trainer.pretrained import Pretrained
 from trainer.run.folder import RunPlan
+
+if TYPE_CHECKING:
+    from trainer.pretrained import Pretrained  # torch; a start line only reads its fields
 
 
 @dataclass

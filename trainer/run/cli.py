@@ -90,19 +90,19 @@ def dry_run(cfg) -> int:
         colaflow.config.ConfigError: the cache cannot hold a shard, or ``eval.manifest`` is missing
             (:func:`trainer.run.announce.check_runnable`).
     """
-    import torch
-
     from trainer.checkpointing import read_meta
-    from trainer.checkpointing.verify import check_stored
     from trainer.run.announce import check_runnable, data_summary, start_line
     from trainer.run.folder import lock_run_folder, plan_run
-    from trainer.train import check_resume_tokenizer, resolve_model
+    from trainer.run.origins import check_resume_tokenizer, resolve_model
     origins = resolve_model(cfg)
     lock_run_folder(cfg.run_dir, probe=True)  # a live run there: say so, not what a later launch would find
     plan = plan_run(cfg)
     if plan.checkpoint:
         meta = read_meta(plan.checkpoint)
         check_resume_tokenizer(meta, origins.tokenizer, plan.checkpoint)
+        import torch  # reading the stored tensors back: torch and DCP, which a fresh run's dry run needs neither of
+
+        from trainer.checkpointing.verify import check_stored
         check_stored(plan.checkpoint, plan.checkpoint, meta["checksums"], meta.get("digests", {}), torch.device("cpu"))
     data = data_summary(cfg.data)
     check_runnable(cfg, data)
@@ -110,6 +110,27 @@ def dry_run(cfg) -> int:
                      init=origins.pretrained if plan.checkpoint is None else None))
     print("dry run: config, data and run folder are fine; nothing was trained")
     return 0
+
+
+def _where(e: Exception, cfg) -> str | None:
+    """What error ``e`` of a launch is about, for its one line: ``config`` (the config did not load),
+    ``run`` (run folder, checkpoints, bad steps, a failed write) or ``data``; ``None`` for an
+    unexpected error, which keeps its traceback. ``cfg``: the loaded ``TrainConfig``, else ``None``."""
+    from cache.errors import CacheError
+    from colaflow.errors import io_cause
+    from shards.format.tokens import TokenRangeError
+    from trainer.checkpointing.layout import CheckpointStorageError
+    # OSError: no space, read-only, no permission, a time-out (also wrapped: io_cause)
+    if isinstance(e, (ValueError, OSError, CacheError, TokenRangeError)) or io_cause(e) is not None:
+        written = isinstance(e, CheckpointStorageError) or io_cause(e) is not None
+        return "config" if cfg is None else "run" if isinstance(e, ValueError) or written else "data"
+    # raised only by modules that import torch, so already loaded then; imported above, before the
+    # common errors were ruled out, they would load torch for every config error
+    from trainer.checkpointing.verify import CheckpointVerifyError
+    from trainer.train import NoDataError, RollbackError
+    if isinstance(e, (CheckpointVerifyError, RollbackError)):
+        return "run"
+    return "data" if isinstance(e, NoDataError) else None
 
 
 def main(argv: list[str], prog: str = "python -m trainer") -> int:
@@ -139,18 +160,9 @@ def main(argv: list[str], prog: str = "python -m trainer") -> int:
         _say(interrupt_advice(cfg))
         return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - expected user/data errors end in one line; others re-raise
-        from cache.errors import CacheError
-        from trainer.checkpointing.layout import CheckpointStorageError
-        from trainer.checkpointing.verify import CheckpointVerifyError
-        from colaflow.errors import io_cause
-        from shards.format.tokens import TokenRangeError
-        from trainer.train import NoDataError, RollbackError
-        # OSError: no space, read-only, no permission, a time-out (also wrapped: io_cause)
-        if not (isinstance(e, (ValueError, OSError, CacheError, NoDataError, RollbackError, TokenRangeError,
-                               CheckpointVerifyError, CheckpointStorageError)) or io_cause(e) is not None):
+        where = _where(e, cfg)
+        if where is None:
             raise
-        written = isinstance(e, (CheckpointStorageError, CheckpointVerifyError)) or io_cause(e) is not None
-        where = "config" if cfg is None else "run" if isinstance(e, (ValueError, RollbackError)) or written else "data"
         _say(f"error: {where}: {explain(e)}")
         return exit_status(e)
     finally:

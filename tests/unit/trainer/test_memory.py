@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from trainer import memory
+from trainer.choices import CHECKPOINT_MODES, checkpoint_mode
 from trainer.config import ModelConfig, TrainConfig
 from trainer.evaluation.synthetic import synthetic_batch
 
@@ -28,7 +29,7 @@ def test_selective_checkpointing_keeps_matmul_outputs_and_recomputes_the_rest():
     from trainer.model import GPT
     b = synthetic_batch([[20, 12]], 32, vocab=128)
     counts = {}
-    for mode in memory.CHECKPOINT_MODES:
+    for mode in CHECKPOINT_MODES:
         torch.manual_seed(0)
         model = GPT(MODEL)
         model.set_activation_checkpointing(mode)
@@ -51,7 +52,7 @@ def test_bad_memory_settings_are_named(key, value, field):
 
 
 def test_checkpointing_true_and_false_of_older_configs_still_read():
-    assert memory.checkpoint_mode(True) == "full" and memory.checkpoint_mode(False) == "none"
+    assert checkpoint_mode(True) == "full" and checkpoint_mode(False) == "none"
     assert memory.fragmentation_bytes(torch.device("cpu")) == 0
 
 
