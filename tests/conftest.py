@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,12 @@ import torch  # noqa: E402
 # trainer.kernels first, so a CPU-only session runs every Triton kernel through the interpreter.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# A non-interactive shell starts a background job (`make test &`, `nohup ... &`) with Ctrl-C ignored, and
+# every process the suite starts would inherit that: the Ctrl-C tests then saw no interrupt at all (their
+# child kept running until the test's time-out). Python's own handler is not inherited across exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from tests.support.hf import relink_logs
 from tests.support.http_server import serve_directory
