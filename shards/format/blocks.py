@@ -400,8 +400,9 @@ class BlockPacker:
         Raises:
             ValueError: as :meth:`add_many`.
         """
-        if tokens.ndim != 1 or tokens.dtype not in TOKEN_DTYPES:
-            raise ValueError(f"tokens must be a 1-D uint16/uint32 array, got {tokens.dtype}{list(tokens.shape)}")
+        if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype not in TOKEN_DTYPES:
+            got = f"{tokens.dtype}{list(tokens.shape)}" if isinstance(tokens, np.ndarray) else type(tokens).__name__
+            raise ValueError(f"tokens must be a 1-D uint16/uint32 array, got {got}")
         if not str(doc_id):
             raise ValueError(f"document {len(self._ids)} of the block being filled has an empty id; "
                              "every document needs an id (its sample key)")
@@ -430,13 +431,16 @@ class BlockPacker:
             The finished :class:`Block` s in order (often none; none with ``sink``).
         Raises:
             ValueError: lists of different lengths, an empty id, tokens that are not 1-D ``uint16``/``uint32``
-                of one dtype, ``lengths`` that do not add up to the tokens, or one array without ``lengths``
+                of one dtype (the dtype of the block being filled), ``lengths`` that do not add up to the tokens, or one array without ``lengths``
                 (a list of arrays with them).
         """
         ids, given = list(ids), lengths is not None
         if given != isinstance(tokens, np.ndarray):
             raise ValueError("give one concatenated token array with lengths, or a list of arrays without")
         if lengths is None:
+            if not all(isinstance(t, np.ndarray) for t in tokens):
+                raise ValueError("tokens must be 1-D uint16/uint32 numpy arrays, got "
+                                 f"{sorted({type(t).__name__ for t in tokens if not isinstance(t, np.ndarray)})}")
             kinds = set(zip(map(attrgetter("dtype"), tokens), map(attrgetter("ndim"), tokens)))
             dtypes = {dtype for dtype, _ in kinds}
             if len(dtypes) > 1:  # joined, their tokens would be read at one width
@@ -464,7 +468,10 @@ class BlockPacker:
     def _hold(self, ids: list, sources: list, lengths: list[int], chunks: list[np.ndarray], texts, metas,
               sink: Callable[[Block], None] | None = None) -> list[Block]:
         """Hold checked documents; emit the blocks they finished (to ``sink``). ``chunks``: their tokens as
-        one concatenated array or one array per document."""
+        one concatenated array or one array per document, of one dtype."""
+        if self._chunks and chunks[0].dtype != self._chunks[0].dtype:  # refused here, not by a later call's block
+            raise ValueError(f"document {ids[0]!r} has {chunks[0].dtype} tokens, the block being filled "
+                             f"{self._chunks[0].dtype}: a block's tokens are read at one width; give one dtype")
         held = len(self._ids)
         self._ids += ids
         self._sources += sources

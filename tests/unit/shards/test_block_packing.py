@@ -100,6 +100,7 @@ def test_add_is_add_many_of_one():
     ((["a"], ["s"], [np.zeros((2, 2), np.uint16)]), "1-D uint16/uint32"),
     ((["a"], ["s"], np.zeros(2, np.uint16)), "with lengths, or a list of arrays without"),
     ((["a"], ["s"], [np.zeros(2, np.uint16)], [2]), "with lengths, or a list of arrays without"),
+    ((["a"], ["s"], [[1, 2, 3]]), r"numpy arrays, got \['list'\]"),  # was AttributeError: no dtype
 ])
 def test_add_many_refuses_inconsistent_batches(args, message):
     packer = BlockPacker(10)
@@ -108,12 +109,20 @@ def test_add_many_refuses_inconsistent_batches(args, message):
     assert packer.flush() is None  # nothing of a refused batch is kept
 
 
-def test_a_block_of_two_dtypes_is_refused_when_encoded():
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_block_of_two_dtypes_is_refused_by_the_call_that_mixes_them(batched):
+    """Refused only when the block was encoded, by a later call (or close), naming no document."""
     packer = BlockPacker(100)
     packer.add("a", "s", np.zeros(3, np.uint16))
-    packer.add("b", "s", np.zeros(0, np.uint32))  # no tokens, still of another dtype
-    with pytest.raises(ValueError, match="all uint16 or all uint32"):
-        packer.flush()
+    with pytest.raises(ValueError, match="document 'b' has uint32 tokens, the block being filled uint16"):
+        if batched:
+            packer.add_many(["b"], ["s"], [np.zeros(0, np.uint32)])
+        else:
+            packer.add("b", "s", np.zeros(0, np.uint32))  # no tokens, still of another dtype
+    with pytest.raises(ValueError, match="got list"):
+        packer.add("c", "s", [1, 2])  # was AttributeError: no ndim
+    block = packer.flush()  # the refused documents left nothing behind
+    assert (block.documents, block.tokens) == (1, 3)
 
 
 def golden_docs(seed: int, n: int, dtype=np.uint16) -> list[tuple[str, str, np.ndarray]]:
