@@ -123,7 +123,7 @@ def write_seconds(writers: dict, rounds: int, work: str) -> dict[str, list[float
             write = writers[kind]
             out = os.path.join(work, f"write-{kind}-{r}")
             shutil.rmtree(out, ignore_errors=True)
-            os.sync()  # the last writer's dirty pages are flushed outside every writer's time, not inside the next one's
+            os.sync()  # the last writer's dirty pages are flushed here, not inside the next writer's time
             t0 = time.perf_counter()
             steps = write(out) or {}
             times.setdefault(kind, []).append(time.perf_counter() - t0 - sum(steps.values()))
@@ -131,6 +131,11 @@ def write_seconds(writers: dict, rounds: int, work: str) -> dict[str, list[float
                 times.setdefault(f"{kind}_{step}", []).append(seconds)
             shutil.rmtree(out, ignore_errors=True)
     return times
+
+
+def median_and_fastest(times: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, float]]:
+    """``({kind: median seconds}, {kind: fastest seconds})`` of :func:`write_seconds`' times."""
+    return {k: statistics.median(v) for k, v in times.items()}, {k: min(v) for k, v in times.items()}
 
 
 def dir_bytes(path: str) -> int:
@@ -213,7 +218,8 @@ def print_writes(name: str, corpus, write_s: dict[str, float], write_min_s: dict
     for k, v in write_s.items():
         m = write_min_s[k]
         print(f"  write {k:20s} median {v:7.3f} s  {v / write_s['flat']:6.2f}x flat  {v / write_s['flat_meta']:5.2f}x "
-              f"flat_meta   fastest {m:7.3f} s  {m / write_min_s['flat']:6.2f}x flat  {m / write_min_s['flat_meta']:5.2f}x flat_meta")
+              f"flat_meta   fastest {m:7.3f} s  {m / write_min_s['flat']:6.2f}x flat  "
+              f"{m / write_min_s['flat_meta']:5.2f}x flat_meta")
 
 
 def litdata_pass(spec: dict) -> dict:
@@ -292,13 +298,13 @@ def main() -> int:
     if args.write_only:
         for name, once in corpora.items():
             written = repeated(*once, args.write_repeat)
-            times = write_seconds(timed_writers(written, False), args.rounds, args.work)
-            print_writes(name, written, {k: statistics.median(v) for k, v in times.items()}, {k: min(v) for k, v in times.items()})
+            print_writes(name, written, *median_and_fastest(write_seconds(timed_writers(written, False), args.rounds,
+                                                                          args.work)))
         return 0
     results: dict = {}
     for name, once in corpora.items():
-        times = write_seconds(timed_writers(repeated(*once, args.write_repeat), have_litdata), args.rounds, args.work)
-        write_s, write_min_s = {k: statistics.median(v) for k, v in times.items()}, {k: min(v) for k, v in times.items()}
+        write_s, write_min_s = median_and_fastest(write_seconds(
+            timed_writers(repeated(*once, args.write_repeat), have_litdata), args.rounds, args.work))
         c_ids, c_src, c_tok = repeated(*once, args.repeat)
         n_tok = sum(len(t) for t in c_tok)
         base = os.path.join(args.work, f"{name}-x{args.repeat}")
@@ -315,7 +321,8 @@ def main() -> int:
                 writers[kind](d)
         bpt = {k: dir_bytes(d) / n_tok for k, d in dirs.items()}
         res = results[name] = {"documents": len(c_tok), "tokens": n_tok, "mean_doc_tokens": n_tok / len(c_tok),
-                               "write_s": write_s, "write_min_s": write_min_s, "write_repeat": args.write_repeat, "write_vs_flat": {k: v / write_s["flat"] for k, v in write_s.items()},
+                               "write_s": write_s, "write_min_s": write_min_s, "write_repeat": args.write_repeat,
+                               "write_vs_flat": {k: v / write_s["flat"] for k, v in write_s.items()},
                                "write_vs_flat_meta": {k: v / write_s["flat_meta"] for k, v in write_s.items()},
                                "bytes_per_token": bpt, "vs_flat": {k: v / bpt["flat"] for k, v in bpt.items()},
                                "loader": {}}

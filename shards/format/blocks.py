@@ -431,8 +431,8 @@ class BlockPacker:
             The finished :class:`Block` s in order (often none; none with ``sink``).
         Raises:
             ValueError: lists of different lengths, an empty id, tokens that are not 1-D ``uint16``/``uint32``
-                of one dtype (the dtype of the block being filled), ``lengths`` that do not add up to the tokens, or one array without ``lengths``
-                (a list of arrays with them).
+                of one dtype (the dtype of the block being filled), ``lengths`` that do not add up to the
+                tokens, or one array without ``lengths`` (a list of arrays with them).
         """
         ids, given = list(ids), lengths is not None
         if given != isinstance(tokens, np.ndarray):
